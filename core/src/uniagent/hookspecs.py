@@ -1,0 +1,86 @@
+"""The plugin contract: four hooks, each returning typed records.
+
+A plugin is a module with functions decorated by :data:`uniagent.hookimpl`,
+exposed through an entry point in the ``uniagent`` group whose name equals the
+distribution name::
+
+    # pyproject.toml of uniagent-tools-hello
+    [project.entry-points.uniagent]
+    uniagent-tools-hello = "uniagent_tools_hello.plugin"
+
+Every hook is optional; implement only what the plugin contributes.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+
+import pluggy
+
+from uniagent.specs import DeploymentSpec, ParserSpec, RewardSpec, ToolSpec
+
+PROJECT = "uniagent"
+
+hookspec = pluggy.HookspecMarker(PROJECT)
+hookimpl = pluggy.HookimplMarker(PROJECT)
+
+
+@hookspec
+def uniagent_tools() -> Iterable[ToolSpec]:
+    """Tools the agent can call, run as commands in the sandbox.
+
+    Example::
+
+        class HelloArgs(BaseModel):
+            who: str = Field(description="whom to greet")
+
+        @hookimpl
+        def uniagent_tools():
+            yield ToolSpec(name="hello", description="Greet someone.",
+                           arguments=HelloArgs, scripts=(HERE / "bin" / "hello",))
+    """
+
+
+@hookspec
+def uniagent_deployments() -> Iterable[DeploymentSpec]:
+    """Sandbox backends, each with a pydantic config whose ``type`` names it.
+
+    Example::
+
+        class MyCloudConfig(BaseModel):
+            type: Literal["mycloud"] = "mycloud"
+            image: str
+
+        @hookimpl
+        def uniagent_deployments():
+            yield DeploymentSpec(name="mycloud", config=MyCloudConfig,
+                                 factory=MyCloudDeployment)
+    """
+
+
+@hookspec
+def uniagent_tool_parsers() -> Iterable[ParserSpec]:
+    """Parsers that turn model text into tool calls.
+
+    Example::
+
+        @hookimpl
+        def uniagent_tool_parsers():
+            yield ParserSpec(name="json_lines", factory=JsonLinesParser)
+    """
+
+
+@hookspec
+def uniagent_rewards() -> Iterable[RewardSpec]:
+    """Rewards computed in the still-open sandbox when an episode ends.
+
+    Example::
+
+        async def tests_pass(ctx):
+            obs = await ctx.env.run_action("pytest -q", timeout=600)
+            return 1.0 if obs.exit_code == 0 else 0.0
+
+        @hookimpl
+        def uniagent_rewards():
+            yield RewardSpec(name="tests_pass", fn=tests_pass)
+    """

@@ -1,0 +1,297 @@
+"""Finding, loading and reporting plugins (entry-point group ``uniagent``).
+
+Built-in plugins ship inside the core and register through the same hooks as
+external ones. Environment variables:
+
+- ``UNIAGENT_LOAD_PLUGINS``: comma list of distributions to load; set but empty
+  loads no external plugin.
+- ``UNIAGENT_DISABLE_PLUGINS``: comma list of distributions to block.
+- ``UNIAGENT_STRICT_PLUGINS=1``: a plugin that fails to load is fatal.
+"""
+
+from __future__ import annotations
+
+import difflib
+import importlib
+import importlib.metadata as metadata
+import logging
+import os
+import threading
+import traceback
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from types import ModuleType
+from typing import Any, Literal
+
+import pluggy
+
+from uniagent import hookspecs
+from uniagent.errors import PluginLoadError
+from uniagent.hookspecs import PROJECT
+
+log = logging.getLogger(__name__)
+
+ENTRY_POINT_GROUP = "uniagent"
+BUILTIN_DISTRIBUTION = "uniagent"
+BUILTIN_MODULES: tuple[str, ...] = (
+    "uniagent.builtin.deployments",
+    "uniagent.builtin.parsers",
+)
+HOOK_NAMES: tuple[str, ...] = tuple(
+    name for name in dir(hookspecs) if name.startswith(f"{PROJECT}_")
+)
+
+Status = Literal["loaded", "failed", "blocked"]
+
+
+def normalize_name(name: str) -> str:
+    """PEP 503 normalisation, so ``UniAgent_Tools.SWE`` matches ``uniagent-tools-swe``."""
+    return "-".join(name.replace("_", "-").replace(".", "-").lower().split("-"))
+
+
+def _env_list(var: str) -> list[str] | None:
+    raw = os.environ.get(var)
+    if raw is None:
+        return None
+    return [normalize_name(part) for part in raw.split(",") if part.strip()]
+
+
+@dataclass
+class PluginInfo:
+    """What was found for one plugin and what became of it."""
+
+    distribution: str
+    version: str | None
+    module: str
+    status: Status
+    builtin: bool = False
+    error: str | None = None
+    hooks: list[str] = field(default_factory=list)
+    plugin: Any = field(default=None, repr=False)
+
+    def to_json(self) -> dict[str, Any]:
+        """A JSON-ready summary (without the plugin object)."""
+        return {
+            "name": self.distribution,
+            "version": self.version,
+            "module": self.module,
+            "status": self.status,
+            "builtin": self.builtin,
+            "error": self.error,
+            "hooks": list(self.hooks),
+        }
+
+
+class PluginManager:
+    """A pluggy manager for the ``uniagent`` hooks plus the load report."""
+
+    def __init__(self) -> None:
+        self.hook_manager = pluggy.PluginManager(PROJECT)
+        self.hook_manager.add_hookspecs(hookspecs)
+        self.plugins: dict[str, PluginInfo] = {}
+        self._loaded = False
+        self._lock = threading.RLock()
+
+    # -- registration -------------------------------------------------------
+    def register(
+        self,
+        plugin: ModuleType | object,
+        distribution: str,
+        *,
+        version: str | None = None,
+        builtin: bool = False,
+        module: str | None = None,
+    ) -> PluginInfo:
+        """Register a plugin object directly; a broken one is recorded as failed."""
+        key = self._key(distribution, module or _module_name(plugin), builtin)
+        info = PluginInfo(
+            distribution=distribution,
+            version=version,
+            module=module or _module_name(plugin),
+            status="loaded",
+            builtin=builtin,
+            plugin=plugin,
+        )
+        try:
+            _check_hook_names(plugin)
+            self.hook_manager.register(plugin, name=key)
+        except Exception as exc:  # noqa: BLE001 - any plugin error is reported, not raised
+            info.status, info.error = "failed", _describe(exc)
+            if _strict():
+                raise PluginLoadError(f"plugin {distribution!r} failed to load: {info.error}") from exc
+        else:
+            info.hooks = sorted(
+                impl_name
+                for impl_name in HOOK_NAMES
+                if any(i.plugin_name == key for i in getattr(self.hook_manager.hook, impl_name).get_hookimpls())
+            )
+        self.plugins[key] = info
+        return info
+
+    def load(self, *, builtins: bool = True, entry_points: bool = True) -> PluginManager:
+        """Register the built-ins and every selected entry point, once."""
+        with self._lock:
+            if self._loaded:
+                return self
+            if builtins:
+                for module_name in BUILTIN_MODULES:
+                    self._register_module(module_name, BUILTIN_DISTRIBUTION, _core_version(), builtin=True)
+            if entry_points:
+                self._load_entry_points()
+            self.hook_manager.check_pending()
+            self._loaded = True
+            return self
+
+    def _load_entry_points(self) -> None:
+        selected = _env_list("UNIAGENT_LOAD_PLUGINS")
+        disabled = set(_env_list("UNIAGENT_DISABLE_PLUGINS") or [])
+        seen: set[tuple[str, str]] = set()
+        for ep, dist_name, version in _iter_entry_points():
+            norm = normalize_name(dist_name)
+            if (norm, ep.value) in seen:  # the same entry point seen twice (editable installs)
+                continue
+            seen.add((norm, ep.value))
+            if selected is not None and norm not in selected:
+                continue
+            if norm in disabled:
+                key = self._key(dist_name, ep.value, False)
+                self.plugins[key] = PluginInfo(
+                    distribution=dist_name,
+                    version=version,
+                    module=ep.value,
+                    status="blocked",
+                    error="blocked by UNIAGENT_DISABLE_PLUGINS",
+                )
+                continue
+            if normalize_name(ep.name) != norm:
+                log.warning(
+                    "plugin %s: entry point %r should be named after its distribution (%r)",
+                    dist_name, ep.name, dist_name,
+                )
+            self._register_entry_point(ep, dist_name, version)
+
+    def _register_entry_point(self, ep: metadata.EntryPoint, dist_name: str, version: str | None) -> None:
+        try:
+            plugin = ep.load()
+        except BaseException as exc:  # noqa: BLE001 - import errors of a plugin must not stop the others
+            if isinstance(exc, KeyboardInterrupt):
+                raise
+            self._record_failure(dist_name, version, ep.value, exc)
+            return
+        self.register(plugin, dist_name, version=version, module=ep.value)
+
+    def _register_module(self, module_name: str, dist_name: str, version: str | None, *, builtin: bool) -> None:
+        try:
+            module = importlib.import_module(module_name)
+        except Exception as exc:  # noqa: BLE001
+            self._record_failure(dist_name, version, module_name, exc, builtin=builtin)
+            return
+        self.register(module, dist_name, version=version, builtin=builtin, module=module_name)
+
+    def _record_failure(
+        self, dist_name: str, version: str | None, module: str, exc: BaseException, *, builtin: bool = False
+    ) -> None:
+        error = _describe(exc)
+        log.warning("plugin %s (%s) failed to load: %s", dist_name, module, error)
+        self.plugins[self._key(dist_name, module, builtin)] = PluginInfo(
+            distribution=dist_name, version=version, module=module, status="failed", builtin=builtin, error=error
+        )
+        if _strict():
+            raise PluginLoadError(
+                f"plugin {dist_name!r} ({module}) failed to load: {error}\n"
+                f"{''.join(traceback.format_exception(exc))}"
+            ) from exc
+
+    @staticmethod
+    def _key(distribution: str, module: str, builtin: bool) -> str:
+        return f"{distribution}:{module}" if builtin else distribution
+
+    # -- queries --------------------------------------------------------------
+    def info_for(self, plugin_name: str) -> PluginInfo:
+        """The load record of a registered plugin (by its pluggy name)."""
+        return self.plugins[plugin_name]
+
+    def call_each(self, hook_name: str) -> Iterable[tuple[PluginInfo, Any]]:
+        """Call one hook per plugin, yielding (plugin info, result); broken hooks are recorded."""
+        hook = getattr(self.hook_manager.hook, hook_name)
+        for impl in hook.get_hookimpls():  # registration order
+            info = self.plugins[impl.plugin_name]
+            try:
+                result = list(impl.function() or ())
+            except Exception as exc:  # noqa: BLE001
+                info.status, info.error = "failed", f"hook {hook_name} raised {_describe(exc)}"
+                log.warning("plugin %s: %s", info.distribution, info.error)
+                if _strict():
+                    raise PluginLoadError(f"plugin {info.distribution!r}: {info.error}") from exc
+                continue
+            yield info, result
+
+    def report(self, *, include_builtins: bool = False) -> list[PluginInfo]:
+        """Load records, external plugins first then (optionally) the built-ins."""
+        infos = [i for i in self.plugins.values() if include_builtins or not i.builtin]
+        return sorted(infos, key=lambda i: (i.builtin, normalize_name(i.distribution), i.module))
+
+
+def _iter_entry_points() -> Iterable[tuple[metadata.EntryPoint, str, str | None]]:
+    for dist in metadata.distributions():
+        dist_name = dist.metadata["Name"]
+        if not dist_name:
+            continue
+        for ep in dist.entry_points:
+            if ep.group == ENTRY_POINT_GROUP:
+                yield ep, dist_name, dist.version
+
+
+def _check_hook_names(plugin: object) -> None:
+    """Reject attributes that look like hooks but match none (``check_pending`` per plugin)."""
+    for attr in dir(plugin):
+        if not attr.startswith(f"{PROJECT}_") or attr in HOOK_NAMES:
+            continue
+        if callable(getattr(plugin, attr, None)):
+            close = difflib.get_close_matches(attr, HOOK_NAMES, n=1)
+            hint = f" (did you mean {close[0]!r}?)" if close else ""
+            raise PluginLoadError(
+                f"unknown hook {attr!r}{hint}; the hooks are: {', '.join(HOOK_NAMES)}"
+            )
+
+
+def _module_name(plugin: object) -> str:
+    return getattr(plugin, "__name__", None) or type(plugin).__qualname__
+
+
+def _describe(exc: BaseException) -> str:
+    return f"{type(exc).__name__}: {exc}"
+
+
+def _strict() -> bool:
+    return os.environ.get("UNIAGENT_STRICT_PLUGINS", "").strip().lower() in {"1", "true", "yes"}
+
+
+def _core_version() -> str | None:
+    try:
+        return metadata.version("uniagent")
+    except metadata.PackageNotFoundError:
+        return None
+
+
+_default: PluginManager | None = None
+_default_lock = threading.Lock()
+
+
+def load_plugins() -> PluginManager:
+    """The process-wide plugin manager, loaded once (idempotent)."""
+    global _default
+    with _default_lock:
+        if _default is None:
+            _default = PluginManager()
+        return _default.load()
+
+
+def reset_plugins() -> None:
+    """Forget the process-wide manager (tests, or after installing a plugin at run time)."""
+    global _default
+    with _default_lock:
+        _default = None
+    from uniagent import registry
+
+    registry.reset_registry()

@@ -1,0 +1,246 @@
+"""Typed look-ups of what the installed plugins contribute."""
+
+from __future__ import annotations
+
+import dataclasses
+import threading
+import warnings
+from collections.abc import Mapping
+from typing import Annotated, Any, Generic, TypeVar, Union
+
+from pydantic import BaseModel, BeforeValidator, Field, TypeAdapter, ValidationError
+
+from uniagent.errors import ConfigError, PluginConflictError, UnknownPluginNameError
+from uniagent.plugins import PluginManager, load_plugins
+from uniagent.specs import KINDS, DeploymentSpec, Kind, ParserSpec, RewardSpec, ToolSpec
+
+R = TypeVar("R", ToolSpec, DeploymentSpec, ParserSpec, RewardSpec)
+
+#: Which distribution provides well-known names, for "did you install ...?" hints.
+KNOWN_PROVIDERS: dict[Kind, dict[str, str]] = {
+    "tools": {
+        name: "uniagent-tools-swe"
+        for name in ("execute_bash", "str_replace_editor", "submit", "finish")
+    },
+    "deployments": {"modal": "uniagent-deploy-modal"},
+    "tool_parsers": {},
+    "rewards": {
+        name: "uniagent-reward-swebench" for name in ("swe_bench", "swe_rebench", "r2e_gym")
+    },
+}
+
+_SINGULAR: dict[Kind, str] = {
+    "tools": "tool",
+    "deployments": "deployment",
+    "tool_parsers": "tool parser",
+    "rewards": "reward",
+}
+
+
+class PluginOverrideWarning(UserWarning):
+    """An external plugin replaced a built-in record of the same name."""
+
+
+class Records(Mapping[str, R], Generic[R]):
+    """A read-only name → record mapping whose misses explain what is installed."""
+
+    def __init__(self, kind: Kind, records: dict[str, R]) -> None:
+        self.kind = kind
+        self._records = records
+
+    def __getitem__(self, name: str) -> R:
+        try:
+            return self._records[name]
+        except KeyError:
+            raise UnknownPluginNameError(unknown_name_message(self.kind, name, self._records)) from None
+
+    def __contains__(self, name: object) -> bool:
+        return name in self._records
+
+    def __iter__(self):  # type: ignore[no-untyped-def]
+        return iter(self._records)
+
+    def __len__(self) -> int:
+        return len(self._records)
+
+    def __repr__(self) -> str:
+        return f"Records({self.kind!r}, {sorted(self._records)!r})"
+
+
+def unknown_name_message(kind: Kind, name: str, installed: Mapping[str, Any]) -> str:
+    """Explain an unknown name: what is installed and which package would provide it."""
+    what = _SINGULAR[kind]
+    listing = ", ".join(sorted(installed)) or "none"
+    message = f"unknown {what} {name!r}; installed {kind.replace('_', ' ')}: {listing}."
+    provider = KNOWN_PROVIDERS[kind].get(name)
+    if provider:
+        message += f" {name!r} is provided by {provider}: pip install {provider}"
+    else:
+        message += " Run `uniagent plugins` to see what each installed plugin provides."
+    return message
+
+
+class Registry:
+    """Records of every kind, collected from one plugin manager and cached."""
+
+    def __init__(self, manager: PluginManager) -> None:
+        self.manager = manager
+        self._cache: dict[Kind, Records[Any]] = {}
+        self._lock = threading.Lock()
+
+    def get(self, kind: Kind) -> Records[Any]:
+        """All records of one kind; conflicts raise, built-in overrides warn."""
+        with self._lock:
+            if kind not in self._cache:
+                self._cache[kind] = Records(kind, self._collect(kind))
+            return self._cache[kind]
+
+    def _collect(self, kind: Kind) -> dict[str, Any]:
+        from uniagent.specs import RECORD_TYPES
+
+        expected = RECORD_TYPES[kind]
+        found: dict[str, Any] = {}
+        for info, records in self.manager.call_each(f"uniagent_{kind}"):
+            for record in records:
+                if not isinstance(record, expected):
+                    raise TypeError(
+                        f"plugin {info.distribution!r}: uniagent_{kind} must yield "
+                        f"{expected.__name__} records, got {type(record).__name__}"
+                    )
+                record = dataclasses.replace(
+                    record, distribution=info.distribution, builtin=info.builtin
+                )
+                previous = found.get(record.name)
+                if previous is not None:
+                    if previous.builtin != record.builtin:
+                        builtin, override = (previous, record) if previous.builtin else (record, previous)
+                        warnings.warn(
+                            f"{_SINGULAR[kind]} {record.name!r} from {override.distribution} "
+                            f"overrides the built-in one",
+                            PluginOverrideWarning,
+                            stacklevel=2,
+                        )
+                        found[record.name] = override
+                        continue
+                    else:
+                        raise PluginConflictError(
+                            f"{_SINGULAR[kind]} {record.name!r} is provided by both "
+                            f"{previous.distribution} and {record.distribution}; uninstall one, "
+                            f"or block one with UNIAGENT_DISABLE_PLUGINS={record.distribution}"
+                        )
+                found[record.name] = record
+        return found
+
+    def tools(self) -> Records[ToolSpec]:
+        """Tools by name."""
+        return self.get("tools")
+
+    def deployments(self) -> Records[DeploymentSpec]:
+        """Deployments (sandbox backends) by name."""
+        return self.get("deployments")
+
+    def tool_parsers(self) -> Records[ParserSpec]:
+        """Tool-call parsers by name."""
+        return self.get("tool_parsers")
+
+    def rewards(self) -> Records[RewardSpec]:
+        """Rewards by name."""
+        return self.get("rewards")
+
+    def contributions(self) -> dict[str, dict[Kind, list[str]]]:
+        """Per plugin key (distribution, or ``uniagent:<module>`` for built-ins), names per kind."""
+        out: dict[str, dict[Kind, list[str]]] = {}
+        for kind in KINDS:
+            for info, records in self.manager.call_each(f"uniagent_{kind}"):
+                key = self.manager._key(info.distribution, info.module, info.builtin)
+                names = out.setdefault(key, {k: [] for k in KINDS})[kind]
+                names.extend(sorted(r.name for r in records if hasattr(r, "name")))
+        return out
+
+    # -- deployment configs ---------------------------------------------------
+    def deployment_config_adapter(self) -> TypeAdapter[Any]:
+        """A ``TypeAdapter`` for the union of installed deployment configs (by ``type``)."""
+        configs = tuple(spec.config for spec in self.deployments().values())
+        if not configs:
+            raise ConfigError("no deployment backend is installed; install uniagent or a deploy plugin")
+        union: Any = configs[0] if len(configs) == 1 else Annotated[
+            Union[configs], Field(discriminator="type")  # noqa: UP007
+        ]
+        installed = self.deployments()
+
+        def known_type(data: Any) -> Any:
+            # Without this, pydantic's own message neither lists the installed
+            # types nor says which package would add the missing one.
+            if isinstance(data, Mapping):
+                kind = data.get("type")
+                if kind is None:
+                    raise ValueError(
+                        "deployment config has no 'type'; installed types: "
+                        + ", ".join(sorted(installed))
+                    )
+                if kind not in installed:
+                    raise ValueError(unknown_name_message("deployments", str(kind), installed))
+            return data
+
+        return TypeAdapter(Annotated[union, BeforeValidator(known_type)])
+
+    def validate_deployment_config(self, data: Mapping[str, Any] | BaseModel) -> BaseModel:
+        """Validate a deployment config; an unknown ``type`` names the installed ones."""
+        if isinstance(data, BaseModel):
+            data = data.model_dump()
+        if not isinstance(data, Mapping):
+            raise ConfigError(f"a deployment config must be a mapping with a 'type', got {data!r}")
+        try:
+            return self.deployment_config_adapter().validate_python(dict(data))
+        except ValidationError as exc:
+            raise ConfigError(f"invalid deployment config {dict(data)!r}:\n{exc}") from exc
+
+
+_registry: Registry | None = None
+_registry_lock = threading.Lock()
+
+
+def get_registry() -> Registry:
+    """The process-wide registry over :func:`uniagent.plugins.load_plugins`."""
+    global _registry
+    with _registry_lock:
+        if _registry is None:
+            _registry = Registry(load_plugins())
+        return _registry
+
+
+def reset_registry() -> None:
+    """Forget the process-wide registry."""
+    global _registry
+    with _registry_lock:
+        _registry = None
+
+
+def get_tools() -> Records[ToolSpec]:
+    """Installed tools by name."""
+    return get_registry().tools()
+
+
+def get_deployments() -> Records[DeploymentSpec]:
+    """Installed deployments by name."""
+    return get_registry().deployments()
+
+
+def get_tool_parsers() -> Records[ParserSpec]:
+    """Installed tool-call parsers by name."""
+    return get_registry().tool_parsers()
+
+
+def get_rewards() -> Records[RewardSpec]:
+    """Installed rewards by name."""
+    return get_registry().rewards()
+
+
+def deployment_config_adapter() -> TypeAdapter[Any]:
+    """The deployment-config union over the installed backends."""
+    return get_registry().deployment_config_adapter()
+
+
+def validate_deployment_config(data: Mapping[str, Any] | BaseModel) -> BaseModel:
+    """Validate a deployment config against the installed backends."""
+    return get_registry().validate_deployment_config(data)

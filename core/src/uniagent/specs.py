@@ -1,0 +1,157 @@
+"""The typed, frozen records that plugins contribute through the hooks.
+
+Each hook in :mod:`uniagent.hookspecs` returns an iterable of one of these
+records. The registry fills in ``distribution`` (the pip distribution that
+contributed the record) and ``builtin`` (shipped with the core); plugin authors
+leave both at their defaults.
+"""
+
+from __future__ import annotations
+
+import json
+import shlex
+from collections.abc import Awaitable, Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Literal, get_args
+
+from pydantic import BaseModel
+
+if TYPE_CHECKING:  # pragma: no cover - imports for type checkers only
+    from uniagent.env.deployment import Deployment
+
+Kind = Literal["tools", "deployments", "tool_parsers", "rewards"]
+KINDS: tuple[Kind, ...] = get_args(Kind)
+
+
+@dataclass(frozen=True, kw_only=True)
+class _Record:
+    name: str
+    distribution: str = field(default="", compare=False)
+    builtin: bool = field(default=False, compare=False)
+
+    def __post_init__(self) -> None:
+        if not self.name or not self.name.replace("_", "").replace("-", "").isalnum():
+            raise ValueError(
+                f"{type(self).__name__} name {self.name!r} must be non-empty and use only "
+                "letters, digits, '_' and '-'"
+            )
+
+
+@dataclass(frozen=True, kw_only=True)
+class ToolSpec(_Record):
+    """A tool the agent can call; it runs as a command inside the sandbox.
+
+    ``arguments`` is a pydantic model whose JSON schema becomes the OpenAI
+    function ``parameters``. ``scripts`` are uploaded into the sandbox's tools
+    directory (which is on ``PATH``) and made executable; ``install`` runs once
+    after the upload. A call becomes a bash command through ``render`` when
+    given, else ``executable --arg value ...`` with every value shell-quoted,
+    lists and dicts JSON-encoded and omitted optional arguments left out.
+    ``ends_episode`` marks finishing tools (``submit``, ``finish``).
+    """
+
+    description: str
+    arguments: type[BaseModel]
+    scripts: tuple[Path, ...] = ()
+    install: str | None = None
+    executable: str | None = None
+    render: Callable[[Mapping[str, Any]], str] | None = field(default=None, compare=False)
+    ends_episode: bool = False
+
+    def parameters_schema(self) -> dict[str, Any]:
+        """The JSON schema of the arguments, as OpenAI function ``parameters``."""
+        schema = self.arguments.model_json_schema()
+        schema.pop("title", None)
+        for prop in schema.get("properties", {}).values():
+            prop.pop("title", None)
+        schema.setdefault("properties", {})
+        schema.setdefault("required", [])
+        return schema
+
+    def openai_schema(self) -> dict[str, Any]:
+        """The tool as an OpenAI ``tools`` entry (``{"type": "function", ...}``)."""
+        return {
+            "type": "function",
+            "function": {
+                "name": self.name,
+                "description": self.description,
+                "parameters": self.parameters_schema(),
+            },
+        }
+
+    def validate_arguments(self, arguments: Mapping[str, Any]) -> BaseModel:
+        """Validate call arguments against the model (raises ``pydantic.ValidationError``)."""
+        return self.arguments.model_validate(dict(arguments))
+
+    def to_command(self, arguments: Mapping[str, Any]) -> str:
+        """Turn validated call arguments into the bash command that runs the tool."""
+        if self.render is not None:
+            return self.render(arguments)
+        parts = [self.executable or self.name]
+        for key in self.arguments.model_fields:
+            if key not in arguments or arguments[key] is None:
+                continue
+            value = arguments[key]
+            text = value if isinstance(value, str) else json.dumps(value, ensure_ascii=False)
+            parts += [f"--{key}", shlex.quote(text)]
+        return " ".join(parts)
+
+
+@dataclass(frozen=True, kw_only=True)
+class DeploymentSpec(_Record):
+    """A sandbox backend.
+
+    ``config`` is a pydantic model whose ``type`` field is ``Literal[name]``;
+    it becomes one member of the deployment-config discriminated union.
+    ``factory(config)`` returns a :class:`uniagent.env.deployment.Deployment`.
+    """
+
+    config: type[BaseModel]
+    factory: Callable[[Any], Deployment] = field(compare=False)
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        type_field = self.config.model_fields.get("type")
+        if type_field is None or get_args(type_field.annotation) != (self.name,):
+            raise ValueError(
+                f"deployment {self.name!r}: its config model {self.config.__name__} must declare "
+                f"`type: Literal[{self.name!r}]`"
+            )
+
+
+@dataclass(frozen=True, kw_only=True)
+class ParserSpec(_Record):
+    """A tool-call parser; ``factory()`` returns a ``uniagent.parsers.ToolCallParser``."""
+
+    factory: Callable[[], Any] = field(compare=False)
+    description: str = ""
+
+
+@dataclass(frozen=True, kw_only=True)
+class RewardSpec(_Record):
+    """A reward computed inside the still-open sandbox at the end of an episode.
+
+    ``fn(ctx)`` is awaited with a ``uniagent.reward.RewardContext`` and returns a
+    float or a ``uniagent.reward.RewardResult``. ``config`` optionally validates
+    the reward's settings from the agent config.
+    """
+
+    fn: Callable[[Any], Awaitable[Any]] = field(compare=False)
+    config: type[BaseModel] | None = None
+    description: str = ""
+
+
+Record = ToolSpec | DeploymentSpec | ParserSpec | RewardSpec
+
+RECORD_TYPES: dict[Kind, type] = {
+    "tools": ToolSpec,
+    "deployments": DeploymentSpec,
+    "tool_parsers": ParserSpec,
+    "rewards": RewardSpec,
+}
+
+
+def record_names(records: Sequence[_Record]) -> list[str]:
+    """Sorted names of records, for messages."""
+    return sorted(r.name for r in records)

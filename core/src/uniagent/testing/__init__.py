@@ -1,0 +1,1 @@
+"""Helpers for testing uniagent and its plugins (the conformance kit)."""

@@ -1,0 +1,169 @@
+"""Registry look-ups: conflicts, overrides, unknown names, the deployment-config union."""
+
+from __future__ import annotations
+
+import types
+from typing import Literal
+
+import pytest
+from pydantic import BaseModel, ConfigDict, ValidationError
+
+from uniagent import DeploymentSpec, RewardSpec, ToolSpec, hookimpl
+from uniagent.errors import ConfigError, PluginConflictError, UnknownPluginNameError
+from uniagent.plugins import PluginManager
+from uniagent.registry import PluginOverrideWarning, Registry
+
+
+class NoArgs(BaseModel):
+    pass
+
+
+def tools_plugin(*names):
+    @hookimpl
+    def uniagent_tools():
+        return [ToolSpec(name=n, description="d", arguments=NoArgs) for n in names]
+
+    return types.SimpleNamespace(uniagent_tools=uniagent_tools)
+
+
+class AlphaConfig(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    type: Literal["alpha"] = "alpha"
+    size: int = 1
+
+
+class BetaConfig(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    type: Literal["beta"] = "beta"
+    image: str
+
+
+def deployments_plugin(*configs):
+    @hookimpl
+    def uniagent_deployments():
+        return [
+            DeploymentSpec(name=c.model_fields["type"].default, config=c, factory=lambda cfg: cfg)
+            for c in configs
+        ]
+
+    return types.SimpleNamespace(uniagent_deployments=uniagent_deployments)
+
+
+def test_two_external_plugins_with_one_name_conflict_naming_both():
+    manager = PluginManager()
+    manager.register(tools_plugin("grep"), "uniagent-tools-one")
+    manager.register(tools_plugin("grep"), "uniagent-tools-two")
+    with pytest.raises(PluginConflictError) as err:
+        Registry(manager).tools()
+    assert "uniagent-tools-one" in str(err.value) and "uniagent-tools-two" in str(err.value)
+
+
+def test_external_plugin_overrides_builtin_with_a_warning():
+    manager = PluginManager()
+    manager.register(tools_plugin("grep"), "uniagent", builtin=True, module="uniagent.builtin.x")
+    manager.register(tools_plugin("grep"), "uniagent-tools-better")
+    with pytest.warns(PluginOverrideWarning, match="uniagent-tools-better"):
+        tools = Registry(manager).tools()
+    assert tools["grep"].distribution == "uniagent-tools-better"
+
+
+def test_external_override_wins_whatever_the_registration_order():
+    manager = PluginManager()
+    manager.register(tools_plugin("grep"), "uniagent-tools-better")
+    manager.register(tools_plugin("grep"), "uniagent", builtin=True, module="uniagent.builtin.x")
+    assert Registry(manager).tools()["grep"].distribution == "uniagent-tools-better"
+
+
+def test_unknown_name_lists_installed_and_the_providing_package():
+    manager = PluginManager()
+    manager.register(tools_plugin("grep", "ls"), "uniagent-tools-one")
+    with pytest.raises(UnknownPluginNameError) as err:
+        Registry(manager).tools()["str_replace_editor"]
+    message = str(err.value)
+    assert "grep, ls" in message
+    assert "pip install uniagent-tools-swe" in message
+
+
+def test_unknown_name_without_known_provider_points_at_plugins_command():
+    manager = PluginManager()
+    with pytest.raises(UnknownPluginNameError, match="uniagent plugins"):
+        Registry(manager).rewards()["my_reward"]
+
+
+def test_wrong_record_type_is_a_clear_error():
+    @hookimpl
+    def uniagent_rewards():
+        return [ToolSpec(name="x", description="d", arguments=NoArgs)]
+
+    manager = PluginManager()
+    manager.register(types.SimpleNamespace(uniagent_rewards=uniagent_rewards), "confused")
+    with pytest.raises(TypeError, match="confused.*RewardSpec.*ToolSpec"):
+        Registry(manager).rewards()
+
+
+def test_deployment_union_is_built_from_installed_backends():
+    manager = PluginManager()
+    manager.register(deployments_plugin(AlphaConfig, BetaConfig), "uniagent-deploy-ab")
+    adapter = Registry(manager).deployment_config_adapter()
+    assert adapter.validate_python({"type": "beta", "image": "x"}) == BetaConfig(image="x")
+    assert adapter.validate_python({"type": "alpha"}) == AlphaConfig()
+    with pytest.raises(ValidationError, match="image"):
+        adapter.validate_python({"type": "beta"})
+
+
+def test_single_backend_union_still_checks_the_type():
+    manager = PluginManager()
+    manager.register(deployments_plugin(AlphaConfig), "uniagent-deploy-a")
+    adapter = Registry(manager).deployment_config_adapter()
+    assert adapter.validate_python({"type": "alpha", "size": 3}).size == 3
+    with pytest.raises(ValidationError, match="installed deployments: alpha"):
+        adapter.validate_python({"type": "beta", "image": "x"})
+
+
+def test_missing_modal_plugin_error_names_installed_types_and_the_package():
+    manager = PluginManager()
+    manager.register(deployments_plugin(AlphaConfig, BetaConfig), "uniagent-deploy-ab")
+    registry = Registry(manager)
+    with pytest.raises(ConfigError) as err:
+        registry.validate_deployment_config({"type": "modal"})
+    assert "alpha, beta" in str(err.value)
+    assert "uniagent-deploy-modal" in str(err.value)
+    with pytest.raises(ValidationError, match="uniagent-deploy-modal"):
+        registry.deployment_config_adapter().validate_python({"type": "modal"})
+
+
+def test_deployment_config_without_type_lists_types():
+    manager = PluginManager()
+    manager.register(deployments_plugin(AlphaConfig, BetaConfig), "uniagent-deploy-ab")
+    with pytest.raises(ConfigError, match="no 'type'.*alpha, beta"):
+        Registry(manager).validate_deployment_config({"image": "x"})
+
+
+def test_deployment_spec_requires_a_matching_type_literal():
+    with pytest.raises(ValueError, match="Literal\\['gamma'\\]"):
+        DeploymentSpec(name="gamma", config=AlphaConfig, factory=lambda c: c)
+
+
+def test_record_names_are_checked():
+    with pytest.raises(ValueError, match="letters, digits"):
+        RewardSpec(name="bad name", fn=lambda ctx: None)
+
+
+def test_tool_spec_builds_openai_schema_and_command():
+    class Args(BaseModel):
+        command: str
+        path: str
+        view_range: list[int] | None = None
+        flag: bool = False
+
+    spec = ToolSpec(name="editor", description="Edit files.", arguments=Args)
+    schema = spec.openai_schema()
+    assert schema["type"] == "function"
+    assert schema["function"]["name"] == "editor"
+    assert schema["function"]["parameters"]["required"] == ["command", "path"]
+    assert spec.to_command({"command": "view", "path": "/a b", "view_range": [1, 5]}) == (
+        "editor --command view --path '/a b' --view_range '[1, 5]'"
+    )
+    assert spec.to_command({"command": "it's", "path": "/x", "flag": True}) == (
+        "editor --command 'it'\"'\"'s' --path /x --flag true"
+    )
