@@ -1,0 +1,68 @@
+"""Chat-model backends: a verl token server, OpenAI-compatible chat APIs, local HF models.
+
+Every backend implements :class:`ChatModel`: it builds the episode's rollout
+cache and appends each model turn to it itself, so the interaction loop never
+touches token ids. :func:`from_spec` builds one from a ``--model`` string.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from uniagent.errors import ConfigError
+from uniagent.models.base import (
+    ChatModel,
+    ContextLimitError,
+    FinishReason,
+    Generation,
+    ModelError,
+    ModelResponse,
+    TokenChatModel,
+    Usage,
+)
+from uniagent.models.hf import HFLocalModel, smollm2_gguf_path
+from uniagent.models.openai_chat import OpenAIChatModel
+from uniagent.models.verl_server import VerlServerModel
+
+SPEC_FORMS = (
+    "hf:PATH (a model folder, hub id or .gguf file; hf:smollm2 for the bundled test model), "
+    "openai:BASE_URL#MODEL (e.g. openai:http://127.0.0.1:8000/v1#Qwen/Qwen3-8B)"
+)
+
+
+def from_spec(spec: str, **kwargs: Any) -> ChatModel:
+    """Build a backend from ``hf:PATH`` or ``openai:BASE_URL#MODEL``; kwargs go to it."""
+    kind, sep, rest = spec.partition(":")
+    if not sep or not rest:
+        raise ConfigError(f"model spec {spec!r} is not of the form {SPEC_FORMS}")
+    if kind == "openai":
+        base_url, sep, model = rest.rpartition("#")
+        if not sep or not base_url or not model:
+            raise ConfigError(
+                f"model spec {spec!r}: name the model after '#', as in "
+                "openai:http://127.0.0.1:8000/v1#Qwen/Qwen3-8B"
+            )
+        if not base_url.startswith(("http://", "https://")):
+            raise ConfigError(f"model spec {spec!r}: the base URL must start with http(s)://")
+        return OpenAIChatModel(base_url, model, **kwargs)
+    if kind == "hf":
+        path = str(smollm2_gguf_path()) if rest == "smollm2" else rest
+        return HFLocalModel(path, **kwargs)
+    raise ConfigError(f"unknown model kind {kind!r} in {spec!r}; use {SPEC_FORMS}")
+
+
+__all__ = [
+    "ChatModel",
+    "ContextLimitError",
+    "FinishReason",
+    "Generation",
+    "HFLocalModel",
+    "ModelError",
+    "ModelResponse",
+    "OpenAIChatModel",
+    "TokenChatModel",
+    "Usage",
+    "VerlServerModel",
+    "from_spec",
+    "smollm2_gguf_path",
+]

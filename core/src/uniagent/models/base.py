@@ -1,0 +1,241 @@
+"""The chat-model protocol used by the interaction loop, its response and its errors.
+
+A backend owns the rollout cache's contents: :meth:`ChatModel.start_cache` builds
+the cache (token mode for token servers, message mode for plain chat APIs) and
+:meth:`ChatModel.query` appends the model's turn to it before returning, so
+token exactness is enforced in one place and the loop stays tiny::
+
+    cache = model.start_cache(messages, [t.openai_schema() for t in tools])
+    while ...:
+        response = await model.query(cache, tools, parser)  # ContextLimitError, ModelError
+        calls = response.parse_tool_calls(parser, tools, max_calls=1)  # ToolCallFormatError
+        ...
+        cache.append_messages(observations)
+"""
+
+from __future__ import annotations
+
+import uuid
+from abc import ABC, abstractmethod
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any, Literal, Protocol, runtime_checkable
+
+from uniagent.errors import UniAgentError
+from uniagent.parsers import (
+    ParseResult,
+    ToolCall,
+    ToolCallFormatError,
+    ToolCallParser,
+    tool_calls_from_openai,
+)
+from uniagent.rollout import RolloutCache
+from uniagent.rollout.template import decode
+from uniagent.specs import ToolSpec
+
+FinishReason = Literal["stop", "length", "tool_calls"]
+
+
+class ModelError(UniAgentError):
+    """The model backend failed (after its retries): exit reason ``model_error``."""
+
+
+class ContextLimitError(UniAgentError):
+    """The context window or the response budget is spent: exit reason ``token_limit``."""
+
+
+@dataclass
+class Usage:
+    """Token counts of one model call."""
+
+    prompt_tokens: int = 0
+    completion_tokens: int = 0
+
+    @property
+    def total_tokens(self) -> int:
+        """Prompt plus completion tokens."""
+        return self.prompt_tokens + self.completion_tokens
+
+
+@dataclass
+class ModelResponse:
+    """One model turn, already appended to the rollout cache by the backend.
+
+    ``text`` is what the model wrote (for a chat API: the message content; for a
+    token backend: the decoded ids without the end-of-turn token). ``tool_calls``
+    holds structured calls a chat API returned, validated against the tools (None
+    when the model wrote its calls as text, or when they failed validation: then
+    ``tool_call_error`` says why). Use :meth:`parse_tool_calls` for either case.
+    """
+
+    text: str
+    finish_reason: FinishReason
+    tool_calls: list[ToolCall] | None = None
+    tool_call_error: ToolCallFormatError | None = None
+    raw_tool_calls: list[dict[str, Any]] | None = None
+    reasoning: str | None = None
+    token_ids: list[int] | None = None
+    logprobs: list[float] | None = None
+    usage: Usage = field(default_factory=Usage)
+    extra: dict[str, Any] = field(default_factory=dict)
+
+    def parse_tool_calls(
+        self, parser: ToolCallParser, tools: Sequence[ToolSpec], *, max_calls: int | None = None
+    ) -> list[ToolCall]:
+        """The validated calls of this turn: structured ones if any, else parsed from the text.
+
+        Raises :class:`~uniagent.parsers.ToolCallFormatError` (message meant for the model).
+        """
+        return self.parse(parser, tools, max_calls=max_calls).tool_calls
+
+    def parse(
+        self, parser: ToolCallParser, tools: Sequence[ToolSpec], *, max_calls: int | None = None
+    ) -> ParseResult:
+        """Like :meth:`parse_tool_calls`, with the text outside the calls as ``content``."""
+        if self.raw_tool_calls:
+            calls = tool_calls_from_openai(
+                self.raw_tool_calls, tools, parser=parser, max_calls=max_calls, content=self.text
+            )
+            return ParseResult(content=self.text, tool_calls=calls)
+        return parser.parse(self.text, tools, max_calls=max_calls)
+
+
+@runtime_checkable
+class ChatModel(Protocol):
+    """A model backend as the interaction loop sees it."""
+
+    def start_cache(
+        self,
+        messages: Sequence[Mapping[str, Any]],
+        tools: Sequence[Mapping[str, Any]] | None = None,
+    ) -> RolloutCache:
+        """A rollout cache for a new episode (``tools`` as OpenAI schemas)."""
+        ...
+
+    async def query(
+        self, cache: RolloutCache, tools: Sequence[ToolSpec], parser: ToolCallParser
+    ) -> ModelResponse:
+        """Generate the next assistant turn from ``cache``, append it, and return it.
+
+        Raises :class:`ContextLimitError` when there is no room left and
+        :class:`ModelError` when the backend fails after its retries.
+        """
+        ...
+
+
+@dataclass
+class Generation:
+    """Raw output of a token backend: ids (end-of-turn included when produced) and log-probs."""
+
+    token_ids: list[int]
+    logprobs: list[float] | None
+    finish_reason: FinishReason | None = None
+    extra: dict[str, Any] = field(default_factory=dict)
+
+
+class TokenChatModel(ABC):
+    """Base of backends that continue the cache's context ids (verl server, local HF).
+
+    Budgets: ``max_model_len`` bounds prompt + response (the context window),
+    ``response_length`` bounds everything after the prompt over the whole episode
+    (model and environment tokens, verl's ``response_length``), and
+    ``sampling_params["max_tokens"]`` bounds one turn. Each call asks for at most
+    what remains; when nothing remains, :class:`ContextLimitError` is raised.
+    """
+
+    def __init__(
+        self,
+        tokenizer: Any,
+        *,
+        sampling_params: Mapping[str, Any] | None = None,
+        max_model_len: int | None = None,
+        response_length: int | None = None,
+        chat_template_kwargs: Mapping[str, Any] | None = None,
+    ) -> None:
+        self.tokenizer = tokenizer
+        self.sampling_params = dict(sampling_params or {})
+        self.max_model_len = max_model_len
+        self.response_length = response_length
+        self.chat_template_kwargs = dict(chat_template_kwargs or {})
+
+    @abstractmethod
+    async def _generate(self, prompt_ids: list[int], max_tokens: int | None) -> Generation:
+        """Generate from ``prompt_ids``; raise :class:`ModelError` on failure."""
+
+    def start_cache(
+        self,
+        messages: Sequence[Mapping[str, Any]],
+        tools: Sequence[Mapping[str, Any]] | None = None,
+    ) -> RolloutCache:
+        """A token-mode cache rendered with this model's tokenizer and chat template."""
+        return RolloutCache.start(
+            self.tokenizer, messages, [dict(t) for t in tools or ()], **self.chat_template_kwargs
+        )
+
+    def remaining_tokens(self, cache: RolloutCache) -> int | None:
+        """Tokens the next call may generate (None: unbounded)."""
+        limits = []
+        if self.max_model_len is not None:
+            limits.append(self.max_model_len - cache.context_length)
+        if self.response_length is not None:
+            limits.append(self.response_length - (cache.context_length - len(cache.prompt_ids)))
+        per_turn = self.sampling_params.get("max_tokens")
+        if per_turn is not None:
+            limits.append(int(per_turn))
+        return min(limits) if limits else None
+
+    async def query(
+        self, cache: RolloutCache, tools: Sequence[ToolSpec], parser: ToolCallParser
+    ) -> ModelResponse:
+        """Generate from ``cache.context_ids``, append the ids and log-probs as returned."""
+        if cache.mode != "tokens":
+            raise ModelError(f"{type(self).__name__} needs a token-mode cache (use start_cache)")
+        budget = self.remaining_tokens(cache)
+        if budget is not None and budget <= 0:
+            raise ContextLimitError(self._limit_message(cache))
+        prompt_len = cache.context_length
+        out = await self._generate(cache.context_ids, budget)
+        if not out.token_ids:
+            raise ModelError(f"{type(self).__name__} returned no tokens ({out.extra or 'no info'})")
+        if out.logprobs is not None and len(out.logprobs) != len(out.token_ids):
+            raise ModelError(
+                f"{type(self).__name__} returned {len(out.logprobs)} log-probs for "
+                f"{len(out.token_ids)} tokens"
+            )
+        cache.append_generation(out.token_ids, out.logprobs)
+        analysis = cache.template
+        eot = analysis.eot_id if analysis is not None else None
+        ended = out.token_ids[-1] == eot or out.token_ids[-1] in self._stop_ids()
+        finish: FinishReason = out.finish_reason or (
+            "stop" if ended or budget is None or len(out.token_ids) < budget else "length"
+        )
+        body = out.token_ids[:-1] if out.token_ids[-1] == eot else out.token_ids
+        response = ModelResponse(
+            text=decode(self.tokenizer, body),
+            finish_reason=finish,
+            token_ids=list(out.token_ids),
+            logprobs=None if out.logprobs is None else list(out.logprobs),
+            usage=Usage(prompt_tokens=prompt_len, completion_tokens=len(out.token_ids)),
+            extra=dict(out.extra),
+        )
+        remaining = self.remaining_tokens(cache)
+        if finish == "length" and remaining is not None and remaining <= 0:
+            raise ContextLimitError(self._limit_message(cache))
+        return response
+
+    def _stop_ids(self) -> set[int]:
+        eos = getattr(self.tokenizer, "eos_token_id", None)
+        return {eos} if isinstance(eos, int) else set()
+
+    def _limit_message(self, cache: RolloutCache) -> str:
+        return (
+            f"no room to generate: context {cache.context_length} tokens "
+            f"(max_model_len={self.max_model_len}), response "
+            f"{cache.context_length - len(cache.prompt_ids)} tokens "
+            f"(response_length={self.response_length})"
+        )
+
+
+def new_request_id() -> str:
+    """A fresh request id (one per episode: a sticky session on the server)."""
+    return uuid.uuid4().hex

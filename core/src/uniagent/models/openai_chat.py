@@ -1,0 +1,348 @@
+"""Any OpenAI-compatible chat-completions endpoint (OpenAI, vLLM, SGLang, llama.cpp, ...).
+
+Two modes, chosen by whether a ``tokenizer`` is given:
+
+- **messages** (no tokenizer): the rollout cache records chat messages only; what
+  the server returns is recorded as the assistant message.
+- **tokens** (tokenizer given; vLLM): the cache is rendered locally with the same
+  chat template, and every request asks for the generated token ids the vLLM way:
+  ``return_token_ids`` (vLLM >= 0.10.2: ``choices[0].token_ids`` and
+  ``prompt_token_ids``) and ``logprobs`` with ``return_tokens_as_token_ids``
+  (tokens arrive as ``"token_id:123"``). The ids and log-probs are appended to
+  the cache as returned. The server renders the prompt itself from the messages,
+  so when it reports ``prompt_token_ids`` they are compared with the cache's
+  context: a mismatch is logged and flagged in ``ModelResponse.extra``
+  (``prompt_ids_match``), because then the trajectory is not token-exact.
+
+Structured ``tool_calls`` are used when the server returns them, text parsing
+otherwise. 429, 5xx, 408/409 and connection errors are retried with exponential
+backoff (a ``Retry-After`` header in seconds is honoured, capped at
+``max_backoff``), then :class:`ModelError`; a context-length 400 becomes
+:class:`ContextLimitError`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import inspect
+import logging
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any
+
+from uniagent.models.base import (
+    ContextLimitError,
+    FinishReason,
+    ModelError,
+    ModelResponse,
+    Usage,
+)
+from uniagent.parsers import ToolCallFormatError, ToolCallParser, tool_calls_from_openai
+from uniagent.rollout import RolloutCache
+from uniagent.specs import ToolSpec
+
+log = logging.getLogger(__name__)
+
+_RETRY_STATUS = frozenset({408, 409, 429})
+_CONTEXT_MARKERS = (
+    "context_length_exceeded",
+    "maximum context length",
+    "context length",
+    "too many tokens",
+    "prompt is too long",
+)
+_SEND_KEYS = frozenset({"role", "content", "tool_calls", "tool_call_id", "name"})
+
+
+class OpenAIChatModel:
+    """A chat-completions backend with retries; token-exact when the server is vLLM."""
+
+    def __init__(
+        self,
+        base_url: str,
+        model: str,
+        api_key: str | None = None,
+        *,
+        sampling_params: Mapping[str, Any] | None = None,
+        max_retries: int = 4,
+        backoff: float = 1.0,
+        max_backoff: float = 60.0,
+        timeout: float = 600.0,
+        tokenizer: Any = None,
+        chat_template_kwargs: Mapping[str, Any] | None = None,
+        max_model_len: int | None = None,
+        send_tools: bool = True,
+        extra_body: Mapping[str, Any] | None = None,
+        client: Any = None,
+    ) -> None:
+        self.base_url = base_url
+        self.model = model
+        self.sampling_params = dict(sampling_params or {})
+        self.max_retries = max_retries
+        self.backoff = backoff
+        self.max_backoff = max_backoff
+        self.tokenizer = tokenizer
+        self.chat_template_kwargs = dict(chat_template_kwargs or {})
+        self.max_model_len = max_model_len
+        self.send_tools = send_tools
+        self.extra_body = dict(extra_body or {})
+        #: Awaited between retries (tests replace it to record the delays).
+        self.sleep: Callable[[float], Any] = asyncio.sleep
+        self._openai = _import_openai()
+        self.client = client or self._openai.AsyncOpenAI(
+            base_url=base_url,
+            api_key=api_key or "EMPTY",
+            timeout=timeout,
+            max_retries=0,  # retries are ours: counted, logged, then ModelError
+        )
+        self._create_params = _known_params(self.client.chat.completions.create)
+
+    @property
+    def token_mode(self) -> bool:
+        """True when the cache holds token ids (a tokenizer was given)."""
+        return self.tokenizer is not None
+
+    def start_cache(
+        self,
+        messages: Sequence[Mapping[str, Any]],
+        tools: Sequence[Mapping[str, Any]] | None = None,
+    ) -> RolloutCache:
+        """A token-mode cache with a tokenizer, else a message-mode one."""
+        schemas = [dict(t) for t in tools or ()]
+        if self.token_mode:
+            return RolloutCache.start(
+                self.tokenizer, messages, schemas, **self.chat_template_kwargs
+            )
+        return RolloutCache.messages_only(messages, schemas, **self.chat_template_kwargs)
+
+    async def aclose(self) -> None:
+        """Close the HTTP client."""
+        await self.client.close()
+
+    # -- the call -----------------------------------------------------------------------
+    async def query(
+        self, cache: RolloutCache, tools: Sequence[ToolSpec], parser: ToolCallParser
+    ) -> ModelResponse:
+        """Send the conversation, append the reply to ``cache`` and return it."""
+        token_mode = cache.mode == "tokens"
+        request = self._request(cache, tools, parser, token_mode)
+        data = await self._create(request)
+        try:
+            choice = data["choices"][0]
+            message = choice.get("message") or {}
+        except (KeyError, IndexError, TypeError) as exc:
+            raise ModelError(
+                f"malformed chat completion from {self.base_url}: {data!r:.500}"
+            ) from exc
+        content = message.get("content") or ""
+        raw_calls = [_plain(c) for c in message.get("tool_calls") or ()] or None
+        reasoning = message.get("reasoning_content") or message.get("reasoning")
+        record: dict[str, Any] = {"role": "assistant", "content": content}
+        if raw_calls:
+            record["tool_calls"] = raw_calls
+        if reasoning:
+            record["reasoning_content"] = reasoning
+        response = ModelResponse(
+            text=content,
+            finish_reason=_finish_reason(choice.get("finish_reason"), raw_calls),
+            raw_tool_calls=raw_calls,
+            reasoning=reasoning,
+            usage=_usage(data.get("usage")),
+        )
+        token_ids, logprobs = _generated_tokens(choice)
+        if token_mode:
+            if not token_ids:
+                raise ModelError(
+                    f"{self.base_url} returned no token ids, but a tokenizer was given (token "
+                    "mode); use vLLM (return_token_ids / return_tokens_as_token_ids) or drop "
+                    "the tokenizer to record messages only"
+                )
+            prompt_ids = data.get("prompt_token_ids")
+            if prompt_ids is not None:
+                match = list(prompt_ids) == cache.context_ids
+                response.extra["prompt_ids_match"] = match
+                if not match:
+                    log.warning(
+                        "server-rendered prompt (%d ids) differs from the rollout context "
+                        "(%d ids): this trajectory is not token-exact",
+                        len(prompt_ids),
+                        cache.context_length,
+                    )
+            cache.append_generation(token_ids, logprobs, message=record)
+        else:
+            cache.append_assistant_message(record)
+        response.token_ids, response.logprobs = token_ids, logprobs
+        if raw_calls:
+            try:
+                response.tool_calls = tool_calls_from_openai(
+                    raw_calls, tools, parser=parser, content=content
+                )
+            except ToolCallFormatError as exc:
+                response.tool_call_error = exc
+        return response
+
+    def _request(
+        self, cache: RolloutCache, tools: Sequence[ToolSpec], parser: ToolCallParser, tokens: bool
+    ) -> dict[str, Any]:
+        keep = (_SEND_KEYS | {"reasoning_content"}) if tokens else _SEND_KEYS
+        params = dict(self.sampling_params)
+        extra = dict(self.extra_body)
+        for key in list(params):
+            if key not in self._create_params:
+                extra[key] = params.pop(key)  # e.g. top_k, min_p, repetition_penalty (vLLM)
+        request: dict[str, Any] = {
+            "model": self.model,
+            "messages": [_outgoing(m, keep, tokens) for m in cache.messages],
+            **params,
+        }
+        if self.send_tools and tools:
+            request["tools"] = [t.openai_schema() for t in tools]
+        if parser.stop_sequences and "stop" not in request:
+            request["stop"] = list(parser.stop_sequences)
+        if self.chat_template_kwargs:
+            extra.setdefault("chat_template_kwargs", dict(self.chat_template_kwargs))
+        if tokens:
+            request["logprobs"] = True
+            request.setdefault("top_logprobs", 0)
+            extra.setdefault("return_tokens_as_token_ids", True)
+            extra.setdefault("return_token_ids", True)
+            if self.max_model_len is not None:
+                room = self.max_model_len - cache.context_length
+                if room <= 0:
+                    raise ContextLimitError(
+                        f"the context has {cache.context_length} tokens; "
+                        f"max_model_len={self.max_model_len}"
+                    )
+                request["max_tokens"] = min(int(request.get("max_tokens") or room), room)
+        if extra:
+            request["extra_body"] = extra
+        return request
+
+    async def _create(self, request: dict[str, Any]) -> dict[str, Any]:
+        openai = self._openai
+        attempt = 0
+        while True:
+            try:
+                completion = await self.client.chat.completions.create(**request)
+                return completion.model_dump() if hasattr(completion, "model_dump") else completion
+            except openai.BadRequestError as exc:
+                if _is_context_error(exc):
+                    raise ContextLimitError(f"{self.base_url}: {_describe(exc)}") from exc
+                raise ModelError(f"{self.base_url} rejected the request: {_describe(exc)}") from exc
+            except (openai.APIConnectionError, openai.APIStatusError) as exc:
+                status = getattr(exc, "status_code", None)
+                retryable = status is None or status in _RETRY_STATUS or status >= 500
+                if not retryable or attempt >= self.max_retries:
+                    tries = f" after {attempt + 1} attempts" if retryable else ""
+                    raise ModelError(f"{self.base_url} failed{tries}: {_describe(exc)}") from exc
+                delay = self._delay(exc, attempt)
+                log.warning(
+                    "%s: %s; retry %d/%d in %.1f s",
+                    self.base_url,
+                    _describe(exc),
+                    attempt + 1,
+                    self.max_retries,
+                    delay,
+                )
+                attempt += 1
+                await self.sleep(delay)
+
+    def _delay(self, exc: Exception, attempt: int) -> float:
+        response = getattr(exc, "response", None)
+        header = response.headers.get("retry-after") if response is not None else None
+        if header is not None:
+            try:
+                return min(max(float(header), 0.0), self.max_backoff)
+            except ValueError:
+                pass  # an HTTP date: not worth parsing, fall back to backoff
+        return min(self.backoff * (2**attempt), self.max_backoff)
+
+
+def _outgoing(message: Mapping[str, Any], keep: frozenset[str], tokens: bool) -> dict[str, Any]:
+    """A message as sent: OpenAI's keys only (tool results lose ``name`` in message mode)."""
+    out = {k: v for k, v in message.items() if k in keep}
+    if not tokens and out.get("role") == "tool":
+        out.pop("name", None)
+    return out
+
+
+def _import_openai() -> Any:
+    try:
+        import openai
+    except ImportError as exc:  # pragma: no cover - depends on the environment
+        raise ModelError(
+            "OpenAIChatModel needs the openai package: pip install 'uniagent[openai]'"
+        ) from exc
+    return openai
+
+
+def _known_params(fn: Any) -> frozenset[str]:
+    try:
+        names = set(inspect.signature(fn).parameters)
+    except (TypeError, ValueError):  # pragma: no cover - exotic clients
+        names = {"temperature", "top_p", "max_tokens", "seed", "stop", "n", "logprobs"}
+    return frozenset(names - {"extra_body", "extra_headers", "extra_query"})
+
+
+def _plain(call: Any) -> dict[str, Any]:
+    data = call.model_dump() if hasattr(call, "model_dump") else dict(call)
+    function = dict(data.get("function") or {})
+    out: dict[str, Any] = {"id": data.get("id"), "type": data.get("type") or "function"}
+    out["function"] = {"name": function.get("name"), "arguments": function.get("arguments")}
+    return out
+
+
+def _finish_reason(value: Any, calls: Any) -> FinishReason:
+    if value == "length":
+        return "length"
+    if value in ("tool_calls", "function_call") or (calls and value in (None, "stop")):
+        return "tool_calls"
+    return "stop"
+
+
+def _usage(data: Any) -> Usage:
+    if not isinstance(data, Mapping):
+        return Usage()
+    return Usage(
+        prompt_tokens=int(data.get("prompt_tokens") or 0),
+        completion_tokens=int(data.get("completion_tokens") or 0),
+    )
+
+
+def _generated_tokens(choice: Mapping[str, Any]) -> tuple[list[int] | None, list[float] | None]:
+    """Token ids and log-probs from a vLLM-style choice (None when the server gave none)."""
+    entries = ((choice.get("logprobs") or {}).get("content")) or []
+    logprobs = [float(e.get("logprob", 0.0)) for e in entries] or None
+    ids = choice.get("token_ids")
+    if ids is None and entries:
+        parsed = [_token_id(e.get("token")) for e in entries]
+        ids = parsed if all(i is not None for i in parsed) else None
+    if ids is None:
+        return None, None
+    ids = [int(i) for i in ids]
+    if logprobs is not None and len(logprobs) != len(ids):
+        log.warning("server gave %d log-probs for %d tokens; dropped", len(logprobs), len(ids))
+        logprobs = None
+    return ids, logprobs
+
+
+def _token_id(token: Any) -> int | None:
+    if isinstance(token, str) and token.startswith("token_id:"):
+        try:
+            return int(token[len("token_id:") :])
+        except ValueError:
+            return None
+    return None
+
+
+def _is_context_error(exc: Exception) -> bool:
+    text = f"{getattr(exc, 'code', '')} {getattr(exc, 'message', '')} {exc}".lower()
+    return any(marker in text for marker in _CONTEXT_MARKERS)
+
+
+def _describe(exc: Exception) -> str:
+    status = getattr(exc, "status_code", None)
+    body = getattr(exc, "body", None)
+    message = body.get("message") if isinstance(body, Mapping) else None
+    if not isinstance(message, str) or not message:
+        message = getattr(exc, "message", None) or str(exc)
+    return f"{type(exc).__name__}" + (f" {status}" if status else "") + f": {message}"

@@ -1,0 +1,43 @@
+"""Tool-call parsers: model text (or chat-API ``tool_calls``) → validated :class:`ToolCall` s.
+
+Built-in formats: ``hermes`` (JSON in ``<tool_call>`` blocks) and ``qwen3_coder``
+(Qwen3-Coder's XML). Plugins add more through ``uniagent_tool_parsers``; look a
+parser up by name with :func:`get_parser`.
+"""
+
+from __future__ import annotations
+
+from uniagent.parsers.base import (
+    ErrorKind,
+    ParseResult,
+    ToolCall,
+    ToolCallFormatError,
+    ToolCallParser,
+    tool_calls_from_openai,
+    validate_call,
+)
+from uniagent.parsers.hermes import HermesParser
+from uniagent.parsers.qwen3_coder import Qwen3CoderParser
+from uniagent.parsers.text import TaggedToolCallParser
+
+
+def get_parser(name: str) -> ToolCallParser:
+    """A new parser of the installed kind ``name`` (raises ``UnknownPluginNameError``)."""
+    from uniagent.registry import get_tool_parsers
+
+    return get_tool_parsers()[name].factory()
+
+
+__all__ = [
+    "ErrorKind",
+    "HermesParser",
+    "ParseResult",
+    "Qwen3CoderParser",
+    "TaggedToolCallParser",
+    "ToolCall",
+    "ToolCallFormatError",
+    "ToolCallParser",
+    "get_parser",
+    "tool_calls_from_openai",
+    "validate_call",
+]

@@ -1,0 +1,254 @@
+"""A real HTTP server speaking OpenAI chat completions, with scripted replies, for tests.
+
+Runs ``http.server`` in a thread on 127.0.0.1 (any free port). Each request takes
+the next scripted item: a :class:`Reply` (an assistant message, optionally with
+``tool_calls``, token ids and log-probs the vLLM way), a :class:`Fail` (an HTTP
+error such as 429 or 500, with headers like ``Retry-After``), or a callable that
+gets the request body and returns either. Every request body is kept in
+``requests``::
+
+    with ScriptedChatServer([Fail(429), Reply("hi")]) as server:
+        model = OpenAIChatModel(server.base_url, "test-model")
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+import time
+from collections import deque
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass, field
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import Any
+
+
+@dataclass
+class Reply:
+    """A successful chat completion.
+
+    With ``token_ids``, a request asking for ``logprobs`` gets one entry per token
+    (``"token_id:N"`` strings when it sets ``return_tokens_as_token_ids``, as vLLM
+    does), and one setting ``return_token_ids`` gets ``choices[0].token_ids`` plus
+    ``prompt_token_ids`` (rendered with ``tokenizer`` when the server has one).
+    """
+
+    content: str | None = ""
+    tool_calls: list[dict[str, Any]] | None = None
+    finish_reason: str | None = None
+    reasoning_content: str | None = None
+    token_ids: list[int] | None = None
+    logprobs: list[float] | None = None
+    usage: dict[str, int] | None = None
+
+
+@dataclass
+class Fail:
+    """An HTTP error response in OpenAI's error format."""
+
+    status: int = 500
+    message: str = "scripted failure"
+    headers: dict[str, str] = field(default_factory=dict)
+    code: str | None = None
+
+
+Script = Reply | Fail | Callable[[dict[str, Any]], "Reply | Fail"]
+
+
+def tool_call(name: str, arguments: Mapping[str, Any] | str, call_id: str = "call_0") -> dict:
+    """An OpenAI ``tool_calls`` entry (arguments JSON-encoded unless already a string)."""
+    args = arguments if isinstance(arguments, str) else json.dumps(dict(arguments))
+    return {"id": call_id, "type": "function", "function": {"name": name, "arguments": args}}
+
+
+class ScriptedChatServer:
+    """``/v1/chat/completions`` and ``/v1/models`` on 127.0.0.1, answering from a script."""
+
+    def __init__(
+        self,
+        script: Iterable[Script] = (),
+        *,
+        tokenizer: Any = None,
+        default: Script | None = None,
+        model: str = "test-model",
+    ) -> None:
+        self.tokenizer = tokenizer
+        self.default = default
+        self.model = model
+        self.requests: list[dict[str, Any]] = []
+        self.headers: list[dict[str, str]] = []
+        self._script: deque[Script] = deque(script)
+        self._lock = threading.Lock()
+        self._server: ThreadingHTTPServer | None = None
+        self._thread: threading.Thread | None = None
+
+    # -- lifecycle ----------------------------------------------------------------------
+    def start(self) -> ScriptedChatServer:
+        """Bind a free port and serve in a daemon thread."""
+        handler = type("Handler", (_Handler,), {"owner": self})
+        self._server = ThreadingHTTPServer(("127.0.0.1", 0), handler)
+        self._server.daemon_threads = True
+        self._thread = threading.Thread(target=self._server.serve_forever, daemon=True)
+        self._thread.start()
+        return self
+
+    def stop(self) -> None:
+        """Shut the server down and wait for its thread."""
+        if self._server is not None:
+            self._server.shutdown()
+            self._server.server_close()
+            self._server = None
+        if self._thread is not None:
+            self._thread.join(timeout=10)
+            self._thread = None
+
+    def __enter__(self) -> ScriptedChatServer:
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+    @property
+    def base_url(self) -> str:
+        """``http://127.0.0.1:PORT/v1``, for OpenAI clients."""
+        if self._server is None:
+            raise RuntimeError("the server is not running; call start() or use it as a context")
+        return f"http://127.0.0.1:{self._server.server_address[1]}/v1"
+
+    # -- script -------------------------------------------------------------------------
+    def add(self, *items: Script) -> None:
+        """Append replies to the script."""
+        with self._lock:
+            self._script.extend(items)
+
+    @property
+    def pending(self) -> int:
+        """Scripted items not used yet."""
+        with self._lock:
+            return len(self._script)
+
+    def _next(self, body: dict[str, Any], headers: dict[str, str]) -> Reply | Fail:
+        with self._lock:
+            self.requests.append(body)
+            self.headers.append(headers)
+            item = self._script.popleft() if self._script else self.default
+        if item is None:
+            return Fail(500, "ScriptedChatServer: the script is exhausted")
+        return item(body) if callable(item) else item
+
+    # -- responses ------------------------------------------------------------------------
+    def completion(self, body: dict[str, Any], reply: Reply) -> dict[str, Any]:
+        """The chat-completion JSON for ``reply`` as asked for by ``body``."""
+        message: dict[str, Any] = {"role": "assistant", "content": reply.content}
+        if reply.tool_calls:
+            message["tool_calls"] = reply.tool_calls
+        if reply.reasoning_content is not None:
+            message["reasoning_content"] = reply.reasoning_content
+        finish = reply.finish_reason or ("tool_calls" if reply.tool_calls else "stop")
+        choice: dict[str, Any] = {"index": 0, "message": message, "finish_reason": finish}
+        ids = reply.token_ids
+        if ids is not None and body.get("logprobs"):
+            lps = reply.logprobs if reply.logprobs is not None else [0.0] * len(ids)
+            as_ids = bool(body.get("return_tokens_as_token_ids"))
+            choice["logprobs"] = {
+                "content": [
+                    {
+                        "token": self._token_text(t, as_ids),
+                        "logprob": lp,
+                        "bytes": None,
+                        "top_logprobs": [],
+                    }
+                    for t, lp in zip(ids, lps, strict=True)
+                ]
+            }
+        prompt_ids = self._prompt_ids(body)
+        result: dict[str, Any] = {
+            "id": f"chatcmpl-{len(self.requests)}",
+            "object": "chat.completion",
+            "created": int(time.time()),
+            "model": body.get("model", self.model),
+            "choices": [choice],
+        }
+        if body.get("return_token_ids") and ids is not None:
+            choice["token_ids"] = list(ids)
+            result["prompt_token_ids"] = prompt_ids
+        completion_tokens = len(ids) if ids is not None else len((reply.content or "").split())
+        prompt_tokens = len(prompt_ids) if prompt_ids is not None else 0
+        result["usage"] = reply.usage or {
+            "prompt_tokens": prompt_tokens,
+            "completion_tokens": completion_tokens,
+            "total_tokens": prompt_tokens + completion_tokens,
+        }
+        return result
+
+    def _token_text(self, token_id: int, as_ids: bool) -> str:
+        if as_ids or self.tokenizer is None:
+            return f"token_id:{token_id}"
+        return str(self.tokenizer.decode([token_id]))
+
+    def _prompt_ids(self, body: dict[str, Any]) -> list[int] | None:
+        if self.tokenizer is None:
+            return None
+        kwargs = dict(body.get("chat_template_kwargs") or {})
+        return list(
+            self.tokenizer.apply_chat_template(
+                body.get("messages", []),
+                tools=body.get("tools") or None,
+                add_generation_prompt=True,
+                tokenize=True,
+                return_dict=False,
+                **kwargs,
+            )
+        )
+
+
+class _Handler(BaseHTTPRequestHandler):
+    owner: ScriptedChatServer
+    protocol_version = "HTTP/1.1"
+
+    def log_message(self, format: str, *args: Any) -> None:
+        pass
+
+    def do_GET(self) -> None:
+        if self.path.rstrip("/").endswith("/models"):
+            data = {"object": "list", "data": [{"id": self.owner.model, "object": "model"}]}
+            self._send(200, data)
+        else:
+            self._send(404, _error(404, f"no route {self.path}"))
+
+    def do_POST(self) -> None:
+        length = int(self.headers.get("Content-Length") or 0)
+        raw = self.rfile.read(length)
+        if not self.path.rstrip("/").endswith("/chat/completions"):
+            self._send(404, _error(404, f"no route {self.path}"))
+            return
+        try:
+            body = json.loads(raw or b"{}")
+        except ValueError:
+            self._send(400, _error(400, "request body is not JSON"))
+            return
+        item = self.owner._next(body, {k.lower(): v for k, v in self.headers.items()})
+        if isinstance(item, Fail):
+            self._send(item.status, _error(item.status, item.message, item.code), item.headers)
+            return
+        try:
+            data = self.owner.completion(body, item)
+        except Exception as exc:
+            self._send(500, _error(500, f"ScriptedChatServer failed: {exc!r}"))
+            return
+        self._send(200, data)
+
+    def _send(self, status: int, data: Any, headers: Mapping[str, str] | None = None) -> None:
+        payload = json.dumps(data).encode()
+        self.send_response(status)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(payload)))
+        for key, value in (headers or {}).items():
+            self.send_header(key, value)
+        self.end_headers()
+        self.wfile.write(payload)
+
+
+def _error(status: int, message: str, code: str | None = None) -> dict[str, Any]:
+    kind = "invalid_request_error" if status < 500 else "server_error"
+    return {"error": {"message": message, "type": kind, "param": None, "code": code}}

