@@ -21,7 +21,14 @@ nox.options.error_on_missing_interpreters = True
 
 def pytest(session: nox.Session, *paths: str) -> None:
     session.run(
-        "python", "-m", "pytest", *paths, "-p", "no:cacheprovider", "-q", "-ra",
+        "python",
+        "-m",
+        "pytest",
+        *paths,
+        "-p",
+        "no:cacheprovider",
+        "-q",
+        "-ra",
         *session.posargs,
     )
 

@@ -42,7 +42,10 @@ class Venv:
         full_env.update(env or {})
         out = subprocess.run(
             [str(self.uniagent), "plugins", "--json", *args],
-            check=True, capture_output=True, text=True, env=full_env,
+            check=True,
+            capture_output=True,
+            text=True,
+            env=full_env,
         )
         return json.loads(out.stdout)
 
@@ -60,7 +63,8 @@ def wheels(tmp_path_factory) -> dict[str, Path]:
     for name, src in sources.items():
         subprocess.run(
             [sys.executable, "-m", "build", "--wheel", "--outdir", str(out / name), str(src)],
-            check=True, stdout=subprocess.DEVNULL,
+            check=True,
+            stdout=subprocess.DEVNULL,
         )
         (wheel,) = (out / name).glob("*.whl")
         built[name] = wheel
@@ -110,7 +114,8 @@ def test_installed_plugin_is_listed_with_its_contributions_and_gone_after_uninst
 def test_plugin_whose_import_raises_is_failed_while_others_load(env, wheels, tmp_path):
     broken = tmp_path / "uniagent-broken"
     (broken / "src" / "uniagent_broken").mkdir(parents=True)
-    (broken / "pyproject.toml").write_text(textwrap.dedent("""
+    (broken / "pyproject.toml").write_text(
+        textwrap.dedent("""
         [build-system]
         requires = ["hatchling"]
         build-backend = "hatchling.build"
@@ -121,7 +126,8 @@ def test_plugin_whose_import_raises_is_failed_while_others_load(env, wheels, tmp
 
         [project.entry-points.uniagent]
         uniagent-broken = "uniagent_broken.plugin"
-    """))
+    """)
+    )
     (broken / "src" / "uniagent_broken" / "__init__.py").write_text("")
     (broken / "src" / "uniagent_broken" / "plugin.py").write_text(
         "raise RuntimeError('this plugin is broken on purpose')\n"
@@ -133,7 +139,9 @@ def test_plugin_whose_import_raises_is_failed_while_others_load(env, wheels, tmp
         assert "broken on purpose" in plugins["uniagent-broken"]["error"]
         assert plugins["uniagent-tools-swe"]["status"] == "loaded"
         strict = subprocess.run(
-            [str(env.uniagent), "plugins"], capture_output=True, text=True,
+            [str(env.uniagent), "plugins"],
+            capture_output=True,
+            text=True,
             env={**os.environ, "UNIAGENT_STRICT_PLUGINS": "1"},
         )
         assert strict.returncode != 0 and "broken on purpose" in strict.stderr

@@ -28,8 +28,15 @@ def tool_plugin(*names: str) -> types.SimpleNamespace:
     return types.SimpleNamespace(uniagent_tools=uniagent_tools)
 
 
-def make_dist(site: Path, dist: str, module: str, body: str, *, ep_name: str | None = None,
-              version: str = "1.0") -> None:
+def make_dist(
+    site: Path,
+    dist: str,
+    module: str,
+    body: str,
+    *,
+    ep_name: str | None = None,
+    version: str = "1.0",
+) -> None:
     """Write an installed-looking distribution (``.dist-info`` + module) into ``site``."""
     info = site / f"{dist.replace('-', '_')}-{version}.dist-info"
     info.mkdir(parents=True)
@@ -66,9 +73,9 @@ def site(tmp_path, monkeypatch):
             del sys.modules[name]
 
 
-def load(site: Path) -> PluginManager:
-    """A manager over only the fake distributions in ``site`` plus the built-ins."""
-    manager = PluginManager()
+def load(*paths: Path) -> PluginManager:
+    """A manager over only the fake distributions in ``paths`` plus the built-ins."""
+    manager = PluginManager(search_path=[str(p) for p in paths])
     manager.load()
     return manager
 
@@ -203,19 +210,24 @@ def test_same_entry_point_seen_twice_loads_once(site, tmp_path, monkeypatch):
     other = tmp_path / "other"
     make_dist(other, "fake-tools-a", "fake_a", TOOL_MODULE.format(name="tool_a"))
     monkeypatch.syspath_prepend(str(other))
-    manager = load(site)
+    manager = load(site, other)
     assert external(manager) == {"fake-tools-a": "loaded"}
     assert list(Registry(manager).tools()) == ["tool_a"]
 
 
 def test_misspelled_hook_in_installed_plugin_is_reported(site):
-    make_dist(site, "fake-typo", "fake_typo", """
+    make_dist(
+        site,
+        "fake-typo",
+        "fake_typo",
+        """
         from uniagent import hookimpl
 
         @hookimpl
         def uniagent_deployment():
             return []
-    """)
+    """,
+    )
     manager = load(site)
     info = manager.plugins["fake-typo"]
     assert info.status == "failed" and "uniagent_deployments" in info.error

@@ -36,6 +36,7 @@ BUILTIN_DISTRIBUTION = "uniagent"
 BUILTIN_MODULES: tuple[str, ...] = (
     "uniagent.builtin.deployments",
     "uniagent.builtin.parsers",
+    "uniagent.builtin.rewards",
 )
 HOOK_NAMES: tuple[str, ...] = tuple(
     name for name in dir(hookspecs) if name.startswith(f"{PROJECT}_")
@@ -85,7 +86,9 @@ class PluginInfo:
 class PluginManager:
     """A pluggy manager for the ``uniagent`` hooks plus the load report."""
 
-    def __init__(self) -> None:
+    def __init__(self, search_path: list[str] | None = None) -> None:
+        #: Where to look for installed distributions (default: ``sys.path``).
+        self.search_path = search_path
         self.hook_manager = pluggy.PluginManager(PROJECT)
         self.hook_manager.add_hookspecs(hookspecs)
         self.plugins: dict[str, PluginInfo] = {}
@@ -115,15 +118,20 @@ class PluginManager:
         try:
             _check_hook_names(plugin)
             self.hook_manager.register(plugin, name=key)
-        except Exception as exc:  # noqa: BLE001 - any plugin error is reported, not raised
+        except Exception as exc:
             info.status, info.error = "failed", _describe(exc)
             if _strict():
-                raise PluginLoadError(f"plugin {distribution!r} failed to load: {info.error}") from exc
+                raise PluginLoadError(
+                    f"plugin {distribution!r} failed to load: {info.error}"
+                ) from exc
         else:
             info.hooks = sorted(
                 impl_name
                 for impl_name in HOOK_NAMES
-                if any(i.plugin_name == key for i in getattr(self.hook_manager.hook, impl_name).get_hookimpls())
+                if any(
+                    i.plugin_name == key
+                    for i in getattr(self.hook_manager.hook, impl_name).get_hookimpls()
+                )
             )
         self.plugins[key] = info
         return info
@@ -135,7 +143,9 @@ class PluginManager:
                 return self
             if builtins:
                 for module_name in BUILTIN_MODULES:
-                    self._register_module(module_name, BUILTIN_DISTRIBUTION, _core_version(), builtin=True)
+                    self._register_module(
+                        module_name, BUILTIN_DISTRIBUTION, _core_version(), builtin=True
+                    )
             if entry_points:
                 self._load_entry_points()
             self.hook_manager.check_pending()
@@ -146,7 +156,7 @@ class PluginManager:
         selected = _env_list("UNIAGENT_LOAD_PLUGINS")
         disabled = set(_env_list("UNIAGENT_DISABLE_PLUGINS") or [])
         seen: set[tuple[str, str]] = set()
-        for ep, dist_name, version in _iter_entry_points():
+        for ep, dist_name, version in _iter_entry_points(self.search_path):
             norm = normalize_name(dist_name)
             if (norm, ep.value) in seen:  # the same entry point seen twice (editable installs)
                 continue
@@ -166,35 +176,52 @@ class PluginManager:
             if normalize_name(ep.name) != norm:
                 log.warning(
                     "plugin %s: entry point %r should be named after its distribution (%r)",
-                    dist_name, ep.name, dist_name,
+                    dist_name,
+                    ep.name,
+                    dist_name,
                 )
             self._register_entry_point(ep, dist_name, version)
 
-    def _register_entry_point(self, ep: metadata.EntryPoint, dist_name: str, version: str | None) -> None:
+    def _register_entry_point(
+        self, ep: metadata.EntryPoint, dist_name: str, version: str | None
+    ) -> None:
         try:
             plugin = ep.load()
-        except BaseException as exc:  # noqa: BLE001 - import errors of a plugin must not stop the others
+        except BaseException as exc:
             if isinstance(exc, KeyboardInterrupt):
                 raise
             self._record_failure(dist_name, version, ep.value, exc)
             return
         self.register(plugin, dist_name, version=version, module=ep.value)
 
-    def _register_module(self, module_name: str, dist_name: str, version: str | None, *, builtin: bool) -> None:
+    def _register_module(
+        self, module_name: str, dist_name: str, version: str | None, *, builtin: bool
+    ) -> None:
         try:
             module = importlib.import_module(module_name)
-        except Exception as exc:  # noqa: BLE001
+        except Exception as exc:
             self._record_failure(dist_name, version, module_name, exc, builtin=builtin)
             return
         self.register(module, dist_name, version=version, builtin=builtin, module=module_name)
 
     def _record_failure(
-        self, dist_name: str, version: str | None, module: str, exc: BaseException, *, builtin: bool = False
+        self,
+        dist_name: str,
+        version: str | None,
+        module: str,
+        exc: BaseException,
+        *,
+        builtin: bool = False,
     ) -> None:
         error = _describe(exc)
         log.warning("plugin %s (%s) failed to load: %s", dist_name, module, error)
         self.plugins[self._key(dist_name, module, builtin)] = PluginInfo(
-            distribution=dist_name, version=version, module=module, status="failed", builtin=builtin, error=error
+            distribution=dist_name,
+            version=version,
+            module=module,
+            status="failed",
+            builtin=builtin,
+            error=error,
         )
         if _strict():
             raise PluginLoadError(
@@ -218,7 +245,7 @@ class PluginManager:
             info = self.plugins[impl.plugin_name]
             try:
                 result = list(impl.function() or ())
-            except Exception as exc:  # noqa: BLE001
+            except Exception as exc:
                 info.status, info.error = "failed", f"hook {hook_name} raised {_describe(exc)}"
                 log.warning("plugin %s: %s", info.distribution, info.error)
                 if _strict():
@@ -232,8 +259,11 @@ class PluginManager:
         return sorted(infos, key=lambda i: (i.builtin, normalize_name(i.distribution), i.module))
 
 
-def _iter_entry_points() -> Iterable[tuple[metadata.EntryPoint, str, str | None]]:
-    for dist in metadata.distributions():
+def _iter_entry_points(
+    search_path: list[str] | None,
+) -> Iterable[tuple[metadata.EntryPoint, str, str | None]]:
+    dists = metadata.distributions(path=search_path) if search_path else metadata.distributions()
+    for dist in dists:
         dist_name = dist.metadata["Name"]
         if not dist_name:
             continue

@@ -52,7 +52,9 @@ class Records(Mapping[str, R], Generic[R]):
         try:
             return self._records[name]
         except KeyError:
-            raise UnknownPluginNameError(unknown_name_message(self.kind, name, self._records)) from None
+            raise UnknownPluginNameError(
+                unknown_name_message(self.kind, name, self._records)
+            ) from None
 
     def __contains__(self, name: object) -> bool:
         return name in self._records
@@ -113,7 +115,7 @@ class Registry:
                 previous = found.get(record.name)
                 if previous is not None:
                     if previous.builtin != record.builtin:
-                        builtin, override = (previous, record) if previous.builtin else (record, previous)
+                        override = record if previous.builtin else previous
                         warnings.warn(
                             f"{_SINGULAR[kind]} {record.name!r} from {override.distribution} "
                             f"overrides the built-in one",
@@ -162,10 +164,16 @@ class Registry:
         """A ``TypeAdapter`` for the union of installed deployment configs (by ``type``)."""
         configs = tuple(spec.config for spec in self.deployments().values())
         if not configs:
-            raise ConfigError("no deployment backend is installed; install uniagent or a deploy plugin")
-        union: Any = configs[0] if len(configs) == 1 else Annotated[
-            Union[configs], Field(discriminator="type")  # noqa: UP007
-        ]
+            raise ConfigError(
+                "no deployment backend is installed; install uniagent or a deploy plugin"
+            )
+        union: Any = (
+            configs[0]
+            if len(configs) == 1
+            else Annotated[
+                Union[configs], Field(discriminator="type")  # noqa: UP007
+            ]
+        )
         installed = self.deployments()
 
         def known_type(data: Any) -> Any:
