@@ -78,6 +78,82 @@ def cmd_plugins(args: argparse.Namespace) -> int:
     return 1 if report["errors"] else 0
 
 
+def cmd_run(args: argparse.Namespace) -> int:
+    """Run (and score) an agent over a task set."""
+    import functools
+    from pathlib import Path
+
+    from uniagent.config import AgentConfig
+    from uniagent.models import from_spec
+    from uniagent.run.runner import run_sync
+    from uniagent.run.summary import format_summary
+    from uniagent.run.tasks import load_tasks
+
+    config = AgentConfig.from_yaml(args.config)
+    tasks, bad_rows = load_tasks(args.data)
+    factory = functools.partial(from_spec, args.model, **config.sampling)
+    factory()  # fail fast on a bad --model before any sandbox starts
+    out = Path(args.out)
+    summary = run_sync(
+        config,
+        tasks,
+        bad_rows,
+        factory,
+        out,
+        concurrency=args.concurrency,
+        n=args.n,
+        limit=args.limit,
+        ray_address=args.ray,
+    )
+    print(format_summary(summary))
+    print(f"results: {out / 'results.jsonl'}; summary: {out / 'summary.json'}")
+    return 0
+
+
+def cmd_data_prepare(args: argparse.Namespace) -> int:
+    """Turn a task set into the Parquet file verl trains on."""
+    from uniagent.config import AgentConfig
+    from uniagent.data import prepare
+
+    config = AgentConfig.from_yaml(args.config) if args.config else None
+    report = prepare(
+        args.tasks,
+        args.out,
+        config=config,
+        agent_name=args.agent_name,
+        data_source=args.data_source,
+        limit=args.limit,
+    )
+    for bad in report.bad_rows:
+        print(f"skipped line {bad.line}: {bad.reason}", file=sys.stderr)
+    print(f"wrote {report.rows} rows to {report.out}")
+    return 0
+
+
+def add_data_parser(sub: Any) -> None:
+    """The ``uniagent data prepare`` sub-command."""
+    data = sub.add_parser("data", help="prepare task sets for training")
+    data_sub = data.add_subparsers(dest="data_command", metavar="ACTION", required=True)
+    prepare = data_sub.add_parser(
+        "prepare",
+        help="write a task set as the Parquet file verl reads",
+        description="Turn tasks (.jsonl or .parquet) into verl's Parquet columns: prompt "
+        "(system + first user message from the agent config's templates), agent_name, "
+        "data_source, reward_model, extra_info (index, task_id, tools_kwargs, task) and index.",
+    )
+    prepare.add_argument("tasks", help="tasks: .jsonl or .parquet")
+    prepare.add_argument("--out", required=True, help="output file (.parquet)")
+    prepare.add_argument("--config", default=None, help="agent config YAML (prompt templates)")
+    prepare.add_argument(
+        "--agent-name", default="uniagent", help="agent-loop YAML entry name (default: uniagent)"
+    )
+    prepare.add_argument(
+        "--data-source", default=None, help="data_source column (default: the task file's stem)"
+    )
+    prepare.add_argument("--limit", type=int, default=None, help="only the first M tasks")
+    prepare.set_defaults(func=cmd_data_prepare)
+
+
 def build_parser() -> argparse.ArgumentParser:
     """The argument parser with every sub-command."""
     parser = argparse.ArgumentParser(
@@ -91,6 +167,30 @@ def build_parser() -> argparse.ArgumentParser:
     plugins.add_argument("--json", action="store_true", help="print JSON")
     plugins.add_argument("--all", action="store_true", help="include the built-in plugins")
     plugins.set_defaults(func=cmd_plugins)
+
+    run = sub.add_parser(
+        "run",
+        help="run an agent over a task set (resumable)",
+        description="Run an agent over a task set. Re-running the same command resumes: "
+        "finished (task, sample) pairs in OUT/results.jsonl are skipped.",
+    )
+    run.add_argument("config", help="agent config YAML")
+    run.add_argument("--data", required=True, help="tasks: .jsonl or .parquet")
+    run.add_argument(
+        "--model",
+        required=True,
+        help="hf:PATH_OR_GGUF (in-process transformers) or openai:BASE_URL#MODEL",
+    )
+    run.add_argument("--out", required=True, help="output directory (results, episodes, summary)")
+    run.add_argument("--concurrency", type=int, default=None, help="episodes at once (config)")
+    run.add_argument("--n", type=int, default=1, help="samples per task (pass@k when > 1)")
+    run.add_argument("--limit", type=int, default=None, help="only the first M tasks")
+    run.add_argument(
+        "--ray", metavar="ADDRESS", default=None, help="run on Ray: an address or auto"
+    )
+    run.set_defaults(func=cmd_run)
+
+    add_data_parser(sub)
     return parser
 
 

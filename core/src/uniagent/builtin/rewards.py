@@ -1,0 +1,57 @@
+"""Built-in rewards: ``command`` scores 1.0 when a test command exits 0 in the sandbox."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from uniagent.errors import ConfigError
+from uniagent.hookspecs import hookimpl
+from uniagent.reward import RewardContext, RewardResult
+from uniagent.specs import RewardSpec
+
+
+class CommandRewardConfig(BaseModel):
+    """Settings of the ``command`` reward."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    command: str | None = Field(None, description="command to run; default: the task's field")
+    task_field: str = Field("test_command", description="task field holding the command")
+    timeout: float = Field(600.0, gt=0, description="seconds the command may run")
+    output_chars: int = Field(2000, ge=0, description="tail of the output kept in the result")
+
+
+async def command_reward(ctx: RewardContext) -> RewardResult:
+    """Run the test command in the still-open sandbox; 1.0 if it exits 0, else 0.0."""
+    config = ctx.config if isinstance(ctx.config, CommandRewardConfig) else CommandRewardConfig()
+    command = config.command or ctx.task.get(config.task_field)
+    if not command:
+        raise ConfigError(
+            f"the command reward needs a command: set reward.config.command or give each task "
+            f"a {config.task_field!r} field"
+        )
+    observation = await ctx.env.run_action(str(command), timeout=config.timeout)
+    passed = observation.exit_code == 0
+    return RewardResult(
+        score=1.0 if passed else 0.0,
+        info={
+            "command": command,
+            "exit_code": observation.exit_code,
+            "output_tail": observation.output[-config.output_chars :]
+            if config.output_chars
+            else "",
+        },
+    )
+
+
+@hookimpl
+def uniagent_rewards() -> Iterator[RewardSpec]:
+    """The built-in rewards."""
+    yield RewardSpec(
+        name="command",
+        fn=command_reward,
+        config=CommandRewardConfig,
+        description="1.0 when a test command (from the config or the task) exits 0",
+    )

@@ -1,0 +1,175 @@
+"""One episode end to end: sandbox → tools → loop → reward (sandbox still open) → close.
+
+Both ``uniagent run`` and the verl adapter call :func:`run_episode`; it never
+raises for a failed episode: every outcome is an :class:`EpisodeResult` with
+exactly one exit reason.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+import traceback
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from uniagent.config import AgentConfig
+from uniagent.env import AgentEnv
+from uniagent.errors import ConfigError
+from uniagent.interaction.exit import ExitReason
+from uniagent.interaction.loop import AgentInteraction
+from uniagent.interaction.metrics import EpisodeMetrics
+from uniagent.models.base import ChatModel
+from uniagent.registry import get_registry
+from uniagent.reward import RewardContext, RewardResult
+from uniagent.rollout import RolloutCache
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class EpisodeResult:
+    """Everything an episode produced, for the results file or a training batch."""
+
+    exit_reason: ExitReason
+    traj_masked: bool
+    metrics: EpisodeMetrics
+    cache: RolloutCache | None = None
+    reward: float | None = None
+    reward_info: Mapping[str, Any] = field(default_factory=dict)
+    submission: str | None = None
+    error: str | None = None
+
+    @property
+    def messages(self) -> list[dict[str, Any]]:
+        """The conversation (empty when the episode failed before the first turn)."""
+        return self.cache.messages if self.cache is not None else []
+
+    def summary(self) -> dict[str, Any]:
+        """The JSON-ready result without the (large) rollout cache."""
+        return {
+            "exit_reason": self.exit_reason.value,
+            "traj_masked": self.traj_masked,
+            "reward": self.reward,
+            "reward_info": dict(self.reward_info),
+            "submission": self.submission,
+            "error": self.error,
+            "metrics": self.metrics.to_dict(),
+        }
+
+
+def first_messages(config: AgentConfig, task: Mapping[str, Any]) -> list[dict[str, Any]]:
+    """The system prompt and the task rendered through ``instance_template``."""
+    try:
+        user = config.instance_template.format_map(task)
+    except KeyError as exc:
+        raise ConfigError(
+            f"task has no field {exc.args[0]!r}, which instance_template needs; "
+            f"task fields: {', '.join(sorted(task))}"
+        ) from None
+    return [{"role": "system", "content": config.system_prompt}, {"role": "user", "content": user}]
+
+
+async def run_episode(
+    config: AgentConfig,
+    task: Mapping[str, Any],
+    model: ChatModel,
+    *,
+    messages: Sequence[Mapping[str, Any]] | None = None,
+    logger: logging.Logger | None = None,
+) -> EpisodeResult:
+    """Run one task to completion; failures become exit reasons, never exceptions.
+
+    ``messages`` are the first messages when the caller already has them (verl's
+    dataset prompt); by default they are rendered from the config's templates.
+    Only a task or config the episode cannot even begin with (a field missing
+    for ``instance_template``, an unknown plugin name) raises, before any
+    sandbox starts.
+    """
+    logger = logger or log
+    registry = get_registry()
+    tools = [registry.tools()[name] for name in config.tools]
+    parser = registry.tool_parsers()[config.tool_parser].factory()
+    prompt = [dict(m) for m in messages] if messages else first_messages(config, task)
+    metrics = EpisodeMetrics()
+    started = time.perf_counter()
+    env: AgentEnv | None = None
+    try:
+        env = AgentEnv.from_config(config.env.deployment, config.env.settings())
+        await env.start()
+        await env.install_tools(tools)
+    except Exception as exc:
+        logger.error("sandbox setup failed: %s", exc)
+        if env is not None:
+            await env.close()
+        return _failed(config, ExitReason.ENV_ERROR, metrics, exc)
+    finally:
+        metrics.setup_seconds = time.perf_counter() - started
+
+    try:
+        cache = model.start_cache(prompt, [t.openai_schema() for t in tools])
+        interaction = AgentInteraction(model, env, tools, parser, config.interaction, logger=logger)
+        outcome = await interaction.run(cache, metrics)
+        result = EpisodeResult(
+            exit_reason=outcome.exit_reason,
+            traj_masked=config.treatment(outcome.exit_reason) == "mask",
+            metrics=metrics,
+            cache=cache,
+            submission=outcome.submission,
+            error=outcome.error,
+        )
+        if config.reward is not None and not result.traj_masked:
+            await _reward(config, task, env, result, logger)
+        return result
+    except Exception as exc:
+        logger.exception("episode failed")
+        return _failed(config, ExitReason.UNKNOWN_ERROR, metrics, exc)
+    finally:
+        await env.close()
+
+
+async def _reward(
+    config: AgentConfig,
+    task: Mapping[str, Any],
+    env: AgentEnv,
+    result: EpisodeResult,
+    logger: logging.Logger,
+) -> None:
+    assert config.reward is not None
+    spec = get_registry().rewards()[config.reward.name]
+    started = time.perf_counter()
+    try:
+        settings = spec.config.model_validate(config.reward.config) if spec.config else None
+        ctx = RewardContext(
+            env=env,
+            task=task,
+            config=settings,
+            messages=result.messages,
+            exit_reason=result.exit_reason.value,
+            submission=result.submission,
+        )
+        outcome = RewardResult.coerce(await spec.fn(ctx))
+        result.reward, result.reward_info = outcome.score, outcome.info
+    except Exception as exc:
+        logger.error("reward %s failed: %s", config.reward.name, exc)
+        result.exit_reason = ExitReason.REWARD_ERROR
+        result.traj_masked = config.treatment(ExitReason.REWARD_ERROR) == "mask"
+        result.error = _describe(exc)
+    finally:
+        result.metrics.reward_seconds = time.perf_counter() - started
+
+
+def _failed(
+    config: AgentConfig, reason: ExitReason, metrics: EpisodeMetrics, exc: BaseException
+) -> EpisodeResult:
+    return EpisodeResult(
+        exit_reason=reason,
+        traj_masked=config.treatment(reason) == "mask",
+        metrics=metrics,
+        error=_describe(exc),
+    )
+
+
+def _describe(exc: BaseException) -> str:
+    return "".join(traceback.format_exception(exc)).rstrip()

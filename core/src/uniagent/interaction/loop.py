@@ -1,0 +1,166 @@
+"""The ReAct loop: model → tool call → sandbox command → observation, until an exit.
+
+The loop does not know whether it is training or evaluating: the model backend
+decides what the rollout cache holds (token ids and log-probs, or messages).
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from uniagent.config import InteractionConfig
+from uniagent.env.errors import ActionSyntaxError, ActionTimeoutError, TerminalNotAliveError
+from uniagent.interaction.exit import ExitReason
+from uniagent.interaction.metrics import EpisodeMetrics
+from uniagent.models.base import ChatModel, ContextLimitError, ModelError, ModelResponse
+from uniagent.parsers import ToolCallFormatError, ToolCallParser
+from uniagent.rollout import RolloutCache
+from uniagent.specs import ToolSpec
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class InteractionResult:
+    """How the loop ended and what it produced."""
+
+    exit_reason: ExitReason
+    cache: RolloutCache
+    metrics: EpisodeMetrics
+    submission: str | None = None
+    error: str | None = None
+
+    @property
+    def messages(self) -> list[dict[str, Any]]:
+        """The conversation, as chat messages."""
+        return self.cache.messages
+
+
+@dataclass
+class _Turn:
+    """What one model turn led to: messages for the model, or the end of the episode."""
+
+    messages: list[dict[str, Any]] = field(default_factory=list)
+    exit_reason: ExitReason | None = None
+    submission: str | None = None
+
+
+class AgentInteraction:
+    """Runs one episode's ReAct loop against an open sandbox."""
+
+    def __init__(
+        self,
+        model: ChatModel,
+        env: Any,
+        tools: Sequence[ToolSpec],
+        parser: ToolCallParser,
+        config: InteractionConfig,
+        *,
+        logger: logging.Logger | None = None,
+    ) -> None:
+        self.model = model
+        self.env = env
+        self.tools = list(tools)
+        self.tools_by_name = {t.name: t for t in self.tools}
+        self.parser = parser
+        self.config = config
+        self.log = logger or log
+        self.timeout_left = config.timeout_budget
+        self.consecutive_format_errors = 0
+
+    async def run(
+        self, cache: RolloutCache, metrics: EpisodeMetrics | None = None
+    ) -> InteractionResult:
+        """Loop until a finishing tool, a limit or an unrecoverable error."""
+        metrics = metrics or EpisodeMetrics()
+        for _ in range(self.config.max_turns):
+            metrics.turns += 1
+            started = time.perf_counter()
+            try:
+                response = await self.model.query(cache, self.tools, self.parser)
+            except ContextLimitError as exc:
+                self.log.info("context full: %s", exc)
+                return InteractionResult(ExitReason.TOKEN_LIMIT, cache, metrics)
+            except ModelError as exc:
+                self.log.error("model failed: %s", exc)
+                return InteractionResult(ExitReason.MODEL_ERROR, cache, metrics, error=str(exc))
+            finally:
+                metrics.model_seconds += time.perf_counter() - started
+
+            turn = await self._act(response, metrics)
+            if turn.exit_reason is not None:
+                return InteractionResult(
+                    turn.exit_reason, cache, metrics, submission=turn.submission
+                )
+            cache.append_messages(turn.messages)
+        return InteractionResult(ExitReason.MAX_STEP_LIMIT, cache, metrics)
+
+    async def _act(self, response: ModelResponse, metrics: EpisodeMetrics) -> _Turn:
+        """Parse the model's calls and run them; errors the model can fix become messages."""
+        try:
+            calls = response.parse_tool_calls(
+                self.parser, self.tools, max_calls=self.config.max_tool_calls_per_turn
+            )
+        except ToolCallFormatError as exc:
+            metrics.format_errors += 1
+            self.consecutive_format_errors += 1
+            limit = self.config.max_format_errors
+            if limit is not None and self.consecutive_format_errors >= limit:
+                return _Turn(exit_reason=ExitReason.FORMAT_ERROR)
+            # A chat API rejects the next request unless every structured call gets a reply.
+            ids = [c.get("id") for c in response.raw_tool_calls or ()] or [None]
+            return _Turn(messages=[_tool_message(str(exc), None, i) for i in ids])
+        self.consecutive_format_errors = 0
+
+        turn = _Turn()
+        for call in calls:
+            metrics.tool_calls[call.name] += 1
+            spec = self.tools_by_name[call.name]
+            started = time.perf_counter()
+            try:
+                observation = await self.env.run_action(
+                    spec.to_command(call.arguments), timeout=self.config.action_timeout
+                )
+                text = _observation_text(observation.output, observation.exit_code)
+            except ActionSyntaxError as exc:
+                metrics.syntax_errors += 1
+                text = f"Your command was not run: bash reports a syntax error.\n{exc}"
+            except ActionTimeoutError as exc:
+                metrics.timeouts += 1
+                self.timeout_left -= self.config.action_timeout
+                if self.timeout_left <= 0:
+                    return _Turn(exit_reason=ExitReason.TIMEOUT_ERROR)
+                text = (
+                    f"{getattr(exc, 'partial_output', '') or ''}\n"
+                    f"The command timed out after {self.config.action_timeout:g} s and was "
+                    "interrupted; the shell is still usable. Run long jobs with a smaller input, "
+                    "or in the background with output to a file."
+                ).lstrip("\n")
+            except TerminalNotAliveError as exc:
+                self.log.warning("terminal died: %s", exc)
+                return _Turn(exit_reason=ExitReason.TERMINAL_NOT_ALIVE)
+            finally:
+                metrics.env_seconds += time.perf_counter() - started
+            if spec.ends_episode:
+                return _Turn(exit_reason=ExitReason.FINISHED, submission=text)
+            turn.messages.append(_tool_message(text, call.name, call.id))
+        return turn
+
+
+def _observation_text(output: str, exit_code: int | None) -> str:
+    if exit_code not in (0, None):
+        return f"{output}\n[exit code {exit_code}]" if output else f"[exit code {exit_code}]"
+    return output
+
+
+def _tool_message(content: str, name: str | None, call_id: str | None) -> dict[str, Any]:
+    message: dict[str, Any] = {"role": "tool", "content": content}
+    if name is not None:
+        message["name"] = name
+    if call_id is not None:
+        message["tool_call_id"] = call_id
+    return message

@@ -1,0 +1,94 @@
+"""Figures over finished episodes: rewards, pass@k, exit reasons, tool calls, time."""
+
+from __future__ import annotations
+
+from collections import Counter, defaultdict
+from collections.abc import Iterable, Mapping
+from math import comb
+from typing import Any
+
+TIME_KEYS = ("setup_seconds", "model_seconds", "env_seconds", "reward_seconds")
+
+
+def pass_at_k(n: int, c: int, k: int) -> float:
+    """The unbiased pass@k estimator (Chen et al., 2021) for ``c`` successes of ``n``."""
+    if n - c < k:
+        return 1.0
+    return 1.0 - comb(n - c, k) / comb(n, k)
+
+
+def summarize(
+    records: Iterable[Mapping[str, Any]], *, n: int, wall_seconds: float
+) -> dict[str, Any]:
+    """The run summary written to ``summary.json`` and printed at the end."""
+    records = list(records)
+    rewards = [r["reward"] for r in records if r.get("reward") is not None]
+    by_task: dict[str, list[Mapping[str, Any]]] = defaultdict(list)
+    for r in records:
+        by_task[r["task_id"]].append(r)
+    tool_calls: Counter[str] = Counter()
+    times: Counter[str] = Counter()
+    for r in records:
+        metrics = r.get("metrics") or {}
+        tool_calls.update(metrics.get("tool_calls") or {})
+        for key in TIME_KEYS:
+            times[key] += float(metrics.get(key) or 0.0)
+    summary: dict[str, Any] = {
+        "episodes": len(records),
+        "tasks": len(by_task),
+        "samples_per_task": n,
+        "mean_reward": sum(rewards) / len(rewards) if rewards else None,
+        "rewarded_episodes": len(rewards),
+        "masked_episodes": sum(1 for r in records if r.get("traj_masked")),
+        "exit_reasons": dict(Counter(r["exit_reason"] for r in records).most_common()),
+        "tool_calls": dict(tool_calls.most_common()),
+        "time_seconds": {k: round(times[k], 3) for k in TIME_KEYS},
+        "wall_seconds": round(wall_seconds, 3),
+    }
+    if n > 1:
+        summary["pass_at_k"] = {
+            f"pass@{k}": _mean(
+                pass_at_k(len(eps), sum(1 for e in eps if (e.get("reward") or 0) >= 1.0), k)
+                for eps in by_task.values()
+                if len(eps) >= k
+            )
+            for k in sorted({1, n} | ({5} if n >= 5 else set()))
+        }
+    return summary
+
+
+def _mean(values: Iterable[float]) -> float | None:
+    values = list(values)
+    return sum(values) / len(values) if values else None
+
+
+def format_summary(summary: Mapping[str, Any]) -> str:
+    """A human-readable block for the end of a run."""
+    mean = summary["mean_reward"]
+    lines = [
+        f"episodes: {summary['episodes']} over {summary['tasks']} tasks "
+        f"(n={summary['samples_per_task']})",
+        f"mean reward: {mean:.3f} over {summary['rewarded_episodes']} rewarded episodes"
+        if mean is not None
+        else "mean reward: n/a (no episode was rewarded)",
+    ]
+    for name, value in (summary.get("pass_at_k") or {}).items():
+        lines.append(f"{name}: {value:.3f}" if value is not None else f"{name}: n/a")
+    lines.append(
+        "exit reasons: "
+        + (", ".join(f"{k}={v}" for k, v in summary["exit_reasons"].items()) or "none")
+    )
+    lines.append(
+        "tool calls: " + (", ".join(f"{k}={v}" for k, v in summary["tool_calls"].items()) or "none")
+    )
+    times = summary["time_seconds"]
+    lines.append(
+        "time (s, summed over episodes): "
+        + ", ".join(f"{k.removesuffix('_seconds')}={v:.1f}" for k, v in times.items())
+        + f"; wall {summary['wall_seconds']:.1f}"
+    )
+    if summary.get("skipped_rows"):
+        lines.append(f"skipped task rows: {len(summary['skipped_rows'])}")
+    if summary.get("failed_tasks"):
+        lines.append(f"tasks that could not start: {len(summary['failed_tasks'])}")
+    return "\n".join(lines)
