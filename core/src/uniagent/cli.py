@@ -91,8 +91,7 @@ def cmd_run(args: argparse.Namespace) -> int:
 
     config = AgentConfig.from_yaml(args.config)
     tasks, bad_rows = load_tasks(args.data)
-    factory = functools.partial(from_spec, args.model, **config.sampling)
-    factory()  # fail fast on a bad --model before any sandbox starts
+    factory = functools.partial(from_spec, args.model, sampling_params=dict(config.sampling))
     out = Path(args.out)
     summary = run_sync(
         config,
@@ -104,6 +103,7 @@ def cmd_run(args: argparse.Namespace) -> int:
         n=args.n,
         limit=args.limit,
         ray_address=args.ray,
+        ray_workers=args.workers,
     )
     print(format_summary(summary))
     print(f"results: {out / 'results.jsonl'}; summary: {out / 'summary.json'}")
@@ -187,6 +187,9 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--limit", type=int, default=None, help="only the first M tasks")
     run.add_argument(
         "--ray", metavar="ADDRESS", default=None, help="run on Ray: an address or auto"
+    )
+    run.add_argument(
+        "--workers", type=int, default=None, help="with --ray: worker actors (default: cluster CPUs)"
     )
     run.set_defaults(func=cmd_run)
 

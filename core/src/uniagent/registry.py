@@ -201,7 +201,17 @@ class Registry:
         try:
             return self.deployment_config_adapter().validate_python(dict(data))
         except ValidationError as exc:
-            raise ConfigError(f"invalid deployment config {dict(data)!r}:\n{exc}") from exc
+            problems = "; ".join(_error_text(err) for err in exc.errors())
+            raise ConfigError(f"invalid deployment config {dict(data)!r}: {problems}") from None
+
+
+def _error_text(err: Any) -> str:
+    """One pydantic error as ``key: message``, without pydantic's union plumbing."""
+    loc = [str(p) for p in err["loc"] if not str(p).startswith(("function-", "tagged-union"))]
+    message = str(err["msg"]).removeprefix("Value error, ")
+    if err["type"] == "extra_forbidden":
+        message = "unknown key"
+    return f"{'.'.join(loc[1:] if len(loc) > 1 else loc)}: {message}" if loc else message
 
 
 _registry: Registry | None = None

@@ -199,6 +199,7 @@ async def run(
     n: int = 1,
     limit: int | None = None,
     ray_address: str | None = None,
+    ray_workers: int | None = None,
     progress: Progress | None = None,
 ) -> dict[str, Any]:
     """Run every pending (task, sample), append results as they finish, write the summary."""
@@ -230,7 +231,8 @@ async def run(
             from uniagent.run.ray_backend import run_ray
 
             await run_ray(
-                config, jobs, model_factory, out, ray_address, concurrency, on_start, on_result
+                config, jobs, model_factory, out, ray_address, concurrency, on_start, on_result,
+                num_workers=ray_workers,
             )
         else:
             await run_local(

@@ -1,0 +1,105 @@
+"""The agent config: validation with key paths, plugin names, per-task overrides."""
+
+from __future__ import annotations
+
+import pytest
+
+from uniagent.config import AgentConfig, deep_merge
+from uniagent.errors import ConfigError, UnknownPluginNameError
+from uniagent.interaction.exit import ExitReason
+from uniagent.plugins import reset_plugins
+
+MINIMAL = {"tools": [], "tool_parser": "hermes"}
+
+
+def test_defaults_validate_against_the_builtins():
+    config = AgentConfig.from_dict(MINIMAL)
+    assert config.env.deployment == {"type": "host"}
+    assert config.interaction.max_turns == 30
+    assert config.treatment(ExitReason.ENV_ERROR) == "mask"
+    assert config.treatment(ExitReason.FINISHED) == "train"
+
+
+def test_unknown_keys_are_rejected_with_their_path():
+    with pytest.raises(ConfigError) as err:
+        AgentConfig.from_dict({**MINIMAL, "interaction": {"max_turn": 3}, "rewrad": {}})
+    message = str(err.value)
+    assert "interaction.max_turn: unknown key" in message
+    assert "rewrad: unknown key" in message
+
+
+def test_bad_values_name_their_path():
+    with pytest.raises(ConfigError, match=r"interaction\.max_turns: Input should be greater"):
+        AgentConfig.from_dict({**MINIMAL, "interaction": {"max_turns": 0}})
+    with pytest.raises(ConfigError, match=r"exit_policy\.finished"):
+        AgentConfig.from_dict({**MINIMAL, "exit_policy": {"finished": "ignore"}})
+
+
+@pytest.fixture
+def core_only(monkeypatch):
+    """Only the built-ins, whatever else this environment has installed."""
+    monkeypatch.setenv("UNIAGENT_LOAD_PLUGINS", "")
+    reset_plugins()
+    yield
+    reset_plugins()
+
+
+@pytest.mark.usefixtures("core_only")
+def test_unknown_plugin_names_list_what_is_installed():
+    with pytest.raises(UnknownPluginNameError, match="installed tool parsers: .*hermes"):
+        AgentConfig.from_dict({"tools": [], "tool_parser": "json_mode"})
+    with pytest.raises(UnknownPluginNameError, match="uniagent-tools-swe"):
+        AgentConfig.from_dict({**MINIMAL, "tools": ["str_replace_editor"]})
+    with pytest.raises(UnknownPluginNameError, match="uniagent-reward-swebench"):
+        AgentConfig.from_dict({**MINIMAL, "reward": {"name": "swe_bench"}})
+
+
+@pytest.mark.usefixtures("core_only")
+def test_deployment_is_checked_against_installed_backends():
+    with pytest.raises(
+        ConfigError,
+        match=r"env\.deployment: .*installed deployments: host, local, remote. .*uniagent-deploy-modal",
+    ):
+        AgentConfig.from_dict({**MINIMAL, "env": {"deployment": {"type": "modal"}}})
+    with pytest.raises(ConfigError, match=r"env\.deployment: .*nope: unknown key"):
+        AgentConfig.from_dict({**MINIMAL, "env": {"deployment": {"type": "host", "nope": 1}}})
+
+
+def test_task_overrides_deep_merge_and_revalidate():
+    config = AgentConfig.from_dict(
+        {
+            **MINIMAL,
+            "interaction": {"max_turns": 5, "action_timeout": 9},
+            "env": {"deployment": {"type": "host"}, "post_setup": ["echo a"]},
+        }
+    )
+    merged = config.with_overrides(
+        {"interaction": {"max_turns": 7}, "env": {"post_setup": ["echo b"]}}
+    )
+    assert merged.interaction.max_turns == 7
+    assert merged.interaction.action_timeout == 9, "siblings of an overridden key survive"
+    assert merged.env.settings()["post_setup"] == ["echo b"]
+    assert config.interaction.max_turns == 5, "the original is unchanged"
+    with pytest.raises(ConfigError, match=r"(?s)task 7:.*interaction\.max_turnz: unknown key"):
+        config.with_overrides({"interaction": {"max_turnz": 1}}, source="task 7")
+
+
+def test_yaml_errors_are_clear(tmp_path):
+    missing = tmp_path / "nope.yaml"
+    with pytest.raises(ConfigError, match="does not exist"):
+        AgentConfig.from_yaml(missing)
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("tools: [unclosed\n")
+    with pytest.raises(ConfigError, match="not valid YAML"):
+        AgentConfig.from_yaml(bad)
+    listing = tmp_path / "list.yaml"
+    listing.write_text("- a\n- b\n")
+    with pytest.raises(ConfigError, match="must hold a mapping"):
+        AgentConfig.from_yaml(listing)
+
+
+def test_deep_merge_replaces_lists_and_scalars():
+    assert deep_merge({"a": {"b": 1, "c": [1]}, "d": 1}, {"a": {"c": [2]}, "d": {"e": 1}}) == {
+        "a": {"b": 1, "c": [2]},
+        "d": {"e": 1},
+    }

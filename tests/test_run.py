@@ -1,0 +1,359 @@
+"""``uniagent run`` end to end: the example tasks, a scripted chat server, real host sandboxes.
+
+The model is a real HTTP server speaking chat completions (the OpenAI backend
+talks to it); its policy fixes two of the example tasks and submits the rest
+unfixed, so the rewards are known in advance.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from collections import Counter
+from pathlib import Path
+
+import pytest
+
+from uniagent.testing.chat_server import Reply, ScriptedChatServer, tool_call
+
+ROOT = Path(__file__).resolve().parents[1]
+CONFIG = ROOT / "examples" / "swe_tiny" / "config.yaml"
+FIXES = {
+    "mean-empty": "sed -i 's|return sum(values) / len(values)|"
+    "return sum(values) / len(values) if values else 0.0|' stats.py",
+    "fahrenheit": "sed -i 's/- 32/+ 32/' temperature.py",
+}
+PROBLEMS = {"mean-empty": "stats.mean", "fahrenheit": "celsius_to_fahrenheit(0)"}
+
+
+def policy(delay: float = 0.0):
+    """Fix the task if it is one we know, then submit; tool calls come back structured."""
+
+    def reply(body: dict) -> Reply:
+        time.sleep(delay)
+        messages = body["messages"]
+        task = next((t for t, hint in PROBLEMS.items() if hint in messages[1]["content"]), None)
+        if task is not None and not any(m["role"] == "tool" for m in messages):
+            call = tool_call("execute_bash", {"command": FIXES[task]}, "call_fix")
+            return Reply("Fixing the bug.", tool_calls=[call])
+        return Reply("Done.", tool_calls=[tool_call("submit", {}, "call_submit")])
+
+    return reply
+
+
+@pytest.fixture(scope="module")
+def tasks(tmp_path_factory) -> Path:
+    out = tmp_path_factory.mktemp("swe_tiny")
+    subprocess.run(
+        [sys.executable, str(ROOT / "examples" / "swe_tiny" / "make_tasks.py"), str(out)],
+        check=True,
+        capture_output=True,
+    )
+    return out / "tasks.jsonl"
+
+
+@pytest.fixture
+def sandbox_tmp(tmp_path) -> Path:
+    """A TMPDIR for the run, so the test can find any sandbox left behind."""
+    path = tmp_path / "sandbox-tmp"
+    path.mkdir()
+    return path
+
+
+def uniagent_run(
+    server, tasks: Path, out: Path, tmp: Path, *extra: str, config: Path = CONFIG
+) -> list[str]:
+    return [
+        sys.executable,
+        "-m",
+        "uniagent.cli",
+        "run",
+        str(config),
+        "--data",
+        str(tasks),
+        "--model",
+        f"openai:{server.base_url}#scripted",
+        "--out",
+        str(out),
+        *extra,
+    ]
+
+
+def env_for(tmp: Path) -> dict[str, str]:
+    return {**os.environ, "TMPDIR": str(tmp), "OPENAI_API_KEY": "test"}
+
+
+def results(out: Path) -> list[dict]:
+    return [json.loads(line) for line in (out / "results.jsonl").read_text().splitlines()]
+
+
+def sandbox_processes(tmp: Path) -> list[int]:
+    """PIDs whose working directory lies inside the run's TMPDIR."""
+    found = []
+    for proc in Path("/proc").iterdir():
+        if not proc.name.isdigit():
+            continue
+        try:
+            cwd = os.readlink(proc / "cwd")
+        except OSError:
+            continue
+        if cwd.startswith(str(tmp)):
+            found.append(int(proc.name))
+    return found
+
+
+def test_run_writes_results_episodes_and_a_summary_that_agree(tasks, tmp_path, sandbox_tmp):
+    out = tmp_path / "out"
+    with ScriptedChatServer(default=policy()) as server:
+        proc = subprocess.run(
+            uniagent_run(server, tasks, out, sandbox_tmp, "--concurrency", "3"),
+            capture_output=True,
+            text=True,
+            env=env_for(sandbox_tmp),
+            timeout=300,
+        )
+    assert proc.returncode == 0, proc.stderr
+    records = results(out)
+    assert len(records) == 6
+    rewards = {r["task_id"]: r["reward"] for r in records}
+    assert rewards == {
+        "mean-empty": 1.0,
+        "fahrenheit": 1.0,
+        "palindrome-case": 0.0,
+        "factorial-zero": 0.0,
+        "clamp-order": 0.0,
+        "count-vowels": 0.0,
+    }
+    assert {r["exit_reason"] for r in records} == {"finished"}
+    for record in records:
+        directory = Path(record["episode_dir"])
+        messages = json.loads((directory / "messages.json").read_text())
+        assert messages[0]["role"] == "system" and messages[-1]["role"] == "assistant"
+        assert json.loads((directory / "result.json").read_text()) == record
+        assert json.loads((directory / "rollout.json").read_text())["mode"] == "messages"
+        assert "finished" in (directory / "log.txt").read_text()
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["episodes"] == 6 and summary["mean_reward"] == pytest.approx(2 / 6)
+    assert summary["exit_reasons"] == {"finished": 6}
+    assert summary["tool_calls"] == {"submit": 6, "execute_bash": 2}
+    assert "mean reward: 0.333" in proc.stdout
+    assert sandbox_processes(sandbox_tmp) == []
+
+
+def test_n_samples_give_pass_at_k(tasks, tmp_path, sandbox_tmp):
+    out = tmp_path / "out"
+    with ScriptedChatServer(default=policy()) as server:
+        proc = subprocess.run(
+            uniagent_run(server, tasks, out, sandbox_tmp, "--n", "2", "--limit", "3"),
+            capture_output=True,
+            text=True,
+            env=env_for(sandbox_tmp),
+            timeout=300,
+        )
+    assert proc.returncode == 0, proc.stderr
+    records = results(out)
+    assert sorted((r["task_id"], r["sample"]) for r in records) == sorted(
+        (t, s) for t in ("mean-empty", "fahrenheit", "palindrome-case") for s in (0, 1)
+    )
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["pass_at_k"] == {"pass@1": pytest.approx(2 / 3), "pass@2": pytest.approx(2 / 3)}
+
+
+@pytest.mark.parametrize("how", [signal.SIGINT, signal.SIGKILL], ids=["ctrl-c", "crash"])
+def test_interrupted_run_resumes_and_runs_each_pair_exactly_once(tasks, tmp_path, sandbox_tmp, how):
+    out = tmp_path / "out"
+    with ScriptedChatServer(default=policy(delay=0.4)) as server:
+        command = uniagent_run(server, tasks, out, sandbox_tmp, "--concurrency", "2")
+        proc = subprocess.Popen(
+            command,
+            env=env_for(sandbox_tmp),
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        deadline = time.monotonic() + 120
+        while time.monotonic() < deadline:
+            done = out / "results.jsonl"
+            if done.exists() and len(done.read_text().splitlines()) >= 2:
+                break
+            time.sleep(0.05)
+        else:
+            proc.kill()
+            pytest.fail("the run never produced two results")
+        proc.send_signal(how)
+        _, stderr = proc.communicate(timeout=120)
+        if how == signal.SIGINT:
+            assert proc.returncode == 130, stderr
+            assert sandbox_processes(sandbox_tmp) == [], "Ctrl-C closes every sandbox"
+        first = results(out)
+        assert 2 <= len(first) < 6
+
+        again = subprocess.run(
+            command, capture_output=True, text=True, env=env_for(sandbox_tmp), timeout=300
+        )
+    assert again.returncode == 0, again.stderr
+    assert f"resuming: {len(first)} of 6" in again.stderr
+    pairs = Counter((r["task_id"], r["sample"]) for r in results(out))
+    assert len(pairs) == 6 and set(pairs.values()) == {1}
+    assert json.loads((out / "summary.json").read_text())["episodes"] == 6
+    deadline = time.monotonic() + 30  # a crashed run's shells exit once their pipe closes
+    while sandbox_processes(sandbox_tmp) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert sandbox_processes(sandbox_tmp) == []
+
+
+def test_bad_rows_are_reported_and_skipped_while_the_others_run(tasks, tmp_path, sandbox_tmp):
+    lines = tasks.read_text().splitlines()[:2]
+    no_field = json.loads(lines[1])
+    del no_field["problem_statement"]
+    no_field["instance_id"] = "no-problem"
+    data = tmp_path / "tasks.jsonl"
+    data.write_text(
+        "\n".join([lines[0], "{not json", json.dumps(no_field), json.dumps({"x": 1})]) + "\n"
+    )
+    out = tmp_path / "out"
+    with ScriptedChatServer(default=policy()) as server:
+        proc = subprocess.run(
+            uniagent_run(server, data, out, sandbox_tmp),
+            capture_output=True,
+            text=True,
+            env=env_for(sandbox_tmp),
+            timeout=300,
+        )
+    assert proc.returncode == 0, proc.stderr
+    assert "line 2: not valid JSON" in proc.stderr
+    assert "line 4: no id" in proc.stderr
+    assert "no-problem" in proc.stderr and "problem_statement" in proc.stderr
+    assert [r["task_id"] for r in results(out)] == ["mean-empty"]
+    summary = json.loads((out / "summary.json").read_text())
+    assert [r["line"] for r in summary["skipped_rows"]] == [2, 4]
+    assert summary["failed_tasks"][0]["task_id"] == "no-problem"
+
+
+@pytest.mark.parametrize(
+    ("data", "message"),
+    [
+        ("missing.jsonl", "does not exist"),
+        ("tasks.csv", "must be .jsonl or .parquet"),
+    ],
+)
+def test_unusable_task_file_is_a_clear_error(tmp_path, data, message):
+    (tmp_path / "tasks.csv").write_text("a,b\n")
+    proc = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "uniagent.cli",
+            "run",
+            str(CONFIG),
+            "--data",
+            str(tmp_path / data),
+            "--model",
+            "openai:http://127.0.0.1:9/v1#m",
+            "--out",
+            str(tmp_path / "out"),
+        ],
+        capture_output=True,
+        text=True,
+    )
+    assert proc.returncode == 2 and message in proc.stderr
+
+
+@pytest.mark.parametrize(
+    ("change", "expected"),
+    [
+        ("tools: [execute_bash, grep_tool]", "unknown tool 'grep_tool'; installed tools:"),
+        ("tool_parser: json_mode", "unknown tool parser 'json_mode'; installed tool parsers:"),
+        ("env: {deployment: {type: modal}}", "uniagent-deploy-modal"),
+        ("interaction: {max_turn: 3}", "interaction.max_turn: unknown key"),
+    ],
+)
+def test_bad_config_names_what_is_installed(tasks, tmp_path, change, expected):
+    config = tmp_path / "config.yaml"
+    config.write_text(change + "\n")
+    proc = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "uniagent.cli",
+            "run",
+            str(config),
+            "--data",
+            str(tasks),
+            "--model",
+            "openai:http://127.0.0.1:9/v1#m",
+            "--out",
+            str(tmp_path / "out"),
+        ],
+        capture_output=True,
+        text=True,
+        env={k: v for k, v in os.environ.items() if k != "UNIAGENT_LOAD_PLUGINS"},
+    )
+    assert proc.returncode == 2
+    assert expected in proc.stderr
+
+
+def test_ray_run_gives_the_same_results_as_a_local_run(tasks, tmp_path, sandbox_tmp):
+    ray_env = {**env_for(sandbox_tmp), "RAY_AUTH_MODE": "disabled"}
+    ray = str(Path(sys.executable).parent / "ray")
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    # Ray's socket paths must stay under 107 bytes: a short temp dir of its own.
+    ray_tmp = tempfile.mkdtemp(prefix="ray", dir="/tmp")
+    start = subprocess.run(
+        [
+            ray,
+            "start",
+            "--head",
+            "--num-cpus",
+            "2",
+            "--include-dashboard=false",
+            "--node-ip-address",
+            "127.0.0.1",
+            "--port",
+            str(port),
+            "--disable-usage-stats",
+            f"--temp-dir={ray_tmp}",
+        ],
+        capture_output=True,
+        text=True,
+        env=ray_env,
+    )
+    assert start.returncode == 0, start.stderr
+    try:
+        outs = {}
+        with ScriptedChatServer(default=policy()) as server:
+            for mode, extra in (
+                ("local", ()),
+                ("ray", ("--ray", f"127.0.0.1:{port}", "--workers", "2")),
+            ):
+                outs[mode] = tmp_path / mode
+                proc = subprocess.run(
+                    uniagent_run(server, tasks, outs[mode], sandbox_tmp, *extra),
+                    capture_output=True,
+                    text=True,
+                    env=ray_env,
+                    timeout=300,
+                )
+                assert proc.returncode == 0, proc.stderr
+    finally:
+        subprocess.run([ray, "stop", "--force"], capture_output=True, env=ray_env)
+        shutil.rmtree(ray_tmp, ignore_errors=True)
+
+    def comparable(out: Path) -> dict:
+        return {
+            (r["task_id"], r["sample"]): (r["exit_reason"], r["reward"], r["submission"])
+            for r in results(out)
+        }
+
+    assert comparable(outs["ray"]) == comparable(outs["local"])
+    for record in results(outs["ray"]):
+        assert (Path(record["episode_dir"]) / "log.txt").read_text()
