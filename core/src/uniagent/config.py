@@ -157,7 +157,7 @@ def format_validation_error(exc: ValidationError, source: str) -> str:
     lines = [f"invalid {source}:"]
     for err in exc.errors():
         path = ".".join(str(p) for p in err["loc"]) or "(top level)"
-        message = err["msg"]
+        message = str(err["msg"]).removeprefix("Value error, ")
         if err["type"] == "extra_forbidden":
             message = "unknown key"
         lines.append(f"  {path}: {message}")
