@@ -62,7 +62,7 @@ def tests(session: nox.Session, suite: str) -> None:
         pytest(session, "core/tests/hf")
     else:
         # Cross-package: real pip installs into fresh venvs, end-to-end runs.
-        session.install("./core[test,tokenizers,swerex,openai,data,ray]", "build")
+        session.install("./core[test,tokenizers,swerex,openai,data,ray]", "build", "cookiecutter")
         session.install(*(f"./plugins/{p}" for p in PLUGINS))
         pytest(session, "tests")
 

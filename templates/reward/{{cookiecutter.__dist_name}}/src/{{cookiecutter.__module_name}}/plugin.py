@@ -1,0 +1,66 @@
+"""The plugin's ``uniagent`` entry point: it contributes the ``{{ cookiecutter.__record_name }}`` reward.
+
+A reward is an async function awaited when an episode ends, while the sandbox
+is still open: it gets a :class:`uniagent.reward.RewardContext` (the sandbox
+``env``, the ``task`` row, its validated ``config``, the conversation, the exit
+reason and the submission) and returns a :class:`uniagent.reward.RewardResult`
+(or a plain float). The example reads the file the agent wrote its answer to
+and compares it with the task's answer.
+
+An exception here is reported as ``reward_error`` (an infrastructure failure,
+masked from training by default); a wrong answer is a score of 0.0.
+"""
+
+from __future__ import annotations
+
+import shlex
+from collections.abc import Iterator
+
+from pydantic import BaseModel, ConfigDict, Field
+from uniagent import RewardSpec, hookimpl
+from uniagent.errors import ConfigError
+from uniagent.reward import RewardContext, RewardResult
+
+
+class {{ cookiecutter.__class_name }}Config(BaseModel):
+    """Settings, from ``reward.config`` in the agent config."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    path: str = Field("answer.txt", description="file the agent writes its answer to")
+    task_field: str = Field("answer", description="task field holding the expected answer")
+    timeout: float = Field(60.0, gt=0, description="seconds reading the file may take")
+
+
+async def {{ cookiecutter.__record_name }}_reward(ctx: RewardContext) -> RewardResult:
+    """1.0 when the answer file in the sandbox holds the task's answer, else 0.0."""
+    config = ctx.config
+    if not isinstance(config, {{ cookiecutter.__class_name }}Config):
+        config = {{ cookiecutter.__class_name }}Config()
+    if config.task_field not in ctx.task:
+        raise ConfigError(
+            f"the {{ cookiecutter.__record_name }} reward needs the expected answer in each task's "
+            f"{config.task_field!r} field; this task has: {', '.join(sorted(ctx.task))}"
+        )
+    expected = str(ctx.task[config.task_field]).strip()
+    observation = await ctx.env.run_action(
+        f"cat -- {shlex.quote(config.path)}", timeout=config.timeout
+    )
+    if observation.exit_code != 0:  # no such file: the agent gave no answer
+        return RewardResult(score=0.0, info={"path": config.path, "missing": True})
+    found = observation.output.strip()
+    return RewardResult(
+        score=1.0 if found == expected else 0.0,
+        info={"path": config.path, "expected": expected, "found": found[:500]},
+    )
+
+
+@hookimpl
+def uniagent_rewards() -> Iterator[RewardSpec]:
+    """The ``{{ cookiecutter.__record_name }}`` reward."""
+    yield RewardSpec(
+        name="{{ cookiecutter.__record_name }}",
+        fn={{ cookiecutter.__record_name }}_reward,
+        config={{ cookiecutter.__class_name }}Config,
+        description="1.0 when the agent's answer file holds the task's answer",
+    )
