@@ -46,7 +46,7 @@ def tests(session: nox.Session, suite: str) -> None:
         pytest(session, "core/tests", "--ignore=core/tests/verl", "--ignore=core/tests/hf")
     elif suite in PLUGINS:
         # The core and this one plugin, so a hidden cross-plugin dependency fails.
-        session.install("./core[test]", f"./plugins/{suite}")
+        session.install("./core[test]", f"./plugins/{suite}[test]")
         pytest(session, f"plugins/{suite}/tests")
     elif suite == "verl":
         # The verl adapter and rollout parity against real verl 0.9.1 on the CPU.

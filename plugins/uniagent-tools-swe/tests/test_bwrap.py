@@ -1,0 +1,47 @@
+"""The tools work inside a bubblewrap-isolated host sandbox (tools dir mounted, no host paths)."""
+
+from __future__ import annotations
+
+import shutil
+
+import pytest
+from uniagent.env import AgentEnv, EnvStartError
+
+from uniagent_tools_swe import make_tools
+
+pytestmark = pytest.mark.asyncio
+
+
+@pytest.mark.skipif(shutil.which("bwrap") is None, reason="bubblewrap is not installed")
+async def test_edit_undo_and_submit_inside_bubblewrap() -> None:
+    tools = {spec.name: spec for spec in make_tools()}
+    env = AgentEnv.from_config({"type": "host", "isolation": "bwrap"})
+    try:
+        await env.start()
+    except EnvStartError as exc:  # e.g. no user namespaces in this container
+        pytest.skip(f"bubblewrap cannot start here: {exc}")
+    try:
+        await env.install_tools(list(tools.values()))
+        editor = tools["str_replace_editor"]
+
+        async def edit(**arguments: object) -> str:
+            obs = await env.run_action(editor.to_command(arguments), timeout=30)
+            assert obs.exit_code == 0, obs.output
+            return obs.output
+
+        path = f"{env.workdir}/x.py"
+        await edit(command="create", path=path, file_text="a = 1\n")
+        assert "     1\ta = 2" in await edit(
+            command="str_replace", path=path, old_str="1", new_str="2"
+        )
+        assert "     1\ta = 1" in await edit(command="undo_edit", path=path)
+        await env.run_action(
+            "git init -q . && git add -A && git -c user.email=t@example.com -c user.name=t "
+            "commit -qm base && echo 'a = 5' > x.py",
+            timeout=30,
+        )
+        obs = await env.run_action(tools["submit"].to_command({}), timeout=30)
+        assert obs.exit_code == 0, obs.output
+        assert "-a = 1\n+a = 5" in obs.output
+    finally:
+        await env.close()
