@@ -1,0 +1,110 @@
+"""Settings of the ``swe_bench``, ``swe_rebench`` and ``r2e_gym`` rewards."""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+
+class SweBenchRewardConfig(BaseModel):
+    """Settings of the ``swe_bench`` reward (and the base of the other two)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    eval_timeout: float = Field(
+        default=1800.0, gt=0, description="seconds the evaluation script may run in the sandbox"
+    )
+    workdir: str = Field(
+        default="/testbed",
+        min_length=1,
+        description=(
+            "the repository checkout in the sandbox; may use {repo_name}, {repo} and "
+            "{instance_id} (e.g. '/{repo_name}' for SWE-rebench V2 images)"
+        ),
+    )
+    scratch_dir: str = Field(
+        default="/tmp",
+        min_length=1,
+        description="where the evaluation's scripts, patch and log are written in the sandbox",
+    )
+    apply_test_patch: Literal["auto", "always", "never"] = Field(
+        default="auto",
+        description=(
+            "apply the row's test_patch before the eval script; 'auto' applies it unless the "
+            "row's own eval_script applies patches itself (contains 'git apply')"
+        ),
+    )
+    test_cmd: str | None = Field(
+        default=None,
+        description=(
+            "test command for rows without an eval_script (and without a test command of "
+            "their own); the test files of test_patch are appended"
+        ),
+    )
+    log_parser: str | None = Field(
+        default=None,
+        description=(
+            "swebench log parser for rows that name none (a key of "
+            "swebench.harness.log_parsers.PARSER_REGISTRY)"
+        ),
+    )
+    conda_env: str | None = Field(
+        default="testbed",
+        description=(
+            "generated eval scripts activate this conda env when /opt/miniconda3 exists "
+            "(as in SWE-bench images); null to never activate"
+        ),
+    )
+    infra_failure_is_error: bool = Field(
+        default=True,
+        description=(
+            "raise (exit reason reward_error, trajectory masked) instead of scoring 0.0 when "
+            "the log shows an environment failure (swebench's classifier: out of memory, "
+            "network, ...) or the work dir is missing"
+        ),
+    )
+    log_tail_chars: int = Field(
+        default=4000, ge=0, description="characters of the test log kept in RewardResult.info"
+    )
+    keep_scratch: bool = Field(
+        default=False, description="leave the evaluation's files in the sandbox (debugging)"
+    )
+
+
+class SweRebenchRewardConfig(SweBenchRewardConfig):
+    """Settings of the ``swe_rebench`` reward."""
+
+    normalize_test_names: bool = Field(
+        default=True,
+        description=(
+            "strip timing suffixes ('[1.5ms]', 'in 200 msec', '(2s)') from test names on both "
+            "sides, as SWE-rebench's grader does"
+        ),
+    )
+    run_install_commands: bool = Field(
+        default=False,
+        description=(
+            "run install_config.install before the tests (non-fatal), as SWE-rebench V2's "
+            "harness does; its prebuilt images usually need none"
+        ),
+    )
+
+
+class R2EGymRewardConfig(SweBenchRewardConfig):
+    """Settings of the ``r2e_gym`` reward."""
+
+    test_cmd: str | None = Field(
+        default=None,
+        description=(
+            "test command; default: R2E-Gym's run_tests.sh (/root/run_tests.sh where R2E-Gym's "
+            "set-up moved it, else run_tests.sh in the work dir)"
+        ),
+    )
+    exact_match: bool = Field(
+        default=True,
+        description=(
+            "R2E-Gym's own rule: besides every expected-PASSED test passing, every test must end "
+            "with exactly its expected status and no test may be missing or extra"
+        ),
+    )

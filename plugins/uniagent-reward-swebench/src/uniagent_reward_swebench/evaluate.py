@@ -1,0 +1,198 @@
+"""Run an evaluation inside the episode's still-open sandbox and grade it with swebench."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import shlex
+import tempfile
+import time
+import uuid
+from pathlib import Path
+from typing import Any
+
+from uniagent.reward import RewardContext, RewardResult
+from uniagent_reward_swebench.config import SweBenchRewardConfig
+from uniagent_reward_swebench.errors import EvaluationInfraError
+from uniagent_reward_swebench.rows import EvalSpec
+from uniagent_reward_swebench.scripts import (
+    APPLY_PATCH_FAIL,
+    END_TEST_OUTPUT,
+    RESET_FAILED,
+    START_TEST_OUTPUT,
+    TESTS_TIMEOUT,
+    WORKDIR_MISSING,
+    patch_files,
+    runner_script,
+)
+
+#: Seconds the sandbox call may take beyond ``eval_timeout`` (the script enforces the limit).
+GRACE_SECONDS = 60.0
+#: At most this many R2E-Gym status mismatches are listed in the result.
+MAX_MISMATCHES = 50
+
+
+def final_eval_script(spec: EvalSpec) -> str:
+    """The eval script as swebench runs it: its header, and the test exit code recorded."""
+    from swebench.harness.utils import parse_eval_script, record_test_exit_code
+
+    body = record_test_exit_code(parse_eval_script(spec.eval_script))
+    return "\n".join(["#!/bin/bash", "set -uxo pipefail", *body]) + "\n"
+
+
+def _failure_reason(log: str) -> str:
+    if APPLY_PATCH_FAIL in log:
+        return "test_patch_did_not_apply"
+    if TESTS_TIMEOUT in log:
+        return "tests_timed_out"
+    if RESET_FAILED in log:
+        return "reset_failed"
+    if not (START_TEST_OUTPUT in log and END_TEST_OUTPUT in log):
+        return "no_test_output_markers"
+    return "no_test_results"
+
+
+def grade(spec: EvalSpec, log: str) -> dict[str, Any]:
+    """Parse the test log and grade it with swebench's harness; returns the report."""
+    from swebench.harness.constants import FAIL_TO_PASS, PASS_TO_PASS, EvalType, ResolvedStatus
+    from swebench.harness.grading import (
+        get_eval_tests_report,
+        get_logs_eval,
+        get_resolution_status,
+    )
+    from swebench.harness.infra_failure import TIER_ENVIRONMENT, classify_text
+    from swebench.types import TestSpec
+
+    test_spec = TestSpec(
+        instance_id=spec.instance_id,
+        image="",
+        eval_script_list=[],
+        repo=spec.repo,
+        version="",
+        FAIL_TO_PASS=list(spec.fail_to_pass),
+        PASS_TO_PASS=list(spec.pass_to_pass),
+        log_parser=spec.log_parser,
+        eval_type=spec.eval_type,
+    )
+    with tempfile.TemporaryDirectory(prefix="uniagent-swebench-") as tmp:
+        log_path = Path(tmp) / "test_output.txt"
+        log_path.write_text(log)
+        status_map, found = get_logs_eval(test_spec, str(log_path))
+
+    f2p, p2p = list(spec.fail_to_pass), list(spec.pass_to_pass)
+    normalize = spec.normalize_test_name
+    if normalize is not None:
+        status_map = {normalize(k): v for k, v in status_map.items() if normalize(k)}
+        f2p, p2p = [normalize(t) for t in f2p], [normalize(t) for t in p2p]
+    report = get_eval_tests_report(
+        status_map, {FAIL_TO_PASS: f2p, PASS_TO_PASS: p2p}, eval_type=EvalType(spec.eval_type)
+    )
+    status = get_resolution_status(report) if found else ResolvedStatus.NO.value
+    resolved = status == ResolvedStatus.FULL.value
+    result: dict[str, Any] = {
+        "resolution_status": status,
+        "tests_status": {FAIL_TO_PASS: report[FAIL_TO_PASS], PASS_TO_PASS: report[PASS_TO_PASS]},
+        "test_output_found": found,
+        "failure_reason": None,
+        "infra_failure": False,
+        "infra_failure_reason": None,
+    }
+    if not found:
+        result["failure_reason"] = _failure_reason(log)
+        classification = classify_text(log)
+        if classification:
+            reason, tier = classification
+            result["infra_failure"] = tier == TIER_ENVIRONMENT
+            result["infra_failure_reason"] = reason
+    if spec.expected_statuses is not None and found:
+        expected = dict(spec.expected_statuses)
+        keys = sorted(set(expected) | set(status_map))
+        mismatches = {
+            k: {"expected": expected.get(k), "got": status_map.get(k)}
+            for k in keys
+            if expected.get(k) != status_map.get(k)
+        }
+        result["exact_match"] = not mismatches
+        result["status_mismatches"] = dict(list(mismatches.items())[:MAX_MISMATCHES])
+        resolved = resolved and not mismatches
+    result["resolved"] = resolved
+    return result
+
+
+async def evaluate(
+    ctx: RewardContext, spec: EvalSpec, config: SweBenchRewardConfig
+) -> RewardResult:
+    """Apply the test patch, run the eval script in ``ctx.env``, grade; 1.0 when resolved."""
+    env = ctx.env
+    q = shlex.quote
+    scratch = f"{config.scratch_dir.rstrip('/')}/uniagent-swebench-{uuid.uuid4().hex[:12]}"
+    eval_path, run_path, log_path = f"{scratch}/eval.sh", f"{scratch}/run.sh", f"{scratch}/log.txt"
+    patch_path = f"{scratch}/test.patch" if spec.apply_test_patch else None
+    # Importing swebench's harness takes about a second: keep it off the event loop.
+    eval_text = await asyncio.to_thread(final_eval_script, spec)
+
+    made = await env.run_action(f"mkdir -p {q(scratch)}", timeout=60)
+    if made.exit_code != 0:
+        raise EvaluationInfraError(
+            f"could not create {scratch} in the sandbox ({made.output.strip()[-300:]}); set the "
+            "reward config's scratch_dir to a writable directory"
+        )
+    started = time.monotonic()
+    try:
+        await env.write_file(eval_path, eval_text)
+        if patch_path is not None:
+            patch = spec.test_patch if spec.test_patch.endswith("\n") else spec.test_patch + "\n"
+            await env.write_file(patch_path, patch)
+        await env.write_file(
+            run_path,
+            runner_script(
+                workdir=spec.workdir,
+                eval_script_path=eval_path,
+                timeout=config.eval_timeout,
+                test_patch_path=patch_path,
+                test_files=patch_files(spec.test_patch) if patch_path else (),
+                base_commit=spec.base_commit,
+            ),
+        )
+        await env.run_action(
+            f"bash {q(run_path)} > {q(log_path)} 2>&1", timeout=config.eval_timeout + GRACE_SECONDS
+        )
+        try:
+            log = await env.read_file(log_path, errors="replace")
+        except Exception as exc:
+            raise EvaluationInfraError(
+                f"the evaluation of {spec.instance_id} left no log at {log_path} ({exc})"
+            ) from exc
+    finally:
+        if not config.keep_scratch:
+            # Best effort: the sandbox is usually closed right after the reward anyway.
+            with contextlib.suppress(Exception):
+                await env.run_action(f"rm -rf {q(scratch)}", timeout=60)
+    elapsed = time.monotonic() - started
+
+    if WORKDIR_MISSING in log:
+        raise EvaluationInfraError(
+            f"the work dir {spec.workdir!r} does not exist in the sandbox; set the reward "
+            "config's workdir to the repository checkout (default /testbed, as in SWE-bench "
+            "images)"
+        )
+    result = await asyncio.to_thread(grade, spec, log)
+    if result["infra_failure"] and config.infra_failure_is_error:
+        raise EvaluationInfraError(
+            f"the evaluation of {spec.instance_id} failed for environmental reasons "
+            f"({result['infra_failure_reason']}); the log ends with:\n{log[-1500:]}"
+        )
+    tail = log[-config.log_tail_chars :] if config.log_tail_chars else ""
+    info: dict[str, Any] = {
+        "dataset": spec.dataset,
+        "instance_id": spec.instance_id,
+        **result,
+        "test_patch_applied": (
+            None if patch_path is None else result["failure_reason"] != "test_patch_did_not_apply"
+        ),
+        "log_parser": spec.log_parser,
+        "eval_type": spec.eval_type,
+        "eval_seconds": round(elapsed, 3),
+        "log_tail": tail,
+    }
+    return RewardResult(score=1.0 if result["resolved"] else 0.0, info=info)

@@ -1,0 +1,56 @@
+"""The three reward functions: ``fn(ctx) -> RewardResult``."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+
+from pydantic import BaseModel, ValidationError
+
+from uniagent.errors import ConfigError
+from uniagent.reward import RewardContext, RewardResult
+from uniagent_reward_swebench.config import (
+    R2EGymRewardConfig,
+    SweBenchRewardConfig,
+    SweRebenchRewardConfig,
+)
+from uniagent_reward_swebench.evaluate import evaluate
+from uniagent_reward_swebench.rows import Dataset, build_spec
+
+
+def _config(ctx: RewardContext, cls: type[SweBenchRewardConfig]) -> SweBenchRewardConfig:
+    if ctx.config is None:
+        return cls()
+    if isinstance(ctx.config, cls):
+        return ctx.config
+    data = ctx.config.model_dump() if isinstance(ctx.config, BaseModel) else ctx.config
+    if isinstance(data, Mapping):
+        try:
+            return cls.model_validate(dict(data))
+        except ValidationError as exc:
+            raise ConfigError(f"invalid {cls.__name__}:\n{exc}") from None
+    raise ConfigError(
+        f"the reward got a {type(ctx.config).__name__} config; expected {cls.__name__}"
+    )
+
+
+async def _reward(
+    dataset: Dataset, ctx: RewardContext, cls: type[SweBenchRewardConfig]
+) -> RewardResult:
+    config = _config(ctx, cls)
+    spec = build_spec(dataset, ctx.task, config)
+    return await evaluate(ctx, spec, config)
+
+
+async def swe_bench_reward(ctx: RewardContext) -> RewardResult:
+    """1.0 when the SWE-bench task is resolved (all FAIL_TO_PASS and PASS_TO_PASS tests pass)."""
+    return await _reward("swe_bench", ctx, SweBenchRewardConfig)
+
+
+async def swe_rebench_reward(ctx: RewardContext) -> RewardResult:
+    """1.0 when the SWE-rebench task is resolved, graded like SWE-bench."""
+    return await _reward("swe_rebench", ctx, SweRebenchRewardConfig)
+
+
+async def r2e_gym_reward(ctx: RewardContext) -> RewardResult:
+    """1.0 when the R2E-Gym task's tests end with their expected statuses."""
+    return await _reward("r2e_gym", ctx, R2EGymRewardConfig)

@@ -1,0 +1,181 @@
+"""Bash scripts the rewards run in the sandbox: generated eval scripts and the runner.
+
+Rows in swebench 5.x style carry their own ``eval_script``; for older rows
+(SWE-bench 4.x datasets, SWE-rebench, R2E-Gym) an eval script is generated
+from a test command and the test files of ``test_patch``, the way swebench 4.x
+built them from its per-repo specs.
+"""
+
+from __future__ import annotations
+
+import re
+import shlex
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+START_TEST_OUTPUT = ">>>>> Start Test Output"
+END_TEST_OUTPUT = ">>>>> End Test Output"
+APPLY_PATCH_FAIL = ">>>>> Patch Apply Failed"
+RESET_FAILED = ">>>>> Reset Failed"
+TESTS_TIMEOUT = ">>>>> Tests Timed Out"
+#: Printed by the runner when the work dir is missing: an environment problem, not the policy's.
+WORKDIR_MISSING = ">>>>> uniagent: work dir missing"
+
+_PYTEST = "pytest --no-header -rA --tb=no -p no:cacheprovider"
+#: Test commands of swebench 4.x's per-repo specs (the most common version of each repo),
+#: used only for rows that carry neither an eval_script nor a test command.
+DEFAULT_TEST_COMMANDS: dict[str, str] = {
+    "astropy/astropy": "pytest -rA -vv -o console_output_style=classic --tb=no",
+    "django/django": "./tests/runtests.py --verbosity 2 --settings=test_sqlite --parallel 1",
+    "marshmallow-code/marshmallow": _PYTEST,
+    "matplotlib/matplotlib": _PYTEST,
+    "mwaskom/seaborn": "pytest --no-header -rA",
+    "pallets/flask": _PYTEST,
+    "psf/requests": _PYTEST,
+    "pvlib/pvlib-python": _PYTEST,
+    "pydata/xarray": _PYTEST,
+    "pydicom/pydicom": _PYTEST,
+    "pylint-dev/astroid": _PYTEST,
+    "pylint-dev/pylint": _PYTEST,
+    "pytest-dev/pytest": _PYTEST,
+    "pyvista/pyvista": _PYTEST,
+    "scikit-learn/scikit-learn": _PYTEST,
+    "sphinx-doc/sphinx": "tox --current-env -epy39 -v --",
+    "sqlfluff/sqlfluff": _PYTEST,
+    "sympy/sympy": (
+        "PYTHONWARNINGS='ignore::UserWarning,ignore::SyntaxWarning' bin/test -C --verbose"
+    ),
+}
+
+_DIFF_HEADER = re.compile(r"^diff --git a/(\S+) b/(\S+)$", re.MULTILINE)
+
+
+@dataclass(frozen=True)
+class PatchFile:
+    """A file touched by a patch; ``created`` when the patch adds it."""
+
+    path: str
+    created: bool
+
+
+def patch_files(patch: str) -> list[PatchFile]:
+    """The files a unified git diff touches, in order."""
+    files: list[PatchFile] = []
+    headers = list(_DIFF_HEADER.finditer(patch))
+    for i, match in enumerate(headers):
+        end = headers[i + 1].start() if i + 1 < len(headers) else len(patch)
+        block = patch[match.end() : end]
+        created = bool(re.search(r"^new file mode", block, re.MULTILINE)) or (
+            "\n--- /dev/null" in block
+        )
+        files.append(PatchFile(path=match.group(2), created=created))
+    return files
+
+
+def test_directives(repo: str, paths: Sequence[str]) -> list[str]:
+    """Test-runner arguments for the test files of a patch (swebench 4.x's rules)."""
+    from swebench.harness.constants import NON_TEST_EXTS
+
+    directives = [p for p in paths if not any(p.endswith(ext) for ext in NON_TEST_EXTS)]
+    if repo == "django/django":
+        # Django's runner takes dotted module labels relative to tests/.
+        transformed = []
+        for d in directives:
+            d = d[: -len(".py")] if d.endswith(".py") else d
+            d = d[len("tests/") :] if d.startswith("tests/") else d
+            transformed.append(d.replace("/", "."))
+        directives = transformed
+    return directives
+
+
+def generate_eval_script(
+    *,
+    workdir: str,
+    test_commands: Sequence[str],
+    directives: Sequence[str] = (),
+    pre_commands: Sequence[str] = (),
+    conda_env: str | None = None,
+) -> str:
+    """An eval script in swebench's shape: set-up, then the tests between the output markers."""
+    lines = ["#!/bin/bash", "set -uxo pipefail", f"cd {shlex.quote(workdir)}"]
+    if conda_env:
+        env = shlex.quote(conda_env)
+        lines.append(
+            "if [ -f /opt/miniconda3/bin/activate ]; then "
+            f"set +u; source /opt/miniconda3/bin/activate && conda activate {env}; set -u; fi"
+        )
+    lines += list(pre_commands)
+    args = " ".join(shlex.quote(d) for d in directives)
+    lines.append(f": '{START_TEST_OUTPUT}'")
+    if len(test_commands) == 1:
+        lines.append(f"{test_commands[0]} {args}".rstrip())
+    else:
+        # Several commands (SWE-rebench lists): the run fails if any fails.
+        lines.append("uniagent_rc=0")
+        for command in test_commands:
+            lines.append(f"{command} {args}".rstrip() + " || uniagent_rc=$?")
+        lines.append("( exit $uniagent_rc )")
+    lines.append(f": '{END_TEST_OUTPUT}'")
+    return "\n".join(lines) + "\n"
+
+
+def runner_script(
+    *,
+    workdir: str,
+    eval_script_path: str,
+    timeout: float,
+    test_patch_path: str | None,
+    test_files: Sequence[PatchFile],
+    base_commit: str | None,
+) -> str:
+    """The wrapper that prepares the tree, runs the eval script under a timeout and restores it.
+
+    With a test patch to apply, the patch's files are first reset to their state
+    at ``base_commit`` (SWE-bench's rule: test files are the benchmark's, not the
+    agent's), the patch is applied, and afterwards the files are reset again (or
+    the patch reversed when the base commit is unknown), so the still-open
+    sandbox can be evaluated again.
+    """
+    q = shlex.quote
+    lines = [
+        "#!/bin/bash",
+        f"cd {q(workdir)} 2>/dev/null || {{ echo {q(f'{WORKDIR_MISSING}: {workdir}')}; exit 3; }}",
+    ]
+    if test_patch_path is not None:
+        if base_commit:
+            lines.append("uniagent_reset_test_files() {")
+            for f in test_files:
+                lines.append(
+                    f"  if git cat-file -e {q(f'{base_commit}:{f.path}')} 2>/dev/null; "
+                    f"then git checkout -q {q(base_commit)} -- {q(f.path)}; "
+                    f"else rm -f -- {q(f.path)}; fi"
+                )
+            lines.append("  true")
+            lines.append("}")
+            lines.append("uniagent_reset_test_files")
+            restore = "uniagent_reset_test_files"
+        else:
+            restore = f"git apply -R {q(test_patch_path)} >/dev/null 2>&1 || true"
+        lines.append(
+            f"if ! git apply -v {q(test_patch_path)}; then echo {q(APPLY_PATCH_FAIL)}; "
+            + ("uniagent_reset_test_files; " if base_commit else "")
+            + "exit 0; fi"
+        )
+    else:
+        restore = "true"
+    seconds = max(1, round(timeout))
+    lines += [
+        "if command -v timeout >/dev/null 2>&1; then",
+        f"  timeout -s KILL {seconds} bash {q(eval_script_path)}",
+        "else",
+        f"  bash {q(eval_script_path)}",
+        "fi",
+        "uniagent_rc=$?",
+        # 137: killed by `timeout -s KILL`; 124 if a plain `timeout` is on PATH instead.
+        "if [ $uniagent_rc -eq 137 ] || [ $uniagent_rc -eq 124 ]; then",
+        f"  echo {q(TESTS_TIMEOUT)}",
+        "fi",
+        restore,
+        "exit 0",
+    ]
+    return "\n".join(lines) + "\n"

@@ -1,0 +1,40 @@
+"""Fixtures: the buggy repository and a real host sandbox."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import pytest_asyncio
+from swebench_helpers import CalcRepo, make_calc_repo
+
+
+@pytest.fixture
+def calc_repo(tmp_path: Path) -> CalcRepo:
+    """``add`` subtracts; the test patch adds tests for it (one in a new file)."""
+    return make_calc_repo(tmp_path)
+
+
+@pytest_asyncio.fixture
+async def host_env() -> AsyncIterator[Any]:
+    """A real host sandbox (uniagent's built-in ``host`` deployment), closed afterwards."""
+    from uniagent.env import AgentEnv
+
+    env = AgentEnv.from_config({"type": "host"})
+    await env.start()
+    try:
+        yield env
+    finally:
+        await env.close()
+
+
+@pytest.fixture(autouse=True)
+def _fresh_registry() -> Iterator[None]:
+    """Each test sees the plugins as installed now."""
+    from uniagent.plugins import reset_plugins
+
+    reset_plugins()
+    yield
+    reset_plugins()

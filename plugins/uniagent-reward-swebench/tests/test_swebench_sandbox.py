@@ -1,0 +1,151 @@
+"""The rewards end to end, in a real host sandbox holding a small buggy repository."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+from swebench_helpers import (
+    FIXED,
+    CalcRepo,
+    r2e_gym_row,
+    swe_bench_full_script_row,
+    swe_bench_row,
+    swe_rebench_row,
+)
+from uniagent_reward_swebench import EvaluationInfraError, TaskRowError
+
+from uniagent.registry import get_rewards
+from uniagent.reward import RewardContext, RewardResult
+
+pytestmark = pytest.mark.asyncio
+
+
+async def score(name: str, env: Any, task: dict[str, Any], **config: Any) -> RewardResult:
+    """Run reward ``name`` the way the interaction loop does: registry record, config, context."""
+    spec = get_rewards()[name]
+    assert spec.config is not None
+    ctx = RewardContext(env=env, task=task, config=spec.config(**config))
+    return RewardResult.coerce(await spec.fn(ctx))
+
+
+async def fix_the_bug(env: Any, repo: CalcRepo) -> None:
+    """What the agent would do: edit the module inside the sandbox."""
+    await env.write_file(str(repo.path / "calc.py"), FIXED)
+
+
+async def test_swe_bench_scores_zero_before_and_one_after_the_fix(host_env, calc_repo) -> None:
+    task = swe_bench_row(calc_repo)
+    before = await score("swe_bench", host_env, task, workdir=str(calc_repo.path))
+    assert before.score == 0.0
+    assert before.info["resolution_status"] == "RESOLVED_NO"
+    assert sorted(before.info["tests_status"]["FAIL_TO_PASS"]["failure"]) == [
+        "test_calc.py::test_add",
+        "test_more.py::test_add_many",
+    ]
+    assert before.info["tests_status"]["PASS_TO_PASS"]["success"] == ["test_calc.py::test_sub"]
+    assert before.info["test_patch_applied"] is True
+
+    await fix_the_bug(host_env, calc_repo)
+    after = await score("swe_bench", host_env, task, workdir=str(calc_repo.path))
+    assert after.score == 1.0
+    assert after.info["resolved"]
+    assert after.info["resolution_status"] == "RESOLVED_FULL"
+    assert sorted(after.info["tests_status"]["FAIL_TO_PASS"]["success"]) == [
+        "test_calc.py::test_add",
+        "test_more.py::test_add_many",
+    ]
+    assert "PASSED test_calc.py::test_add" in after.info["log_tail"]
+
+
+async def test_evaluation_leaves_the_tree_as_it_found_it(host_env, calc_repo) -> None:
+    await fix_the_bug(host_env, calc_repo)
+    await score("swe_bench", host_env, swe_bench_row(calc_repo), workdir=str(calc_repo.path))
+    # Only the agent's change remains: the test patch is gone, its new file removed.
+    assert calc_repo.status().split() == ["M", "calc.py"]
+
+
+async def test_agent_edits_to_test_files_do_not_count(host_env, calc_repo) -> None:
+    # A policy that "fixes" the test instead of the code gains nothing.
+    await host_env.write_file(
+        str(calc_repo.path / "test_calc.py"), "def test_sub():\n    assert True\n"
+    )
+    result = await score(
+        "swe_bench", host_env, swe_bench_row(calc_repo), workdir=str(calc_repo.path)
+    )
+    assert result.score == 0.0
+    assert result.info["test_patch_applied"] is True
+
+
+async def test_swebench_shaped_eval_script_applies_the_test_patch_itself(
+    host_env, calc_repo
+) -> None:
+    await fix_the_bug(host_env, calc_repo)
+    task = swe_bench_full_script_row(calc_repo)
+    result = await score("swe_bench", host_env, task, workdir=str(calc_repo.path))
+    assert result.info["test_patch_applied"] is None  # left to the script
+    assert result.score == 1.0
+    assert "Applied patch test_calc.py cleanly" in result.info["log_tail"]
+
+
+async def test_swe_rebench_generates_the_eval_script(host_env, calc_repo) -> None:
+    task = swe_rebench_row(calc_repo)
+    before = await score("swe_rebench", host_env, task, workdir=str(calc_repo.path))
+    assert before.score == 0.0
+    await fix_the_bug(host_env, calc_repo)
+    after = await score("swe_rebench", host_env, task, workdir=str(calc_repo.path))
+    assert after.score == 1.0
+    assert after.info["dataset"] == "swe_rebench"
+
+
+async def test_r2e_gym_runs_the_images_run_tests_script(host_env, calc_repo) -> None:
+    if Path("/root/run_tests.sh").exists():
+        pytest.skip("/root/run_tests.sh exists here and would be run instead of the repo's")
+    before = await score("r2e_gym", host_env, r2e_gym_row(), workdir=str(calc_repo.path))
+    assert before.score == 0.0
+    assert before.info["status_mismatches"] == {
+        "TestCalc.test_add": {"expected": "PASSED", "got": "FAILED"}
+    }
+    await fix_the_bug(host_env, calc_repo)
+    after = await score("r2e_gym", host_env, r2e_gym_row(), workdir=str(calc_repo.path))
+    assert after.score == 1.0
+    assert after.info["exact_match"]
+
+
+async def test_malformed_row_raises_a_clear_error(host_env, calc_repo) -> None:
+    task = swe_bench_row(calc_repo)
+    del task["FAIL_TO_PASS"]
+    with pytest.raises(TaskRowError, match=r"local__calc-1.*has no 'FAIL_TO_PASS'"):
+        await score("swe_bench", host_env, task, workdir=str(calc_repo.path))
+
+
+async def test_missing_workdir_is_an_infrastructure_error(host_env, calc_repo) -> None:
+    task = swe_rebench_row(calc_repo)
+    with pytest.raises(EvaluationInfraError, match="work dir '/no/such/testbed' does not exist"):
+        await score("swe_rebench", host_env, task, workdir="/no/such/testbed")
+
+
+async def test_tests_running_past_the_timeout_score_zero(host_env, calc_repo) -> None:
+    await host_env.write_file(
+        str(calc_repo.path / "calc.py"),
+        "import time\n\n\ndef add(a, b):\n    time.sleep(60)\n    return a + b\n\n\n"
+        "def sub(a, b):\n    return a - b\n",
+    )
+    result = await score(
+        "swe_bench", host_env, swe_bench_row(calc_repo), workdir=str(calc_repo.path),
+        eval_timeout=3,
+    )
+    assert result.score == 0.0
+    assert result.info["failure_reason"] == "tests_timed_out"
+    assert calc_repo.status().split() == ["M", "calc.py"]
+
+
+async def test_test_patch_that_no_longer_applies_scores_zero(host_env, calc_repo) -> None:
+    task = swe_bench_row(calc_repo)
+    del task["base_commit"]  # without it the test files are not reset first
+    await host_env.write_file(str(calc_repo.path / "test_calc.py"), "# rewritten\n")
+    result = await score("swe_bench", host_env, task, workdir=str(calc_repo.path))
+    assert result.score == 0.0
+    assert result.info["test_patch_applied"] is False
+    assert result.info["failure_reason"] == "test_patch_did_not_apply"
