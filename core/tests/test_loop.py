@@ -6,6 +6,7 @@ checked against the transcript.
 
 from __future__ import annotations
 
+import copy
 import types
 from typing import Any
 
@@ -298,3 +299,31 @@ async def test_loop_alone_on_an_open_env(qwen3_tokenizer):
         outcome = await loop.run(cache)
     assert outcome.exit_reason is ExitReason.FINISHED
     assert outcome.messages[-2]["content"].strip() == env.workdir
+
+
+CHATML_WITHOUT_TOOLS = (
+    "{% for m in messages %}<|im_start|>{{ m.role }}\n{{ m.content }}<|im_end|>\n{% endfor %}"
+    "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
+)
+
+
+async def test_tools_are_described_in_the_system_prompt_when_the_template_drops_them(
+    qwen3_tokenizer,
+):
+    tokenizer = copy.deepcopy(qwen3_tokenizer)
+    tokenizer.chat_template = CHATML_WITHOUT_TOOLS
+    model = ScriptedTokenModel(tokenizer, [hermes_call("done")])
+    assert not model.renders_tools()
+    result = await run_episode(config(), TASK, model)
+    assert result.exit_reason is ExitReason.FINISHED
+    system = result.messages[0]["content"]
+    assert '"name": "shell"' in system and "<tool_call>" in system
+    assert tokenizer.decode(result.cache.prompt_ids).count('"name": "done"') == 1
+
+
+async def test_tools_are_not_repeated_when_the_template_renders_them(qwen3_tokenizer):
+    model = ScriptedTokenModel(qwen3_tokenizer, [hermes_call("done")])
+    assert model.renders_tools()
+    result = await run_episode(config(), TASK, model)
+    assert "<tools>" not in result.messages[0]["content"]
+    assert qwen3_tokenizer.decode(result.cache.prompt_ids).count('"name": "done"') == 1

@@ -189,7 +189,10 @@ def build_parser() -> argparse.ArgumentParser:
         "--ray", metavar="ADDRESS", default=None, help="run on Ray: an address or auto"
     )
     run.add_argument(
-        "--workers", type=int, default=None, help="with --ray: worker actors (default: cluster CPUs)"
+        "--workers",
+        type=int,
+        default=None,
+        help="with --ray: worker actors (default: cluster CPUs)",
     )
     run.set_defaults(func=cmd_run)
 

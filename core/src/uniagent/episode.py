@@ -20,6 +20,7 @@ from uniagent.errors import ConfigError
 from uniagent.interaction.exit import ExitReason
 from uniagent.interaction.loop import AgentInteraction
 from uniagent.interaction.metrics import EpisodeMetrics
+from uniagent.interaction.prompts import tool_instructions
 from uniagent.models.base import ChatModel
 from uniagent.registry import get_registry
 from uniagent.reward import RewardContext, RewardResult
@@ -71,6 +72,15 @@ def first_messages(config: AgentConfig, task: Mapping[str, Any]) -> list[dict[st
     return [{"role": "system", "content": config.system_prompt}, {"role": "user", "content": user}]
 
 
+def describe_tools(prompt: list[dict[str, Any]], instructions: str) -> None:
+    """Put the tool instructions into the system message (made if missing), once."""
+    if prompt and prompt[0].get("role") == "system":
+        if instructions not in str(prompt[0].get("content") or ""):
+            prompt[0]["content"] = f"{prompt[0].get('content') or ''}\n\n{instructions}".lstrip()
+    else:
+        prompt.insert(0, {"role": "system", "content": instructions})
+
+
 async def run_episode(
     config: AgentConfig,
     task: Mapping[str, Any],
@@ -92,6 +102,8 @@ async def run_episode(
     tools = [registry.tools()[name] for name in config.tools]
     parser = registry.tool_parsers()[config.tool_parser].factory()
     prompt = [dict(m) for m in messages] if messages else first_messages(config, task)
+    if not model.renders_tools():  # the chat template would silently drop the tool schemas
+        describe_tools(prompt, tool_instructions(tools, parser))
     metrics = EpisodeMetrics()
     started = time.perf_counter()
     env: AgentEnv | None = None

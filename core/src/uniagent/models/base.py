@@ -112,6 +112,10 @@ class ChatModel(Protocol):
         """A rollout cache for a new episode (``tools`` as OpenAI schemas)."""
         ...
 
+    def renders_tools(self) -> bool:
+        """Whether the model is shown the tool schemas (else the caller describes them)."""
+        ...
+
     async def query(
         self, cache: RolloutCache, tools: Sequence[ToolSpec], parser: ToolCallParser
     ) -> ModelResponse:
@@ -157,6 +161,7 @@ class TokenChatModel(ABC):
         self.max_model_len = max_model_len
         self.response_length = response_length
         self.chat_template_kwargs = dict(chat_template_kwargs or {})
+        self._renders_tools: bool | None = None
 
     @abstractmethod
     async def _generate(self, prompt_ids: list[int], max_tokens: int | None) -> Generation:
@@ -171,6 +176,29 @@ class TokenChatModel(ABC):
         return RolloutCache.start(
             self.tokenizer, messages, [dict(t) for t in tools or ()], **self.chat_template_kwargs
         )
+
+    def renders_tools(self) -> bool:
+        """Whether the chat template shows tool schemas to the model (checked once)."""
+        if self._renders_tools is None:
+            probe = [{"role": "user", "content": "x"}]
+            tool = {
+                "type": "function",
+                "function": {"name": "probe_tool_7f3a", "description": "d", "parameters": {}},
+            }
+
+            def render(tools: list[dict[str, Any]] | None) -> str:
+                return str(
+                    self.tokenizer.apply_chat_template(
+                        probe,
+                        tools=tools,
+                        tokenize=False,
+                        add_generation_prompt=True,
+                        **self.chat_template_kwargs,
+                    )
+                )
+
+            self._renders_tools = render([tool]) != render(None)
+        return self._renders_tools
 
     def remaining_tokens(self, cache: RolloutCache) -> int | None:
         """Tokens the next call may generate (None: unbounded)."""

@@ -101,6 +101,10 @@ class OpenAIChatModel:
         """True when the cache holds token ids (a tokenizer was given)."""
         return self.tokenizer is not None
 
+    def renders_tools(self) -> bool:
+        """Tools go to the server as schemas, unless ``send_tools`` is off."""
+        return self.send_tools
+
     def start_cache(
         self,
         messages: Sequence[Mapping[str, Any]],
