@@ -8,6 +8,8 @@ leave both at their defaults.
 
 from __future__ import annotations
 
+import copy
+import functools
 import json
 import shlex
 from collections.abc import Awaitable, Callable, Mapping, Sequence
@@ -38,6 +40,18 @@ class _Record:
             )
 
 
+@functools.lru_cache(maxsize=1024)
+def _parameters_schema(arguments: type[BaseModel]) -> dict[str, Any]:
+    # pydantic rebuilds the schema on every call (~0.3 ms): once per model is enough.
+    schema = arguments.model_json_schema()
+    schema.pop("title", None)
+    for prop in schema.get("properties", {}).values():
+        prop.pop("title", None)
+    schema.setdefault("properties", {})
+    schema.setdefault("required", [])
+    return schema
+
+
 @dataclass(frozen=True, kw_only=True)
 class ToolSpec(_Record):
     """A tool the agent can call; it runs as a command inside the sandbox.
@@ -60,14 +74,8 @@ class ToolSpec(_Record):
     ends_episode: bool = False
 
     def parameters_schema(self) -> dict[str, Any]:
-        """The JSON schema of the arguments, as OpenAI function ``parameters``."""
-        schema = self.arguments.model_json_schema()
-        schema.pop("title", None)
-        for prop in schema.get("properties", {}).values():
-            prop.pop("title", None)
-        schema.setdefault("properties", {})
-        schema.setdefault("required", [])
-        return schema
+        """The JSON schema of the arguments, as OpenAI function ``parameters`` (a copy)."""
+        return copy.deepcopy(_parameters_schema(self.arguments))
 
     def openai_schema(self) -> dict[str, Any]:
         """The tool as an OpenAI ``tools`` entry (``{"type": "function", ...}``)."""

@@ -230,7 +230,6 @@ class TokenChatModel(ABC):
                 f"{type(self).__name__} returned {len(out.logprobs)} log-probs for "
                 f"{len(out.token_ids)} tokens"
             )
-        cache.append_generation(out.token_ids, out.logprobs)
         analysis = cache.template
         eot = analysis.eot_id if analysis is not None else None
         ended = out.token_ids[-1] == eot or out.token_ids[-1] in self._stop_ids()
@@ -238,8 +237,14 @@ class TokenChatModel(ABC):
             "stop" if ended or budget is None or len(out.token_ids) < budget else "length"
         )
         body = out.token_ids[:-1] if out.token_ids[-1] == eot else out.token_ids
+        text = decode(self.tokenizer, body)
+        # Hand the decoded text to the cache so it is decoded once; a generation that
+        # continues an open (length-cut) turn lets the cache decode the whole turn.
+        continuing = bool(cache.messages) and cache.messages[-1].get("role") == "assistant"
+        message = None if continuing else {"role": "assistant", "content": text}
+        cache.append_generation(out.token_ids, out.logprobs, message=message)
         response = ModelResponse(
-            text=decode(self.tokenizer, body),
+            text=text,
             finish_reason=finish,
             token_ids=list(out.token_ids),
             logprobs=None if out.logprobs is None else list(out.logprobs),
