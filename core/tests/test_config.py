@@ -58,7 +58,8 @@ def test_unknown_plugin_names_list_what_is_installed():
 def test_deployment_is_checked_against_installed_backends():
     with pytest.raises(
         ConfigError,
-        match=r"env\.deployment: .*installed deployments: host, local, remote. .*uniagent-deploy-modal",
+        match=r"env\.deployment: .*installed deployments: host, local, remote\. "
+        r".*uniagent-deploy-modal",
     ):
         AgentConfig.from_dict({**MINIMAL, "env": {"deployment": {"type": "modal"}}})
     with pytest.raises(ConfigError, match=r"env\.deployment: .*nope: unknown key"):

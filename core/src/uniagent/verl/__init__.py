@@ -1,0 +1,51 @@
+"""The verl adapter: run uniagent episodes inside verl's agent loop for RL training.
+
+Register the loop in verl's agent-loop YAML
+(``actor_rollout_ref.rollout.agent.agent_loop_config_path``)::
+
+    - name: uniagent
+      _target_: uniagent.verl.agent_loop.UniAgentLoop
+      agent_config: agent.yaml
+
+Importing this package does not import verl (an optional extra:
+``pip install 'uniagent[verl]'``); ``UniAgentLoop`` is loaded on first access.
+See ``docs/training.md``.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+from uniagent.verl.output import EXTRA_FIELD_KEYS, LoopFields, episode_fields, placeholder_fields
+from uniagent.verl.settings import (
+    LoopSettings,
+    agent_config_for,
+    row_messages,
+    row_overrides,
+    row_task,
+)
+
+if TYPE_CHECKING:  # pragma: no cover
+    from uniagent.verl.agent_loop import UniAgentLoop
+
+__all__ = [
+    "EXTRA_FIELD_KEYS",
+    "LoopFields",
+    "LoopSettings",
+    "UniAgentLoop",
+    "agent_config_for",
+    "episode_fields",
+    "placeholder_fields",
+    "row_messages",
+    "row_overrides",
+    "row_task",
+]
+
+
+def __getattr__(name: str) -> Any:
+    """Load ``UniAgentLoop`` (and with it verl) only when it is asked for."""
+    if name == "UniAgentLoop":
+        from uniagent.verl.agent_loop import UniAgentLoop
+
+        return UniAgentLoop
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -1,0 +1,144 @@
+"""EpisodeResult → AgentLoopOutput fields: truncation, masks, log-probs, placeholders."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from uniagent.episode import EpisodeResult
+from uniagent.interaction.exit import ExitReason
+from uniagent.interaction.metrics import EpisodeMetrics
+from uniagent.rollout import RolloutCache
+from uniagent.verl.output import EXTRA_FIELD_KEYS, episode_fields, placeholder_fields
+
+EOS = 151645
+PROMPT = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Say hi."}]
+
+
+def episode(
+    tokenizer: Any,
+    *,
+    logprobs: bool = True,
+    generate: bool = True,
+    reason: ExitReason = ExitReason.FINISHED,
+    masked: bool = False,
+) -> EpisodeResult:
+    """A two-turn token-mode episode (or one that never generated)."""
+    cache = RolloutCache.start(tokenizer, PROMPT)
+    if generate:
+        first = tokenizer.encode("Hello there", add_special_tokens=False) + [EOS]
+        cache.append_generation(first, [-0.5] * len(first) if logprobs else None)
+        cache.append_messages([{"role": "user", "content": "Again."}])
+        second = tokenizer.encode("Hi again", add_special_tokens=False) + [EOS]
+        cache.append_generation(second, [-0.25] * len(second) if logprobs else None)
+    return EpisodeResult(
+        exit_reason=reason,
+        traj_masked=masked,
+        metrics=EpisodeMetrics(turns=2),
+        cache=cache,
+        reward=1.0,
+    )
+
+
+def convert(result: EpisodeResult, **overrides: Any) -> Any:
+    """episode_fields with roomy defaults."""
+    kwargs: dict[str, Any] = {
+        "prompt_length": 512,
+        "response_length": 512,
+        "want_logprobs": True,
+        "reward_configured": True,
+        "end_token_id": EOS,
+    }
+    return episode_fields(result, **{**kwargs, **overrides})
+
+
+def test_trained_episode_keeps_ids_mask_and_logprobs(qwen3_tokenizer: Any) -> None:
+    """Mask 1 exactly under generated ids, their log-probs, 0.0 elsewhere; reward kept."""
+    result = episode(qwen3_tokenizer)
+    fields = convert(result)
+    cache = result.cache
+    assert cache is not None
+    assert fields.prompt_ids == cache.prompt_ids
+    assert fields.response_ids == cache.response_ids
+    assert fields.response_mask == cache.response_mask
+    assert fields.response_logprobs == cache.response_logprobs
+    assert fields.reward_score == 1.0
+    assert fields.num_turns == 4  # two assistant turns, one user turn, plus the prompt
+    assert set(fields.extra_fields) == set(EXTRA_FIELD_KEYS)
+    assert fields.extra_fields["traj_masked"] is False
+
+
+def test_response_cut_to_length_stays_aligned(qwen3_tokenizer: Any) -> None:
+    """A response longer than response_length keeps its head, all three lists alike."""
+    result = episode(qwen3_tokenizer)
+    assert result.cache is not None
+    full = len(result.cache.response_ids)
+    fields = convert(result, response_length=full - 3)
+    assert len(fields.response_ids) == len(fields.response_mask) == full - 3
+    assert fields.response_logprobs is not None and len(fields.response_logprobs) == full - 3
+    assert fields.extra_fields["agent_truncated"] is True
+
+
+def test_logprobs_only_when_verl_asks(qwen3_tokenizer: Any) -> None:
+    """calculate_log_probs=False: None for every sample, even when the server sent some."""
+    assert convert(episode(qwen3_tokenizer), want_logprobs=False).response_logprobs is None
+
+
+def test_missing_logprobs_mask_the_trajectory(qwen3_tokenizer: Any) -> None:
+    """Asked for but not returned: zeros for alignment, and nothing is trained on them."""
+    fields = convert(episode(qwen3_tokenizer, logprobs=False))
+    assert fields.response_logprobs == [0.0] * len(fields.response_ids)
+    assert set(fields.response_mask) == {0}
+    assert fields.extra_fields["traj_masked"] is True
+    assert fields.reward_score == 0.0
+
+
+def test_masked_exit_keeps_ids_with_zero_mask(qwen3_tokenizer: Any) -> None:
+    """traj_masked (e.g. model_error): ids kept for inspection, mask all 0, reward 0.0."""
+    result = episode(qwen3_tokenizer, reason=ExitReason.MODEL_ERROR, masked=True)
+    fields = convert(result)
+    assert result.cache is not None
+    assert fields.response_ids == result.cache.response_ids
+    assert set(fields.response_mask) == {0}
+    assert fields.reward_score == 0.0
+    assert fields.extra_fields["exit_reason"] == "model_error"
+
+
+def test_prompt_longer_than_prompt_length_is_masked(qwen3_tokenizer: Any) -> None:
+    """The model saw the whole prompt; a cut one would train on another context: masked."""
+    result = episode(qwen3_tokenizer)
+    assert result.cache is not None
+    fields = convert(result, prompt_length=5)
+    assert fields.prompt_ids == result.cache.prompt_ids[-5:]
+    assert set(fields.response_mask) == {0}
+    assert fields.extra_fields["traj_masked"] is True
+    assert "prompt_length" in fields.extra_fields["agent_error"]
+
+
+def test_no_generation_gives_one_masked_token(qwen3_tokenizer: Any) -> None:
+    """An empty response still has a last valid token for the reward (mask 0)."""
+    fields = convert(episode(qwen3_tokenizer, generate=False, reason=ExitReason.MODEL_ERROR))
+    assert fields.response_ids == [EOS] and fields.response_mask == [0]
+    assert fields.response_logprobs == [0.0]
+
+
+@pytest.mark.parametrize("want", [True, False])
+@pytest.mark.parametrize("reward", [True, False])
+def test_placeholder(want: bool, reward: bool) -> None:
+    """Placeholders agree with the batch: log-probs iff asked, reward iff the agent scores."""
+    fields = placeholder_fields(
+        prompt_ids=list(range(10)),
+        prompt_length=4,
+        want_logprobs=want,
+        reward_configured=reward,
+        end_token_id=EOS,
+        exit_reason=ExitReason.ENV_ERROR,
+    )
+    assert fields.prompt_ids == [6, 7, 8, 9]
+    assert fields.response_ids == [EOS] and fields.response_mask == [0]
+    assert fields.response_logprobs == ([0.0] if want else None)
+    assert fields.reward_score == (0.0 if reward else None)
+    assert fields.extra_fields["traj_masked"] is True
+    assert fields.extra_fields["exit_reason"] == "env_error"
+    assert set(fields.extra_fields) == set(EXTRA_FIELD_KEYS)
