@@ -1,0 +1,247 @@
+# ruff: noqa: E402 - imports follow the sys.path fix below
+"""Sandbox benchmark: command round trips and many concurrent host sessions.
+
+    python bench/sandbox.py                       # everything (about 2-3 minutes)
+    python bench/sandbox.py --sessions 1,64 --rounds 100
+
+Round trip of ``echo hi`` (median and p95) through: uniagent's host runtime
+(a persistent async bash session), the full ``AgentEnv.run_action`` path, a
+command that needs the in-session ``bash -n`` check, a raw ``bash -c``
+subprocess, a lone ``bash -n``, SWE-ReX's ``LocalRuntime`` and its
+``RemoteRuntime`` against a ``swerex-remote`` started here. Then 1, 64, 256
+and 1000 concurrent host sessions in one event loop: start time, command
+throughput, failures, memory of the bash processes (PSS and RSS) and the
+largest event-loop lag (a 10 ms ticker's worst gap). SWE-ReX rows need
+``pip install 'uniagent[swerex]'``; they are skipped, with a note, without it.
+"""
+
+from __future__ import annotations
+
+import sys
+
+# Running `python bench/sandbox.py` puts bench/ first on sys.path, where a sibling
+# script named like a stdlib module (bench/tokenize.py) would shadow it.
+sys.path[:] = [p for p in sys.path if not p or not p.rstrip("/").endswith("bench")]
+
+import argparse
+import asyncio
+import os
+import resource
+import secrets
+import shutil
+import socket
+import statistics
+import subprocess
+import sys
+import time
+from collections.abc import Awaitable, Callable
+from pathlib import Path
+
+from uniagent.env import AgentEnv, HostDeployment, use_pidfd_child_watcher
+from uniagent.env.runtime import BashAction, CreateBashSessionRequest
+
+Row = tuple[str, int, float, float]
+
+
+async def timed(name: str, rounds: int, call: Callable[[], Awaitable[object]]) -> Row:
+    """Median and p95 of ``call`` in ms, after a few warm-up calls."""
+    for _ in range(min(50, rounds)):  # warm up (thread pool, caches, CPU clocks)
+        await call()
+    samples = []
+    for _ in range(rounds):
+        start = time.perf_counter()
+        await call()
+        samples.append((time.perf_counter() - start) * 1000)
+    samples.sort()
+    return name, rounds, statistics.median(samples), samples[int(0.95 * (len(samples) - 1))]
+
+
+async def latency_rows(rounds: int, slow_rounds: int) -> tuple[list[Row], list[str]]:
+    rows: list[Row] = []
+    notes: list[str] = []
+    async with AgentEnv.from_config({"type": "host"}) as env:
+        runtime = env.runtime
+        action = BashAction(command="echo hi", check="silent")
+        rows.append(await timed("host runtime (persistent async bash)", rounds,
+                                lambda: runtime.run_in_session(action)))  # fmt: skip
+        rows.append(await timed("AgentEnv.run_action, host", rounds,
+                                lambda: env.run_action("echo hi")))  # fmt: skip
+        checked = BashAction(command="if true; then echo hi; fi", check="silent")
+        rows.append(await timed("host runtime, `if ...; fi` (in-session bash -n)", rounds,
+                                lambda: runtime.run_in_session(checked)))  # fmt: skip
+    if shutil.which("bwrap"):
+        async with AgentEnv.from_config({"type": "host", "isolation": "bwrap"}) as env:
+            rows.append(await timed("AgentEnv.run_action, host + bwrap", rounds,
+                                    lambda: env.run_action("echo hi")))  # fmt: skip
+
+    async def bash_c() -> None:
+        proc = await asyncio.create_subprocess_exec(
+            "bash", "-c", "echo hi", stdout=asyncio.subprocess.PIPE
+        )
+        await proc.communicate()
+
+    async def bash_n() -> None:
+        proc = await asyncio.create_subprocess_exec(
+            "bash", "-n", stdin=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE
+        )
+        await proc.communicate(b"if true; then echo hi; fi")
+
+    rows.append(await timed("raw `bash -c` subprocess per command", rounds, bash_c))
+    rows.append(await timed("`bash -n` subprocess (a syntax check alone)", rounds, bash_n))
+    try:
+        rows += await swerex_rows(slow_rounds)
+    except ImportError as exc:
+        notes.append(f"SWE-ReX rows skipped ({exc}): pip install 'uniagent[swerex]'")
+    return rows, notes
+
+
+async def swerex_rows(rounds: int) -> list[Row]:
+    from swerex.runtime.abstract import BashAction as RexAction
+    from swerex.runtime.abstract import CreateBashSessionRequest as RexCreate
+    from swerex.runtime.local import LocalRuntime
+    from swerex.runtime.remote import RemoteRuntime
+
+    from uniagent.env.remote import make_runtime, wait_until_alive
+
+    rows = []
+    local = LocalRuntime()
+    await local.create_session(RexCreate())
+    rows.append(await timed("SWE-ReX LocalRuntime (pexpect; blocks the loop)", rounds,
+                            lambda: local.run_in_session(RexAction(command="echo hi",
+                                                                   check="silent"))))  # fmt: skip
+    await local.close()
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    token = secrets.token_hex(8)
+    exe = shutil.which("swerex-remote", path=os.path.dirname(sys.executable)) or "swerex-remote"
+    server = subprocess.Popen(
+        [exe, "--host", "127.0.0.1", "--port", str(port), "--auth-token", token],
+        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+    )  # fmt: skip
+    try:
+        ours = make_runtime(host="127.0.0.1", port=port, auth_token=token)
+        await wait_until_alive(ours, 60, "swerex-remote")
+        await ours.create_session(CreateBashSessionRequest())
+        upstream = RemoteRuntime(host="http://127.0.0.1", port=port, auth_token=token)
+        action = BashAction(command="echo hi", check="silent")
+        rows.append(await timed("SWE-ReX RemoteRuntime -> swerex-remote", rounds,
+                                lambda: upstream.run_in_session(action)))  # fmt: skip
+        rows.append(await timed("uniagent remote runtime -> swerex-remote", rounds,
+                                lambda: ours.run_in_session(action)))  # fmt: skip
+    finally:
+        server.terminate()
+        server.wait(10)
+    return rows
+
+
+def memory_kib(pids: list[int]) -> tuple[int, int]:
+    """Summed PSS and RSS (KiB) of ``pids``."""
+    pss = rss = 0
+    for pid in pids:
+        try:
+            for line in Path(f"/proc/{pid}/smaps_rollup").read_text().splitlines():
+                if line.startswith("Pss:"):
+                    pss += int(line.split()[1])
+                elif line.startswith("Rss:"):
+                    rss += int(line.split()[1])
+        except OSError:
+            continue
+    return pss, rss
+
+
+async def concurrent(n: int, commands: int) -> dict[str, float]:
+    """``n`` host envs in this loop, ``commands`` commands each, with a lag ticker."""
+    gaps: list[tuple[float, float]] = []  # (when, how late the 10 ms tick came)
+    done = asyncio.Event()
+
+    async def ticker() -> None:
+        last = time.perf_counter()
+        while not done.is_set():
+            await asyncio.sleep(0.01)
+            now = time.perf_counter()
+            gaps.append((now, now - last - 0.01))
+            last = now
+
+    def lag_ms(since: float, until: float) -> float:
+        return 1000 * max((g for t, g in gaps if since <= t <= until), default=0.0)
+
+    tick = asyncio.create_task(ticker())
+    envs = [AgentEnv(HostDeployment()) for _ in range(n)]
+    t0 = time.perf_counter()
+    results = await asyncio.gather(*(e.start() for e in envs), return_exceptions=True)
+    t1 = time.perf_counter()
+    failures = sum(isinstance(r, BaseException) for r in results)
+    live = [e for e, r in zip(envs, results) if not isinstance(r, BaseException)]
+    pids = [e.deployment.runtime.sessions["default"].pid for e in live]  # type: ignore[attr-defined]
+    pss, rss = memory_kib([p for p in pids if p])
+
+    async def work(env: AgentEnv) -> int:
+        bad = 0
+        for i in range(commands):
+            obs = await env.run_action(f"echo {i}")
+            bad += obs.output != f"{i}\n"
+        return bad
+
+    t2 = time.perf_counter()
+    outcomes = await asyncio.gather(*(work(e) for e in live), return_exceptions=True)
+    t3 = time.perf_counter()
+    failures += sum(o if isinstance(o, int) else commands for o in outcomes)
+    await asyncio.gather(*(e.close() for e in envs))
+    t4 = time.perf_counter()
+    await asyncio.sleep(0.05)
+    done.set()
+    await tick
+    return {
+        "sessions": n, "start_s": t1 - t0, "throughput": len(live) * commands / (t3 - t2),
+        "failures": failures, "pss_mib": pss / 1024 / max(1, len(pids)),
+        "rss_mib": rss / 1024 / max(1, len(pids)), "close_s": t4 - t3,
+        "lag": f"{lag_ms(t0, t1):.0f}/{lag_ms(t2, t3):.0f}/{lag_ms(t3, t4 + 0.05):.0f}",
+    }  # fmt: skip
+
+
+def raise_fd_limit(sessions: int) -> str:
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    need = 4 * sessions + 200  # per session: 2 pipes, a pidfd; plus headroom
+    if soft < need:
+        resource.setrlimit(resource.RLIMIT_NOFILE, (min(hard, max(need, soft)), hard))
+    new = resource.getrlimit(resource.RLIMIT_NOFILE)[0]
+    return f"open files: soft limit {soft} -> {new} (hard {hard}, need about {need})"
+
+
+async def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--rounds", type=int, default=500, help="round trips per fast row")
+    parser.add_argument("--slow-rounds", type=int, default=30, help="round trips per SWE-ReX row")
+    parser.add_argument("--sessions", default="1,64,256,1000", help="concurrency levels")
+    parser.add_argument("--commands", type=int, default=20, help="commands per session")
+    args = parser.parse_args()
+    levels = [int(x) for x in args.sessions.split(",") if x]
+    print(raise_fd_limit(max(levels, default=1)))
+    print(f"pidfd child watching: {use_pidfd_child_watcher()}; python {sys.version.split()[0]}; "
+          f"{os.cpu_count()} CPUs")  # fmt: skip
+
+    rows, notes = await latency_rows(args.rounds, args.slow_rounds)
+    print(f"\n{'round trip of `echo hi`':52} {'n':>5} {'median ms':>10} {'p95 ms':>9}")
+    for name, n, median, p95 in rows:
+        print(f"{name:52} {n:>5} {median:>10.3f} {p95:>9.3f}")
+    base = next((r[2] for r in rows if r[0].startswith("host runtime (")), None)
+    rex = next((r[2] for r in rows if r[0].startswith("SWE-ReX LocalRuntime")), None)
+    if base and rex:
+        print(f"host runtime vs SWE-ReX LocalRuntime: {rex / base:.0f}x faster (median)")
+    for note in notes:
+        print("note:", note)
+
+    print(f"\n{'sessions':>8} {'start s':>8} {'cmd/s':>9} {'failures':>8} {'PSS MiB':>8} "
+          f"{'RSS MiB':>8} {'close s':>8} {'max loop lag ms start/run/close':>32}")  # fmt: skip
+    for n in levels:
+        r = await concurrent(n, args.commands)
+        print(f"{n:>8} {r['start_s']:>8.2f} {r['throughput']:>9.0f} {r['failures']:>8} "
+              f"{r['pss_mib']:>8.2f} {r['rss_mib']:>8.2f} {r['close_s']:>8.2f} "
+              f"{r['lag']:>32}")  # fmt: skip
+    print("(PSS/RSS: per bash process; throughput: commands/s across all sessions)")
+
+
+if __name__ == "__main__":
+    asyncio.run(main())

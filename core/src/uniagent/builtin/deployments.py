@@ -1,0 +1,19 @@
+"""Built-in sandbox backends: ``host``, ``local`` (docker/podman) and ``remote`` (swerex-remote)."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+from uniagent.env.host import HostDeployment, HostDeploymentConfig
+from uniagent.env.local import LocalDeployment, LocalDeploymentConfig
+from uniagent.env.remote import RemoteDeployment, RemoteDeploymentConfig
+from uniagent.hookspecs import hookimpl
+from uniagent.specs import DeploymentSpec
+
+
+@hookimpl
+def uniagent_deployments() -> Iterator[DeploymentSpec]:
+    """The built-in deployments; ``local`` and ``remote`` need ``uniagent[swerex]`` to start."""
+    yield DeploymentSpec(name="host", config=HostDeploymentConfig, factory=HostDeployment)
+    yield DeploymentSpec(name="local", config=LocalDeploymentConfig, factory=LocalDeployment)
+    yield DeploymentSpec(name="remote", config=RemoteDeploymentConfig, factory=RemoteDeployment)

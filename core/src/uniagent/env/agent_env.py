@@ -1,0 +1,396 @@
+"""``AgentEnv``: one episode's sandbox, as the interaction loop and rewards see it."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import posixpath
+import secrets
+import shlex
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from types import TracebackType
+from typing import Any
+
+from pydantic import BaseModel
+
+from uniagent.env.aio import use_pidfd_child_watcher
+from uniagent.env.config import DEFAULT_TOOLS_DIR, EnvConfig
+from uniagent.env.deployment import Deployment
+from uniagent.env.errors import (
+    ActionSyntaxError,
+    ActionTimeoutError,
+    EnvError,
+    EnvStartError,
+    NonZeroExitError,
+    TerminalNotAliveError,
+    ToolInstallError,
+)
+from uniagent.env.output import clean_output, truncate_output
+from uniagent.env.runtime import (
+    BashAction,
+    BashInterruptAction,
+    CreateBashSessionRequest,
+    ReadFileRequest,
+    UploadRequest,
+    WriteFileRequest,
+)
+from uniagent.specs import ToolSpec
+
+log = logging.getLogger(__name__)
+
+SESSION = "default"
+#: Outputs longer than this are cleaned on a worker thread, not on the event loop.
+_THREAD_CLEAN_CHARS = 1_000_000
+
+# Exception class names (ours and SWE-ReX's, matched by name so swe-rex stays optional).
+_SYNTAX = {"ActionSyntaxError", "BashIncorrectSyntaxError"}
+_DEAD = {
+    "TerminalNotAliveError",
+    "EOF",  # pexpect: SWE-ReX's shell died
+    "SessionDoesNotExistError",
+    "SessionNotInitializedError",
+    "ConnectionError",
+    "ClientConnectionError",  # aiohttp: the sandbox's server is gone
+}
+
+
+@dataclass(frozen=True)
+class Observation:
+    """A command's output (cleaned, truncated) and exit code (None when unknown)."""
+
+    output: str
+    exit_code: int | None
+
+
+def _kind(exc: BaseException) -> str | None:
+    names = {cls.__name__ for cls in type(exc).__mro__}
+    if names & _SYNTAX:
+        return "syntax"
+    if "CommandTimeoutError" in names:  # the command still runs: interrupt it
+        return "timeout"
+    if names & _DEAD:
+        return "dead"
+    if "TimeoutError" in names:  # e.g. an HTTP timeout: try to interrupt, probe, else dead
+        return "timeout"
+    return None
+
+
+def _syntax_message(exc: BaseException) -> str:
+    extra = getattr(exc, "extra_info", None) or {}
+    return str(extra.get("bash_stderr") or exc).strip()
+
+
+class AgentEnv:
+    """A started sandbox with one persistent bash session, tools on ``PATH``.
+
+    Use ``async with AgentEnv.from_config({"type": "host"}) as env:``; or call
+    :meth:`start` and, in a ``finally``, :meth:`close` (idempotent, never raises).
+    """
+
+    def __init__(
+        self, deployment: Deployment, config: EnvConfig | Mapping[str, Any] | None = None
+    ) -> None:
+        self.deployment = deployment
+        self.config = (
+            config if isinstance(config, EnvConfig) else EnvConfig.model_validate(config or {})
+        )
+        self._started = False
+        self._closed = False
+        self._dead: str | None = None
+        self._workdir: str | None = None
+        self._tools_dir: str = DEFAULT_TOOLS_DIR
+        self._installed: set[str] = set()
+        self._stop_task: asyncio.Task[None] | None = None
+
+    @classmethod
+    def from_config(
+        cls,
+        deployment_config: Mapping[str, Any] | BaseModel,
+        env_config: EnvConfig | Mapping[str, Any] | None = None,
+    ) -> AgentEnv:
+        """Build the deployment named by ``deployment_config['type']`` via the plugin registry."""
+        from uniagent.registry import get_deployments, validate_deployment_config
+
+        config = validate_deployment_config(deployment_config)
+        spec = get_deployments()[config.type]  # type: ignore[attr-defined]
+        return cls(spec.factory(config), env_config)
+
+    # -- properties -------------------------------------------------------------------
+    @property
+    def runtime(self) -> Any:
+        """The deployment's runtime (SWE-ReX's ``AbstractRuntime`` interface)."""
+        return self.deployment.runtime
+
+    @property
+    def workdir(self) -> str | None:
+        """The episode's work dir (the session's cwd at start), if known."""
+        return self._workdir
+
+    @property
+    def cwd(self) -> str | None:
+        """Alias of :attr:`workdir`."""
+        return self._workdir
+
+    @property
+    def tools_dir(self) -> str:
+        """Where tool scripts are installed (on the session's ``PATH``)."""
+        return self._tools_dir
+
+    # -- life cycle -------------------------------------------------------------------
+    async def start(self) -> None:
+        """Start the sandbox, open the session, export the environment, run ``post_setup``."""
+        if self._started:
+            raise EnvError("this AgentEnv was already started; make a new one per episode")
+        self._started = True
+        use_pidfd_child_watcher()  # no thread per subprocess on Python 3.11 (safe, idempotent)
+        try:
+            await asyncio.wait_for(self._start(), self.config.startup_timeout)
+        except BaseException as exc:
+            await self.close()
+            if isinstance(exc, EnvStartError) or not isinstance(exc, Exception):
+                raise
+            if isinstance(exc, asyncio.TimeoutError):
+                raise EnvStartError(
+                    f"the sandbox did not start within {self.config.startup_timeout:g} s "
+                    "(env startup_timeout); raise it, or check the deployment"
+                ) from exc
+            raise EnvStartError(
+                f"the sandbox failed to start: {type(exc).__name__}: {exc}"
+            ) from exc
+
+    async def _start(self) -> None:
+        await self.deployment.start()
+        await self.runtime.create_session(
+            CreateBashSessionRequest(session=SESSION, startup_timeout=self.config.startup_timeout)
+        )
+        self._workdir = self.config.workdir or getattr(self.deployment, "workdir", None)
+        self._tools_dir = (
+            self.config.tools_dir
+            or getattr(self.deployment, "tools_dir", None)
+            or DEFAULT_TOOLS_DIR
+        )
+        q = shlex.quote
+        exports = " ".join(f"{k}={q(v)}" for k, v in self.config.session_env().items())
+        setup = f'mkdir -p {q(self._tools_dir)} && export PATH={q(self._tools_dir)}:"$PATH"'
+        if exports:
+            setup += f" && export {exports}"
+        if self._workdir:
+            setup += f" && mkdir -p {q(self._workdir)} && cd {q(self._workdir)}"
+        for command in (setup, *self.config.post_setup):
+            obs = await self.run_action(command, timeout=self.config.setup_timeout)
+            if obs.exit_code != 0:
+                raise EnvStartError(
+                    f"setup command {command!r} exited with {obs.exit_code}:\n{obs.output}"
+                )
+
+    async def close(self) -> None:
+        """Stop the sandbox; idempotent, safe in ``finally``, logs instead of raising."""
+        if self._stop_task is None:
+            self._closed = True
+            self._stop_task = asyncio.ensure_future(self._stop())
+        # Shielded: a cancelled episode still tears its sandbox down.
+        await asyncio.shield(self._stop_task)
+
+    async def _stop(self) -> None:
+        try:
+            await asyncio.wait_for(self.deployment.stop(), self.config.close_timeout)
+        except Exception as exc:
+            log.warning("stopping the sandbox failed: %s: %s", type(exc).__name__, exc)
+
+    async def __aenter__(self) -> AgentEnv:
+        await self.start()
+        return self
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        await self.close()
+
+    async def is_alive(self) -> bool:
+        """Whether the sandbox runs and the session has not died."""
+        if self._closed or self._dead or not self._started:
+            return False
+        try:
+            return bool(await self.deployment.is_alive())
+        except Exception:
+            return False
+
+    # -- commands ---------------------------------------------------------------------
+    async def run_action(self, command: str, timeout: float | None = None) -> Observation:
+        """Run ``command`` in the persistent session; errors are :mod:`uniagent.env.errors`'.
+
+        Output is stdout and stderr merged, without ANSI codes or ``\\r``, cut to
+        ``max_output_chars`` (head and tail). On timeout the command is
+        interrupted, the session checked, and :class:`ActionTimeoutError`
+        raised with the partial output.
+        """
+        self._check_usable()
+        timeout = timeout if timeout is not None else self.config.action_timeout
+        action = BashAction(command=command, session=SESSION, timeout=timeout, check="silent")
+        try:
+            obs = await self.runtime.run_in_session(action)
+        except Exception as exc:
+            kind = _kind(exc)
+            if kind == "syntax":
+                raise ActionSyntaxError(_syntax_message(exc), command) from None
+            if kind == "timeout":
+                partial = await self._recover()
+                raise ActionTimeoutError(command, timeout, await self._clean(partial)) from None
+            if kind == "dead":
+                self._dead = str(exc) or type(exc).__name__
+                partial = getattr(exc, "partial_output", "")
+                raise TerminalNotAliveError(
+                    f"the shell session is gone: {self._dead}", await self._clean(partial)
+                ) from exc
+            raise
+        if obs.exit_code is None:
+            # SWE-ReX's pexpect session returns None when a prompt came late (0.1 s budget
+            # under load) and then answers the next command from the stale prompt.
+            # Interrupting drains its buffer and re-aligns it; our host runtime never
+            # gets here.
+            log.info("exit code unknown; re-synchronising the session")
+            await self._recover()
+        return Observation(output=await self._clean(obs.output), exit_code=obs.exit_code)
+
+    async def _recover(self) -> str:
+        """Interrupt the timed-out command and probe the session; the output so far."""
+        runtime, config = self.runtime, self.config
+        try:
+            obs = await runtime.run_in_session(
+                BashInterruptAction(
+                    session=SESSION,
+                    timeout=config.interrupt_timeout,
+                    n_retry=config.interrupt_retries,
+                )
+            )
+            token = secrets.token_hex(8)
+            probe = await runtime.run_in_session(
+                BashAction(
+                    command=f"echo {token}",
+                    session=SESSION,
+                    timeout=config.probe_timeout,
+                    check="silent",
+                )
+            )
+        except Exception as exc:
+            self._dead = f"interrupting a timed-out command failed: {type(exc).__name__}: {exc}"
+            raise TerminalNotAliveError(self._dead, getattr(exc, "partial_output", "")) from exc
+        if token not in probe.output:
+            self._dead = (
+                f"the session did not answer the liveness probe (got {probe.output[:200]!r})"
+            )
+            raise TerminalNotAliveError(self._dead, obs.output)
+        return obs.output
+
+    async def communicate(
+        self, command: str, timeout: float | None = None, check: bool = False
+    ) -> str:
+        """Run ``command``, return its output; ``check`` raises :class:`NonZeroExitError`."""
+        obs = await self.run_action(command, timeout=timeout)
+        if check and obs.exit_code != 0:
+            raise NonZeroExitError(command, obs.exit_code, obs.output)
+        return obs.output
+
+    def _check_usable(self) -> None:
+        if self._closed:
+            raise TerminalNotAliveError("this environment was closed")
+        if not self._started:
+            raise EnvError(
+                "the environment is not started; await env.start() (or use `async with`)"
+            )
+        if self._dead:
+            raise TerminalNotAliveError(f"the shell session is gone: {self._dead}")
+
+    async def _clean(self, text: str) -> str:
+        if not text:
+            return ""
+        if len(text) > _THREAD_CLEAN_CHARS:
+            return await asyncio.to_thread(self._clean_sync, text)
+        return self._clean_sync(text)
+
+    def _clean_sync(self, text: str) -> str:
+        return truncate_output(clean_output(text), self.config.max_output_chars)[0]
+
+    # -- files and tools --------------------------------------------------------------
+    def _path(self, path: str | Path) -> str:
+        path = str(path)
+        if not posixpath.isabs(path) and self._workdir:
+            return posixpath.join(self._workdir, path)
+        return path
+
+    async def read_file(
+        self, path: str | Path, encoding: str = "utf-8", errors: str | None = None
+    ) -> str:
+        """A text file of the sandbox (relative paths are under :attr:`workdir`)."""
+        self._check_usable()
+        request = ReadFileRequest(path=self._path(path), encoding=encoding, errors=errors)
+        return (await self.runtime.read_file(request)).content
+
+    async def write_file(self, path: str | Path, content: str) -> None:
+        """Write a text file in the sandbox, creating parent dirs."""
+        self._check_usable()
+        await self.runtime.write_file(WriteFileRequest(path=self._path(path), content=content))
+
+    async def upload(self, local: str | Path, remote: str | Path) -> None:
+        """Copy a local file to ``remote``, or a local directory's contents into ``remote``."""
+        self._check_usable()
+        request = UploadRequest(source_path=str(local), target_path=self._path(remote))
+        await self.runtime.upload(request)
+
+    async def install_tools(self, tools: Sequence[ToolSpec]) -> None:
+        """Upload tool scripts into :attr:`tools_dir` (executable); run each ``install`` once.
+
+        ``install`` runs in a subshell of the session (its cwd and environment;
+        an ``exit`` in it cannot end the session, its variables do not persist).
+        """
+        self._check_usable()
+        owners: dict[str, str] = {}
+        for tool in tools:
+            for script in tool.scripts:
+                other = owners.setdefault(Path(script).name, tool.name)
+                if other != tool.name:
+                    raise ToolInstallError(
+                        tool.name,
+                        f"its script {Path(script).name!r} has the same name as one of "
+                        f"tool {other!r}; rename one of them",
+                    )
+        for tool in tools:
+            if tool.name in self._installed:
+                continue
+            await self._install(tool)
+            self._installed.add(tool.name)
+
+    async def _install(self, tool: ToolSpec) -> None:
+        q = shlex.quote
+        try:
+            targets = []
+            for script in tool.scripts:
+                if not Path(script).is_file():
+                    raise ToolInstallError(
+                        tool.name, f"script {str(script)!r} does not exist locally"
+                    )
+                target = posixpath.join(self._tools_dir, Path(script).name)
+                await self.upload(script, target)
+                targets.append(target)
+            if targets:
+                await self.communicate("chmod +x " + " ".join(q(t) for t in targets), check=True)
+            if tool.install:
+                # In a subshell: an `exit` or `set -e` in it must not end the session.
+                await self.communicate(
+                    f"(\n{tool.install}\n)", timeout=self.config.setup_timeout, check=True
+                )
+        except ToolInstallError:
+            raise
+        except NonZeroExitError as exc:
+            raise ToolInstallError(
+                tool.name, f"{exc.command!r} exited with {exc.exit_code}", exc.output
+            ) from exc
+        except (ActionTimeoutError, ActionSyntaxError, TerminalNotAliveError) as exc:
+            raise ToolInstallError(tool.name, str(exc), getattr(exc, "partial_output", "")) from exc
+        except Exception as exc:
+            raise ToolInstallError(tool.name, f"{type(exc).__name__}: {exc}") from exc

@@ -1,0 +1,109 @@
+"""Event-loop helpers: cheap child-process watching for thousands of sandboxes."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import sys
+import threading
+from typing import Any
+
+log = logging.getLogger(__name__)
+
+_lock = threading.Lock()
+_checked = False
+
+
+class PidfdChildWatcher(asyncio.AbstractChildWatcher):
+    """Python 3.12's loop-agnostic pidfd watcher, backported to 3.10/3.11.
+
+    3.11's ``asyncio.PidfdChildWatcher`` is bound to one loop (``attach_loop``);
+    this one registers each child with whichever loop is running, so loops in
+    other threads (Ray actors, test runners) keep working.
+    """
+
+    def __enter__(self) -> PidfdChildWatcher:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        pass
+
+    def is_active(self) -> bool:
+        """Always ready: nothing to attach."""
+        return True
+
+    def close(self) -> None:
+        """Nothing to release."""
+
+    def attach_loop(self, loop: asyncio.AbstractEventLoop | None) -> None:
+        """Loops are found when a child starts; nothing to attach."""
+
+    def add_child_handler(self, pid: int, callback: Any, *args: Any) -> None:
+        """Call ``callback(pid, returncode, *args)`` on the running loop when ``pid`` exits."""
+        loop = asyncio.get_running_loop()
+        pidfd = os.pidfd_open(pid)
+        loop._add_reader(pidfd, self._do_wait, pid, pidfd, callback, args)  # type: ignore[attr-defined]
+
+    def remove_child_handler(self, pid: int) -> bool:
+        """Not supported by pidfd watching (as in 3.12); the handler stays."""
+        return True
+
+    def _do_wait(self, pid: int, pidfd: int, callback: Any, args: tuple[Any, ...]) -> None:
+        loop = asyncio.get_running_loop()
+        loop._remove_reader(pidfd)  # type: ignore[attr-defined]
+        try:
+            _, status = os.waitpid(pid, 0)
+        except ChildProcessError:  # reaped elsewhere
+            returncode = 255
+            log.warning("child process pid %d exit status already read: reporting 255", pid)
+        else:
+            returncode = os.waitstatus_to_exitcode(status)
+        os.close(pidfd)
+        callback(pid, returncode, *args)
+
+
+def pidfd_supported() -> bool:
+    """Whether this kernel and Python offer ``pidfd_open`` (Linux 5.3+, Python 3.9+)."""
+    if not hasattr(os, "pidfd_open"):
+        return False
+    try:
+        os.close(os.pidfd_open(os.getpid()))
+    except OSError:
+        return False
+    return True
+
+
+def use_pidfd_child_watcher() -> bool:
+    """Make asyncio watch child processes with pidfds instead of one thread per child.
+
+    Python 3.11's default ``ThreadedChildWatcher`` starts a thread for every
+    subprocess, so 1000 sandboxes cost 1000 threads. ``PidfdChildWatcher`` uses
+    the running loop's selector; the backport here registers each child with
+    whichever loop is running, so installing it process-wide is safe. Python
+    3.12+ already picks pidfds by itself, and a watcher the application
+    installed itself is left alone. Returns whether
+    pidfd watching is in effect. Runners call this once at start-up; sandboxes
+    call it too, so forgetting it only costs threads, never correctness.
+    """
+    global _checked
+    if sys.version_info >= (3, 12):
+        return pidfd_supported()
+    with _lock:
+        if not pidfd_supported():
+            return False
+        try:
+            policy = asyncio.get_event_loop_policy()
+            current = policy.get_child_watcher()  # type: ignore[attr-defined]
+        except (AttributeError, NotImplementedError):  # a policy without watchers (uvloop)
+            return False
+        if isinstance(current, PidfdChildWatcher):
+            return True
+        if type(current) is not asyncio.ThreadedChildWatcher:
+            if not _checked:
+                log.info("keeping the application's child watcher %s", type(current).__name__)
+            _checked = True
+            return False
+        policy.set_child_watcher(PidfdChildWatcher())  # type: ignore[attr-defined]
+        _checked = True
+        return True

@@ -1,0 +1,119 @@
+"""Bubblewrap (``bwrap``) isolation for host sessions: what is mounted where.
+
+The sandbox sees the host's system directories read-only, a private work dir,
+tools dir, ``/tmp`` and home (host directories of the episode, so host-side
+file operations reach them), no host home, no network unless asked, and its
+own PID namespace: when the outer ``bwrap`` dies (``--die-with-parent``), every
+process of the sandbox dies with it.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+from dataclasses import dataclass
+from pathlib import Path, PurePosixPath
+
+from uniagent.env.errors import EnvError, EnvStartError
+
+INSTALL_HINT = (
+    "install bubblewrap: `apt-get install bubblewrap` (Debian/Ubuntu), "
+    "`dnf install bubblewrap` (Fedora)"
+)
+
+#: Host directories the sandbox sees read-only (symlinks, as on merged-/usr systems, are kept
+#: as symlinks).
+SYSTEM_DIRS = ("/usr", "/bin", "/sbin", "/lib", "/lib32", "/lib64", "/libx32", "/etc")
+
+
+@dataclass(frozen=True)
+class Mount:
+    """A host directory and where the sandbox sees it."""
+
+    inside: str
+    host: str
+    writable: bool
+
+
+def find_bwrap(executable: str = "bwrap") -> str:
+    """The path of ``bwrap``, or an :class:`EnvStartError` saying how to install it."""
+    path = shutil.which(executable)
+    if path is None:
+        raise EnvStartError(
+            f"isolation 'bwrap' needs the bwrap executable ({executable!r} is not on PATH); "
+            + INSTALL_HINT
+        )
+    return path
+
+
+def bwrap_argv(
+    bwrap: str,
+    mounts: list[Mount],
+    *,
+    chdir: str,
+    network: bool,
+    extra_args: list[str] | tuple[str, ...] = (),
+) -> list[str]:
+    """The ``bwrap ...`` prefix that runs a command with ``mounts`` (in order) and ``chdir``."""
+    argv = [bwrap, "--die-with-parent", "--unshare-all", "--new-session", "--hostname", "sandbox"]
+    if network:
+        argv.append("--share-net")
+    for path in SYSTEM_DIRS:
+        if os.path.islink(path):
+            argv += ["--symlink", os.readlink(path), path]
+    for mount in mounts:
+        argv += ["--bind" if mount.writable else "--ro-bind", mount.host, mount.inside]
+    argv += ["--proc", "/proc", "--dev", "/dev", "--chdir", chdir, *extra_args]
+    return argv
+
+
+def system_mounts(ro_binds: list[str] | tuple[str, ...] = ()) -> list[Mount]:
+    """Read-only mounts of the host's system directories (that exist and are not symlinks)."""
+    mounts = []
+    for path in (*SYSTEM_DIRS, *ro_binds):
+        if os.path.isdir(path) and not os.path.islink(path):
+            mounts.append(Mount(inside=path, host=path, writable=False))
+    return mounts
+
+
+def host_path(mounts: list[Mount], path: str, *, write: bool) -> Path:
+    """Where the sandbox path ``path`` lives on the host; refuses paths the sandbox cannot see.
+
+    Symlinks are resolved on the host and the result must still lie in a mount,
+    so a link made inside the sandbox cannot make a host-side file operation
+    read or write outside it.
+    """
+    inside = PurePosixPath(os.path.normpath(path))
+    for link in SYSTEM_DIRS:  # /bin -> usr/bin inside as outside
+        root = PurePosixPath(link)
+        if os.path.islink(link) and (inside == root or root in inside.parents):
+            inside = PurePosixPath(os.path.realpath(link)) / inside.relative_to(root)
+    mount = _mount_of(mounts, inside)
+    if mount is None:
+        raise EnvError(
+            f"{path!r} is outside what the sandbox shares with the host ("
+            + ", ".join(m.inside for m in mounts)
+            + "); reach it with a command instead (run_action)"
+        )
+    relative = inside.relative_to(mount.inside)
+    candidate = Path(mount.host, relative)
+    real = Path(os.path.realpath(candidate))
+    owner = next((m for m in mounts if real == Path(m.host) or Path(m.host) in real.parents), None)
+    if owner is None:
+        raise EnvError(
+            f"{path!r} resolves (through a symlink) outside the sandbox; refusing to follow it"
+        )
+    if write and not owner.writable:
+        raise EnvError(f"{path!r} is read-only inside the sandbox")
+    return candidate
+
+
+def _mount_of(mounts: list[Mount], inside: PurePosixPath) -> Mount | None:
+    best: Mount | None = None
+    for mount in mounts:
+        root = PurePosixPath(mount.inside)
+        if (inside == root or root in inside.parents) and (
+            best is None or len(root.parts) > len(PurePosixPath(best.inside).parts)
+        ):
+            best = mount
+    return best

@@ -1,0 +1,79 @@
+"""``EnvConfig``: how an episode's sandbox is prepared and how commands run in it."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator
+
+#: Environment of every session: no pagers or colours, nothing that waits for input.
+DEFAULT_ENV: dict[str, str] = {
+    "PAGER": "cat",
+    "GIT_PAGER": "cat",
+    "MANPAGER": "cat",
+    "SYSTEMD_PAGER": "cat",
+    "LESS": "-R",
+    "TERM": "dumb",
+    "NO_COLOR": "1",
+    "PIP_PROGRESS_BAR": "off",
+    "PIP_NO_INPUT": "1",
+    "TQDM_DISABLE": "1",
+    "GIT_TERMINAL_PROMPT": "0",
+    "DEBIAN_FRONTEND": "noninteractive",
+    "PYTHONUNBUFFERED": "1",
+}
+
+#: Tools dir inside containers when neither the config nor the deployment names one.
+DEFAULT_TOOLS_DIR = "/usr/local/uniagent/tools"
+
+
+class EnvConfig(BaseModel):
+    """Settings of :class:`uniagent.env.AgentEnv` (the ``env`` section besides ``deployment``)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    env: dict[str, str] = Field(
+        default_factory=dict,
+        description="variables exported in the session, on top of (and overriding) DEFAULT_ENV",
+    )
+    default_env: bool = Field(True, description="export DEFAULT_ENV (PAGER=cat, TERM=dumb, ...)")
+    post_setup: list[str] = Field(
+        default_factory=list, description="commands run once after start (each must exit 0)"
+    )
+    workdir: str | None = Field(
+        None,
+        description="cd here at start (created if missing); default: the deployment's work dir "
+        "(the host deployment's temp dir), else the image's",
+    )
+    tools_dir: str | None = Field(
+        None,
+        description="where tool scripts go (on PATH); default: the deployment's, else "
+        + DEFAULT_TOOLS_DIR,
+    )
+    max_output_chars: int = Field(
+        30_000, ge=0, description="longer outputs keep their head and tail (0: no limit)"
+    )
+    action_timeout: float = Field(120.0, gt=0, description="run_action's default timeout (s)")
+    startup_timeout: float = Field(300.0, gt=0, description="seconds for the sandbox to start")
+    setup_timeout: float = Field(
+        600.0, gt=0, description="seconds for each post_setup or tool install command"
+    )
+    interrupt_timeout: float = Field(
+        1.0, gt=0, description="seconds to wait after each interrupt signal of a timed-out command"
+    )
+    interrupt_retries: int = Field(
+        2, ge=1, description="SIGINTs before escalating to SIGTERM/SIGKILL"
+    )
+    probe_timeout: float = Field(
+        10.0, gt=0, description="seconds for the liveness probe after a timeout"
+    )
+    close_timeout: float = Field(60.0, gt=0, description="seconds for stopping the sandbox")
+
+    @field_validator("post_setup", mode="before")
+    @classmethod
+    def _one_or_many(cls, value: Any) -> Any:
+        return [value] if isinstance(value, str) else value
+
+    def session_env(self) -> dict[str, str]:
+        """The variables exported in the session."""
+        return {**(DEFAULT_ENV if self.default_env else {}), **self.env}

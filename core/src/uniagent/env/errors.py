@@ -1,0 +1,85 @@
+"""Errors of the sandbox layer; the interaction loop maps each to an exit reason.
+
+- :class:`EnvStartError`, :class:`ToolInstallError`: ``env_error`` (infrastructure;
+  the episode ends).
+- :class:`ActionSyntaxError`: ``syntax_error`` (nothing ran; bash's message goes
+  back to the model and the episode goes on).
+- :class:`ActionTimeoutError`: ``timeout_error`` (the command was interrupted, the
+  session kept; the episode goes on until its timeout budget is spent).
+- :class:`TerminalNotAliveError`: ``terminal_not_alive`` (the episode ends).
+"""
+
+from __future__ import annotations
+
+from uniagent.errors import UniAgentError
+
+
+class EnvError(UniAgentError):
+    """Base class of the sandbox errors."""
+
+
+class EnvStartError(EnvError):
+    """The sandbox could not be started (deployment, session or setup commands)."""
+
+
+class ToolInstallError(EnvError):
+    """A tool's scripts could not be uploaded or its ``install`` command failed."""
+
+    def __init__(self, tool: str, message: str, output: str = "") -> None:
+        self.tool = tool
+        self.output = output
+        text = f"installing tool {tool!r} failed: {message}"
+        if output:
+            text += f"\n---- output ----\n{output}"
+        super().__init__(text)
+
+
+class ActionTimeoutError(EnvError, TimeoutError):
+    """A command ran past its timeout; it was interrupted and the session kept.
+
+    ``partial_output`` is what the command printed before it was stopped.
+    """
+
+    def __init__(self, command: str, timeout: float, partial_output: str = "") -> None:
+        self.command = command
+        self.timeout = timeout
+        self.partial_output = partial_output
+        super().__init__(
+            f"the command did not finish within {timeout:g} s and was interrupted; the shell "
+            "(working directory, variables) is still usable"
+        )
+
+
+class ActionSyntaxError(EnvError):
+    """``bash -n`` rejected the command; nothing was run. The message is bash's."""
+
+    def __init__(self, message: str, command: str = "") -> None:
+        self.command = command
+        self.bash_message = message
+        super().__init__(message)
+
+
+class TerminalNotAliveError(EnvError):
+    """The shell session died (``exit``, a crash) or could not be recovered after a timeout."""
+
+    def __init__(self, message: str, partial_output: str = "") -> None:
+        self.partial_output = partial_output
+        super().__init__(message)
+
+
+class NonZeroExitError(EnvError):
+    """``communicate(..., check=True)`` ran a command that exited non-zero."""
+
+    def __init__(self, command: str, exit_code: int | None, output: str) -> None:
+        self.command = command
+        self.exit_code = exit_code
+        self.output = output
+        super().__init__(f"command {command!r} exited with code {exit_code}; its output:\n{output}")
+
+
+class CommandTimeoutError(EnvError, TimeoutError):
+    """Runtime level: the command is still running; send ``BashInterruptAction`` to recover.
+
+    Same name and meaning as ``swerex.exceptions.CommandTimeoutError``.
+    :class:`uniagent.env.AgentEnv` turns it into :class:`ActionTimeoutError`.
+    """

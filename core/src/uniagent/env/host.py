@@ -1,0 +1,380 @@
+"""The ``host`` deployment: a persistent async bash session per episode on this machine.
+
+Each episode gets a private directory (``uniagent-XXXX`` under ``base_dir``)
+holding its work dir (the session's cwd), tools dir and, with bubblewrap,
+``/tmp`` and home; ``stop()`` kills the session's process group and removes
+the directory. ``isolation: bwrap`` runs the session in a bubblewrap sandbox
+(see :mod:`uniagent.env.bwrap`).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import os
+import shlex
+import shutil
+import signal
+import tempfile
+from pathlib import Path
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+from uniagent.env.bash_session import BASH_FLAGS, BashSession
+from uniagent.env.bwrap import Mount, bwrap_argv, find_bwrap, host_path, system_mounts
+from uniagent.env.errors import (
+    CommandTimeoutError,
+    EnvError,
+    EnvStartError,
+    NonZeroExitError,
+)
+from uniagent.env.runtime import (
+    BashObservation,
+    CloseBashSessionResponse,
+    CloseResponse,
+    CommandResponse,
+    CreateBashSessionResponse,
+    IsAliveResponse,
+    ReadFileResponse,
+    UploadResponse,
+    WriteFileResponse,
+)
+
+log = logging.getLogger(__name__)
+
+DEFAULT_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
+#: Where the sandbox sees its tools dir and home under bubblewrap.
+BWRAP_TOOLS_DIR = "/uniagent/tools"
+BWRAP_HOME = "/root"
+
+
+class HostDeploymentConfig(BaseModel):
+    """A bash session on this machine, optionally inside a bubblewrap sandbox."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    type: Literal["host"] = "host"
+    isolation: Literal["none", "bwrap"] = Field(
+        "none", description="'bwrap': run the session in a bubblewrap sandbox"
+    )
+    network: bool | None = Field(
+        None, description="bwrap only: share the host's network (default: no network)"
+    )
+    sandbox_workdir: str | None = Field(
+        None, description="bwrap only: where the work dir appears inside (default /work)"
+    )
+    ro_binds: list[str] = Field(
+        default_factory=list, description="bwrap only: more host dirs visible read-only"
+    )
+    bwrap_args: list[str] = Field(
+        default_factory=list, description="bwrap only: extra bwrap arguments"
+    )
+    inherit_env: bool | None = Field(
+        None,
+        description="start from this process's environment (default: yes without isolation, "
+        "no with bwrap, which starts from a minimal one)",
+    )
+    base_dir: str | None = Field(
+        None, description="parent of the episode directories (default: the temp dir)"
+    )
+    bash: str = "bash"
+    bwrap: str = "bwrap"
+    startup_timeout: float = Field(10.0, gt=0, description="seconds for bash to answer at start")
+    max_output_bytes: int = Field(
+        16 * 1024 * 1024, ge=1024, description="bytes of one command's output kept (head and tail)"
+    )
+
+    @model_validator(mode="after")
+    def _bwrap_only(self) -> HostDeploymentConfig:
+        if self.isolation == "none":
+            if self.network is False:
+                raise ValueError(
+                    "network: false needs isolation: bwrap (without isolation the session has "
+                    "the host's network)"
+                )
+            for name in ("sandbox_workdir", "ro_binds", "bwrap_args"):
+                if getattr(self, name):
+                    raise ValueError(f"{name} applies only with isolation: bwrap")
+        return self
+
+
+class _Layout:
+    """Paths of one episode, as the session sees them and on the host."""
+
+    def __init__(self, config: HostDeploymentConfig, root: Path, bwrap: str | None) -> None:
+        self.root = root
+        for sub in ("work", "tools", "tmp", "home"):
+            (root / sub).mkdir(exist_ok=True)
+        inherit = config.inherit_env if config.inherit_env is not None else bwrap is None
+        env = dict(os.environ) if inherit else {"PATH": DEFAULT_PATH, "LANG": "C.UTF-8"}
+        self.bwrap = bwrap
+        if bwrap is None:
+            self.workdir = str(root / "work")
+            self.tools_dir = str(root / "tools")
+            self.mounts: list[Mount] = []
+            self.prefix: list[str] = []
+        else:
+            self.workdir = config.sandbox_workdir or "/work"
+            self.tools_dir = BWRAP_TOOLS_DIR
+            self.mounts = [
+                *system_mounts(config.ro_binds),
+                Mount("/tmp", str(root / "tmp"), True),
+                Mount(BWRAP_HOME, str(root / "home"), True),
+                Mount(self.workdir, str(root / "work"), True),
+                Mount(self.tools_dir, str(root / "tools"), True),
+            ]
+            env["HOME"] = BWRAP_HOME
+            env.pop("TMPDIR", None)
+            self.prefix = bwrap_argv(
+                bwrap,
+                self.mounts,
+                chdir=self.workdir,
+                network=bool(config.network),
+                extra_args=config.bwrap_args,
+            )
+        self.env = env
+
+    def to_host(self, path: str, *, write: bool = False) -> Path:
+        """The host path of a sandbox path (identity without isolation)."""
+        if not os.path.isabs(path):
+            path = os.path.join(self.workdir, path)
+        if self.bwrap is None:
+            return Path(path)
+        return host_path(self.mounts, path, write=write)
+
+    def wrap(self, argv: list[str], cwd: str | None = None) -> list[str]:
+        """``argv`` as run in the sandbox (in ``cwd``, default the work dir)."""
+        if self.bwrap is None:
+            return argv
+        prefix = list(self.prefix)
+        if cwd is not None:
+            prefix[prefix.index("--chdir") + 1] = cwd
+        return prefix + argv
+
+
+class HostRuntime:
+    """SWE-ReX's runtime interface over :class:`BashSession` s and host file operations."""
+
+    def __init__(self, layout: _Layout, config: HostDeploymentConfig) -> None:
+        self.layout = layout
+        self.config = config
+        self.sessions: dict[str, BashSession] = {}
+        self._closed = False
+
+    async def is_alive(self, *, timeout: float | None = None) -> IsAliveResponse:
+        """Alive while not closed and no session has died."""
+        if self._closed:
+            return IsAliveResponse(is_alive=False, message="the runtime was closed")
+        dead = [name for name, s in self.sessions.items() if not s.alive]
+        if dead:
+            return IsAliveResponse(is_alive=False, message=f"session(s) ended: {', '.join(dead)}")
+        return IsAliveResponse(is_alive=True)
+
+    async def create_session(self, request: Any) -> CreateBashSessionResponse:
+        """Start a bash session (sourcing ``startup_source`` files)."""
+        name = request.session
+        if self._closed:
+            raise EnvError("the host runtime is closed")
+        if name in self.sessions:
+            raise EnvError(f"session {name!r} already exists")
+        cwd = self.layout.workdir if self.layout.bwrap is None else str(self.layout.root)
+        session = BashSession(
+            self.layout.wrap([self.config.bash, *BASH_FLAGS]),
+            cwd=cwd,
+            env=self.layout.env,
+            buffer_limit=self.config.max_output_bytes,
+        )
+        timeout = max(request.startup_timeout, self.config.startup_timeout)
+        output = await session.start(timeout=timeout)
+        self.sessions[name] = session
+        for path in request.startup_source:
+            text, code = await session.run(f"source {_sh_quote(path)}", timeout=timeout)
+            output += text
+            if code != 0:
+                raise EnvStartError(f"sourcing {path!r} failed (exit {code}): {text}")
+        return CreateBashSessionResponse(output=output)
+
+    def _session(self, name: str) -> BashSession:
+        try:
+            return self.sessions[name]
+        except KeyError:
+            raise EnvError(f"no session named {name!r}; call create_session first") from None
+
+    async def run_in_session(self, action: Any) -> BashObservation:
+        """Run a ``BashAction`` (``bash -n`` checked first) or a ``BashInterruptAction``."""
+        session = self._session(action.session)
+        if getattr(action, "action_type", "bash") == "bash_interrupt":
+            output = await session.interrupt(timeout=action.timeout, n_retry=action.n_retry)
+            return BashObservation(output=output, exit_code=0)
+        if action.is_interactive_command or action.is_interactive_quit:
+            raise EnvError(
+                "the host runtime does not support interactive commands (expect strings)"
+            )
+        # The session checks the syntax itself (ActionSyntaxError), see bash_session.
+        output, code = await session.run(action.command, timeout=action.timeout)
+        if action.check == "raise" and code != 0:
+            raise NonZeroExitError(action.command, code, output)
+        return BashObservation(output=output, exit_code=None if action.check == "ignore" else code)
+
+    async def close_session(self, request: Any) -> CloseBashSessionResponse:
+        """Close one session (kills its process group)."""
+        session = self.sessions.pop(request.session, None)
+        if session is not None:
+            await session.close()
+        return CloseBashSessionResponse()
+
+    async def execute(self, command: Any) -> CommandResponse:
+        """Run a one-off subprocess (inside the sandbox with bwrap)."""
+        text = command.command
+        if command.shell:
+            argv = ["bash", "-c", text if isinstance(text, str) else shlex.join(text)]
+        else:  # like subprocess.run: a string is one program name
+            argv = [text] if isinstance(text, str) else list(text)
+        cwd = command.cwd or self.layout.workdir
+        env = {**self.layout.env, **(command.env or {})}
+        if self.layout.bwrap is not None:
+            argv, cwd = self.layout.wrap(argv, cwd), str(self.layout.root)
+        merge = (
+            asyncio.subprocess.STDOUT if command.merge_output_streams else asyncio.subprocess.PIPE
+        )
+        proc = await asyncio.create_subprocess_exec(
+            *argv,
+            stdin=asyncio.subprocess.DEVNULL,
+            stdout=asyncio.subprocess.PIPE,
+            stderr=merge,
+            cwd=cwd,
+            env=env,
+            start_new_session=True,
+        )
+        try:
+            out, err = await asyncio.wait_for(proc.communicate(), command.timeout)
+        except asyncio.TimeoutError:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(proc.pid, signal.SIGKILL)
+            await proc.wait()
+            raise CommandTimeoutError(
+                f"{text!r} did not finish within {command.timeout} s"
+            ) from None
+        result = CommandResponse(
+            stdout=out.decode("utf-8", "backslashreplace"),
+            stderr=(err or b"").decode("utf-8", "backslashreplace"),
+            exit_code=proc.returncode,
+        )
+        if command.check and proc.returncode != 0:
+            raise NonZeroExitError(
+                str(command.command), proc.returncode, result.stdout + result.stderr
+            )
+        return result
+
+    async def read_file(self, request: Any) -> ReadFileResponse:
+        """Read a text file (host-side, through the sandbox's mounts)."""
+        path = self.layout.to_host(request.path)
+        text = await asyncio.to_thread(
+            path.read_text, encoding=request.encoding or "utf-8", errors=request.errors or "strict"
+        )
+        return ReadFileResponse(content=text)
+
+    async def write_file(self, request: Any) -> WriteFileResponse:
+        """Write a text file, creating parent dirs."""
+        path = self.layout.to_host(request.path, write=True)
+
+        def write() -> None:
+            path.parent.mkdir(parents=True, exist_ok=True)
+            path.write_text(request.content, encoding="utf-8")
+
+        await asyncio.to_thread(write)
+        return WriteFileResponse()
+
+    async def upload(self, request: Any) -> UploadResponse:
+        """Copy a local file to ``target_path``, or a directory's contents into it."""
+        source = Path(request.source_path)
+        target = self.layout.to_host(request.target_path, write=True)
+
+        def copy() -> None:
+            if source.is_dir():
+                shutil.copytree(source, target, symlinks=True, dirs_exist_ok=True)
+            elif source.is_file():
+                target.parent.mkdir(parents=True, exist_ok=True)
+                shutil.copy2(source, target)
+            else:
+                raise EnvError(f"cannot upload {str(source)!r}: no such file or directory")
+
+        await asyncio.to_thread(copy)
+        return UploadResponse()
+
+    async def close(self) -> CloseResponse:
+        """Close every session; idempotent."""
+        self._closed = True
+        sessions, self.sessions = list(self.sessions.values()), {}
+        await asyncio.gather(*(s.close() for s in sessions), return_exceptions=True)
+        return CloseResponse()
+
+
+class HostDeployment:
+    """Episode directory + :class:`HostRuntime`; ``stop()`` leaves nothing behind."""
+
+    def __init__(self, config: HostDeploymentConfig | None = None) -> None:
+        self.config = config or HostDeploymentConfig()
+        self._runtime: HostRuntime | None = None
+        self._root: Path | None = None
+
+    async def start(self) -> None:
+        """Create the episode directory (bash itself starts with the first session)."""
+        if self._runtime is not None:
+            raise EnvError("this host deployment is already started")
+        # File-system work on a thread: hundreds of episodes may start at once.
+        layout = await asyncio.to_thread(self._prepare)
+        self._root = layout.root
+        self._runtime = HostRuntime(layout, self.config)
+
+    def _prepare(self) -> _Layout:
+        bwrap = find_bwrap(self.config.bwrap) if self.config.isolation == "bwrap" else None
+        if shutil.which(self.config.bash) is None:
+            raise EnvStartError(f"{self.config.bash!r} is not on PATH; install bash")
+        if self.config.base_dir:
+            os.makedirs(self.config.base_dir, exist_ok=True)
+        root = Path(tempfile.mkdtemp(prefix="uniagent-", dir=self.config.base_dir))
+        return _Layout(self.config, root, bwrap)
+
+    async def stop(self) -> None:
+        """Kill every session and remove the episode directory; idempotent."""
+        runtime, root = self._runtime, self._root
+        if runtime is not None:
+            await runtime.close()
+        if root is not None:
+            await asyncio.to_thread(shutil.rmtree, root, ignore_errors=True)
+            self._root = None
+
+    @property
+    def runtime(self) -> HostRuntime:
+        """The runtime (after :meth:`start`)."""
+        if self._runtime is None:
+            raise EnvError("the host deployment is not started; await start() first")
+        return self._runtime
+
+    async def is_alive(self) -> bool:
+        """Whether the runtime is started, not stopped, and its sessions live."""
+        if self._runtime is None or self._root is None:
+            return False
+        return bool(await self._runtime.is_alive())
+
+    @property
+    def workdir(self) -> str | None:
+        """The episode's work dir as the session sees it (None before start)."""
+        return self._runtime.layout.workdir if self._runtime else None
+
+    @property
+    def tools_dir(self) -> str | None:
+        """Where tools go, as the session sees it (None before start)."""
+        return self._runtime.layout.tools_dir if self._runtime else None
+
+    @property
+    def root(self) -> Path | None:
+        """The episode directory on the host (None before start and after stop)."""
+        return self._root
+
+
+def _sh_quote(text: str) -> str:
+    return "'" + text.replace("'", "'\\''") + "'"

@@ -1,0 +1,299 @@
+"""The ``local`` deployment: a container (docker or podman) running ``swerex-remote``.
+
+Built on SWE-ReX's ``DockerDeployment`` (image pulls, container names, the
+``swerex-remote`` start command, the optional standalone-Python build), with
+``start``/``stop`` replaced: upstream runs ``docker``/``podman`` with blocking
+``subprocess`` calls and ``time.sleep`` on the event loop, and never reads the
+container's output pipe, so a chatty server eventually blocks on a full pipe.
+Here the engine runs as an asyncio subprocess writing to a log file, the
+server listens on 127.0.0.1 only, and a failed start is retried with a fresh
+port and container name.
+
+The image must provide ``swerex-remote`` on ``PATH`` (``pip install swe-rex``
+in the image), or reach PyPI from inside the container (upstream falls back to
+``pipx run swe-rex``). See docs/sandboxes.md for an offline image recipe.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import resource
+import shutil
+import tempfile
+from pathlib import Path
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from uniagent.env.errors import EnvError, EnvStartError
+from uniagent.env.remote import make_runtime, retrying_runtime_class, wait_until_alive
+
+log = logging.getLogger(__name__)
+
+
+class LocalDeploymentConfig(BaseModel):
+    """A container on this machine, via docker or podman."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    type: Literal["local"] = "local"
+    image: str = Field(description="container image; it must provide swerex-remote (or reach PyPI)")
+    engine: Literal["auto", "docker", "podman"] = Field(
+        "auto", description="'auto': docker if its daemon answers, else podman"
+    )
+    run_args: list[str] = Field(default_factory=list, description="extra `docker run` arguments")
+    podman_defaults: bool = Field(
+        True,
+        description="with podman, add `--runtime runc` (if installed) and `--ulimit nofile/nproc` "
+        "within this machine's hard limits unless run_args sets them (podman's defaults fail in "
+        "VMs and containers with lower limits)",
+    )
+    pull: Literal["never", "always", "missing"] = "missing"
+    startup_timeout: float = Field(
+        180.0, gt=0, description="seconds for the server to answer, per try"
+    )
+    retries: int = Field(2, ge=0, description="further tries, each with a fresh port and name")
+    python_standalone_dir: str | None = Field(
+        None, description="SWE-ReX: build a standalone Python into the image there (needs network)"
+    )
+    platform: str | None = None
+    request_timeout: float = Field(
+        120.0, gt=0, description="HTTP timeout of calls other than commands"
+    )
+    request_margin: float = Field(
+        60.0, ge=0, description="added to a command's timeout for its HTTP timeout"
+    )
+    http_retries: int = Field(3, ge=0, description="retries of a request whose connection failed")
+
+
+async def _run(*argv: str, timeout: float = 30.0) -> tuple[int, str]:
+    try:
+        proc = await asyncio.create_subprocess_exec(
+            *argv,
+            stdout=asyncio.subprocess.PIPE,
+            stderr=asyncio.subprocess.STDOUT,
+            stdin=asyncio.subprocess.DEVNULL,
+        )
+    except OSError as exc:
+        return 127, str(exc)
+    try:
+        out, _ = await asyncio.wait_for(proc.communicate(), timeout)
+    except asyncio.TimeoutError:
+        proc.kill()
+        await proc.wait()
+        return 124, f"{argv[0]} did not answer within {timeout:g} s"
+    return proc.returncode or 0, out.decode("utf-8", "replace")
+
+
+async def detect_engine(preferred: str = "auto") -> str:
+    """``docker`` if its daemon answers, else ``podman`` if installed; explains failures."""
+    if preferred != "auto":
+        if shutil.which(preferred) is None:
+            raise EnvStartError(f"container engine {preferred!r} is not installed")
+        return preferred
+    docker_reason = "docker is not installed"
+    if shutil.which("docker"):
+        code, out = await _run("docker", "info", "--format", "{{.ServerVersion}}", timeout=15)
+        if code == 0:
+            return "docker"
+        docker_reason = f"the docker daemon does not answer ({out.strip()[-300:]})"
+    if shutil.which("podman"):
+        return "podman"
+    raise EnvStartError(
+        f"no container engine: {docker_reason}, and podman is not installed "
+        "(apt-get install podman runc)"
+    )
+
+
+def podman_args(run_args: list[str]) -> list[str]:
+    """The podman arguments this machine needs, unless ``run_args`` already sets them."""
+    extra: list[str] = []
+    if "--runtime" not in " ".join(run_args) and shutil.which("runc"):
+        extra += ["--runtime", "runc"]
+    given = " ".join(run_args)
+    # nproc above ~32k fails in runc here even under a higher hard limit; 4096 is
+    # plenty for one sandbox and known to work (REFERENCES.md).
+    caps = {"nofile": 1 << 20, "nproc": 4096}
+    for name, limit in (("nofile", resource.RLIMIT_NOFILE), ("nproc", resource.RLIMIT_NPROC)):
+        hard = resource.getrlimit(limit)[1]
+        value = caps[name] if hard == resource.RLIM_INFINITY else min(hard, caps[name])
+        if f"{name}=" not in given:
+            extra += ["--ulimit", f"{name}={value}:{value}"]
+    return extra
+
+
+def _container_class() -> type:
+    retrying_runtime_class()  # fails early, with the install hint, without swe-rex
+    from swerex.deployment.docker import DockerDeployment
+    from swerex.utils.free_port import find_free_port
+
+    class Container(DockerDeployment):  # type: ignore[misc, valid-type]
+        """``DockerDeployment`` with a non-blocking start/stop and a log file."""
+
+        def __init__(self, *, options: LocalDeploymentConfig, **kwargs: Any) -> None:
+            super().__init__(logger=log, **kwargs)
+            self.options = options
+            self._proc: asyncio.subprocess.Process | None = None
+            # Closed in stop(); the engine writes to it for the container's whole life.
+            self._log = tempfile.NamedTemporaryFile(  # noqa: SIM115
+                prefix="uniagent-container-", suffix=".log"
+            )
+
+        def log_tail(self, n: int = 3000) -> str:
+            """The last ``n`` characters the engine and the server printed."""
+            with contextlib.suppress(OSError):
+                return Path(self._log.name).read_text(errors="replace")[-n:]
+            return ""
+
+        async def start(self) -> None:  # replaces upstream's blocking start
+            await asyncio.to_thread(self._pull_image)
+            image = self._config.image
+            if self._config.python_standalone_dir:
+                image = await asyncio.to_thread(self._build_image)
+            port = self._config.port or find_free_port()
+            self._container_name = self._get_container_name()
+            token = self._get_token()
+            platform = ["--platform", self._config.platform] if self._config.platform else []
+            argv = [
+                self._config.container_runtime,
+                "run",
+                "--rm",
+                "-p",
+                f"127.0.0.1:{port}:8000",
+                *platform,
+                *self._config.docker_args,
+                "--name",
+                self._container_name,
+                image,
+                *self._get_swerex_start_cmd(token),
+            ]
+            log.info("starting container %s: %s", self._container_name, " ".join(argv))
+            self._proc = await asyncio.create_subprocess_exec(
+                *argv, stdin=asyncio.subprocess.DEVNULL, stdout=self._log, stderr=self._log
+            )
+            o = self.options
+            self._runtime = make_runtime(
+                host="http://127.0.0.1",
+                port=port,
+                auth_token=token,
+                retries=o.http_retries,
+                request_timeout=o.request_timeout,
+                request_margin=o.request_margin,
+            )
+            await wait_until_alive(
+                self._runtime,
+                self._config.startup_timeout,
+                f"container {self._container_name} ({image})",
+                died=self._exit_reason,
+            )
+
+        def _exit_reason(self) -> str | None:
+            if self._proc is None or self._proc.returncode is None:
+                return None
+            engine, code = self._config.container_runtime, self._proc.returncode
+            return f"`{engine} run` exited with {code}:\n{self.log_tail()}"
+
+        async def is_alive(self, *, timeout: float | None = None) -> Any:
+            if self._runtime is None or self._exit_reason():
+                from swerex.runtime.abstract import IsAliveResponse
+
+                return IsAliveResponse(is_alive=False, message=self._exit_reason() or "not started")
+            return await self._runtime.is_alive(timeout=timeout)
+
+        async def stop(self) -> None:  # replaces upstream's blocking stop
+            self._runtime = None  # the container goes, and its server with it
+            proc, name = self._proc, self._container_name
+            self._proc = None
+            if name is not None and proc is not None and proc.returncode is None:
+                code, out = await _run(self._config.container_runtime, "kill", name, timeout=30)
+                if code != 0 and proc.returncode is None:
+                    log.warning("could not kill container %s: %s", name, out.strip())
+            if proc is not None:
+                try:
+                    await asyncio.wait_for(proc.wait(), 30)
+                except asyncio.TimeoutError:
+                    proc.kill()
+                    await proc.wait()
+            self._container_name = None
+            self._log.close()
+
+        def __del__(self) -> None:  # upstream schedules stop() from the finalizer
+            pass
+
+    return Container
+
+
+class LocalDeployment:
+    """A container per episode via SWE-ReX's ``DockerDeployment``; retried on a failed start."""
+
+    def __init__(self, config: LocalDeploymentConfig) -> None:
+        self.config = config
+        self._container: Any = None
+        self.engine: str | None = None
+
+    async def start(self) -> None:
+        """Detect the engine, start the container, wait for its ``swerex-remote``."""
+        if self._container is not None:
+            raise EnvError("this local deployment is already started")
+        cls = _container_class()
+        c = self.config
+        self.engine = await detect_engine(c.engine)
+        run_args = list(c.run_args)
+        if self.engine == "podman" and c.podman_defaults:
+            run_args += podman_args(run_args)
+        errors = []
+        for attempt in range(c.retries + 1):
+            container = cls(
+                options=c,
+                image=c.image,
+                docker_args=run_args,
+                startup_timeout=c.startup_timeout,
+                pull=c.pull,
+                python_standalone_dir=c.python_standalone_dir,
+                platform=c.platform,
+                container_runtime=self.engine,
+                remove_container=True,
+            )
+            try:
+                await container.start()
+            except Exception as exc:
+                errors.append(f"try {attempt + 1}: {type(exc).__name__}: {exc}")
+                tail = container.log_tail()
+                if tail and tail not in str(exc):
+                    errors[-1] += f"\ncontainer output:\n{tail}"
+                await container.stop()
+                continue
+            self._container = container
+            return
+        raise EnvStartError(
+            f"could not start a {self.engine} container from {c.image!r} after {c.retries + 1} "
+            "tries:\n" + "\n".join(errors)
+        )
+
+    async def stop(self) -> None:
+        """Kill and remove the container; idempotent."""
+        container, self._container = self._container, None
+        if container is not None:
+            await container.stop()
+
+    @property
+    def runtime(self) -> Any:
+        """The SWE-ReX runtime talking to the container's server."""
+        if self._container is None:
+            raise EnvError("the local deployment is not started; await start() first")
+        return self._container.runtime
+
+    @property
+    def container_name(self) -> str | None:
+        """The running container's name."""
+        return self._container.container_name if self._container else None
+
+    async def is_alive(self) -> bool:
+        """Whether the container runs and its server answers."""
+        if self._container is None:
+            return False
+        with contextlib.suppress(Exception):
+            return bool(await self._container.is_alive(timeout=10))
+        return False

@@ -1,0 +1,193 @@
+"""The runtime interface: SWE-ReX's ``AbstractRuntime`` calls and request models.
+
+The models mirror ``swerex.runtime.abstract`` field for field (same names,
+defaults and ``action_type``/``session_type`` discriminators), so they can be
+sent to a SWE-ReX ``RemoteRuntime`` unchanged and SWE-ReX's own models can be
+given to our host runtime. They are defined here so that the core does not
+depend on ``swe-rex`` (an optional extra: ``pip install 'uniagent[swerex]'``).
+"""
+
+from __future__ import annotations
+
+from typing import Any, Literal, Protocol, runtime_checkable
+
+from pydantic import BaseModel
+
+
+class IsAliveResponse(BaseModel):
+    """Whether a runtime answers; true in a boolean context when alive."""
+
+    is_alive: bool
+    message: str = ""
+
+    def __bool__(self) -> bool:
+        return self.is_alive
+
+
+class CreateBashSessionRequest(BaseModel):
+    """Open a persistent bash session named ``session``."""
+
+    startup_source: list[str] = []
+    session: str = "default"
+    session_type: Literal["bash"] = "bash"
+    startup_timeout: float = 1.0
+
+
+class CreateBashSessionResponse(BaseModel):
+    """What the session printed while starting."""
+
+    output: str = ""
+    session_type: Literal["bash"] = "bash"
+
+
+class BashAction(BaseModel):
+    """Run ``command`` in a session; ``timeout`` None waits forever."""
+
+    command: str
+    session: str = "default"
+    timeout: float | None = None
+    is_interactive_command: bool = False
+    is_interactive_quit: bool = False
+    check: Literal["silent", "raise", "ignore"] = "raise"
+    error_msg: str = ""
+    expect: list[str] = []
+    action_type: Literal["bash"] = "bash"
+
+
+class BashInterruptAction(BaseModel):
+    """Interrupt what runs in a session (after a timeout) and get the shell back."""
+
+    session: str = "default"
+    timeout: float = 0.2
+    n_retry: int = 3
+    expect: list[str] = []
+    action_type: Literal["bash_interrupt"] = "bash_interrupt"
+
+
+class BashObservation(BaseModel):
+    """A command's merged stdout/stderr and exit code (None when unknown)."""
+
+    output: str = ""
+    exit_code: int | None = None
+    failure_reason: str = ""
+    expect_string: str = ""
+    session_type: Literal["bash"] = "bash"
+
+
+class CloseBashSessionRequest(BaseModel):
+    """Close the session named ``session``."""
+
+    session: str = "default"
+    session_type: Literal["bash"] = "bash"
+
+
+class CloseBashSessionResponse(BaseModel):
+    """Answer to :class:`CloseBashSessionRequest`."""
+
+    session_type: Literal["bash"] = "bash"
+
+
+class Command(BaseModel):
+    """A one-off subprocess, like ``subprocess.run`` (not in the persistent session)."""
+
+    command: str | list[str]
+    timeout: float | None = None
+    shell: bool = False
+    check: bool = False
+    error_msg: str = ""
+    env: dict[str, str] | None = None
+    cwd: str | None = None
+    merge_output_streams: bool = False
+
+
+class CommandResponse(BaseModel):
+    """Result of a :class:`Command`."""
+
+    stdout: str = ""
+    stderr: str = ""
+    exit_code: int | None = None
+
+
+class ReadFileRequest(BaseModel):
+    """Read a text file inside the sandbox."""
+
+    path: str
+    encoding: str | None = None
+    errors: str | None = None
+
+
+class ReadFileResponse(BaseModel):
+    """The file's text."""
+
+    content: str = ""
+
+
+class WriteFileRequest(BaseModel):
+    """Write a text file inside the sandbox (parents are created)."""
+
+    content: str
+    path: str
+
+
+class WriteFileResponse(BaseModel):
+    """Answer to :class:`WriteFileRequest`."""
+
+
+class UploadRequest(BaseModel):
+    """Copy a local file or directory to ``target_path`` inside the sandbox."""
+
+    source_path: str
+    target_path: str
+
+
+class UploadResponse(BaseModel):
+    """Answer to :class:`UploadRequest`."""
+
+
+class CloseResponse(BaseModel):
+    """Answer to ``close``."""
+
+
+@runtime_checkable
+class Runtime(Protocol):
+    """What :class:`uniagent.env.AgentEnv` needs from a runtime (SWE-ReX's ``AbstractRuntime``).
+
+    Requests and responses are duck-typed: SWE-ReX's models and the ones in this
+    module are interchangeable.
+    """
+
+    async def is_alive(self, *, timeout: float | None = None) -> Any:
+        """An :class:`IsAliveResponse` (truthy when alive)."""
+        ...
+
+    async def create_session(self, request: Any) -> Any:
+        """Open a session (:class:`CreateBashSessionRequest`)."""
+        ...
+
+    async def run_in_session(self, action: Any) -> Any:
+        """Run a :class:`BashAction` or :class:`BashInterruptAction`; a :class:`BashObservation`."""
+        ...
+
+    async def close_session(self, request: Any) -> Any:
+        """Close a session (:class:`CloseBashSessionRequest`)."""
+        ...
+
+    async def execute(self, command: Any) -> Any:
+        """Run a one-off :class:`Command`; a :class:`CommandResponse`."""
+        ...
+
+    async def read_file(self, request: Any) -> Any:
+        """A :class:`ReadFileResponse` for a :class:`ReadFileRequest`."""
+        ...
+
+    async def write_file(self, request: Any) -> Any:
+        """Write a file (:class:`WriteFileRequest`)."""
+        ...
+
+    async def upload(self, request: Any) -> Any:
+        """Upload a file or directory (:class:`UploadRequest`)."""
+        ...
+
+    async def close(self) -> Any:
+        """Close the runtime and every session."""
+        ...

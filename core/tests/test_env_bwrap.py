@@ -1,0 +1,207 @@
+"""The host deployment with ``isolation: bwrap``, against real bubblewrap.
+
+Needs ``bwrap`` (Debian: ``apt-get install bubblewrap``). The in-sandbox network
+probe uses ``/usr/bin/python3`` when there is one, else bash's ``/dev/tcp``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import random
+import shlex
+import shutil
+import socket
+import time
+import uuid
+from collections.abc import AsyncIterator
+from pathlib import Path
+
+import pytest
+import pytest_asyncio
+from pydantic import BaseModel
+
+from uniagent import ToolSpec
+from uniagent.env import (
+    ActionTimeoutError,
+    AgentEnv,
+    EnvError,
+    EnvStartError,
+    HostDeployment,
+    HostDeploymentConfig,
+)
+from uniagent.env.bash_session import _group_members
+
+PYTHON = "/usr/bin/python3"
+
+
+@pytest_asyncio.fixture
+async def sandbox() -> AsyncIterator[AgentEnv]:
+    async with AgentEnv.from_config({"type": "host", "isolation": "bwrap"}) as env:
+        yield env
+
+
+def connect_probe(port: int) -> str:
+    """A command that connects to 127.0.0.1:port: exit 0 and "connected", else 3 and "refused"."""
+    if not Path(PYTHON).exists():  # bash's /dev/tcp does the same without Python
+        return (
+            f"(if timeout 3 bash -c 'exec 3<>/dev/tcp/127.0.0.1/{port}' 2>/dev/null; "
+            "then echo connected; else echo refused; exit 3; fi)"
+        )
+    code = (
+        "import socket,sys\n"
+        "try:\n"
+        f"    socket.create_connection(('127.0.0.1', {port}), timeout=3).close()\n"
+        "except OSError as e:\n"
+        "    print('refused', type(e).__name__); sys.exit(3)\n"
+        "print('connected')\n"
+    )
+    return f"{PYTHON} -c {shlex.quote(code)}"
+
+
+async def test_the_sandbox_sees_its_own_dirs(sandbox: AgentEnv) -> None:
+    assert sandbox.workdir == "/work"
+    assert (await sandbox.run_action("pwd")).output == "/work\n"
+    obs = await sandbox.run_action("echo $HOME; ls /")
+    assert obs.output.split("\n")[0] == "/root"
+    assert "work" in obs.output.split() and "usr" in obs.output.split()
+
+
+async def test_writes_outside_its_dirs_fail_or_stay_inside(sandbox: AgentEnv) -> None:
+    for path in ("/usr/uniagent-probe", "/etc/uniagent-probe", "/usr/bin/uniagent-probe"):
+        obs = await sandbox.run_action(f"touch {path}")
+        assert obs.exit_code != 0 and "Read-only file system" in obs.output
+        assert not Path(path).exists()
+    marker = f"/var/tmp/uniagent-bwrap-{uuid.uuid4().hex}"
+    obs = await sandbox.run_action(f"mkdir -p /var/tmp && touch {marker} && ls {marker}")
+    assert obs.exit_code == 0  # the sandbox's root is a private tmpfs...
+    assert not Path(marker).exists()  # ...so nothing reaches the host
+    await sandbox.run_action("echo private > /tmp/scratch.txt")
+    assert await sandbox.read_file("/tmp/scratch.txt") == "private\n"
+    assert not Path("/tmp/scratch.txt").exists() or Path("/tmp/scratch.txt").read_text() != (
+        "private\n"
+    )
+
+
+async def test_the_hosts_home_is_not_visible(sandbox: AgentEnv) -> None:
+    secret = Path.home() / f".uniagent-secret-{uuid.uuid4().hex}"
+    secret.write_text("do not leak\n")
+    try:
+        assert secret.name not in (await sandbox.run_action("ls -A /root")).output
+        obs = await sandbox.run_action(f"cat {secret}")
+        assert obs.exit_code != 0 and "do not leak" not in obs.output
+    finally:
+        secret.unlink()
+
+
+async def test_no_network_by_default() -> None:
+    async def handle(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        writer.close()
+
+    server = await asyncio.start_server(handle, "127.0.0.1", 0)
+    port = server.sockets[0].getsockname()[1]
+    try:
+        socket.create_connection(("127.0.0.1", port), timeout=3).close()  # it is served
+        async with AgentEnv.from_config({"type": "host", "isolation": "bwrap"}) as env:
+            obs = await env.run_action(connect_probe(port), timeout=30)
+            assert obs.exit_code == 3 and "refused" in obs.output, obs.output
+        shared = {"type": "host", "isolation": "bwrap", "network": True}
+        async with AgentEnv.from_config(shared) as env:
+            obs = await env.run_action(connect_probe(port), timeout=30)
+            assert obs.exit_code == 0 and "connected" in obs.output, obs.output
+    finally:
+        server.close()
+        await server.wait_closed()
+
+
+class _NoArgs(BaseModel):
+    pass
+
+
+async def test_tools_work_inside(sandbox: AgentEnv, tmp_path: Path) -> None:
+    script = tmp_path / "whereami"
+    script.write_text('#!/bin/sh\necho "tool in $(pwd) as $(id -u)"\n')
+    tool = ToolSpec(name="whereami", description="d", arguments=_NoArgs, scripts=(script,))
+    await sandbox.install_tools([tool])
+    assert sandbox.tools_dir == "/uniagent/tools"
+    assert (await sandbox.run_action("whereami")).output.startswith("tool in /work as ")
+
+
+async def test_file_operations_go_through_the_mounts(sandbox: AgentEnv, tmp_path: Path) -> None:
+    await sandbox.write_file("src/main.py", "print('hi')\n")
+    assert (await sandbox.run_action("cat /work/src/main.py")).output == "print('hi')\n"
+    tree = tmp_path / "tree"
+    (tree / "a").mkdir(parents=True)
+    (tree / "a" / "b.txt").write_text("b\n")
+    await sandbox.upload(tree, "/work/repo")
+    assert (await sandbox.run_action("cat repo/a/b.txt")).output == "b\n"
+    assert "root:" in await sandbox.read_file("/etc/passwd")
+    with pytest.raises(EnvError, match="read-only"):
+        await sandbox.write_file("/etc/uniagent-probe", "x")
+    with pytest.raises(EnvError, match="outside"):
+        await sandbox.read_file("/proc/self/status")
+    # A link made inside the sandbox must not make host-side reads escape it.
+    await sandbox.run_action("ln -s /root/.bashrc /work/escape")
+    with pytest.raises(EnvError, match="symlink"):
+        await sandbox.read_file("/work/escape")
+
+
+async def test_timeouts_recover_inside(sandbox: AgentEnv) -> None:
+    await sandbox.run_action("cd /tmp && V=1")
+    with pytest.raises(ActionTimeoutError):
+        await sandbox.run_action("trap '' INT; sleep 100", timeout=1)
+    assert (await sandbox.run_action("echo $PWD $V")).output == "/tmp 1\n"
+
+
+async def test_close_kills_the_whole_sandbox() -> None:
+    deployment = HostDeployment(HostDeploymentConfig(isolation="bwrap"))
+    env = AgentEnv(deployment)
+    await env.start()
+    tag = random.randint(100_000, 999_999)  # sleeps nobody else runs
+    await env.run_action(f"sleep {tag} & setsid sleep {tag + 1} & true")
+    session = deployment.runtime.sessions["default"]
+    assert session.pgid is not None
+    members = _group_members(session.pgid)
+    assert len(members) >= 3  # bwrap's init, bash, sleep (setsid's sleep left the group)
+    root = deployment.root
+    await env.close()
+    deadline = time.monotonic() + 10
+
+    def left() -> list[int]:
+        return _sleeps(tag) + [p for p in members if _state(p) not in "ZX"]
+
+    while time.monotonic() < deadline and left():
+        await asyncio.sleep(0.05)
+    assert not left(), [Path(f"/proc/{p}/cmdline").read_bytes() for p in left()]
+    assert root is not None and not root.exists()
+
+
+def _state(pid: int) -> str:
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return "X"
+    return stat[stat.rfind(")") + 2]
+
+
+def _sleeps(tag: int) -> list[int]:
+    found = []
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                cmdline = (entry / "cmdline").read_bytes()
+            except OSError:
+                continue
+            wanted = (f"sleep\0{tag}\0".encode(), f"sleep\0{tag + 1}\0".encode())
+            if cmdline in wanted and _state(int(entry.name)) not in "ZX":
+                found.append(int(entry.name))
+    return found
+
+
+async def test_a_missing_bwrap_says_how_to_install_it() -> None:
+    env = AgentEnv.from_config({"type": "host", "isolation": "bwrap", "bwrap": "no-bwrap-here"})
+    with pytest.raises(EnvStartError, match="apt-get install bubblewrap"):
+        await env.start()
+
+
+def test_bwrap_is_installed() -> None:
+    assert shutil.which("bwrap"), "install bubblewrap: apt-get install bubblewrap"

@@ -1,0 +1,180 @@
+"""The remote deployment against a real ``swerex-remote`` server (needs ``uniagent[swerex]``)."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import secrets
+import shutil
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import AsyncIterator, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import pytest_asyncio
+import swerex  # noqa: F401 - the swerex extra is part of the core test environment
+from pydantic import BaseModel
+
+from uniagent import ToolSpec
+from uniagent.env import (
+    ActionSyntaxError,
+    ActionTimeoutError,
+    AgentEnv,
+    EnvStartError,
+    RemoteDeployment,
+    RemoteDeploymentConfig,
+    TerminalNotAliveError,
+)
+from uniagent.env.remote import make_runtime
+from uniagent.env.runtime import BashAction, ReadFileRequest
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def swerex_remote() -> str:
+    found = shutil.which("swerex-remote", path=os.path.dirname(sys.executable))
+    return found or shutil.which("swerex-remote") or "swerex-remote"
+
+
+def start_server(port: int, token: str) -> subprocess.Popen[bytes]:
+    return subprocess.Popen(
+        [swerex_remote(), "--host", "127.0.0.1", "--port", str(port), "--auth-token", token],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+        start_new_session=True,
+    )
+
+
+def stop_server(proc: subprocess.Popen[bytes]) -> None:
+    proc.terminate()
+    try:
+        proc.wait(10)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait()
+
+
+@pytest.fixture(scope="module")
+def server() -> Iterator[dict[str, Any]]:
+    port, token = free_port(), secrets.token_hex(8)
+    proc = start_server(port, token)
+    try:
+        yield {"type": "remote", "host": "http://127.0.0.1", "port": port, "auth_token": token}
+    finally:
+        stop_server(proc)
+
+
+@pytest_asyncio.fixture
+async def env(server: dict[str, Any]) -> AsyncIterator[AgentEnv]:
+    async with AgentEnv.from_config(server, {"workdir": "/tmp"}) as env:
+        yield env
+
+
+async def test_commands_state_and_exit_codes(env: AgentEnv) -> None:
+    assert (await env.run_action("pwd")).output.strip() == "/tmp"
+    await env.run_action("mkdir -p uniagent-remote && cd uniagent-remote && export V=7")
+    obs = await env.run_action("echo $PWD $V; echo err >&2")
+    assert obs.output.strip() == "/tmp/uniagent-remote 7\nerr"
+    assert (await env.run_action("false")).exit_code == 1
+    assert (await env.run_action("echo $PAGER")).output.strip() == "cat"
+
+
+async def test_syntax_errors(env: AgentEnv) -> None:
+    with pytest.raises(ActionSyntaxError) as info:
+        await env.run_action("if true; then echo x")
+    assert "syntax error" in str(info.value)
+
+
+async def test_timeout_recovers_the_session(env: AgentEnv) -> None:
+    await env.run_action("cd / && W=kept")
+    with pytest.raises(ActionTimeoutError) as info:
+        await env.run_action("echo before; sleep 100", timeout=2)
+    assert "before" in info.value.partial_output
+    assert (await env.run_action("echo $PWD $W")).output.strip() == "/ kept"
+
+
+async def test_files_and_tools(env: AgentEnv, tmp_path: Path) -> None:
+    await env.write_file("/tmp/uniagent-remote-file.txt", "héllo\n")
+    assert await env.read_file("/tmp/uniagent-remote-file.txt") == "héllo\n"
+    tree = tmp_path / "tree"
+    (tree / "pkg").mkdir(parents=True)
+    (tree / "pkg" / "m.py").write_text("m = 1\n")
+    target = f"/tmp/uniagent-remote-{secrets.token_hex(4)}"
+    await env.upload(tree, target)
+    assert (await env.run_action(f"cat {target}/pkg/m.py")).output == "m = 1\n"
+
+    class NoArgs(BaseModel):
+        pass
+
+    script = tmp_path / "hello-remote"
+    script.write_text("#!/bin/sh\necho remote says hi\n")
+    tool = ToolSpec(name="hello", description="d", arguments=NoArgs, scripts=(script,))
+    await env.install_tools([tool])
+    assert (await env.run_action("hello-remote")).output.strip() == "remote says hi"
+
+
+async def test_exit_is_terminal_not_alive(server: dict[str, Any]) -> None:
+    async with AgentEnv.from_config(server) as env:
+        with pytest.raises(TerminalNotAliveError):
+            await env.run_action("exit 0")
+            await env.run_action("echo still here?")  # SWE-ReX may notice only on the next call
+
+
+async def test_a_wrong_token_is_a_start_error(server: dict[str, Any]) -> None:
+    config = {**server, "auth_token": "wrong", "startup_timeout": 2}
+    with pytest.raises(EnvStartError, match="did not answer"):
+        await AgentEnv.from_config(config).start()
+
+
+async def test_start_waits_for_a_server_that_comes_up_later() -> None:
+    port, token = free_port(), secrets.token_hex(8)
+    deployment = RemoteDeployment(
+        RemoteDeploymentConfig(port=port, auth_token=token, startup_timeout=60)
+    )
+    env = AgentEnv(deployment)
+    starting = asyncio.ensure_future(env.start())
+    await asyncio.sleep(1.0)
+    assert not starting.done()
+    proc = start_server(port, token)
+    try:
+        await starting
+        assert (await env.run_action("echo up")).output.strip() == "up"
+        await env.close()
+    finally:
+        stop_server(proc)
+
+
+async def test_requests_are_retried_until_the_server_answers() -> None:
+    port, token = free_port(), secrets.token_hex(8)
+    runtime = make_runtime(host="127.0.0.1", port=port, auth_token=token, retries=8)
+    proc: subprocess.Popen[bytes] | None = None
+
+    async def late_server() -> None:
+        nonlocal proc
+        await asyncio.sleep(1.0)
+        proc = start_server(port, token)
+
+    try:
+        starter = asyncio.ensure_future(late_server())
+        started = time.monotonic()
+        response = await runtime.read_file(ReadFileRequest(path="/etc/hostname"))
+        await starter
+        assert response.content and time.monotonic() - started >= 1.0
+    finally:
+        if proc is not None:
+            stop_server(proc)
+
+
+def test_command_http_timeout_outlasts_the_command() -> None:
+    runtime = make_runtime(host="127.0.0.1", port=1, auth_token="t", request_margin=30)
+    assert runtime._http_timeout(BashAction(command="x", timeout=1000)).total == 1030
+    assert runtime._http_timeout(BashAction(command="x", timeout=None)).total is None
+    assert runtime._http_timeout(ReadFileRequest(path="/x")).total == 120
