@@ -1,0 +1,154 @@
+"""The run machinery in-process: many episodes, no leaked handles, progress, summary figures."""
+
+from __future__ import annotations
+
+import io
+import logging
+import os
+import types
+from pathlib import Path
+
+import pytest
+from pydantic import BaseModel
+
+from uniagent import ToolSpec, hookimpl
+from uniagent.config import AgentConfig
+from uniagent.plugins import load_plugins, reset_plugins
+from uniagent.run.progress import Progress
+from uniagent.run.runner import ResultsFile, run
+from uniagent.run.summary import format_summary, pass_at_k, summarize
+from uniagent.run.tasks import Task
+from uniagent.testing.scripted import ScriptedTokenModel, hermes_call
+
+
+class NoArgs(BaseModel):
+    pass
+
+
+DONE = ToolSpec(
+    name="done",
+    description="Finish.",
+    arguments=NoArgs,
+    render=lambda a: "echo ok",
+    ends_episode=True,
+)
+
+
+@pytest.fixture
+def config():
+    reset_plugins()
+
+    @hookimpl
+    def uniagent_tools():
+        return [DONE]
+
+    load_plugins().register(types.SimpleNamespace(uniagent_tools=uniagent_tools), "test-tools")
+    yield AgentConfig.from_dict(
+        {"tools": ["done"], "instance_template": "{q}", "reward": {"name": "command"}}
+    )
+    reset_plugins()
+
+
+def open_fds() -> int:
+    return len(os.listdir("/proc/self/fd"))
+
+
+async def test_many_episodes_leak_no_file_handles_or_loggers(config, qwen3_tokenizer, tmp_path):
+    # The command reward reads each task's test_command: even-numbered tasks pass.
+    tasks = [
+        Task(f"t{i}", {"q": f"task {i}", "test_command": "true" if i % 2 == 0 else "false"})
+        for i in range(60)
+    ]
+    model = ScriptedTokenModel(qwen3_tokenizer, policy=lambda cache: hermes_call("done"))
+    loggers_before = set(logging.Logger.manager.loggerDict)
+    fds_before = open_fds()
+    stream = io.StringIO()
+    summary = await run(
+        config,
+        tasks,
+        [],
+        lambda: model,
+        tmp_path / "out",
+        concurrency=8,
+        progress=Progress(stream, live=False),
+    )
+    assert summary["episodes"] == 60 and summary["mean_reward"] == 0.5
+    assert open_fds() <= fds_before, "every episode's log file and sandbox pipes are closed"
+    assert set(logging.Logger.manager.loggerDict) == loggers_before
+    assert stream.getvalue().count(": finished, reward") == 60
+    logs = list((tmp_path / "out" / "episodes").glob("*/0/log.txt"))
+    assert len(logs) == 60 and all("finished: finished" in p.read_text() for p in logs)
+
+
+def test_live_progress_rewrites_one_status_line():
+    class Terminal(io.StringIO):
+        def isatty(self) -> bool:
+            return True
+
+    stream = Terminal()
+    progress = Progress.for_stream(stream)
+    assert progress.live
+    progress.interval = 0.01
+    job = types.SimpleNamespace(task=types.SimpleNamespace(id="a"), sample=0)
+    progress.begin(total=2)
+    progress.started(job)
+    progress.finished(job, {"exit_reason": "finished", "reward": 1.0}, None)
+    progress.end()
+    text = stream.getvalue()
+    assert "\r\x1b[2K" in text
+    assert "done 1/2  running 0  failed 0  mean reward 1.000  [finished=1]" in text
+    assert "[1/2]" not in text, "no per-episode lines on a terminal"
+
+
+def test_results_file_drops_a_line_cut_short_by_a_crash(tmp_path: Path):
+    path = tmp_path / "results.jsonl"
+    path.write_text('{"task_id": "a", "sample": 0}\n{"task_id": "b", "sam')
+    results = ResultsFile(path)
+    assert [r["task_id"] for r in results.load()] == ["a"]
+    results.repair()
+    results.append({"task_id": "b", "sample": 0})
+    assert [r["task_id"] for r in results.load()] == ["a", "b"]
+
+
+def test_pass_at_k_is_the_unbiased_estimator():
+    assert pass_at_k(n=5, c=0, k=1) == 0.0
+    assert pass_at_k(n=5, c=5, k=3) == 1.0
+    assert pass_at_k(n=4, c=1, k=1) == pytest.approx(0.25)
+    assert pass_at_k(n=4, c=1, k=2) == pytest.approx(0.5)
+
+
+def test_summary_figures_agree_with_the_records():
+    records = [
+        {
+            "task_id": "a",
+            "sample": 0,
+            "exit_reason": "finished",
+            "reward": 1.0,
+            "metrics": {"tool_calls": {"x": 2}, "model_seconds": 1.5},
+        },
+        {
+            "task_id": "a",
+            "sample": 1,
+            "exit_reason": "max_step_limit",
+            "reward": 0.0,
+            "metrics": {"tool_calls": {"x": 1, "y": 1}, "model_seconds": 0.5},
+        },
+        {
+            "task_id": "b",
+            "sample": 0,
+            "exit_reason": "env_error",
+            "reward": None,
+            "traj_masked": True,
+            "metrics": {},
+        },
+        {"task_id": "b", "sample": 1, "exit_reason": "finished", "reward": 0.0, "metrics": {}},
+    ]
+    summary = summarize(records, n=2, wall_seconds=3.0)
+    assert summary["mean_reward"] == pytest.approx(1 / 3)
+    assert summary["masked_episodes"] == 1
+    assert summary["exit_reasons"] == {"finished": 2, "max_step_limit": 1, "env_error": 1}
+    assert summary["tool_calls"] == {"x": 3, "y": 1}
+    assert summary["time_seconds"]["model_seconds"] == 2.0
+    assert summary["pass_at_k"] == {"pass@1": pytest.approx(0.25), "pass@2": pytest.approx(0.5)}
+    text = format_summary(summary)
+    assert "mean reward: 0.333 over 3 rewarded episodes" in text and "pass@2: 0.500" in text
