@@ -294,7 +294,8 @@ def test_bad_config_names_what_is_installed(tasks, tmp_path, change, expected):
         ],
         capture_output=True,
         text=True,
-        env={k: v for k, v in os.environ.items() if k != "UNIAGENT_LOAD_PLUGINS"},
+        # The tools only: the modal case must see no Modal plugin, wherever this runs.
+        env={**os.environ, "UNIAGENT_LOAD_PLUGINS": "uniagent-tools-swe"},
     )
     assert proc.returncode == 2
     assert expected in proc.stderr
