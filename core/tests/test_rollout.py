@@ -16,7 +16,7 @@ from uniagent.rollout import (
     analyse_chat_template,
     strip_think_blocks,
 )
-from uniagent.testing.rollout import assert_rollout_invariants, replay
+from uniagent.testing.rollout import EXECUTE_BASH_SCHEMA, assert_rollout_invariants, replay
 from uniagent.testing.tokenizers import (
     llama3_tokenizer_path,
     qwen3_tokenizer_path,
@@ -28,18 +28,7 @@ NEWLINE = 198
 EOT_ID = 128009
 
 TOOLS = [
-    {
-        "type": "function",
-        "function": {
-            "name": "execute_bash",
-            "description": "Run a bash command.",
-            "parameters": {
-                "type": "object",
-                "properties": {"command": {"type": "string"}},
-                "required": ["command"],
-            },
-        },
-    },
+    EXECUTE_BASH_SCHEMA,
     {
         "type": "function",
         "function": {

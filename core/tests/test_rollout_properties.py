@@ -9,22 +9,9 @@ from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
 
 from uniagent.rollout import strip_think_blocks
-from uniagent.testing.rollout import assert_rollout_invariants, replay
+from uniagent.testing.rollout import EXECUTE_BASH_SCHEMA, assert_rollout_invariants, replay
 
-TOOLS = [
-    {
-        "type": "function",
-        "function": {
-            "name": "execute_bash",
-            "description": "Run a bash command.",
-            "parameters": {
-                "type": "object",
-                "properties": {"command": {"type": "string"}},
-                "required": ["command"],
-            },
-        },
-    }
-]
+TOOLS = [EXECUTE_BASH_SCHEMA]
 
 # More examples for a soak run: UNIAGENT_HYPOTHESIS_EXAMPLES=2000 pytest ...
 EXAMPLES = int(os.environ.get("UNIAGENT_HYPOTHESIS_EXAMPLES", "50"))

@@ -6,7 +6,7 @@ the way verl's ToolAgentLoop drives it, on the same conversations and the same m
 outputs as RolloutCache. Ids, masks and log-probs must be identical; the one known
 difference (a generation cut before its end-of-turn token) is asserted and explained.
 
-Needs verl==0.9.1 (run by the nox session that installs it; the core session skips it).
+Needs verl==0.9.1: run by the nox suite that installs it (the core suite leaves it out).
 """
 
 from __future__ import annotations
@@ -15,32 +15,16 @@ import asyncio
 from typing import Any
 
 import pytest
-
-pytest.importorskip("verl", reason="parity tests need verl==0.9.1 installed")
-
 from omegaconf import OmegaConf
 from verl.experimental.agent_loop.agent_loop import AgentLoopBase, DictConfigWrap
 
-from uniagent.testing.rollout import ReplayResult, replay
+from uniagent.testing.rollout import EXECUTE_BASH_SCHEMA, ReplayResult, replay
 
 IM_END = 151645
 NEWLINE = 198
 EOT_ID = 128009
 
-TOOLS = [
-    {
-        "type": "function",
-        "function": {
-            "name": "execute_bash",
-            "description": "Run a bash command.",
-            "parameters": {
-                "type": "object",
-                "properties": {"command": {"type": "string"}},
-                "required": ["command"],
-            },
-        },
-    }
-]
+TOOLS = [EXECUTE_BASH_SCHEMA]
 
 OUTPUTS = [
     "",

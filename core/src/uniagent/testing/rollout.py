@@ -18,6 +18,20 @@ from typing import Any
 from uniagent.rollout import RolloutCache
 from uniagent.testing.tokenizers import template_generation_ids
 
+#: An OpenAI tool schema for a bash tool, for test conversations.
+EXECUTE_BASH_SCHEMA: dict[str, Any] = {
+    "type": "function",
+    "function": {
+        "name": "execute_bash",
+        "description": "Run a bash command.",
+        "parameters": {
+            "type": "object",
+            "properties": {"command": {"type": "string"}},
+            "required": ["command"],
+        },
+    },
+}
+
 
 @dataclass
 class Generation:
