@@ -217,7 +217,6 @@ def test_each_model_gets_its_own_request_id(tokenizer: Any) -> None:
 
 # -- from_spec ----------------------------------------------------------------------------
 def test_from_spec_openai() -> None:
-    pytest.importorskip("openai")
     from uniagent.models.openai_chat import OpenAIChatModel
 
     model = from_spec("openai:http://127.0.0.1:9/v1#Qwen/Qwen3-8B", max_retries=1)

@@ -10,12 +10,10 @@ from pydantic import BaseModel
 
 from uniagent import ToolSpec
 from uniagent.models import ContextLimitError, ModelError
+from uniagent.models.openai_chat import OpenAIChatModel, _generated_tokens
 from uniagent.parsers import HermesParser, ToolCall, ToolCallFormatError
 from uniagent.testing.chat_server import Fail, Reply, ScriptedChatServer, tool_call
 from uniagent.testing.tokenizers import load_qwen3_tokenizer
-
-pytest.importorskip("openai")
-from uniagent.models.openai_chat import OpenAIChatModel, _generated_tokens
 
 
 class BashArgs(BaseModel):

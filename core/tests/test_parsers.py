@@ -351,7 +351,8 @@ def test_tool_calls_from_openai_errors(calls: list[Any], kind: str, fragment: st
 
 
 def test_tool_calls_from_openai_sdk_objects() -> None:
-    openai_types = pytest.importorskip("openai.types.chat")
+    from openai.types import chat as openai_types
+
     call = openai_types.ChatCompletionMessageToolCall(
         id="x", type="function", function={"name": "submit", "arguments": "{}"}
     )

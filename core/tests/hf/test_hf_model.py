@@ -10,9 +10,6 @@ import math
 
 import pytest
 
-pytest.importorskip("torch")
-pytest.importorskip("gguf")
-
 from uniagent.models import ChatModel, ContextLimitError, from_spec
 from uniagent.models.hf import HFLocalModel, smollm2_gguf_path
 from uniagent.parsers import HermesParser

@@ -22,7 +22,6 @@ for _name, _value in {
     "TRANSFORMERS_OFFLINE": "1",
 }.items():
     os.environ.setdefault(_name, _value)
-pytest.importorskip("verl", reason="the verl suite needs uniagent[verl]")
 
 
 @pytest.fixture(scope="session")

@@ -2,24 +2,18 @@
 
 from __future__ import annotations
 
-import shutil
-
 import pytest
-from uniagent.env import AgentEnv, EnvStartError
+from uniagent.env import AgentEnv
 
 from uniagent_tools_swe import make_tools
 
 pytestmark = pytest.mark.asyncio
 
 
-@pytest.mark.skipif(shutil.which("bwrap") is None, reason="bubblewrap is not installed")
 async def test_edit_undo_and_submit_inside_bubblewrap() -> None:
     tools = {spec.name: spec for spec in make_tools()}
     env = AgentEnv.from_config({"type": "host", "isolation": "bwrap"})
-    try:
-        await env.start()
-    except EnvStartError as exc:  # e.g. no user namespaces in this container
-        pytest.skip(f"bubblewrap cannot start here: {exc}")
+    await env.start()  # needs bubblewrap: apt-get install bubblewrap (.ci/run does)
     try:
         await env.install_tools(list(tools.values()))
         editor = tools["str_replace_editor"]
