@@ -39,7 +39,7 @@ SUITES = ["core", *PLUGINS, "verl", "hf", "integration"]
 @nox.session(python="3.11")
 @nox.parametrize("suite", SUITES)
 def tests(session: nox.Session, suite: str) -> None:
-    """One test suite in a fresh venv: ``nox -s tests`` runs them all, ``-s 'tests(core)'`` one."""
+    """One test suite in a fresh venv: ``nox -s tests`` runs them all."""
     if suite == "core":
         # Only the core (and its light extras): plugins must not be needed here.
         session.install("./core[test,tokenizers,swerex,openai,data]")
