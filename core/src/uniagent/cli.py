@@ -38,7 +38,7 @@ def plugins_report(*, include_builtins: bool = False) -> dict[str, Any]:
     plugins = []
     for info in manager.report(include_builtins=include_builtins):
         entry = info.to_json()
-        key = manager._key(info.distribution, info.module, info.builtin)
+        key = info.key
         provided = contributions.get(key, {k: [] for k in KINDS})
         entry["contributes"] = provided
         entry["tools"] = [
@@ -215,6 +215,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     except KeyboardInterrupt:
         print("uniagent: interrupted", file=sys.stderr)
         return 130
+    except BrokenPipeError:  # e.g. `uniagent plugins --json | head`
+        sys.stderr.close()
+        return 0
 
 
 if __name__ == "__main__":  # pragma: no cover

@@ -70,6 +70,11 @@ class PluginInfo:
     hooks: list[str] = field(default_factory=list)
     plugin: Any = field(default=None, repr=False)
 
+    @property
+    def key(self) -> str:
+        """The plugin's name in the hook manager (built-ins: one per module)."""
+        return PluginManager._key(self.distribution, self.module, self.builtin)
+
     def to_json(self) -> dict[str, Any]:
         """A JSON-ready summary (without the plugin object)."""
         return {
@@ -234,10 +239,6 @@ class PluginManager:
         return f"{distribution}:{module}" if builtin else distribution
 
     # -- queries --------------------------------------------------------------
-    def info_for(self, plugin_name: str) -> PluginInfo:
-        """The load record of a registered plugin (by its pluggy name)."""
-        return self.plugins[plugin_name]
-
     def call_each(self, hook_name: str) -> Iterable[tuple[PluginInfo, Any]]:
         """Call one hook per plugin, yielding (plugin info, result); broken hooks are recorded."""
         hook = getattr(self.hook_manager.hook, hook_name)

@@ -154,7 +154,7 @@ class Registry:
         out: dict[str, dict[Kind, list[str]]] = {}
         for kind in KINDS:
             for info, records in self.manager.call_each(f"uniagent_{kind}"):
-                key = self.manager._key(info.distribution, info.module, info.builtin)
+                key = info.key
                 names = out.setdefault(key, {k: [] for k in KINDS})[kind]
                 names.extend(sorted(r.name for r in records if hasattr(r, "name")))
         return out

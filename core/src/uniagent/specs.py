@@ -12,7 +12,7 @@ import copy
 import functools
 import json
 import shlex
-from collections.abc import Awaitable, Callable, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal, get_args
@@ -159,7 +159,3 @@ RECORD_TYPES: dict[Kind, type] = {
     "rewards": RewardSpec,
 }
 
-
-def record_names(records: Sequence[_Record]) -> list[str]:
-    """Sorted names of records, for messages."""
-    return sorted(r.name for r in records)
