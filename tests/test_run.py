@@ -67,23 +67,18 @@ def sandbox_tmp(tmp_path) -> Path:
     return path
 
 
-def uniagent_run(
-    server, tasks: Path, out: Path, tmp: Path, *extra: str, config: Path = CONFIG
-) -> list[str]:
-    return [
-        sys.executable,
-        "-m",
-        "uniagent.cli",
-        "run",
-        str(config),
-        "--data",
-        str(tasks),
-        "--model",
-        f"openai:{server.base_url}#scripted",
-        "--out",
-        str(out),
-        *extra,
-    ]
+def run_command(config: Path, tasks: Path, model: str, out: Path, *extra: str) -> list[str]:
+    """The ``uniagent run`` command line, run with this interpreter."""
+    cli = [sys.executable, "-m", "uniagent.cli", "run", str(config), "--data", str(tasks)]
+    return [*cli, "--model", model, "--out", str(out), *extra]
+
+
+def uniagent_run(server, tasks: Path, out: Path, *extra: str) -> list[str]:
+    """``uniagent run`` of the example config against the scripted chat server."""
+    return run_command(CONFIG, tasks, f"openai:{server.base_url}#scripted", out, *extra)
+
+
+UNREACHABLE = "openai:http://127.0.0.1:9/v1#m"  # never contacted: these runs fail first
 
 
 def env_for(tmp: Path) -> dict[str, str]:
@@ -113,7 +108,7 @@ def test_run_writes_results_episodes_and_a_summary_that_agree(tasks, tmp_path, s
     out = tmp_path / "out"
     with ScriptedChatServer(default=policy()) as server:
         proc = subprocess.run(
-            uniagent_run(server, tasks, out, sandbox_tmp, "--concurrency", "3"),
+            uniagent_run(server, tasks, out, "--concurrency", "3"),
             capture_output=True,
             text=True,
             env=env_for(sandbox_tmp),
@@ -151,7 +146,7 @@ def test_n_samples_give_pass_at_k(tasks, tmp_path, sandbox_tmp):
     out = tmp_path / "out"
     with ScriptedChatServer(default=policy()) as server:
         proc = subprocess.run(
-            uniagent_run(server, tasks, out, sandbox_tmp, "--n", "2", "--limit", "3"),
+            uniagent_run(server, tasks, out, "--n", "2", "--limit", "3"),
             capture_output=True,
             text=True,
             env=env_for(sandbox_tmp),
@@ -170,7 +165,7 @@ def test_n_samples_give_pass_at_k(tasks, tmp_path, sandbox_tmp):
 def test_interrupted_run_resumes_and_runs_each_pair_exactly_once(tasks, tmp_path, sandbox_tmp, how):
     out = tmp_path / "out"
     with ScriptedChatServer(default=policy(delay=0.4)) as server:
-        command = uniagent_run(server, tasks, out, sandbox_tmp, "--concurrency", "2")
+        command = uniagent_run(server, tasks, out, "--concurrency", "2")
         proc = subprocess.Popen(
             command,
             env=env_for(sandbox_tmp),
@@ -221,7 +216,7 @@ def test_bad_rows_are_reported_and_skipped_while_the_others_run(tasks, tmp_path,
     out = tmp_path / "out"
     with ScriptedChatServer(default=policy()) as server:
         proc = subprocess.run(
-            uniagent_run(server, data, out, sandbox_tmp),
+            uniagent_run(server, data, out),
             capture_output=True,
             text=True,
             env=env_for(sandbox_tmp),
@@ -247,19 +242,7 @@ def test_bad_rows_are_reported_and_skipped_while_the_others_run(tasks, tmp_path,
 def test_unusable_task_file_is_a_clear_error(tmp_path, data, message):
     (tmp_path / "tasks.csv").write_text("a,b\n")
     proc = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "uniagent.cli",
-            "run",
-            str(CONFIG),
-            "--data",
-            str(tmp_path / data),
-            "--model",
-            "openai:http://127.0.0.1:9/v1#m",
-            "--out",
-            str(tmp_path / "out"),
-        ],
+        run_command(CONFIG, tmp_path / data, UNREACHABLE, tmp_path / "out"),
         capture_output=True,
         text=True,
     )
@@ -279,19 +262,7 @@ def test_bad_config_names_what_is_installed(tasks, tmp_path, change, expected):
     config = tmp_path / "config.yaml"
     config.write_text(change + "\n")
     proc = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "uniagent.cli",
-            "run",
-            str(config),
-            "--data",
-            str(tasks),
-            "--model",
-            "openai:http://127.0.0.1:9/v1#m",
-            "--out",
-            str(tmp_path / "out"),
-        ],
+        run_command(config, tasks, UNREACHABLE, tmp_path / "out"),
         capture_output=True,
         text=True,
         # The tools only: the modal case must see no Modal plugin, wherever this runs.
@@ -338,7 +309,7 @@ def test_ray_run_gives_the_same_results_as_a_local_run(tasks, tmp_path, sandbox_
             ):
                 outs[mode] = tmp_path / mode
                 proc = subprocess.run(
-                    uniagent_run(server, tasks, outs[mode], sandbox_tmp, *extra),
+                    uniagent_run(server, tasks, outs[mode], *extra),
                     capture_output=True,
                     text=True,
                     env=ray_env,
