@@ -6,6 +6,7 @@ checked against the transcript.
 
 from __future__ import annotations
 
+import asyncio
 import copy
 import types
 from typing import Any
@@ -204,10 +205,63 @@ async def test_timeouts_within_budget_recover_then_spending_it_ends(qwen3_tokeni
     assert result.metrics.timeouts == 2
 
 
-async def test_killing_the_shell_is_terminal_not_alive_and_masked(qwen3_tokenizer):
-    result, _ = await episode(qwen3_tokenizer, [hermes_call("shell", {"command": "exit 3"})])
-    assert result.exit_reason is ExitReason.TERMINAL_NOT_ALIVE
-    assert result.traj_masked
+async def test_the_agent_ending_its_own_shell_is_trained_on_with_reward_zero(qwen3_tokenizer):
+    reward = {"name": "command", "config": {"command": "true"}}
+    for command in ("exit 3", "kill -9 $$", "exec true"):
+        script = [hermes_call("shell", {"command": command})]
+        result, _ = await episode(qwen3_tokenizer, script, reward=reward)
+        assert result.exit_reason is ExitReason.AGENT_KILLED_SHELL, command
+        assert not result.traj_masked, command
+        assert result.reward == 0.0, command
+
+
+async def test_a_sandbox_dying_under_a_command_is_terminal_not_alive_and_masked(
+    qwen3_tokenizer,
+):
+    env = AgentEnv.from_config({"type": "host"})
+    await env.start()
+    started = env.deployment.root / "work" / "started"
+
+    async def lose_the_sandbox() -> None:
+        # Wait for the command to be running (an event, not a delay), then lose the sandbox.
+        while not started.exists():
+            await asyncio.sleep(0.01)
+        await env.deployment.stop()
+
+    model = ScriptedTokenModel(
+        qwen3_tokenizer,
+        [hermes_call("shell", {"command": "touch started; sleep 60"})],
+        sampling_params={"max_tokens": 200},
+    )
+    loop = AgentInteraction(
+        model, env, TOOLS, get_parser("hermes"), InteractionConfig(action_timeout=120)
+    )
+    watcher = asyncio.ensure_future(lose_the_sandbox())
+    try:
+        cache = model.start_cache([{"role": "user", "content": "go"}], [])
+        outcome = await loop.run(cache)
+    finally:
+        await watcher
+        await env.close()
+    assert outcome.exit_reason is ExitReason.TERMINAL_NOT_ALIVE
+    assert config().treatment(outcome.exit_reason) == "mask"
+
+
+async def test_a_command_with_a_nul_byte_or_a_lone_surrogate_is_fed_back(qwen3_tokenizer):
+    # The model writes JSON escapes; json.loads turns them into the raw characters.
+    raw = '<tool_call>\n{{"name": "shell", "arguments": {{"command": "echo {}"}}}}\n</tool_call>'
+    script = [
+        raw.format("a\\u0000b"),
+        raw.format("\\ud800"),
+        hermes_call("shell", {"command": "echo still-here"}),
+        hermes_call("done"),
+    ]
+    result, _ = await episode(qwen3_tokenizer, script)
+    assert result.exit_reason is ExitReason.FINISHED
+    tool_texts = [m["content"] for m in result.messages if m["role"] == "tool"]
+    assert "NUL byte" in tool_texts[0] and "not run" in tool_texts[0]
+    assert "not valid Unicode" in tool_texts[1]
+    assert tool_texts[2] == "still-here\n"
 
 
 async def test_context_budget_spent_is_token_limit(qwen3_tokenizer):

@@ -16,6 +16,7 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from uniagent.errors import ConfigError
+from uniagent.grading.settings import GradeIn, IntegritySettings
 from uniagent.interaction.exit import DEFAULT_EXIT_POLICY, ExitReason, Treatment
 
 DEFAULT_SYSTEM_PROMPT = (
@@ -66,10 +67,17 @@ class EnvSection(_Strict):
 
 
 class RewardConfig(_Strict):
-    """Which reward runs at the end of an episode, and its settings."""
+    """Which reward runs at the end of an episode, its settings, and how it is graded."""
 
     name: str
     config: dict[str, Any] = Field(default_factory=dict)
+    grade_in: GradeIn = Field(
+        "episode",
+        description="'episode': grade in the episode's sandbox after stopping the agent's "
+        "processes, in a clean shell; 'fresh': apply the agent's patch to a new sandbox built "
+        "from the task's deployment and set-up, and grade there",
+    )
+    integrity: IntegritySettings = IntegritySettings()
 
 
 class AgentConfig(_Strict):

@@ -1,4 +1,4 @@
-"""One episode end to end: sandbox → tools → loop → reward (sandbox still open) → close.
+"""One episode end to end: sandbox → tools → baseline → loop → grading → close.
 
 Both ``uniagent run`` and the verl adapter call :func:`run_episode`; it never
 raises for a failed episode: every outcome is an :class:`EpisodeResult` with
@@ -14,16 +14,18 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from uniagent.config import AgentConfig
-from uniagent.env import AgentEnv
+from pydantic import ValidationError
+
+from uniagent.config import AgentConfig, format_validation_error
+from uniagent.env import AgentEnv, EnvConfig
 from uniagent.errors import ConfigError
+from uniagent.grading.grader import EpisodeGrader, GradingPlan
 from uniagent.interaction.exit import ExitReason
 from uniagent.interaction.loop import AgentInteraction
 from uniagent.interaction.metrics import EpisodeMetrics
 from uniagent.interaction.prompts import tool_instructions
 from uniagent.models.base import ChatModel
 from uniagent.registry import get_registry
-from uniagent.reward import RewardContext, RewardResult
 from uniagent.rollout import RolloutCache
 
 log = logging.getLogger(__name__)
@@ -41,6 +43,8 @@ class EpisodeResult:
     reward_info: Mapping[str, Any] = field(default_factory=dict)
     submission: str | None = None
     error: str | None = None
+    #: What the grader recorded before the first turn (history scrub, protected files).
+    integrity: Mapping[str, Any] = field(default_factory=dict)
 
     @property
     def messages(self) -> list[dict[str, Any]]:
@@ -57,6 +61,7 @@ class EpisodeResult:
             "submission": self.submission,
             "error": self.error,
             "metrics": self.metrics.to_dict(),
+            "integrity": dict(self.integrity),
         }
 
 
@@ -98,6 +103,7 @@ async def run_episode(
     sandbox starts.
     """
     logger = logger or log
+    grader = make_grader(config, task)
     registry = get_registry()
     tools = [registry.tools()[name] for name in config.tools]
     parser = registry.tool_parsers()[config.tool_parser].factory()
@@ -107,10 +113,13 @@ async def run_episode(
     metrics = EpisodeMetrics()
     started = time.perf_counter()
     env: AgentEnv | None = None
+    integrity: Mapping[str, Any] = {}
     try:
         env = AgentEnv.from_config(config.env.deployment, config.env.settings())
         await env.start()
         await env.install_tools(tools)
+        if grader is not None:
+            integrity = await grader.prepare(env)
     except Exception as exc:
         logger.error("sandbox setup failed: %s", exc)
         if env is not None:
@@ -130,9 +139,13 @@ async def run_episode(
             cache=cache,
             submission=outcome.submission,
             error=outcome.error,
+            integrity=integrity,
         )
-        if config.reward is not None and not result.traj_masked:
-            await _reward(config, task, env, result, logger)
+        if result.exit_reason is ExitReason.AGENT_KILLED_SHELL:
+            # The agent's own command ended its shell: a policy outcome worth nothing.
+            result.reward, result.reward_info = 0.0, {"score_reason": "agent_killed_shell"}
+        elif grader is not None and not result.traj_masked:
+            await _grade(config, grader, env, result, logger)
         return result
     except Exception as exc:
         logger.exception("episode failed")
@@ -141,28 +154,49 @@ async def run_episode(
         await env.close()
 
 
-async def _reward(
+def make_grader(config: AgentConfig, task: Mapping[str, Any]) -> EpisodeGrader | None:
+    """The episode's grader, its reward settings validated before any sandbox starts."""
+    if config.reward is None:
+        return None
+    spec = get_registry().rewards()[config.reward.name]
+    settings = None
+    if spec.config is not None:
+        try:
+            settings = spec.config.model_validate(config.reward.config)
+        except ValidationError as exc:
+            raise ConfigError(format_validation_error(exc, "reward.config")) from None
+    env_settings = config.env.settings()
+    plan = GradingPlan(
+        spec=spec,
+        settings=settings,
+        task=task,
+        grade_in=config.reward.grade_in,
+        integrity=config.reward.integrity,
+        fresh_env=lambda: AgentEnv.from_config(config.env.deployment, env_settings),
+        session_env=EnvConfig.model_validate(env_settings).session_env(),
+    )
+    return EpisodeGrader(plan)
+
+
+async def _grade(
     config: AgentConfig,
-    task: Mapping[str, Any],
+    grader: EpisodeGrader,
     env: AgentEnv,
     result: EpisodeResult,
     logger: logging.Logger,
 ) -> None:
     assert config.reward is not None
-    spec = get_registry().rewards()[config.reward.name]
     started = time.perf_counter()
     try:
-        settings = spec.config.model_validate(config.reward.config) if spec.config else None
-        ctx = RewardContext(
-            env=env,
-            task=task,
-            config=settings,
+        grade = await grader.grade(
+            env,
             messages=result.messages,
-            exit_reason=result.exit_reason.value,
+            exit_reason=result.exit_reason,
             submission=result.submission,
         )
-        outcome = RewardResult.coerce(await spec.fn(ctx))
-        result.reward, result.reward_info = outcome.score, outcome.info
+        result.reward, result.reward_info = grade.score, grade.info
+        logger.info("reward %s: %s %s", config.reward.name, grade.score,
+                    grade.info.get("score_reason", ""))
     except Exception as exc:
         logger.error("reward %s failed: %s", config.reward.name, exc)
         result.exit_reason = ExitReason.REWARD_ERROR

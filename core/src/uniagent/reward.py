@@ -1,32 +1,56 @@
-"""What a reward function receives and returns (see ``uniagent_rewards``)."""
+"""What a reward function receives and returns (see ``uniagent_rewards``).
+
+A reward never sees the agent's shell session. It gets a
+:class:`~uniagent.grading.sandbox.GradingSandbox`: clean one-off shells in the
+episode's sandbox after every process the agent started was stopped and the
+protected files were put back (``grade_in: episode``), or in a fresh sandbox
+holding only the agent's screened patch (``grade_in: fresh``). See
+docs/rewards.md for what the grader trusts.
+"""
 
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Generic, TypeVar
 
-from pydantic import BaseModel
+from uniagent.errors import UniAgentError
+from uniagent.grading.settings import Workspace
+from uniagent.interaction.exit import ExitReason
 
 if TYPE_CHECKING:  # pragma: no cover
-    from uniagent.env import AgentEnv
+    from uniagent.grading.sandbox import GradingSandbox
+
+C = TypeVar("C")
 
 
 @dataclass(frozen=True)
-class RewardContext:
-    """Everything a reward needs, handed over while the sandbox is still open.
+class RewardContext(Generic[C]):
+    """Everything a reward needs at the end of an episode.
 
-    ``task`` is the task row (e.g. a SWE-bench instance); ``submission`` is the
-    output of the finishing tool (``submit``'s diff, ``finish``'s answer) or
-    ``None`` when the episode ended otherwise.
+    ``sandbox`` is the grading sandbox (``None`` for rewards declared with
+    ``uses_sandbox=False``, which grade only the ``submission``); ``task`` is
+    the task row; ``config`` the reward's validated settings (its ``config``
+    model, or ``None`` without one); ``submission`` the output of the
+    finishing tool (``submit``'s diff, ``finish``'s answer) or ``None``;
+    ``workspace`` the repository being graded (path and base commit).
     """
 
-    env: AgentEnv
+    sandbox: GradingSandbox | None
     task: Mapping[str, Any]
-    config: BaseModel | None = None
+    config: C
     messages: Sequence[Mapping[str, Any]] = ()
-    exit_reason: str | None = None
+    exit_reason: ExitReason | None = None
     submission: str | None = None
+    workspace: Workspace = field(default_factory=Workspace)
+
+    def require_sandbox(self) -> GradingSandbox:
+        """The grading sandbox (a clear error for a reward declared ``uses_sandbox=False``)."""
+        if self.sandbox is None:
+            raise RewardInfraError(
+                "this reward was declared with uses_sandbox=False but needs the sandbox"
+            )
+        return self.sandbox
 
 
 @dataclass(frozen=True)
@@ -44,3 +68,13 @@ class RewardResult:
         if isinstance(value, bool | int | float):
             return cls(score=float(value))
         raise TypeError(f"a reward must return a float or RewardResult, got {type(value).__name__}")
+
+
+class RewardInfraError(UniAgentError):
+    """The reward cannot be computed for reasons that are not the agent's (masked).
+
+    Raise it (or a subclass) for a malformed task row, a missing work dir in the
+    image, an environment failure the logs show: the episode ends
+    ``reward_error`` and is masked from training. Anything the agent could have
+    caused (failing tests, a timeout, a full disk) must score instead.
+    """

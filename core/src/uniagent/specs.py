@@ -19,6 +19,8 @@ from typing import TYPE_CHECKING, Any, Literal, get_args
 
 from pydantic import BaseModel
 
+from uniagent.grading.settings import IntegrityDefaults
+
 if TYPE_CHECKING:  # pragma: no cover - imports for type checkers only
     from uniagent.env.deployment import Deployment
 
@@ -138,16 +140,23 @@ class ParserSpec(_Record):
 
 @dataclass(frozen=True, kw_only=True)
 class RewardSpec(_Record):
-    """A reward computed inside the still-open sandbox at the end of an episode.
+    """A reward computed at the end of an episode, in a grading sandbox the agent cannot reach.
 
     ``fn(ctx)`` is awaited with a ``uniagent.reward.RewardContext`` and returns a
     float or a ``uniagent.reward.RewardResult``. ``config`` optionally validates
-    the reward's settings from the agent config.
+    the reward's settings from the agent config. ``uses_sandbox=False`` marks
+    rewards that grade only the submission text (no grading sandbox, no
+    baseline). ``integrity`` gives the reward's defaults for what the grader
+    protects (history scrub, protect and content rules, and a ``workspace``
+    function naming each task's repository, base commit and benchmark-owned
+    files); see docs/rewards.md.
     """
 
     fn: Callable[[Any], Awaitable[Any]] = field(compare=False)
     config: type[BaseModel] | None = None
     description: str = ""
+    uses_sandbox: bool = True
+    integrity: IntegrityDefaults = field(default_factory=IntegrityDefaults, compare=False)
 
 
 Record = ToolSpec | DeploymentSpec | ParserSpec | RewardSpec

@@ -1,4 +1,8 @@
-"""The rewards end to end, in a real host sandbox holding a small buggy repository."""
+"""The rewards end to end, in a real host sandbox holding a small buggy repository.
+
+Each test grades the way an episode does: the grader's baseline is taken first
+(before "the agent" acts), then the reward runs in a clean grading shell.
+"""
 
 from __future__ import annotations
 
@@ -16,18 +20,31 @@ from swebench_helpers import (
 )
 from uniagent_reward_swebench import EvaluationInfraError, TaskRowError
 
-from uniagent.registry import get_rewards
-from uniagent.reward import RewardContext, RewardResult
+from uniagent.grading.grader import EpisodeGrader, Grade
+from uniagent.grading.integrity import GradingSetupError
+from uniagent.testing.grading import grade, prepare_grader
 
 pytestmark = pytest.mark.asyncio
 
+_GRADERS: dict[int, EpisodeGrader] = {}
 
-async def score(name: str, env: Any, task: dict[str, Any], **config: Any) -> RewardResult:
-    """Run reward ``name`` the way the interaction loop does: registry record, config, context."""
-    spec = get_rewards()[name]
-    assert spec.config is not None
-    ctx = RewardContext(env=env, task=task, config=spec.config(**config))
-    return RewardResult.coerce(await spec.fn(ctx))
+
+async def score(
+    name: str, env: Any, task: dict[str, Any], integrity: dict[str, Any] | None = None,
+    **config: Any,
+) -> Grade:
+    """Grade ``env`` with reward ``name``; the baseline is taken on the first call per env."""
+    grader = _GRADERS.get(id(env))
+    if grader is None:
+        grader = _GRADERS[id(env)] = await prepare_grader(
+            env, name, task, config=config, integrity=integrity
+        )
+    return await grade(grader, env)
+
+
+async def baseline(name: str, env: Any, task: dict[str, Any], **config: Any) -> None:
+    """Take the grader's baseline now (before the agent's edits)."""
+    _GRADERS[id(env)] = await prepare_grader(env, name, task, config=config)
 
 
 async def fix_the_bug(env: Any, repo: CalcRepo) -> None:
@@ -60,6 +77,7 @@ async def test_swe_bench_scores_zero_before_and_one_after_the_fix(host_env, calc
 
 
 async def test_evaluation_leaves_the_tree_as_it_found_it(host_env, calc_repo) -> None:
+    await baseline("swe_bench", host_env, swe_bench_row(calc_repo), workdir=str(calc_repo.path))
     await fix_the_bug(host_env, calc_repo)
     await score("swe_bench", host_env, swe_bench_row(calc_repo), workdir=str(calc_repo.path))
     # Only the agent's change remains: the test patch is gone, its new file removed.
@@ -67,22 +85,46 @@ async def test_evaluation_leaves_the_tree_as_it_found_it(host_env, calc_repo) ->
 
 
 async def test_agent_edits_to_test_files_do_not_count(host_env, calc_repo) -> None:
-    # A policy that "fixes" the test instead of the code gains nothing.
+    # A policy that "fixes" the test instead of the code gains nothing: the test patch's
+    # files are the benchmark's, restored from the base before grading.
+    task = swe_bench_row(calc_repo)
+    await baseline("swe_bench", host_env, task, workdir=str(calc_repo.path))
     await host_env.write_file(
         str(calc_repo.path / "test_calc.py"), "def test_sub():\n    assert True\n"
     )
-    result = await score(
-        "swe_bench", host_env, swe_bench_row(calc_repo), workdir=str(calc_repo.path)
-    )
+    result = await score("swe_bench", host_env, task, workdir=str(calc_repo.path))
     assert result.score == 0.0
+    assert result.info["score_reason"] == "tampered"
+    assert result.info["integrity"]["tampered"] == [
+        {"kind": "protected_file", "path": "test_calc.py", "change": "modified",
+         "rule": "task-paths"}
+    ]
+
+
+async def test_with_tampering_only_reported_the_test_files_are_still_restored(
+    host_env, calc_repo
+) -> None:
+    task = swe_bench_row(calc_repo)
+    _GRADERS[id(host_env)] = await prepare_grader(
+        host_env, "swe_bench", task, config={"workdir": str(calc_repo.path)},
+        integrity={"on_tamper": "report"},
+    )
+    await host_env.write_file(
+        str(calc_repo.path / "test_calc.py"), "def test_sub():\n    assert True\n"
+    )
+    await fix_the_bug(host_env, calc_repo)
+    result = await score("swe_bench", host_env, task)
+    assert result.score == 1.0  # graded on the benchmark's tests, which pass with the fix
     assert result.info["test_patch_applied"] is True
+    assert [t["path"] for t in result.info["integrity"]["tampered"]] == ["test_calc.py"]
 
 
 async def test_swebench_shaped_eval_script_applies_the_test_patch_itself(
     host_env, calc_repo
 ) -> None:
-    await fix_the_bug(host_env, calc_repo)
     task = swe_bench_full_script_row(calc_repo)
+    await baseline("swe_bench", host_env, task, workdir=str(calc_repo.path))
+    await fix_the_bug(host_env, calc_repo)
     result = await score("swe_bench", host_env, task, workdir=str(calc_repo.path))
     assert result.info["test_patch_applied"] is None  # left to the script
     assert result.score == 1.0
@@ -113,20 +155,24 @@ async def test_r2e_gym_runs_the_images_run_tests_script(host_env, calc_repo) -> 
     assert after.info["exact_match"]
 
 
-async def test_malformed_row_raises_a_clear_error(host_env, calc_repo) -> None:
+async def test_malformed_row_raises_a_clear_error_before_the_episode(host_env, calc_repo) -> None:
     task = swe_bench_row(calc_repo)
     del task["FAIL_TO_PASS"]
     with pytest.raises(TaskRowError, match=r"local__calc-1.*has no 'FAIL_TO_PASS'"):
-        await score("swe_bench", host_env, task, workdir=str(calc_repo.path))
+        await prepare_grader(host_env, "swe_bench", task, config={"workdir": str(calc_repo.path)})
 
 
-async def test_missing_workdir_is_an_infrastructure_error(host_env, calc_repo) -> None:
+async def test_missing_workdir_is_an_infrastructure_error_before_the_episode(
+    host_env, calc_repo
+) -> None:
     task = swe_rebench_row(calc_repo)
-    with pytest.raises(EvaluationInfraError, match="work dir '/no/such/testbed' does not exist"):
-        await score("swe_rebench", host_env, task, workdir="/no/such/testbed")
+    with pytest.raises(GradingSetupError, match="'/no/such/testbed', does not exist"):
+        await prepare_grader(host_env, "swe_rebench", task, config={"workdir": "/no/such/testbed"})
 
 
 async def test_tests_running_past_the_timeout_score_zero(host_env, calc_repo) -> None:
+    await baseline("swe_bench", host_env, swe_bench_row(calc_repo), workdir=str(calc_repo.path),
+                   eval_timeout=3)
     await host_env.write_file(
         str(calc_repo.path / "calc.py"),
         "import time\n\n\ndef add(a, b):\n    time.sleep(60)\n    return a + b\n\n\n"
@@ -141,10 +187,9 @@ async def test_tests_running_past_the_timeout_score_zero(host_env, calc_repo) ->
     assert calc_repo.status().split() == ["M", "calc.py"]
 
 
-async def test_test_patch_that_no_longer_applies_scores_zero(host_env, calc_repo) -> None:
+async def test_test_patch_that_does_not_apply_scores_zero(host_env, calc_repo) -> None:
     task = swe_bench_row(calc_repo)
-    del task["base_commit"]  # without it the test files are not reset first
-    await host_env.write_file(str(calc_repo.path / "test_calc.py"), "# rewritten\n")
+    task["test_patch"] = task["test_patch"].replace("assert sub(5, 3) == 2", "assert sub(9, 9)")
     result = await score("swe_bench", host_env, task, workdir=str(calc_repo.path))
     assert result.score == 0.0
     assert result.info["test_patch_applied"] is False

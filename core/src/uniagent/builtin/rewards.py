@@ -1,4 +1,4 @@
-"""Built-in rewards: ``command`` scores 1.0 when a test command exits 0 in the sandbox."""
+"""Built-in rewards: ``command`` scores 1.0 when a test command exits 0 in the grading sandbox."""
 
 from __future__ import annotations
 
@@ -6,9 +6,8 @@ from collections.abc import Iterator
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from uniagent.errors import ConfigError
 from uniagent.hookspecs import hookimpl
-from uniagent.reward import RewardContext, RewardResult
+from uniagent.reward import RewardContext, RewardInfraError, RewardResult
 from uniagent.specs import RewardSpec
 
 
@@ -23,25 +22,24 @@ class CommandRewardConfig(BaseModel):
     output_chars: int = Field(2000, ge=0, description="tail of the output kept in the result")
 
 
-async def command_reward(ctx: RewardContext) -> RewardResult:
-    """Run the test command in the still-open sandbox; 1.0 if it exits 0, else 0.0."""
-    config = ctx.config if isinstance(ctx.config, CommandRewardConfig) else CommandRewardConfig()
+async def command_reward(ctx: RewardContext[CommandRewardConfig]) -> RewardResult:
+    """Run the test command in a clean grading shell in the repository; 1.0 if it exits 0."""
+    config = ctx.config
     command = config.command or ctx.task.get(config.task_field)
     if not command:
-        raise ConfigError(
+        raise RewardInfraError(
             f"the command reward needs a command: set reward.config.command or give each task "
             f"a {config.task_field!r} field"
         )
-    observation = await ctx.env.run_action(str(command), timeout=config.timeout)
-    passed = observation.exit_code == 0
+    done = await ctx.require_sandbox().run(str(command), timeout=config.timeout)
+    passed = done.exit_code == 0 and not done.timed_out
     return RewardResult(
         score=1.0 if passed else 0.0,
         info={
             "command": command,
-            "exit_code": observation.exit_code,
-            "output_tail": observation.output[-config.output_chars :]
-            if config.output_chars
-            else "",
+            "exit_code": done.exit_code,
+            "timed_out": done.timed_out,
+            "output_tail": done.output[-config.output_chars :] if config.output_chars else "",
         },
     )
 
@@ -53,5 +51,6 @@ def uniagent_rewards() -> Iterator[RewardSpec]:
         name="command",
         fn=command_reward,
         config=CommandRewardConfig,
-        description="1.0 when a test command (from the config or the task) exits 0",
+        description="1.0 when a test command (from the config or the task) exits 0 in a clean "
+        "grading shell",
     )

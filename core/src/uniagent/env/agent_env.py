@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import posixpath
 import secrets
@@ -24,13 +25,18 @@ from uniagent.env.errors import (
     EnvError,
     EnvStartError,
     NonZeroExitError,
+    ShellKilledError,
     TerminalNotAliveError,
     ToolInstallError,
+    check_encodable,
 )
 from uniagent.env.output import clean_output, truncate_output
 from uniagent.env.runtime import (
     BashAction,
     BashInterruptAction,
+    CloseBashSessionRequest,
+    Command,
+    CommandResponse,
     CreateBashSessionRequest,
     ReadFileRequest,
     UploadRequest,
@@ -103,6 +109,7 @@ class AgentEnv:
         self._tools_dir: str = DEFAULT_TOOLS_DIR
         self._installed: set[str] = set()
         self._stop_task: asyncio.Task[None] | None = None
+        self._agent_stopped = False
 
     @classmethod
     def from_config(
@@ -220,6 +227,78 @@ class AgentEnv:
         except Exception:
             return False
 
+    async def sandbox_alive(self) -> bool:
+        """Whether the sandbox itself still runs, whatever became of the agent's shell.
+
+        This tells a shell the agent's own command ended (the sandbox lives on) from a
+        sandbox that died under it (infrastructure). Deployments may provide
+        ``sandbox_alive()``; otherwise their ``is_alive()`` is asked (for SWE-ReX
+        servers that is the server, not the session).
+        """
+        if self._closed or not self._started:
+            return False
+        probe = getattr(self.deployment, "sandbox_alive", None) or self.deployment.is_alive
+        try:
+            return bool(await probe())
+        except Exception:
+            return False
+
+    async def stop_agent(self) -> None:
+        """End the agent's session and every process it started; the sandbox's files stay.
+
+        After this, :meth:`run_action` refuses: grading uses one-off clean shells
+        (:meth:`execute`). Deployments provide ``kill_processes()`` to end processes
+        that left the session's process group (``setsid``, daemons); without it only
+        the session's own processes end.
+        """
+        if self._agent_stopped or self._closed or not self._started:
+            self._agent_stopped = True
+            return
+        self._agent_stopped = True
+        with contextlib.suppress(Exception):
+            await asyncio.wait_for(
+                self.runtime.close_session(CloseBashSessionRequest(session=SESSION)),
+                self.config.close_timeout,
+            )
+        kill = getattr(self.deployment, "kill_processes", None)
+        if kill is not None:
+            await asyncio.wait_for(kill(), self.config.close_timeout)
+
+    async def execute(
+        self,
+        argv: Sequence[str],
+        *,
+        env: Mapping[str, str] | None,
+        cwd: str | None = None,
+        timeout: float | None = None,
+    ) -> CommandResponse:
+        """Run a one-off process in the sandbox with exactly ``env`` (nothing inherited).
+
+        It is not the agent's session: no shell state, functions, aliases or
+        variables of the agent reach it. ``env=None`` gives the sandbox's own
+        start-up environment (the deployment's, never the session's). stdout and
+        stderr are merged.
+        """
+        if self._closed:
+            raise TerminalNotAliveError("this environment was closed")
+        if not self._started:
+            raise EnvError("the environment is not started; await env.start() first")
+        command = Command(
+            command=list(argv),
+            env=dict(env) if env is not None else None,
+            cwd=cwd,
+            timeout=timeout,
+            merge_output_streams=True,
+        )
+        try:
+            return await self.runtime.execute(command)
+        except Exception as exc:
+            if _kind(exc) == "dead" or not await self.sandbox_alive():
+                raise TerminalNotAliveError(
+                    f"the sandbox is gone: {type(exc).__name__}: {exc}"
+                ) from exc
+            raise
+
     # -- commands ---------------------------------------------------------------------
     async def run_action(self, command: str, timeout: float | None = None) -> Observation:
         """Run ``command`` in the persistent session; errors are :mod:`uniagent.env.errors`'.
@@ -230,6 +309,7 @@ class AgentEnv:
         raised with the partial output.
         """
         self._check_usable()
+        check_encodable(command)
         timeout = timeout if timeout is not None else self.config.action_timeout
         action = BashAction(command=command, session=SESSION, timeout=timeout, check="silent")
         try:
@@ -242,10 +322,9 @@ class AgentEnv:
                 partial = await self._recover()
                 raise ActionTimeoutError(command, timeout, await self._clean(partial)) from None
             if kind == "dead":
-                self._dead = str(exc) or type(exc).__name__
-                partial = getattr(exc, "partial_output", "")
-                raise TerminalNotAliveError(
-                    f"the shell session is gone: {self._dead}", await self._clean(partial)
+                raise await self._death(
+                    f"the shell session is gone: {exc or type(exc).__name__}",
+                    getattr(exc, "partial_output", ""),
                 ) from exc
             raise
         if obs.exit_code is None:
@@ -256,6 +335,18 @@ class AgentEnv:
             log.info("exit code unknown; re-synchronising the session")
             await self._recover()
         return Observation(output=await self._clean(obs.output), exit_code=obs.exit_code)
+
+    async def _death(self, message: str, partial: str) -> TerminalNotAliveError:
+        """The error for a session that died under a command: the agent's doing or not."""
+        self._dead = message
+        partial = await self._clean(partial)
+        if await self.sandbox_alive():
+            return ShellKilledError(
+                f"{message} (the sandbox still runs: the command itself ended or wedged the "
+                "shell)",
+                partial,
+            )
+        return TerminalNotAliveError(message, partial)
 
     async def _recover(self) -> str:
         """Interrupt the timed-out command and probe the session; the output so far."""
@@ -278,13 +369,15 @@ class AgentEnv:
                 )
             )
         except Exception as exc:
-            self._dead = f"interrupting a timed-out command failed: {type(exc).__name__}: {exc}"
-            raise TerminalNotAliveError(self._dead, getattr(exc, "partial_output", "")) from exc
+            raise await self._death(
+                f"interrupting a timed-out command failed: {type(exc).__name__}: {exc}",
+                getattr(exc, "partial_output", ""),
+            ) from exc
         if token not in probe.output:
-            self._dead = (
-                f"the session did not answer the liveness probe (got {probe.output[:200]!r})"
+            raise await self._death(
+                f"the session did not answer the liveness probe (got {probe.output[:200]!r})",
+                obs.output,
             )
-            raise TerminalNotAliveError(self._dead, obs.output)
         return obs.output
 
     async def communicate(
@@ -296,9 +389,11 @@ class AgentEnv:
             raise NonZeroExitError(command, obs.exit_code, obs.output)
         return obs.output
 
-    def _check_usable(self) -> None:
+    def _check_usable(self, *, files: bool = False) -> None:
         if self._closed:
             raise TerminalNotAliveError("this environment was closed")
+        if self._agent_stopped and not files:
+            raise EnvError("the agent's session was stopped for grading; use execute()")
         if not self._started:
             raise EnvError(
                 "the environment is not started; await env.start() (or use `async with`)"
@@ -327,18 +422,18 @@ class AgentEnv:
         self, path: str | Path, encoding: str = "utf-8", errors: str | None = None
     ) -> str:
         """A text file of the sandbox (relative paths are under :attr:`workdir`)."""
-        self._check_usable()
+        self._check_usable(files=True)
         request = ReadFileRequest(path=self._path(path), encoding=encoding, errors=errors)
         return (await self.runtime.read_file(request)).content
 
     async def write_file(self, path: str | Path, content: str) -> None:
         """Write a text file in the sandbox, creating parent dirs."""
-        self._check_usable()
+        self._check_usable(files=True)
         await self.runtime.write_file(WriteFileRequest(path=self._path(path), content=content))
 
     async def upload(self, local: str | Path, remote: str | Path) -> None:
         """Copy a local file to ``remote``, or a local directory's contents into ``remote``."""
-        self._check_usable()
+        self._check_usable(files=True)
         request = UploadRequest(source_path=str(local), target_path=self._path(remote))
         await self.runtime.upload(request)
 

@@ -61,18 +61,34 @@ def bwrap_argv(
     for path in SYSTEM_DIRS:
         if os.path.islink(path):
             argv += ["--symlink", os.readlink(path), path]
-    for mount in mounts:
+    # Parents before children: a mount hides whatever was mounted below its path before it
+    # (a private /tmp would hide a bind of /tmp/data made earlier).
+    for mount in sorted(mounts, key=lambda m: len(PurePosixPath(m.inside).parts)):
         argv += ["--bind" if mount.writable else "--ro-bind", mount.host, mount.inside]
     argv += ["--proc", "/proc", "--dev", "/dev", "--chdir", chdir, *extra_args]
     return argv
 
 
-def system_mounts(ro_binds: list[str] | tuple[str, ...] = ()) -> list[Mount]:
+def system_mounts() -> list[Mount]:
     """Read-only mounts of the host's system directories (that exist and are not symlinks)."""
+    return [
+        Mount(inside=path, host=path, writable=False)
+        for path in SYSTEM_DIRS
+        if os.path.isdir(path) and not os.path.islink(path)
+    ]
+
+
+def bind_mounts(specs: list[str] | tuple[str, ...], *, writable: bool) -> list[Mount]:
+    """Mounts for ``PATH`` or ``HOST:INSIDE`` entries; a host path that is missing is an error."""
     mounts = []
-    for path in (*SYSTEM_DIRS, *ro_binds):
-        if os.path.isdir(path) and not os.path.islink(path):
-            mounts.append(Mount(inside=path, host=path, writable=False))
+    for spec in specs:
+        host, _, inside = spec.partition(":")
+        host, inside = os.path.abspath(host), inside or os.path.abspath(host)
+        if not os.path.exists(host):
+            raise EnvStartError(f"bind {spec!r}: {host} does not exist on this machine")
+        if not os.path.isabs(inside):
+            raise EnvStartError(f"bind {spec!r}: the sandbox path must be absolute")
+        mounts.append(Mount(inside=os.path.normpath(inside), host=host, writable=writable))
     return mounts
 
 

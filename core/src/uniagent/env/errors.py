@@ -6,7 +6,10 @@
   back to the model and the episode goes on).
 - :class:`ActionTimeoutError`: ``timeout_error`` (the command was interrupted, the
   session kept; the episode goes on until its timeout budget is spent).
-- :class:`TerminalNotAliveError`: ``terminal_not_alive`` (the episode ends).
+- :class:`TerminalNotAliveError`: ``terminal_not_alive`` (the episode ends, masked);
+  its subclass :class:`ShellKilledError`: ``agent_killed_shell`` (the agent's own
+  command ended the shell; trained on).
+- :class:`CommandEncodingError`: nothing ran; fed back to the model.
 """
 
 from __future__ import annotations
@@ -65,6 +68,46 @@ class TerminalNotAliveError(EnvError):
     def __init__(self, message: str, partial_output: str = "") -> None:
         self.partial_output = partial_output
         super().__init__(message)
+
+
+class ShellKilledError(TerminalNotAliveError):
+    """The agent's own command ended (or wedged) the shell while the sandbox itself lives on.
+
+    ``exit``, ``kill $$``, ``exec``, a shell that ignores every interrupt: a policy
+    outcome (exit reason ``agent_killed_shell``), never an infrastructure failure.
+    """
+
+
+class CommandEncodingError(EnvError):
+    """The command cannot be sent to a shell (a NUL byte, characters not encodable as UTF-8).
+
+    Nothing was run; the session is untouched. The interaction loop feeds the
+    message back to the model.
+    """
+
+    def __init__(self, message: str, command: str = "") -> None:
+        self.command = command
+        super().__init__(message)
+
+
+def check_encodable(command: str) -> None:
+    """Raise :class:`CommandEncodingError` unless ``command`` can be written to a shell."""
+    if "\x00" in command:
+        at = command.index("\x00")
+        raise CommandEncodingError(
+            f"the command contains a NUL byte (character {at}); bash cannot receive it, so "
+            "nothing was run. Remove it (write binary data with printf '\\0' instead).",
+            command,
+        )
+    try:
+        command.encode("utf-8")
+    except UnicodeEncodeError as exc:
+        raise CommandEncodingError(
+            f"the command contains characters that are not valid Unicode text "
+            f"({exc.object[exc.start:exc.end]!r} at character {exc.start}: {exc.reason}); "
+            "nothing was run. Use plain UTF-8 text.",
+            command,
+        ) from None
 
 
 class NonZeroExitError(EnvError):

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import fnmatch
 import logging
 import os
 import shlex
@@ -23,7 +24,14 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from uniagent.env.bash_session import BASH_FLAGS, BashSession
-from uniagent.env.bwrap import Mount, bwrap_argv, find_bwrap, host_path, system_mounts
+from uniagent.env.bwrap import (
+    Mount,
+    bind_mounts,
+    bwrap_argv,
+    find_bwrap,
+    host_path,
+    system_mounts,
+)
 from uniagent.env.errors import (
     CommandTimeoutError,
     EnvError,
@@ -45,6 +53,8 @@ from uniagent.env.runtime import (
 log = logging.getLogger(__name__)
 
 DEFAULT_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
+#: This process's variables every sandbox gets (no secrets): the rest only through ``pass_env``.
+PASS_ENV = ("PATH", "LANG", "LANGUAGE", "LC_ALL", "LC_CTYPE", "LC_MESSAGES", "TZ")
 #: Where the sandbox sees its tools dir and home under bubblewrap.
 BWRAP_TOOLS_DIR = "/uniagent/tools"
 BWRAP_HOME = "/root"
@@ -66,15 +76,21 @@ class HostDeploymentConfig(BaseModel):
         None, description="bwrap only: where the work dir appears inside (default /work)"
     )
     ro_binds: list[str] = Field(
-        default_factory=list, description="bwrap only: more host dirs visible read-only"
+        default_factory=list,
+        description="bwrap only: more host paths visible read-only ('PATH' or 'HOST:INSIDE')",
+    )
+    binds: list[str] = Field(
+        default_factory=list,
+        description="bwrap only: host paths visible read-write ('PATH' or 'HOST:INSIDE')",
     )
     bwrap_args: list[str] = Field(
         default_factory=list, description="bwrap only: extra bwrap arguments"
     )
-    inherit_env: bool | None = Field(
-        None,
-        description="start from this process's environment (default: yes without isolation, "
-        "no with bwrap, which starts from a minimal one)",
+    pass_env: list[str] = Field(
+        default_factory=list,
+        description="names (or fnmatch patterns, e.g. 'PIP_*') of this process's environment "
+        "variables passed into the sandbox besides " + ", ".join(PASS_ENV) + "; nothing else "
+        "from this process's environment (API keys, tokens) ever enters it",
     )
     base_dir: str | None = Field(
         None, description="parent of the episode directories (default: the temp dir)"
@@ -94,7 +110,7 @@ class HostDeploymentConfig(BaseModel):
                     "network: false needs isolation: bwrap (without isolation the session has "
                     "the host's network)"
                 )
-            for name in ("sandbox_workdir", "ro_binds", "bwrap_args"):
+            for name in ("sandbox_workdir", "ro_binds", "binds", "bwrap_args"):
                 if getattr(self, name):
                     raise ValueError(f"{name} applies only with isolation: bwrap")
         return self
@@ -107,26 +123,27 @@ class _Layout:
         self.root = root
         for sub in ("work", "tools", "tmp", "home"):
             (root / sub).mkdir(exist_ok=True)
-        inherit = config.inherit_env if config.inherit_env is not None else bwrap is None
-        env = dict(os.environ) if inherit else {"PATH": DEFAULT_PATH, "LANG": "C.UTF-8"}
+        env = sandbox_environment(config.pass_env)
         self.bwrap = bwrap
         if bwrap is None:
             self.workdir = str(root / "work")
             self.tools_dir = str(root / "tools")
             self.mounts: list[Mount] = []
             self.prefix: list[str] = []
+            env.update(HOME=str(root / "home"), TMPDIR=str(root / "tmp"))
         else:
             self.workdir = config.sandbox_workdir or "/work"
             self.tools_dir = BWRAP_TOOLS_DIR
             self.mounts = [
-                *system_mounts(config.ro_binds),
+                *system_mounts(),
+                *bind_mounts(config.ro_binds, writable=False),
+                *bind_mounts(config.binds, writable=True),
                 Mount("/tmp", str(root / "tmp"), True),
                 Mount(BWRAP_HOME, str(root / "home"), True),
                 Mount(self.workdir, str(root / "work"), True),
                 Mount(self.tools_dir, str(root / "tools"), True),
             ]
-            env["HOME"] = BWRAP_HOME
-            env.pop("TMPDIR", None)
+            env.update(HOME=BWRAP_HOME, PATH=DEFAULT_PATH)
             self.prefix = bwrap_argv(
                 bwrap,
                 self.mounts,
@@ -233,7 +250,8 @@ class HostRuntime:
         else:  # like subprocess.run: a string is one program name
             argv = [text] if isinstance(text, str) else list(text)
         cwd = command.cwd or self.layout.workdir
-        env = {**self.layout.env, **(command.env or {})}
+        # Like subprocess: a given env is the whole environment (grading relies on it).
+        env = dict(command.env) if command.env is not None else dict(self.layout.env)
         if self.layout.bwrap is not None:
             argv, cwd = self.layout.wrap(argv, cwd), str(self.layout.root)
         merge = (
@@ -304,6 +322,11 @@ class HostRuntime:
         await asyncio.to_thread(copy)
         return UploadResponse()
 
+    async def kill_processes(self) -> None:
+        """End every session and every process they started; files stay."""
+        sessions, self.sessions = list(self.sessions.values()), {}
+        await asyncio.gather(*(s.close() for s in sessions), return_exceptions=True)
+
     async def close(self) -> CloseResponse:
         """Close every session; idempotent."""
         self._closed = True
@@ -347,6 +370,15 @@ class HostDeployment:
             await asyncio.to_thread(shutil.rmtree, root, ignore_errors=True)
             self._root = None
 
+    async def sandbox_alive(self) -> bool:
+        """Whether the sandbox (its directory and runtime) is up, whatever its sessions do."""
+        return self._runtime is not None and not self._runtime._closed and self._root is not None
+
+    async def kill_processes(self) -> None:
+        """End every process of the sandbox (the agent's, before grading); files stay."""
+        if self._runtime is not None:
+            await self._runtime.kill_processes()
+
     @property
     def runtime(self) -> HostRuntime:
         """The runtime (after :meth:`start`)."""
@@ -374,6 +406,19 @@ class HostDeployment:
     def root(self) -> Path | None:
         """The episode directory on the host (None before start and after stop)."""
         return self._root
+
+
+def sandbox_environment(pass_env: list[str]) -> dict[str, str]:
+    """The variables a sandbox starts with: :data:`PASS_ENV` plus ``pass_env``, if set here."""
+    wanted = (*PASS_ENV, *pass_env)
+    env = {
+        name: value
+        for name, value in os.environ.items()
+        if any(fnmatch.fnmatchcase(name, pattern) for pattern in wanted)
+    }
+    env.setdefault("PATH", DEFAULT_PATH)
+    env.setdefault("LANG", "C.UTF-8")
+    return env
 
 
 def _sh_quote(text: str) -> str:

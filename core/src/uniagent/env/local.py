@@ -28,6 +28,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field
 
 from uniagent.env.errors import EnvError, EnvStartError
+from uniagent.env.killall import kill_all_but_ancestors
 from uniagent.env.remote import make_runtime, retrying_runtime_class, wait_until_alive
 
 log = logging.getLogger(__name__)
@@ -284,6 +285,11 @@ class LocalDeployment:
         if self._container is None:
             raise EnvError("the local deployment is not started; await start() first")
         return self._container.runtime
+
+    async def kill_processes(self) -> None:
+        """End every process in the container except its server (before grading)."""
+        if self._container is not None:
+            await kill_all_but_ancestors(self.runtime)
 
     @property
     def container_name(self) -> str | None:

@@ -15,6 +15,7 @@ class ExitReason(str, Enum):
     FORMAT_ERROR = "format_error"
     SYNTAX_ERROR = "syntax_error"
     TIMEOUT_ERROR = "timeout_error"
+    AGENT_KILLED_SHELL = "agent_killed_shell"
     TERMINAL_NOT_ALIVE = "terminal_not_alive"
     ENV_ERROR = "env_error"
     REWARD_ERROR = "reward_error"
@@ -31,6 +32,8 @@ Treatment = Literal["train", "mask"]
 #: that its answer was wrong; policy outcomes are trained on. ``format_error``,
 #: ``syntax_error`` and ``timeout_error`` only end an episode when their budget
 #: (``max_format_errors`` / ``timeout_budget``) is spent: that is the policy's doing.
+#: ``agent_killed_shell`` (the agent's own command ended or wedged its shell while the
+#: sandbox lives on) is the policy's doing too: trained on, with reward 0.
 DEFAULT_EXIT_POLICY: dict[ExitReason, Treatment] = {
     ExitReason.FINISHED: "train",
     ExitReason.MAX_STEP_LIMIT: "train",
@@ -38,6 +41,7 @@ DEFAULT_EXIT_POLICY: dict[ExitReason, Treatment] = {
     ExitReason.FORMAT_ERROR: "train",
     ExitReason.SYNTAX_ERROR: "train",
     ExitReason.TIMEOUT_ERROR: "train",
+    ExitReason.AGENT_KILLED_SHELL: "train",
     ExitReason.TERMINAL_NOT_ALIVE: "mask",
     ExitReason.ENV_ERROR: "mask",
     ExitReason.REWARD_ERROR: "mask",

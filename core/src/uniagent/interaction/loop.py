@@ -13,7 +13,13 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from uniagent.config import InteractionConfig
-from uniagent.env.errors import ActionSyntaxError, ActionTimeoutError, TerminalNotAliveError
+from uniagent.env.errors import (
+    ActionSyntaxError,
+    ActionTimeoutError,
+    CommandEncodingError,
+    ShellKilledError,
+    TerminalNotAliveError,
+)
 from uniagent.interaction.exit import ExitReason
 from uniagent.interaction.metrics import EpisodeMetrics
 from uniagent.models.base import ChatModel, ContextLimitError, ModelError, ModelResponse
@@ -129,6 +135,9 @@ class AgentInteraction:
             except ActionSyntaxError as exc:
                 metrics.syntax_errors += 1
                 text = f"Your command was not run: bash reports a syntax error.\n{exc}"
+            except CommandEncodingError as exc:
+                metrics.syntax_errors += 1
+                text = f"Your command was not run: {exc}"
             except ActionTimeoutError as exc:
                 metrics.timeouts += 1
                 self.timeout_left -= self.config.action_timeout
@@ -140,6 +149,9 @@ class AgentInteraction:
                     "interrupted; the shell is still usable. Run long jobs with a smaller input, "
                     "or in the background with output to a file."
                 ).lstrip("\n")
+            except ShellKilledError as exc:
+                self.log.warning("the agent's command ended its shell: %s", exc)
+                return _Turn(exit_reason=ExitReason.AGENT_KILLED_SHELL)
             except TerminalNotAliveError as exc:
                 self.log.warning("terminal died: %s", exc)
                 return _Turn(exit_reason=ExitReason.TERMINAL_NOT_ALIVE)

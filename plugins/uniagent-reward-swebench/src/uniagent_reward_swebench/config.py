@@ -23,11 +23,6 @@ class SweBenchRewardConfig(BaseModel):
             "{instance_id} (e.g. '/{repo_name}' for SWE-rebench V2 images)"
         ),
     )
-    scratch_dir: str = Field(
-        default="/tmp",
-        min_length=1,
-        description="where the evaluation's scripts, patch and log are written in the sandbox",
-    )
     apply_test_patch: Literal["auto", "always", "never"] = Field(
         default="auto",
         description=(
@@ -66,9 +61,6 @@ class SweBenchRewardConfig(BaseModel):
     )
     log_tail_chars: int = Field(
         default=4000, ge=0, description="characters of the test log kept in RewardResult.info"
-    )
-    keep_scratch: bool = Field(
-        default=False, description="leave the evaluation's files in the sandbox (debugging)"
     )
 
 

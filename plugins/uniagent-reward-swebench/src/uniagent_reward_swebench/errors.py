@@ -1,11 +1,15 @@
-"""Errors of the SWE-bench rewards; the loop reports any of them as exit reason ``reward_error``."""
+"""Errors of the SWE-bench rewards: infrastructure (exit reason ``reward_error``, masked).
+
+Nothing the agent can cause raises them: failing tests, a test patch that no
+longer applies and tests past ``eval_timeout`` score 0.0 instead.
+"""
 
 from __future__ import annotations
 
-from uniagent.errors import UniAgentError
+from uniagent.reward import RewardInfraError
 
 
-class SweBenchRewardError(UniAgentError):
+class SweBenchRewardError(RewardInfraError):
     """Base class: the reward could not be computed (the trajectory should not be trained on)."""
 
 

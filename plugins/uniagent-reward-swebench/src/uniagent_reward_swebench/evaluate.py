@@ -1,13 +1,17 @@
-"""Run an evaluation inside the episode's still-open sandbox and grade it with swebench."""
+"""Run an evaluation in the grading sandbox and grade its log with swebench.
+
+The core's grader has already stopped the agent's processes, restored the
+files of the test patch and the test-harness files from the task's base, and
+opens a clean shell per command (see the core's docs/rewards.md).
+"""
 
 from __future__ import annotations
 
 import asyncio
-import contextlib
+import re
 import shlex
 import tempfile
 import time
-import uuid
 from pathlib import Path
 from typing import Any
 
@@ -22,7 +26,6 @@ from uniagent_reward_swebench.scripts import (
     START_TEST_OUTPUT,
     TESTS_TIMEOUT,
     WORKDIR_MISSING,
-    patch_files,
     runner_script,
 )
 
@@ -119,55 +122,75 @@ def grade(spec: EvalSpec, log: str) -> dict[str, Any]:
     return result
 
 
+#: Status words of test-result lines (pytest's -rA / -v, Django's and unittest's verbose lines).
+_STATUS = re.compile(
+    r"\b(PASSED|FAILED|ERROR|SKIPPED|XFAIL|XPASS)\b|\.\.\.\s*(ok|FAIL|ERROR|skipped)\b"
+)
+_EQUIVALENT = {"ok": "PASSED", "FAIL": "FAILED", "skipped": "SKIPPED"}
+
+
+def conflicting_results(log: str, tests: list[str]) -> dict[str, list[str]]:
+    """Tests that the log reports with more than one distinct status.
+
+    A real runner reports each test once (or the same status twice: progress and
+    summary); conflicting lines mean something printed fake results into the log
+    (code of the agent running at exit, say). Such a test counts as failed.
+    """
+    wanted = set(tests)
+    seen: dict[str, set[str]] = {}
+    for line in log.splitlines():
+        match = _STATUS.search(line)
+        if match is None:
+            continue
+        status = match.group(1) or _EQUIVALENT.get(match.group(2), match.group(2))
+        for name in wanted:
+            if name in line:
+                seen.setdefault(name, set()).add(status)
+    return {name: sorted(s) for name, s in seen.items() if len(s) > 1}
+
+
 async def evaluate(
-    ctx: RewardContext, spec: EvalSpec, config: SweBenchRewardConfig
+    ctx: RewardContext[SweBenchRewardConfig], spec: EvalSpec, config: SweBenchRewardConfig
 ) -> RewardResult:
-    """Apply the test patch, run the eval script in ``ctx.env``, grade; 1.0 when resolved."""
-    env = ctx.env
+    """Apply the test patch, run the eval script in the grading sandbox, grade; 1.0 if resolved."""
+    sandbox = ctx.require_sandbox()
     q = shlex.quote
-    scratch = f"{config.scratch_dir.rstrip('/')}/uniagent-swebench-{uuid.uuid4().hex[:12]}"
+    scratch = f"{sandbox.scratch}/swebench"
     eval_path, run_path, log_path = f"{scratch}/eval.sh", f"{scratch}/run.sh", f"{scratch}/log.txt"
     patch_path = f"{scratch}/test.patch" if spec.apply_test_patch else None
     # Importing swebench's harness takes about a second: keep it off the event loop.
     eval_text = await asyncio.to_thread(final_eval_script, spec)
 
-    made = await env.run_action(f"mkdir -p {q(scratch)}", timeout=60)
+    made = await sandbox.run(f"mkdir -p {q(scratch)}", timeout=60, cwd="/")
     if made.exit_code != 0:
         raise EvaluationInfraError(
-            f"could not create {scratch} in the sandbox ({made.output.strip()[-300:]}); set the "
-            "reward config's scratch_dir to a writable directory"
+            f"could not create {scratch} in the sandbox ({made.output.strip()[-300:]})"
         )
     started = time.monotonic()
+    await sandbox.write_file(eval_path, eval_text)
+    if patch_path is not None:
+        patch = spec.test_patch if spec.test_patch.endswith("\n") else spec.test_patch + "\n"
+        await sandbox.write_file(patch_path, patch)
+    await sandbox.write_file(
+        run_path,
+        runner_script(
+            workdir=spec.workdir,
+            eval_script_path=eval_path,
+            timeout=config.eval_timeout,
+            test_patch_path=patch_path,
+        ),
+    )
+    await sandbox.run(
+        f"bash {q(run_path)} > {q(log_path)} 2>&1",
+        timeout=config.eval_timeout + GRACE_SECONDS,
+        cwd="/",
+    )
     try:
-        await env.write_file(eval_path, eval_text)
-        if patch_path is not None:
-            patch = spec.test_patch if spec.test_patch.endswith("\n") else spec.test_patch + "\n"
-            await env.write_file(patch_path, patch)
-        await env.write_file(
-            run_path,
-            runner_script(
-                workdir=spec.workdir,
-                eval_script_path=eval_path,
-                timeout=config.eval_timeout,
-                test_patch_path=patch_path,
-                test_files=patch_files(spec.test_patch) if patch_path else (),
-                base_commit=spec.base_commit,
-            ),
-        )
-        await env.run_action(
-            f"bash {q(run_path)} > {q(log_path)} 2>&1", timeout=config.eval_timeout + GRACE_SECONDS
-        )
-        try:
-            log = await env.read_file(log_path, errors="replace")
-        except Exception as exc:
-            raise EvaluationInfraError(
-                f"the evaluation of {spec.instance_id} left no log at {log_path} ({exc})"
-            ) from exc
-    finally:
-        if not config.keep_scratch:
-            # Best effort: the sandbox is usually closed right after the reward anyway.
-            with contextlib.suppress(Exception):
-                await env.run_action(f"rm -rf {q(scratch)}", timeout=60)
+        log = await sandbox.read_file(log_path, errors="replace")
+    except Exception as exc:
+        raise EvaluationInfraError(
+            f"the evaluation of {spec.instance_id} left no log at {log_path} ({exc})"
+        ) from exc
     elapsed = time.monotonic() - started
 
     if WORKDIR_MISSING in log:
@@ -182,6 +205,10 @@ async def evaluate(
             f"the evaluation of {spec.instance_id} failed for environmental reasons "
             f"({result['infra_failure_reason']}); the log ends with:\n{log[-1500:]}"
         )
+    conflicts = conflicting_results(log, [*spec.fail_to_pass, *spec.pass_to_pass])
+    if conflicts:
+        result["resolved"] = False
+        result["conflicting_results"] = conflicts
     tail = log[-config.log_tail_chars :] if config.log_tail_chars else ""
     info: dict[str, Any] = {
         "dataset": spec.dataset,

@@ -10,27 +10,35 @@ from uniagent_reward_swebench.config import (
     SweBenchRewardConfig,
     SweRebenchRewardConfig,
 )
-from uniagent_reward_swebench.rewards import r2e_gym_reward, swe_bench_reward, swe_rebench_reward
+from uniagent_reward_swebench.rewards import (
+    integrity_defaults,
+    r2e_gym_reward,
+    swe_bench_reward,
+    swe_rebench_reward,
+)
 
 
 @hookimpl
 def uniagent_rewards() -> Iterator[RewardSpec]:
-    """The three SWE rewards, each graded by swebench's harness in the episode's sandbox."""
+    """The three SWE rewards, each graded by swebench's harness in a grading sandbox."""
     yield RewardSpec(
         name="swe_bench",
         fn=swe_bench_reward,
         config=SweBenchRewardConfig,
         description="1.0 when a SWE-bench instance is resolved (swebench 5.0.2 grading)",
+        integrity=integrity_defaults("swe_bench"),
     )
     yield RewardSpec(
         name="swe_rebench",
         fn=swe_rebench_reward,
         config=SweRebenchRewardConfig,
         description="1.0 when a SWE-rebench instance is resolved (graded like SWE-bench)",
+        integrity=integrity_defaults("swe_rebench"),
     )
     yield RewardSpec(
         name="r2e_gym",
         fn=r2e_gym_reward,
         config=R2EGymRewardConfig,
         description="1.0 when an R2E-Gym instance's tests end with their expected statuses",
+        integrity=integrity_defaults("r2e_gym"),
     )

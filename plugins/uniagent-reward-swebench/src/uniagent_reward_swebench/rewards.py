@@ -1,12 +1,14 @@
-"""The three reward functions: ``fn(ctx) -> RewardResult``."""
+"""The three reward functions (``fn(ctx) -> RewardResult``) and what each task's grader protects."""
 
 from __future__ import annotations
 
 from collections.abc import Mapping
+from typing import Any
 
 from pydantic import BaseModel, ValidationError
 
 from uniagent.errors import ConfigError
+from uniagent.grading.settings import IntegrityDefaults, Workspace
 from uniagent.reward import RewardContext, RewardResult
 from uniagent_reward_swebench.config import (
     R2EGymRewardConfig,
@@ -15,6 +17,7 @@ from uniagent_reward_swebench.config import (
 )
 from uniagent_reward_swebench.evaluate import evaluate
 from uniagent_reward_swebench.rows import Dataset, build_spec
+from uniagent_reward_swebench.scripts import patch_files
 
 
 def _config(ctx: RewardContext, cls: type[SweBenchRewardConfig]) -> SweBenchRewardConfig:
@@ -54,3 +57,23 @@ async def swe_rebench_reward(ctx: RewardContext) -> RewardResult:
 async def r2e_gym_reward(ctx: RewardContext) -> RewardResult:
     """1.0 when the R2E-Gym task's tests end with their expected statuses."""
     return await _reward("r2e_gym", ctx, R2EGymRewardConfig)
+
+
+def _workspace(dataset: Dataset) -> Any:
+    def workspace(task: Mapping[str, Any], config: SweBenchRewardConfig | None) -> Workspace:
+        """The checkout, its base commit and the test patch's files (the benchmark's)."""
+        defaults = {"swe_bench": SweBenchRewardConfig, "swe_rebench": SweRebenchRewardConfig,
+                    "r2e_gym": R2EGymRewardConfig}[dataset]
+        spec = build_spec(dataset, task, config or defaults())
+        return Workspace(
+            repo=spec.workdir,
+            base_commit=spec.base_commit,
+            protect_paths=tuple(f.path for f in patch_files(spec.test_patch)),
+        )
+
+    return workspace
+
+
+def integrity_defaults(dataset: Dataset) -> IntegrityDefaults:
+    """The grader's defaults for one dataset: history scrubbed, Python harness protected."""
+    return IntegrityDefaults(scrub_history=True, workspace=_workspace(dataset))

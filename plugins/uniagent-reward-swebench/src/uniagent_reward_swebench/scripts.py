@@ -125,44 +125,25 @@ def runner_script(
     eval_script_path: str,
     timeout: float,
     test_patch_path: str | None,
-    test_files: Sequence[PatchFile],
-    base_commit: str | None,
 ) -> str:
-    """The wrapper that prepares the tree, runs the eval script under a timeout and restores it.
+    """The wrapper that applies the test patch, runs the eval script under a timeout, reverts.
 
-    With a test patch to apply, the patch's files are first reset to their state
-    at ``base_commit`` (SWE-bench's rule: test files are the benchmark's, not the
-    agent's), the patch is applied, and afterwards the files are reset again (or
-    the patch reversed when the base commit is unknown), so the still-open
-    sandbox can be evaluated again.
+    The test patch's files were already put back as they were at the base (the
+    core's grader restores them from its snapshot: SWE-bench's rule that test
+    files are the benchmark's, not the agent's). Afterwards the patch is
+    reversed, so the sandbox can be graded again.
     """
     q = shlex.quote
     lines = [
         "#!/bin/bash",
         f"cd {q(workdir)} 2>/dev/null || {{ echo {q(f'{WORKDIR_MISSING}: {workdir}')}; exit 3; }}",
     ]
+    restore = "true"
     if test_patch_path is not None:
-        if base_commit:
-            lines.append("uniagent_reset_test_files() {")
-            for f in test_files:
-                lines.append(
-                    f"  if git cat-file -e {q(f'{base_commit}:{f.path}')} 2>/dev/null; "
-                    f"then git checkout -q {q(base_commit)} -- {q(f.path)}; "
-                    f"else rm -f -- {q(f.path)}; fi"
-                )
-            lines.append("  true")
-            lines.append("}")
-            lines.append("uniagent_reset_test_files")
-            restore = "uniagent_reset_test_files"
-        else:
-            restore = f"git apply -R {q(test_patch_path)} >/dev/null 2>&1 || true"
         lines.append(
-            f"if ! git apply -v {q(test_patch_path)}; then echo {q(APPLY_PATCH_FAIL)}; "
-            + ("uniagent_reset_test_files; " if base_commit else "")
-            + "exit 0; fi"
+            f"if ! git apply -v {q(test_patch_path)}; then echo {q(APPLY_PATCH_FAIL)}; exit 0; fi"
         )
-    else:
-        restore = "true"
+        restore = f"git apply -R {q(test_patch_path)} >/dev/null 2>&1 || echo {q(RESET_FAILED)}"
     seconds = max(1, round(timeout))
     lines += [
         "if command -v timeout >/dev/null 2>&1; then",

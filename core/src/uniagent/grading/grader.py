@@ -1,0 +1,285 @@
+"""One episode's grader: the baseline before the first turn, the grading after the last.
+
+``grade_in: episode``: every process of the agent is stopped, a clean grading
+shell opened, the toolchain verified (a change falls back to a fresh sandbox or
+scores 0), protected files restored from the snapshot, the agent's patch
+scanned with the content rules, then the reward runs there.
+
+``grade_in: fresh`` (the SWE-bench harness's method): the same stop, restore and
+scan in the episode's sandbox, whose only use is then to give up the agent's
+patch; a new sandbox is started from the task's own deployment and set-up, the
+patch applied there, and the reward runs in it.
+
+Failures are classified so that neither side can pass for the other: what
+worked before the agent's first turn and fails after it, in a sandbox still
+alive, is the agent's doing (score 0, trained on); a sandbox that died, a fresh
+sandbox that cannot start, a :class:`~uniagent.reward.RewardInfraError` is
+infrastructure (``reward_error``, masked).
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+from uniagent.env.errors import EnvError, TerminalNotAliveError
+from uniagent.grading import integrity
+from uniagent.grading.integrity import Baseline, GradingSetupError, PatchTooLarge, Tamper
+from uniagent.grading.sandbox import GradingSandbox
+from uniagent.grading.settings import IntegritySettings, Workspace
+from uniagent.interaction.exit import ExitReason
+from uniagent.reward import RewardContext, RewardInfraError, RewardResult
+
+if TYPE_CHECKING:  # pragma: no cover
+    from uniagent.env import AgentEnv
+    from uniagent.specs import RewardSpec
+
+log = logging.getLogger(__name__)
+
+
+class GradingInfraError(RewardInfraError):
+    """Grading failed for reasons that are not the agent's (masked as ``reward_error``)."""
+
+
+@dataclass
+class Grade:
+    """The reward of an episode and what the grader saw."""
+
+    score: float
+    info: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass
+class GradingPlan:
+    """What to grade and how: the reward, its settings, and how to rebuild the sandbox."""
+
+    spec: RewardSpec
+    settings: Any
+    task: Mapping[str, Any]
+    grade_in: str
+    integrity: IntegritySettings
+    #: Starts a fresh, set-up sandbox for ``grade_in: fresh`` (tools not installed).
+    fresh_env: Any = None
+    session_env: Mapping[str, str] = field(default_factory=dict)
+
+
+class EpisodeGrader:
+    """Prepares at the start (:meth:`prepare`) and grades at the end (:meth:`grade`)."""
+
+    def __init__(self, plan: GradingPlan) -> None:
+        self.plan = plan
+        spec = plan.spec
+        workspace = spec.integrity.workspace
+        self.workspace = workspace(plan.task, plan.settings) if workspace else Workspace()
+        self.baseline: Baseline | None = None
+        self._tampered: list[Tamper] = []
+        self.prepare_seconds = 0.0
+
+    @property
+    def uses_sandbox(self) -> bool:
+        """Whether the reward looks at the sandbox (else it grades only the submission)."""
+        return self.plan.spec.uses_sandbox
+
+    async def prepare(self, env: AgentEnv) -> dict[str, Any]:
+        """Take the baseline in the freshly set-up sandbox; what it recorded."""
+        if not self.uses_sandbox:
+            return {}
+        started = time.perf_counter()
+        try:
+            self.baseline = await integrity.capture(
+                env,
+                self.plan.integrity,
+                self.plan.spec.integrity,
+                self.workspace,
+                self.plan.session_env,
+            )
+        finally:
+            self.prepare_seconds = time.perf_counter() - started
+        if self.plan.grade_in == "fresh" and self.baseline.base is None:
+            raise GradingSetupError(
+                f"grade_in: fresh needs a git repository with a commit at "
+                f"{self.baseline.repo!r} (the agent's patch is taken against it)"
+            )
+        return self.baseline.report()
+
+    async def grade(
+        self,
+        env: AgentEnv,
+        *,
+        messages: Sequence[Mapping[str, Any]],
+        exit_reason: ExitReason,
+        submission: str | None,
+    ) -> Grade:
+        """Stop the agent, check and restore, run the reward; raise only for infrastructure."""
+        context = {"messages": messages, "exit_reason": exit_reason, "submission": submission}
+        if not self.uses_sandbox:
+            return await self._run_reward(None, context, {})
+        assert self.baseline is not None, "prepare() was not called"
+        await env.stop_agent()
+        try:
+            sandbox = await GradingSandbox.open(
+                env, self.baseline.environment, workdir=self.baseline.repo
+            )
+        except Exception as exc:
+            return await self._after_agent(env, exc, "opening the grading shell")
+        try:
+            return await self._grade(env, sandbox, context)
+        finally:
+            await sandbox.close()
+
+    async def _grade(
+        self, env: AgentEnv, sandbox: GradingSandbox, context: dict[str, Any]
+    ) -> Grade:
+        baseline, settings = self.baseline, self.plan.integrity
+        assert baseline is not None
+        mode = self.plan.grade_in
+        info: dict[str, Any] = {"grade_in": mode, **baseline.report()}
+        try:
+            if mode == "episode":
+                changed = await integrity.verify_toolchain(sandbox, baseline)
+                self._record(changed)
+                if changed and settings.on_toolchain_tamper == "fresh":
+                    mode = info["grade_in"] = "fresh"
+                    info["fallback"] = "the toolchain changed: graded in a fresh sandbox"
+            self._record(await integrity.screen(sandbox, baseline, restore=True))
+            parts: list[integrity.FilePatch] = []
+            if baseline.base is not None and (mode == "fresh" or baseline.rules.content):
+                patch = await integrity.extract_patch(sandbox, baseline, settings.max_patch_bytes)
+                parts = integrity.split_patch(patch or b"")
+                self._record(integrity.content_hits(parts, baseline.rules))
+                info["patch_files"] = [p.path for p in parts]
+        except PatchTooLarge as exc:
+            return self._zero(info, "patch_too_large", str(exc))
+        except Exception as exc:
+            return await self._after_agent(env, exc, "checking the sandbox", info)
+        info["tampered"] = [t.to_dict() for t in self._tampered]
+        if settings.on_tamper == "zero" and any(t.scores for t in self._tampered):
+            return self._zero(info, "tampered", "protected files, code or tools were changed")
+        if mode == "episode":
+            return await self._run_reward(sandbox, context, info, env=env)
+        kept = [p for p in parts if not integrity._protected(baseline.rules, p.path)]
+        return await self._grade_fresh(integrity.join_patch(kept), context, info)
+
+    async def _grade_fresh(
+        self, patch: bytes, context: dict[str, Any], info: dict[str, Any]
+    ) -> Grade:
+        baseline = self.baseline
+        assert baseline is not None and baseline.repo is not None
+        started = time.perf_counter()
+        try:
+            fresh = self.plan.fresh_env()
+            await fresh.start()
+        except Exception as exc:
+            raise GradingInfraError(
+                f"the fresh grading sandbox did not start: {type(exc).__name__}: {exc}"
+            ) from exc
+        try:
+            probe = await GradingSandbox.open(fresh, baseline.environment, workdir=baseline.repo)
+            try:
+                head = await integrity.run_script(
+                    probe, integrity.scripts.HEAD, {"REPO": baseline.repo}, what="git rev-parse"
+                )
+                if head.strip().splitlines()[-1:] != [baseline.base]:
+                    raise GradingInfraError(
+                        f"the fresh sandbox's {baseline.repo} is at {head.strip()!r}, not at the "
+                        f"episode's base {baseline.base}: the task's set-up is not reproducible"
+                    )
+                problem = await integrity.apply_patch(probe, baseline.repo, patch)
+            finally:
+                await probe.close()
+            info["fresh_setup_seconds"] = round(time.perf_counter() - started, 3)
+            if problem is not None:
+                return self._zero(info, "patch_did_not_apply", problem)
+            sandbox = await GradingSandbox.open(fresh, baseline.environment, workdir=baseline.repo)
+            try:
+                return await self._run_reward(sandbox, context, info, env=fresh, fresh=True)
+            finally:
+                await sandbox.close()
+        except (GradingSetupError, TerminalNotAliveError, EnvError) as exc:
+            raise GradingInfraError(
+                f"grading in the fresh sandbox failed: {type(exc).__name__}: {exc}"
+            ) from exc
+        finally:
+            await fresh.close()
+
+    async def _run_reward(
+        self,
+        sandbox: GradingSandbox | None,
+        context: dict[str, Any],
+        info: dict[str, Any],
+        *,
+        env: AgentEnv | None = None,
+        fresh: bool = False,
+    ) -> Grade:
+        ctx = RewardContext(
+            sandbox=sandbox,
+            task=self.plan.task,
+            config=self.plan.settings,
+            workspace=self._workspace(),
+            **context,
+        )
+        try:
+            outcome = RewardResult.coerce(await self.plan.spec.fn(ctx))
+        except RewardInfraError:
+            raise
+        except Exception as exc:
+            if sandbox is None or env is None:
+                raise
+            if fresh:  # the agent never touched this sandbox
+                raise GradingInfraError(
+                    f"the reward failed in the fresh sandbox: {type(exc).__name__}: {exc}"
+                ) from exc
+            return await self._after_agent(env, exc, "the reward", info, probe=sandbox)
+        return Grade(float(outcome.score), {**dict(outcome.info), **({"integrity": info}
+                                                                     if info else {})})
+
+    def _workspace(self) -> Workspace:
+        baseline = self.baseline
+        if baseline is None:
+            return self.workspace
+        return Workspace(baseline.repo, baseline.base, self.workspace.protect_paths)
+
+    async def _after_agent(
+        self,
+        env: AgentEnv,
+        exc: BaseException,
+        what: str,
+        info: dict[str, Any] | None = None,
+        *,
+        probe: GradingSandbox | None = None,
+    ) -> Grade:
+        """A step failed after the agent acted: the agent's doing unless infrastructure."""
+        info = dict(info or {})
+        if isinstance(exc, RewardInfraError):
+            raise exc
+        if not await env.sandbox_alive():
+            raise GradingInfraError(f"the sandbox died while {what}: {exc}") from exc
+        if probe is not None and await _writable(probe):
+            # The sandbox is healthy and the step is the reward's own: a bug, not the agent.
+            raise GradingInfraError(f"{what} failed: {type(exc).__name__}: {exc}") from exc
+        log.info("%s failed after the agent acted (scored 0): %s", what, exc)
+        return self._zero(info, "sandbox_broken_by_agent", f"{what}: {type(exc).__name__}: {exc}")
+
+    def _record(self, found: list[Tamper]) -> None:
+        seen = {(t.kind, t.path, t.change, t.rule) for t in self._tampered}
+        self._tampered += [t for t in found if (t.kind, t.path, t.change, t.rule) not in seen]
+
+    def _zero(self, info: dict[str, Any], reason: str, detail: str) -> Grade:
+        info = {**info, "tampered": [t.to_dict() for t in self._tampered]}
+        return Grade(0.0, {"score_reason": reason, "detail": detail[-2000:], "integrity": info})
+
+
+async def _writable(sandbox: GradingSandbox) -> bool:
+    """Whether the grading scratch dir still takes a 1 MiB file (a full disk says no)."""
+    try:
+        done = await sandbox.run(
+            f"head -c 1048576 /dev/zero > {sandbox.scratch}/probe && rm -f {sandbox.scratch}/probe",
+            timeout=60,
+            cwd="/",
+        )
+    except Exception:
+        return False
+    return done.exit_code == 0

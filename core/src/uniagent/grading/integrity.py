@@ -1,0 +1,477 @@
+"""The episode's integrity baseline (taken before the agent's first turn) and the checks against it.
+
+At the start, in a clean shell: the history scrub (optional), the listing of the
+repository, a byte-exact snapshot of every protected file (kept in this
+process, never in the sandbox, so nothing the agent does to the sandbox or its
+git objects can change it), and checksums of the toolchain. Before grading:
+the same listing and checksums again, compared; protected files are put back
+from the snapshot; the agent's patch is taken, screened and scanned.
+"""
+
+from __future__ import annotations
+
+import base64
+import io
+import logging
+import posixpath
+import re
+import shlex
+import tarfile
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+from uniagent.env.errors import EnvError
+from uniagent.grading import scripts
+from uniagent.grading.rules import RuleSet, runner_section
+from uniagent.grading.sandbox import GradingSandbox, grading_environment
+from uniagent.grading.settings import IntegrityDefaults, IntegritySettings, Workspace
+
+if TYPE_CHECKING:  # pragma: no cover
+    from uniagent.env import AgentEnv
+
+log = logging.getLogger(__name__)
+
+_SCRIPT_TIMEOUT = 600.0
+
+
+class GradingSetupError(EnvError):
+    """The grader could not take its baseline or prepare grading (infrastructure)."""
+
+
+@dataclass(frozen=True)
+class Member:
+    """One protected entry: a file (its bytes), a symlink (its target) or a directory."""
+
+    kind: str
+    data: bytes = b""
+    link: str = ""
+    mode: int = 0o644
+
+    def same(self, other: Member) -> bool:
+        """Whether the two entries are the same file, link or directory."""
+        return (self.kind, self.data, self.link) == (other.kind, other.data, other.link)
+
+
+@dataclass
+class Tamper:
+    """A change of something the grader protects."""
+
+    kind: str  # protected_file | toolchain | content
+    path: str
+    change: str  # modified | added | deleted | hit
+    rule: str
+    scores: bool = True
+    detail: str = ""
+
+    def to_dict(self) -> dict[str, Any]:
+        """JSON-ready."""
+        out = {"kind": self.kind, "path": self.path, "change": self.change, "rule": self.rule}
+        if self.detail:
+            out["detail"] = self.detail
+        if not self.scores:
+            out["scores"] = False
+        return out
+
+
+@dataclass
+class Baseline:
+    """What the grader knows from before the agent's first turn."""
+
+    repo: str | None
+    base: str | None
+    environment: dict[str, str]
+    rules: RuleSet
+    listing: dict[str, str] = field(default_factory=dict)
+    snapshot: dict[str, Member] = field(default_factory=dict)
+    toolchain: dict[str, str] | None = None
+    scrub: dict[str, Any] | None = None
+
+    def report(self) -> dict[str, Any]:
+        """What the result records about the baseline."""
+        return {
+            "repo": self.repo,
+            "base_commit": self.base,
+            "protected_files": len(self.snapshot),
+            "toolchain_files": len(self.toolchain or {}),
+            "history_scrub": self.scrub,
+        }
+
+
+async def run_script(
+    sandbox: GradingSandbox, script: str, variables: Mapping[str, str], *, what: str
+) -> str:
+    """Run one of :mod:`uniagent.grading.scripts`; its output, or a :class:`GradingSetupError`."""
+    done = await sandbox.run(
+        scripts.with_vars(script, variables), timeout=_SCRIPT_TIMEOUT, cwd="/"
+    )
+    if done.exit_code != 0:
+        raise GradingSetupError(
+            f"{what} failed in the sandbox (exit {done.exit_code}): {done.output[-800:]}"
+        )
+    return done.output
+
+
+async def capture(
+    env: AgentEnv,
+    settings: IntegritySettings,
+    defaults: IntegrityDefaults,
+    workspace: Workspace,
+    session_env: Mapping[str, str],
+) -> Baseline:
+    """Take the baseline in ``env`` (after set-up, before the agent's first turn)."""
+    started = await env.execute(["env", "-0"], env=None, timeout=60)
+    start_env = dict(
+        item.split("=", 1) for item in started.stdout.split("\0") if "=" in item
+    )
+    exclude = tuple(p for p in (env.tools_dir, env.workdir) if p)
+    environment = grading_environment(
+        {**start_env, **session_env}, exclude_path=exclude, extra=settings.grading_env
+    )
+    repo = settings.repo or workspace.repo or env.workdir
+    rules = settings.rules(defaults, workspace.protect_paths)
+    baseline = Baseline(repo=repo, base=None, environment=environment, rules=rules)
+    if repo is None:
+        return baseline
+    sandbox = await GradingSandbox.open(env, environment, workdir=None)
+    try:
+        found = await sandbox.run(f"test -d {shlex.quote(repo)}", timeout=60, cwd="/")
+        if found.exit_code != 0:
+            raise GradingSetupError(
+                f"the repository to grade, {repo!r}, does not exist in the sandbox; set the "
+                "reward's workdir (or reward.integrity.repo) to the checkout"
+            )
+        scrub = settings.scrub_history
+        if scrub if scrub is not None else defaults.scrub_history:
+            baseline.scrub = await scrub_history(sandbox, repo, workspace.base_commit)
+        head = (await run_script(sandbox, scripts.HEAD, {"REPO": repo}, what="git rev-parse"))
+        head = head.strip().splitlines()[-1] if head.strip() else ""
+        baseline.base = workspace.base_commit or (head if re.fullmatch(r"[0-9a-f]{40,64}", head)
+                                                  else None)
+        baseline.listing = await list_tree(sandbox, repo)
+        protected = [p for p, kind in baseline.listing.items()
+                     if kind in "fl" and _protected(rules, p)]
+        baseline.snapshot = await pack(sandbox, repo, protected, settings.snapshot_max_bytes)
+        if settings.verify_toolchain:
+            baseline.toolchain = await toolchain(sandbox)
+    finally:
+        await sandbox.close()
+    return baseline
+
+
+def _protected(rules: RuleSet, path: str) -> bool:
+    return rules.protects(path) or rules.protects_section(path)
+
+
+async def scrub_history(
+    sandbox: GradingSandbox, repo: str, base: str | None
+) -> dict[str, Any]:
+    """Remove what could reveal the fix from the repository's git data (see ``SCRUB``)."""
+    variables = {"REPO": repo, "BASE": base or ""}
+    output = await run_script(sandbox, scripts.SCRUB, variables, what="the history scrub")
+    report: dict[str, Any] = {}
+    for line in output.splitlines():
+        key, sep, value = line.partition("=")
+        if sep:
+            report[key.strip()] = int(value) if value.strip().isdigit() else value.strip()
+    report["head_is_base"] = bool(report.get("head_is_base"))
+    return report
+
+
+async def list_tree(sandbox: GradingSandbox, repo: str) -> dict[str, str]:
+    """Every entry under ``repo``: path -> ``f`` / ``l`` / ``d`` (git's bulk skipped)."""
+    out = f"{sandbox.scratch}/list"
+    await run_script(sandbox, scripts.LIST, {"REPO": repo, "OUT": out}, what="listing the repo")
+    text = (await sandbox.read_bytes(out)).decode("utf-8", "surrogateescape")
+    listing = {}
+    for item in text.split("\0"):
+        kind, _, path = item.partition(" ")
+        if path and path != ".":
+            listing[path] = kind
+    return listing
+
+
+async def pack(
+    sandbox: GradingSandbox, repo: str, paths: list[str], limit: int
+) -> dict[str, Member]:
+    """The bytes of ``paths`` (files and symlinks) in the sandbox, read through one tar."""
+    if not paths:
+        return {}
+    names = f"{sandbox.scratch}/names"
+    out = f"{sandbox.scratch}/pack"
+    await sandbox.write_bytes(names, b"".join(p.encode("utf-8", "surrogateescape") + b"\0"
+                                              for p in paths))
+    await run_script(
+        sandbox, scripts.PACK, {"REPO": repo, "LIST": names, "OUT": out}, what="packing files"
+    )
+    raw = base64.b64decode((await sandbox.read_bytes(out)).strip() or b"")
+    if len(raw) > limit:
+        raise GradingSetupError(
+            f"the protected files of {repo} take {len(raw)} bytes, more than snapshot_max_bytes "
+            f"({limit}); narrow reward.integrity.protect_paths"
+        )
+    members: dict[str, Member] = {}
+    if not raw:
+        return members
+    with tarfile.open(fileobj=io.BytesIO(raw), mode="r:") as tar:
+        for info in tar:
+            path = info.name.removeprefix("./")
+            if info.issym():
+                members[path] = Member("l", link=info.linkname, mode=info.mode)
+            elif info.isfile():
+                handle = tar.extractfile(info)
+                members[path] = Member("f", handle.read() if handle else b"", mode=info.mode)
+    return members
+
+
+async def toolchain(sandbox: GradingSandbox) -> dict[str, str]:
+    """``bin:NAME`` -> resolved path and FILE -> sha256 for the toolchain the grader trusts."""
+    variables = {"TOOLS": scripts.TOOLCHAIN_TOOLS, "PYCODE": scripts.TOOLCHAIN_PY}
+    output = await run_script(sandbox, scripts.TOOLCHAIN, variables, what="the toolchain check")
+    found: dict[str, str] = {}
+    for line in output.splitlines():
+        if line.startswith("bin "):
+            _, name, path = line.split(" ", 2)
+            found[f"bin:{name}"] = path
+        elif re.match(r"^[0-9a-f]{64}  ", line):
+            digest, path = line.split("  ", 1)
+            found[path] = digest
+    return found
+
+
+def toolchain_changes(before: Mapping[str, str], after: Mapping[str, str]) -> list[Tamper]:
+    """What differs between two toolchain records."""
+    changes = []
+    for key in sorted(set(before) | set(after)):
+        if before.get(key) == after.get(key):
+            continue
+        change = "added" if key not in before else "deleted" if key not in after else "modified"
+        detail = f"{before.get(key)} -> {after.get(key)}" if key.startswith("bin:") else ""
+        changes.append(Tamper("toolchain", key, change, "toolchain", True, detail))
+    return changes
+
+
+async def screen(
+    sandbox: GradingSandbox, baseline: Baseline, *, restore: bool
+) -> list[Tamper]:
+    """Compare the protected files with the snapshot; with ``restore``, put them back."""
+    repo, rules = baseline.repo, baseline.rules
+    if repo is None:
+        return []
+    listing = await list_tree(sandbox, repo)
+    current_paths = [p for p, k in listing.items() if k in "fl" and _protected(rules, p)]
+    current = await pack(sandbox, repo, current_paths, 1 << 62)
+    tampered: list[Tamper] = []
+    remove: set[str] = set()
+    put_back: list[str] = []
+    for path, before in baseline.snapshot.items():
+        now = current.get(path)
+        if now is not None and (now.same(before) or _same_section(rules, path, before, now)):
+            continue
+        change = "deleted" if now is None else "modified"
+        if now is not None:
+            remove.add(path)
+        put_back.append(path)
+        tampered.append(_file_tamper(rules, path, change))
+    for path, now in current.items():
+        if path in baseline.snapshot:
+            continue
+        if rules.protects_section(path) and runner_section(path, _text(now)) is None:
+            continue  # a new shared config file without a test-runner section
+        remove.add(path)
+        tampered.append(_file_tamper(rules, path, "added"))
+    # Something at a protected directory's place that is no longer a directory hides what
+    # the snapshot holds below it: remove it so the snapshot's files can come back.
+    for path, kind in listing.items():
+        hides = kind != "d" and baseline.listing.get(path) == "d" and path not in remove
+        if hides and any(p.startswith(path + "/") for p in baseline.snapshot):
+            remove.add(path)
+    new_dirs = [
+        p for p, k in listing.items()
+        if k == "d" and p not in baseline.listing and rules.protects(p + "/")
+    ]
+    if restore and (remove or put_back or new_dirs):
+        await _restore(sandbox, baseline, sorted(remove), put_back, new_dirs)
+    return tampered
+
+
+def _file_tamper(rules: RuleSet, path: str, change: str) -> Tamper:
+    rule = rules.rule_for(path)
+    return Tamper("protected_file", path, change, rule.name, rule.scores)
+
+
+def _text(member: Member) -> str | None:
+    return member.data.decode("utf-8", "replace") if member.kind == "f" else None
+
+
+def _same_section(rules: RuleSet, path: str, before: Member, now: Member) -> bool:
+    return rules.protects_section(path) and runner_section(path, _text(before)) == runner_section(
+        path, _text(now)
+    )
+
+
+async def _restore(
+    sandbox: GradingSandbox,
+    baseline: Baseline,
+    remove: list[str],
+    put_back: list[str],
+    new_dirs: list[str],
+) -> None:
+    assert baseline.repo is not None
+    buffer = io.BytesIO()
+    with tarfile.open(fileobj=buffer, mode="w:") as tar:
+        for path in put_back:
+            member = baseline.snapshot[path]
+            info = tarfile.TarInfo(path)
+            info.mode = member.mode
+            if member.kind == "l":
+                info.type, info.linkname = tarfile.SYMTYPE, member.link
+                tar.addfile(info)
+            else:
+                info.size = len(member.data)
+                tar.addfile(info, io.BytesIO(member.data))
+    s = sandbox.scratch
+    await sandbox.write_bytes(f"{s}/remove", _nul_list(remove))
+    await sandbox.write_bytes(f"{s}/rmdirs", _nul_list(sorted(new_dirs, key=len, reverse=True)))
+    await sandbox.write_file(
+        f"{s}/restore.b64", base64.b64encode(buffer.getvalue()).decode() if put_back else ""
+    )
+    variables = {
+        "REPO": baseline.repo,
+        "REMOVE": f"{s}/remove",
+        "TAR": f"{s}/restore.b64",
+        "RMDIRS": f"{s}/rmdirs",
+    }
+    await run_script(sandbox, scripts.RESTORE, variables, what="restoring protected files")
+
+
+def _nul_list(paths: list[str]) -> bytes:
+    return b"".join(p.encode("utf-8", "surrogateescape") + b"\0" for p in paths)
+
+
+async def verify_toolchain(sandbox: GradingSandbox, baseline: Baseline) -> list[Tamper]:
+    """The toolchain's changes since the start (empty when unchecked)."""
+    if baseline.toolchain is None:
+        return []
+    return toolchain_changes(baseline.toolchain, await toolchain(sandbox))
+
+
+# -- the agent's patch ---------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class FilePatch:
+    """One file's part of a ``git diff``."""
+
+    path: str
+    text: str
+
+    def added_lines(self) -> list[str]:
+        """The lines this part adds (none for a binary part)."""
+        if "\nGIT binary patch\n" in self.text:
+            return []
+        return [
+            line[1:]
+            for line in self.text.splitlines()
+            if line.startswith("+") and not line.startswith("+++ ")
+        ]
+
+
+async def extract_patch(sandbox: GradingSandbox, baseline: Baseline, limit: int) -> bytes | None:
+    """The agent's whole change against the base, binary-safe; ``None`` without git."""
+    if baseline.repo is None or baseline.base is None:
+        return None
+    out = f"{sandbox.scratch}/agent.patch"
+    await run_script(
+        sandbox,
+        scripts.DIFF,
+        {"REPO": baseline.repo, "BASE": baseline.base, "OUT": out},
+        what="taking the agent's patch",
+    )
+    size = await sandbox.run(f"wc -c < {out}", timeout=60, cwd="/")
+    if size.exit_code == 0 and size.output.strip().isdigit() and int(size.output) > limit:
+        raise PatchTooLarge(int(size.output), limit)
+    return await sandbox.read_bytes(out)
+
+
+class PatchTooLarge(Exception):
+    """The agent's patch is over ``max_patch_bytes`` (the agent's doing: scores 0)."""
+
+    def __init__(self, size: int, limit: int) -> None:
+        super().__init__(f"the agent's patch has {size} bytes, more than max_patch_bytes ({limit})")
+
+
+def split_patch(patch: bytes) -> list[FilePatch]:
+    """The per-file parts of a ``git diff`` (renames off, so one path per part)."""
+    text = patch.decode("utf-8", "surrogateescape")
+    parts = re.split(r"(?m)^(?=diff --git )", text)
+    return [FilePatch(_header_path(p.split("\n", 1)[0]), p) for p in parts if p.startswith("diff")]
+
+
+def join_patch(parts: list[FilePatch]) -> bytes:
+    """Inverse of :func:`split_patch`."""
+    return "".join(p.text for p in parts).encode("utf-8", "surrogateescape")
+
+
+def _header_path(line: str) -> str:
+    rest = line[len("diff --git ") :]
+    if rest.startswith('"'):
+        return _c_unquote(rest)[2:]
+    length = (len(rest) - 5) // 2  # "a/" + P + " b/" + P
+    return rest[2 : 2 + length]
+
+
+def _c_unquote(text: str) -> str:
+    body, i = [], 1
+    escapes = {"n": "\n", "t": "\t", '"': '"', "\\": "\\", "a": "\a", "b": "\b", "f": "\f",
+               "r": "\r", "v": "\v"}
+    raw = bytearray()
+    while i < len(text) and text[i] != '"':
+        ch = text[i]
+        if ch == "\\" and i + 1 < len(text):
+            nxt = text[i + 1]
+            if nxt in "01234567":
+                raw.append(int(text[i + 1 : i + 4], 8))
+                i += 4
+                continue
+            raw += escapes.get(nxt, nxt).encode()
+            i += 2
+            continue
+        raw += ch.encode("utf-8", "surrogateescape")
+        i += 1
+    body.append(raw.decode("utf-8", "surrogateescape"))
+    return "".join(body)
+
+
+def content_hits(parts: list[FilePatch], rules: RuleSet) -> list[Tamper]:
+    """Content-rule matches in what the agent added outside protected files."""
+    hits = []
+    for part in parts:
+        if _protected(rules, part.path):
+            continue
+        for hit in rules.content_hits(part.path, part.added_lines()):
+            hits.append(Tamper("content", part.path, "hit", hit["rule"], True, hit["line"]))
+    return hits
+
+
+async def apply_patch(sandbox: GradingSandbox, repo: str, patch: bytes) -> str | None:
+    """Apply ``patch`` in ``repo``; ``None`` on success, else git's complaint."""
+    if not patch.strip():
+        return None
+    staged = f"{sandbox.scratch}/apply.b64"
+    await sandbox.write_file(staged, base64.b64encode(patch).decode("ascii"))
+    done = await sandbox.run(
+        scripts.with_vars(scripts.APPLY, {"REPO": repo, "PATCH": staged}),
+        timeout=_SCRIPT_TIMEOUT,
+        cwd="/",
+    )
+    if done.exit_code == 0:
+        return None
+    if done.exit_code == 7:
+        return done.output[-2000:]
+    raise GradingSetupError(f"applying the patch failed (exit {done.exit_code}): {done.output}")
+
+
+def relative(repo: str, path: str) -> str:
+    """``path`` relative to ``repo`` when inside it."""
+    return posixpath.relpath(path, repo) if path.startswith(repo.rstrip("/") + "/") else path

@@ -1,0 +1,188 @@
+"""The grading sandbox: what a reward works with, never the agent's shell session.
+
+Every command is a one-off process started through the runtime's ``execute``
+with an environment fixed before the agent's first turn (the sandbox's own
+start-up environment, minus variables that hook into shells, interpreters,
+test runners or git), a fresh ``HOME`` and a fresh scratch directory made at
+grading time, so nothing the agent left behind in its shell (aliases,
+functions, exported variables, ``PATH``, ``BASH_ENV``, traps, background jobs)
+or in its home directory reaches the grader.
+"""
+
+from __future__ import annotations
+
+import base64
+import contextlib
+import re
+import shlex
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+from uniagent.env.errors import EnvError
+from uniagent.env.killall import SYSTEM_PATH
+
+if TYPE_CHECKING:  # pragma: no cover
+    from uniagent.env import AgentEnv
+
+#: Variables that make shells, interpreters, test runners, linkers or git run extra code or
+#: read other configuration; never passed to grading commands.
+HOOK_VARIABLES = re.compile(
+    r"^(BASH_ENV|ENV|BASH_FUNC_.*|PROMPT_COMMAND|PS[0-4]|SHELLOPTS|BASHOPTS|CDPATH|GLOBIGNORE"
+    r"|HISTFILE|INPUTRC|IFS|PYTHONSTARTUP|PYTHONINSPECT|PYTHONHOME|PYTHONUSERBASE|PYTHONBREAKPOINT"
+    r"|PYTHONWARNINGS|PYTHONPYCACHEPREFIX|PYTEST_.*|COV_CORE_.*|LD_PRELOAD|LD_AUDIT"
+    r"|PERL5OPT|PERL5LIB|RUBYOPT|RUBYLIB|NODE_OPTIONS|JAVA_TOOL_OPTIONS|_JAVA_OPTIONS"
+    r"|GIT_.*|EDITOR|VISUAL|PAGER|HOME|TMPDIR|TMP|TEMP|OLDPWD|PWD|SHLVL|_)$"
+)
+
+#: Always set for grading: no user site, no pager, git without global or system config.
+FIXED_VARIABLES: dict[str, str] = {
+    "PYTHONNOUSERSITE": "1",
+    "PYTHONDONTWRITEBYTECODE": "1",
+    "GIT_CONFIG_NOSYSTEM": "1",
+    "GIT_CONFIG_GLOBAL": "/dev/null",
+    "GIT_TERMINAL_PROMPT": "0",
+    "PAGER": "cat",
+    "GIT_PAGER": "cat",
+    "NO_COLOR": "1",
+    "TERM": "dumb",
+}
+
+#: git as the grader runs it (a shell function ``gitc``): no fsmonitor, hooks, CRLF
+#: conversion, network or ownership check.
+GIT_FUNCTION = (
+    'gitc() { git -c core.fsmonitor=false -c core.hooksPath=/dev/null -c core.autocrlf=false '
+    '-c core.safecrlf=false -c core.quotepath=false -c protocol.allow=never '
+    '-c "safe.directory=*" -c advice.detachedHead=false -c gc.auto=0 "$@"; }'
+)
+
+
+def grading_environment(
+    start_env: Mapping[str, str], *, exclude_path: tuple[str, ...] = (), extra: Mapping[str, str]
+) -> dict[str, str]:
+    """The environment of grading commands, from the sandbox's start-up environment.
+
+    ``exclude_path`` drops ``PATH`` entries the agent could write (its tools dir,
+    its work dir); ``extra`` (the config's) is applied last.
+    """
+    env = {k: v for k, v in start_env.items() if not HOOK_VARIABLES.match(k)}
+    path = [
+        p
+        for p in (start_env.get("PATH") or SYSTEM_PATH).split(":")
+        if p and not any(p == x or p.startswith(x.rstrip("/") + "/") for x in exclude_path)
+    ]
+    env["PATH"] = ":".join(path) or SYSTEM_PATH
+    env.setdefault("LANG", "C.UTF-8")
+    env.update(FIXED_VARIABLES)
+    env.update(extra)
+    return env
+
+
+@dataclass(frozen=True)
+class GradingOutput:
+    """A grading command's merged output and exit code; ``timed_out`` when it was killed."""
+
+    output: str
+    exit_code: int | None
+    timed_out: bool = False
+
+
+class GradingSandbox:
+    """Clean one-off shells in the sandbox, with a private scratch directory.
+
+    Rewards get one through ``RewardContext.sandbox``; they never see the
+    agent's session. ``workdir`` is the repository (or work dir) being graded.
+    """
+
+    def __init__(
+        self,
+        env: AgentEnv,
+        environment: Mapping[str, str],
+        *,
+        workdir: str | None,
+        scratch: str,
+        timeout_bin: str | None,
+    ) -> None:
+        self._env = env
+        self.environment = dict(environment)
+        self.workdir = workdir
+        self.scratch = scratch
+        self._timeout_bin = timeout_bin
+
+    @classmethod
+    async def open(
+        cls, env: AgentEnv, environment: Mapping[str, str], *, workdir: str | None
+    ) -> GradingSandbox:
+        """Make the scratch dir (and a fresh ``HOME`` in it) in ``env``'s sandbox."""
+        base = {**environment, "HOME": "/", "TMPDIR": "/tmp"}
+        made = await env.execute(
+            ["/bin/sh", "-c", "umask 077; d=$(mktemp -d /tmp/uniagent-grade.XXXXXXXX) && "
+             'mkdir "$d/home" "$d/tmp" && printf %s "$d"'],
+            env=base,
+            timeout=60,
+        )
+        scratch = made.stdout.strip()
+        if made.exit_code != 0 or not scratch.startswith("/tmp/uniagent-grade."):
+            raise EnvError(f"could not make a grading scratch directory: {made.stdout[-500:]}")
+        environment = {**environment, "HOME": f"{scratch}/home", "TMPDIR": f"{scratch}/tmp"}
+        found = await env.execute(
+            ["/bin/sh", "-c", "command -v timeout || true"], env=environment, timeout=60
+        )
+        timeout_bin = found.stdout.strip().splitlines()[-1] if found.stdout.strip() else None
+        return cls(env, environment, workdir=workdir, scratch=scratch, timeout_bin=timeout_bin)
+
+    async def run(
+        self, command: str, *, timeout: float, cwd: str | None = None
+    ) -> GradingOutput:
+        """Run ``command`` with ``bash -c`` in a clean process (in ``cwd``, default the workdir).
+
+        Killed with its process group after ``timeout`` s (``timed_out``).
+        """
+        argv = ["bash", "--norc", "--noprofile", "-c", command]
+        if self._timeout_bin:
+            seconds = f"{max(1.0, timeout):g}"
+            argv = [self._timeout_bin, "-s", "KILL", seconds, *argv]
+        try:
+            response = await self._env.execute(
+                argv, env=self.environment, cwd=cwd or self.workdir, timeout=timeout + 60
+            )
+        except Exception as exc:
+            if "CommandTimeoutError" not in {c.__name__ for c in type(exc).__mro__}:
+                raise
+            return GradingOutput(f"[killed after {timeout:g} s]", None, timed_out=True)
+        code = response.exit_code
+        timed_out = bool(self._timeout_bin) and code in (137, -9)
+        return GradingOutput(response.stdout + response.stderr, code, timed_out)
+
+    async def read_file(self, path: str, errors: str | None = "replace") -> str:
+        """A text file of the sandbox."""
+        return await self._env.read_file(path, errors=errors)
+
+    async def read_bytes(self, path: str) -> bytes:
+        """A file of the sandbox, byte for byte."""
+        return (await self._env.read_file(path, encoding="latin-1")).encode("latin-1")
+
+    async def write_file(self, path: str, content: str) -> None:
+        """Write a text file (UTF-8) in the sandbox."""
+        await self._env.write_file(path, content)
+
+    async def write_bytes(self, path: str, data: bytes, *, timeout: float = 120) -> None:
+        """Write a file byte for byte (sent as base64, decoded in the sandbox)."""
+        staged = f"{path}.b64"
+        await self._env.write_file(staged, base64.b64encode(data).decode("ascii"))
+        q = shlex.quote
+        done = await self.run(f"base64 -d {q(staged)} > {q(path)} && rm -f {q(staged)}",
+                              timeout=timeout, cwd="/")
+        if done.exit_code != 0:
+            raise EnvError(f"could not write {path} in the sandbox: {done.output[-300:]}")
+
+    async def upload(self, local: str, remote: str) -> None:
+        """Copy a local file or directory into the sandbox."""
+        await self._env.upload(local, remote)
+
+    async def close(self) -> None:
+        """Remove the scratch directory (best effort)."""
+        with contextlib.suppress(Exception):  # the sandbox is closed right after anyway
+            await self._env.execute(
+                ["rm", "-rf", "--", self.scratch], env=self.environment, timeout=60
+            )

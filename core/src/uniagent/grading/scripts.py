@@ -1,0 +1,177 @@
+"""The bash the grader runs in the sandbox (always in clean one-off shells, in the repository).
+
+Every script reads its inputs from variables set on its first line by
+:func:`with_vars` and writes bulk output to files the grader reads back; file
+lists are NUL-separated. Bytes travel as base64 (runtimes carry text).
+"""
+
+from __future__ import annotations
+
+import shlex
+from collections.abc import Mapping
+
+from uniagent.grading.sandbox import GIT_FUNCTION
+
+
+def with_vars(script: str, variables: Mapping[str, str]) -> str:
+    """``script`` preceded by shell assignments of ``variables`` (quoted)."""
+    head = " ".join(f"{k}={shlex.quote(v)}" for k, v in variables.items())
+    return f"{head}\n{GIT_FUNCTION}\n{script}"
+
+
+#: Every entry of the tree as ``TYPE PATH\0`` (f file, l symlink, d dir), .git's bulk skipped.
+LIST = r"""
+cd "$REPO" || exit 3
+find . \( -path ./.git/objects -o -path ./.git/refs -o -path ./.git/logs -o -path ./.git/lfs \
+    -o -path ./.git/modules -o -path ./.git/worktrees \) -prune -o -printf '%y %P\0' \
+    > "$OUT" || exit 4
+if [ -d .git/objects/info ]; then find .git/objects/info -printf '%y %p\0' >> "$OUT"; fi
+exit 0
+"""
+
+#: A tar (base64) of the NUL-separated paths in $LIST, without recursing into directories.
+PACK = r"""
+cd "$REPO" || exit 3
+tar --null --no-recursion -T "$LIST" -cf - 2>"$OUT.err" | base64 -w0 > "$OUT" || exit 4
+exit 0
+"""
+
+#: Remove $REMOVE's paths, unpack $TAR (base64) over the tree, remove $RMDIRS if empty.
+RESTORE = r"""
+cd "$REPO" || exit 3
+if [ -s "$REMOVE" ]; then xargs -0 rm -rf -- < "$REMOVE" || exit 4; fi
+if [ -s "$TAR" ]; then base64 -d "$TAR" | tar -xf - || exit 5; fi
+if [ -s "$RMDIRS" ]; then xargs -0 rmdir -- < "$RMDIRS" 2>/dev/null; fi
+exit 0
+"""
+
+#: Remove every ref but the checked-out branch (tags only when they are not ancestors of
+#: the base), remotes, stashes, reflogs, alternates and unreachable objects.
+SCRUB = r"""
+cd "$REPO" || exit 3
+gitc rev-parse --git-dir >/dev/null 2>&1 || { echo "not_a_repository=1"; exit 0; }
+head=$(gitc rev-parse -q --verify HEAD) || { echo "no_head=1"; exit 0; }
+base=${BASE:-$head}
+cur=$(gitc symbolic-ref -q HEAD || true)
+echo "head=$head"
+[ "$head" = "$(gitc rev-parse -q --verify "$base^{commit}" 2>/dev/null)" ] && echo "head_is_base=1"
+before=$(gitc count-objects -v | awk '/^(count|in-pack):/ {n += $2} END {print n + 0}')
+removed=0
+kept_tags=0
+gitc for-each-ref --format='%(refname)' > "$TMPDIR/refs" || exit 4
+while IFS= read -r ref; do
+  [ "$ref" = "$cur" ] && continue
+  case "$ref" in
+    refs/tags/*)
+      target=$(gitc rev-parse -q --verify "$ref^{commit}" 2>/dev/null)
+      if [ -n "$target" ] && gitc merge-base --is-ancestor "$target" "$head" 2>/dev/null; then
+        kept_tags=$((kept_tags + 1)); continue
+      fi ;;
+  esac
+  gitc update-ref -d "$ref" && removed=$((removed + 1))
+done < "$TMPDIR/refs"
+for remote in $(gitc remote); do gitc remote remove "$remote" >/dev/null 2>&1; done
+gitc reflog expire --expire=now --all >/dev/null 2>&1
+rm -rf .git/logs .git/refs/original .git/rr-cache
+rm -f .git/ORIG_HEAD .git/FETCH_HEAD .git/MERGE_HEAD .git/CHERRY_PICK_HEAD .git/REVERT_HEAD \
+  .git/AUTO_MERGE .git/BISECT_LOG .git/BISECT_START .git/BISECT_EXPECTED_REV
+if [ -s .git/objects/info/alternates ]; then
+  gitc repack -a -d -q && rm -f .git/objects/info/alternates || exit 5
+fi
+gitc -c gc.reflogExpire=now -c gc.reflogExpireUnreachable=now gc --prune=now -q || exit 6
+after=$(gitc count-objects -v | awk '/^(count|in-pack):/ {n += $2} END {print n + 0}')
+echo "refs_removed=$removed"
+echo "tags_kept=$kept_tags"
+echo "objects_before=$before"
+echo "objects_after=$after"
+exit 0
+"""
+
+_TOOLCHAIN_PY = r"""
+import importlib.util, os, site, sys
+dirs = []
+for get in (site.getsitepackages, site.getusersitepackages):
+    try:
+        found = get()
+    except Exception:
+        continue
+    dirs += [found] if isinstance(found, str) else list(found)
+out = set()
+for d in dirs:
+    if os.path.isdir(d):
+        for name in os.listdir(d):
+            if name.endswith('.pth') or name in ('sitecustomize.py', 'usercustomize.py'):
+                out.add(os.path.join(d, name))
+sys.path += [d for d in dirs if d not in sys.path]
+for name in ('sitecustomize', 'usercustomize', 'pytest', '_pytest', 'pluggy', 'unittest', 'py'):
+    try:
+        spec = importlib.util.find_spec(name)
+    except Exception:
+        continue
+    if spec is None or not spec.origin or not os.path.isfile(spec.origin):
+        continue
+    if spec.submodule_search_locations:
+        for root in spec.submodule_search_locations:
+            for here, _, files in os.walk(root):
+                out.update(os.path.join(here, f) for f in files if f.endswith('.py'))
+    else:
+        out.add(spec.origin)
+print('\n'.join(sorted(out)))
+"""
+
+#: ``bin NAME PATH`` for each tool on PATH, then ``SHA256  FILE`` for the tools, the
+#: interpreters' start-up hooks (.pth, sitecustomize) and the test runners' sources.
+TOOLCHAIN = (
+    r"""
+: > "$TMPDIR/files"
+for name in $TOOLS; do
+  p=$(command -v "$name" 2>/dev/null) || continue
+  case "$p" in /*) ;; *) continue ;; esac
+  real=$(readlink -f "$p")
+  printf 'bin %s %s\n' "$name" "$real"
+  printf '%s\0' "$real" >> "$TMPDIR/files"
+done
+for py in python3 python; do
+  command -v "$py" >/dev/null 2>&1 || continue
+  "$py" -I -S -c "$PYCODE" 2>/dev/null | tr '\n' '\0' >> "$TMPDIR/files"
+done
+sort -zu "$TMPDIR/files" | xargs -0 -r sha256sum
+exit 0
+"""
+)
+TOOLCHAIN_PY = _TOOLCHAIN_PY
+
+#: Tools whose binaries are checked (resolved on the grading PATH).
+TOOLCHAIN_TOOLS = (
+    "bash sh env timeout git python python3 pytest tar find xargs base64 sha256sum rm cat"
+)
+
+#: The agent's change as one binary-safe patch against $BASE (untracked files included,
+#: ignored ones not), written to $OUT; the repository's own index is left alone.
+DIFF = r"""
+cd "$REPO" || exit 3
+idx="$TMPDIR/index.$$"
+if [ -f .git/index ]; then cp -p .git/index "$idx" || exit 4; else rm -f "$idx"; fi
+export GIT_INDEX_FILE="$idx"
+gitc add -A . >/dev/null 2>"$OUT.err" || exit 5
+gitc diff --cached --binary --full-index --no-color --no-ext-diff --no-textconv --no-renames \
+  "$BASE" > "$OUT" 2>>"$OUT.err" || exit 6
+rm -f "$idx"
+exit 0
+"""
+
+#: Apply $PATCH (base64) to the tree; exit 7 when it does not apply.
+APPLY = r"""
+cd "$REPO" || exit 3
+[ -s "$PATCH" ] || exit 0
+base64 -d "$PATCH" > "$PATCH.diff" || exit 4
+gitc apply --binary --whitespace=nowarn "$PATCH.diff" || exit 7
+exit 0
+"""
+
+#: The current commit, or nothing when the directory is not a git work tree.
+HEAD = r"""
+cd "$REPO" || exit 3
+gitc rev-parse -q --verify HEAD 2>/dev/null || true
+exit 0
+"""

@@ -1,0 +1,118 @@
+"""Grading settings: the config's ``reward.integrity`` section and a reward's own defaults."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from uniagent.grading.rules import (
+    CACHES,
+    GIT_METADATA,
+    PYTHON_CONTENT,
+    PYTHON_HARNESS,
+    ContentRule,
+    ProtectRule,
+    RuleSet,
+    literal_pattern,
+)
+
+GradeIn = Literal["episode", "fresh"]
+
+
+@dataclass(frozen=True)
+class Workspace:
+    """The repository a reward grades, as the reward sees it for one task.
+
+    ``repo`` is an absolute path in the sandbox (``None``: the episode's work
+    dir); ``base_commit`` the task's base (``None``: ``HEAD`` when the episode
+    starts, before the agent's first turn); ``protect_paths`` are repository
+    paths the benchmark owns for this task (e.g. the files of SWE-bench's test
+    patch), restored like the protect rules' files.
+    """
+
+    repo: str | None = None
+    base_commit: str | None = None
+    protect_paths: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True)
+class IntegrityDefaults:
+    """A reward's defaults for what the grader protects (``RewardSpec.integrity``)."""
+
+    scrub_history: bool = False
+    protect: tuple[ProtectRule, ...] = PYTHON_HARNESS
+    content_rules: tuple[ContentRule, ...] = PYTHON_CONTENT
+    #: ``workspace(task, settings)``: the repository, base and benchmark-owned paths of a task.
+    workspace: Callable[[Mapping[str, Any], Any], Workspace] | None = field(
+        default=None, compare=False
+    )
+
+
+class IntegritySettings(BaseModel):
+    """``reward.integrity``: how the grader defends the reward against the agent."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    on_tamper: Literal["zero", "report"] = Field(
+        "zero",
+        description="'zero': any tampering (a protected file changed, a content rule hit, a "
+        "changed toolchain) scores 0; 'report': protected files are restored and the reward "
+        "is computed as usual, tampering only reported",
+    )
+    scrub_history: bool | None = Field(
+        None,
+        description="remove refs, tags after the base, remotes, stashes, reflogs and unreachable "
+        "objects before the first turn (default: the reward's; on for the SWE rewards)",
+    )
+    protect: list[ProtectRule] | None = Field(
+        None, description="the protect rules (default: the reward's, Python test-harness files)"
+    )
+    protect_paths: list[str] = Field(
+        default_factory=list,
+        description="more gitignore-style patterns of repository paths to restore (e.g. tests/)",
+    )
+    content_rules: list[ContentRule] | None = Field(
+        None, description="patterns the agent's added lines must not hold (default: the reward's)"
+    )
+    drop_rules: list[str] = Field(
+        default_factory=list, description="names of default protect or content rules to drop"
+    )
+    verify_toolchain: bool = Field(
+        True,
+        description="checksum bash, git, timeout, the interpreters, their start-up hooks and "
+        "the test runner at start and verify them before grading in the episode's sandbox",
+    )
+    on_toolchain_tamper: Literal["fresh", "zero"] = Field(
+        "fresh",
+        description="when the toolchain changed: grade in a fresh sandbox instead, or score 0",
+    )
+    repo: str | None = Field(
+        None, description="the repository to grade (default: the reward's, else the work dir)"
+    )
+    grading_env: dict[str, str] = Field(
+        default_factory=dict, description="variables set for grading commands, applied last"
+    )
+    max_patch_bytes: int = Field(
+        50_000_000, ge=1, description="a larger patch (grade_in: fresh, content rules) scores 0"
+    )
+    snapshot_max_bytes: int = Field(
+        200_000_000, ge=1, description="protected files larger than this in all are an error"
+    )
+
+    def rules(self, defaults: IntegrityDefaults, extra_paths: tuple[str, ...] = ()) -> RuleSet:
+        """The protect and content rules in force, git metadata always included."""
+        protect = list(self.protect if self.protect is not None else defaults.protect)
+        content = list(
+            self.content_rules if self.content_rules is not None else defaults.content_rules
+        )
+        protect = [r for r in protect if r.name not in self.drop_rules]
+        content = [r for r in content if r.name not in self.drop_rules]
+        if self.protect_paths:
+            protect.append(ProtectRule(name="config-paths", patterns=tuple(self.protect_paths)))
+        if extra_paths:
+            patterns = tuple(literal_pattern(p) for p in extra_paths)
+            protect.append(ProtectRule(name="task-paths", patterns=patterns))
+        return RuleSet([*protect, GIT_METADATA, CACHES], content)

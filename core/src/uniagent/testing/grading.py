@@ -1,0 +1,61 @@
+"""Grading an open sandbox the way an episode does, for reward plugins' tests.
+
+::
+
+    grader = await prepare_grader(env, "swe_bench", row, config={"workdir": "/testbed"})
+    ...  # act as the agent would: edit files in env
+    grade = await grader.grade(env, messages=(), exit_reason=ExitReason.FINISHED, submission=None)
+
+``prepare_grader`` takes the baseline (history scrub, snapshot, toolchain) as an
+episode does before the agent's first turn; ``grade`` stops the session, restores
+and screens, and runs the reward in a clean grading shell.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from typing import Any
+
+from uniagent.env import AgentEnv
+from uniagent.grading.grader import EpisodeGrader, Grade, GradingPlan
+from uniagent.grading.settings import GradeIn, IntegritySettings
+from uniagent.interaction.exit import ExitReason
+from uniagent.registry import get_rewards
+
+
+async def prepare_grader(
+    env: AgentEnv,
+    reward: str,
+    task: Mapping[str, Any],
+    *,
+    config: Mapping[str, Any] | None = None,
+    grade_in: GradeIn = "episode",
+    integrity: Mapping[str, Any] | None = None,
+    fresh_env: Callable[[], AgentEnv] | None = None,
+) -> EpisodeGrader:
+    """An :class:`EpisodeGrader` for reward ``reward`` with its baseline taken in ``env``."""
+    spec = get_rewards()[reward]
+    settings = spec.config.model_validate(dict(config or {})) if spec.config else None
+    plan = GradingPlan(
+        spec=spec,
+        settings=settings,
+        task=task,
+        grade_in=grade_in,
+        integrity=IntegritySettings.model_validate(dict(integrity or {})),
+        fresh_env=fresh_env,
+        session_env=env.config.session_env(),
+    )
+    grader = EpisodeGrader(plan)
+    await grader.prepare(env)
+    return grader
+
+
+async def grade(
+    grader: EpisodeGrader,
+    env: AgentEnv,
+    *,
+    submission: str | None = None,
+    exit_reason: ExitReason = ExitReason.FINISHED,
+) -> Grade:
+    """Grade ``env`` as at the end of an episode."""
+    return await grader.grade(env, messages=(), exit_reason=exit_reason, submission=submission)
