@@ -292,8 +292,9 @@ async def test_close_on_a_dead_session_does_not_raise() -> None:
 async def test_config_validation() -> None:
     with pytest.raises(ValueError, match="bwrap"):
         HostDeploymentConfig(network=False)
-    with pytest.raises(ValueError, match="bwrap"):
-        HostDeploymentConfig(ro_binds=["/opt"])
+    with pytest.raises(ValueError, match="HOST:INSIDE applies only with isolation: bwrap"):
+        HostDeploymentConfig(ro_binds=["/opt:/data"])
+    assert HostDeploymentConfig(ro_binds=["/opt"]).ro_binds == ["/opt"]  # visible anyway
     with pytest.raises(ValueError):
         HostDeploymentConfig(bogus=1)  # type: ignore[call-arg]
     assert EnvConfig(post_setup="a").post_setup == ["a"]

@@ -11,13 +11,9 @@ are skipped and the reason is printed.
 from __future__ import annotations
 
 import os
-import shutil
 import subprocess
-import sys
-import tempfile
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
 
 import pytest
 from pydantic import BaseModel
@@ -25,77 +21,26 @@ from pydantic import BaseModel
 from uniagent import ToolSpec
 from uniagent.env import ActionTimeoutError, AgentEnv, EnvStartError, LocalDeployment
 from uniagent.env.local import LocalDeploymentConfig
+from uniagent.testing.images import build_image, container_engine, engine_args, image_exists, run
 
 IMAGE = os.environ.get("UNIAGENT_TEST_IMAGE", "localhost/uniagent-swerex:bookworm")
-MIRROR = os.environ.get("UNIAGENT_DEBIAN_MIRROR", "http://deb.debian.org/debian")
 
 pytestmark = pytest.mark.slow
 
 
-def _run(argv: list[str], timeout: float = 900, **kwargs: Any) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(argv, capture_output=True, text=True, timeout=timeout, **kwargs)
-
-
-def _engine() -> tuple[str | None, str]:
-    """The engine that runs containers here, or None and why not."""
-    reasons = []
-    if shutil.which("docker"):
-        probe = _run(["docker", "info"], timeout=30)
-        if probe.returncode == 0:
-            return "docker", ""
-        reasons.append(f"docker's daemon does not answer: {probe.stderr.strip()[-200:]}")
-    else:
-        reasons.append("docker is not installed")
-    if not shutil.which("podman"):
-        reasons.append("podman is not installed (apt-get install podman runc)")
-        return None, "; ".join(reasons)
-    probe = _run(["podman", "info"], timeout=60)
-    if probe.returncode != 0:
-        reasons.append(f"`podman info` failed: {probe.stderr.strip()[-300:]}")
-        return None, "; ".join(reasons)
-    return "podman", ""
-
-
-def _build_image(engine: str) -> None:
-    """debootstrap + swe-rex from host-downloaded wheels + ``<engine> import``."""
-    if shutil.which("debootstrap") is None:
-        raise RuntimeError("debootstrap is not installed (apt-get install debootstrap)")
-    with tempfile.TemporaryDirectory(prefix="uniagent-rootfs-", dir="/var/tmp") as tmp:
-        root = Path(tmp) / "rootfs"
-        steps = [
-            ["debootstrap", "--variant=minbase", "--include=python3,python3-venv",
-             "bookworm", str(root), MIRROR],
-            [sys.executable, "-m", "pip", "download", "-q", "-d", str(root / "tmp" / "wheels"),
-             "swe-rex==1.4.0"],
-            ["chroot", str(root), "/bin/sh", "-c",
-             "python3 -m venv /opt/swerex && /opt/swerex/bin/pip install -q --no-index "
-             "--find-links /tmp/wheels swe-rex==1.4.0 && rm -rf /tmp/wheels && "
-             "ln -sf /opt/swerex/bin/swerex-remote /usr/local/bin/swerex-remote"],
-        ]  # fmt: skip
-        for argv in steps:
-            result = _run(argv)
-            if result.returncode != 0:
-                raise RuntimeError(f"{' '.join(argv[:3])} failed: {result.stderr.strip()[-500:]}")
-        tar = subprocess.Popen(["tar", "-C", str(root), "-c", "."], stdout=subprocess.PIPE)
-        result = _run([engine, "import", "-", IMAGE], stdin=tar.stdout)
-        tar.wait()
-        if result.returncode != 0:
-            raise RuntimeError(f"{engine} import failed: {result.stderr.strip()[-500:]}")
-
-
 @pytest.fixture(scope="module")
 def engine() -> Iterator[str]:
-    engine, reason = _engine()
+    engine, reason = container_engine()
     if engine is None:
         print(f"\nSKIP local deployment: no container engine works here: {reason}")
         pytest.skip(f"no container engine works here: {reason}")
-    if _run([engine, "image", "inspect", IMAGE], timeout=60).returncode != 0:
+    if not image_exists(engine, IMAGE):
         try:
-            _build_image(engine)
+            build_image(engine, IMAGE)
         except (RuntimeError, OSError, subprocess.TimeoutExpired) as exc:
             print(f"\nSKIP local deployment: cannot build the test image {IMAGE}: {exc}")
             pytest.skip(f"cannot build the test image {IMAGE}: {exc}")
-    probe = _run([engine, "run", "--rm", *_podman_args(engine), IMAGE, "swerex-remote", "-v"])
+    probe = run([engine, "run", "--rm", *engine_args(engine), IMAGE, "swerex-remote", "-v"])
     if probe.returncode != 0:
         reason = f"`{engine} run {IMAGE}` fails: {probe.stderr.strip()[-500:]}"
         print(f"\nSKIP local deployment: {reason}")
@@ -103,14 +48,8 @@ def engine() -> Iterator[str]:
     yield engine
 
 
-def _podman_args(engine: str) -> list[str]:
-    from uniagent.env.local import podman_args
-
-    return podman_args([]) if engine == "podman" else []
-
-
 def _containers(engine: str, name: str) -> str:
-    return _run([engine, "ps", "-a", "--filter", f"name={name}", "-q"], timeout=60).stdout.strip()
+    return run([engine, "ps", "-a", "--filter", f"name={name}", "-q"], timeout=60).stdout.strip()
 
 
 class _NoArgs(BaseModel):
@@ -153,3 +92,20 @@ async def test_a_missing_image_fails_to_start_with_the_reason(engine: str) -> No
     with pytest.raises(EnvStartError) as info:
         await AgentEnv.from_config(config).start()
     assert "2 tries" in str(info.value)
+
+
+async def test_stopping_the_agent_ends_every_process_in_the_container(engine: str) -> None:
+    deployment = LocalDeployment(LocalDeploymentConfig(image=IMAGE, engine=engine, pull="never"))
+    env = AgentEnv(deployment, {"workdir": "/testbed"})
+    await env.start()
+    try:
+        await env.run_action("setsid sleep 1000 >/dev/null 2>&1 < /dev/null & sleep 999 & true")
+        await env.stop_agent()
+        listing = await env.execute(
+            ["/bin/sh", "-c", "cat /proc/[0-9]*/cmdline | tr '\\0' ' '"],
+            env={"PATH": "/usr/bin:/bin"},
+        )
+        assert "sleep" not in listing.stdout, listing.stdout
+        assert await env.sandbox_alive(), "the container and its server stay up for grading"
+    finally:
+        await env.close()

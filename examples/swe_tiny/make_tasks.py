@@ -5,9 +5,12 @@
 
 writes OUT_DIR/repos/<task>/ (git repositories) and OUT_DIR/tasks.jsonl. Each
 task's sandbox clones its repository (per-task ``tools_kwargs``), and the
-``command`` reward runs the task's tests there: 1.0 when they pass. The tests
-are restored from git before scoring, so editing them does not help.
-Standard library only; the tests use ``unittest``.
+``command`` reward runs the task's tests in a clean grading shell: 1.0 when
+they pass. The configs protect ``tests/`` (``reward.integrity.protect_paths``):
+before grading, the grader puts the tests back as they were when the episode
+started (from its own snapshot, not from git, whose history the agent could
+rewrite) and, by default, scores a change to them 0. Standard library only; the
+tests use ``unittest``.
 """
 
 from __future__ import annotations
@@ -158,7 +161,7 @@ TASKS = [
     ),
 ]
 
-TEST_COMMAND = "git checkout -q HEAD -- tests && python3 -m unittest discover -s tests"
+TEST_COMMAND = "python3 -m unittest discover -s tests"
 WORKFLOW = (
     "{problem}\n\nThe repository is your current working directory. Fix the bug in the "
     "source (not in the tests); run `python3 -m unittest discover -s tests` to check. "
@@ -195,7 +198,13 @@ def make(out: Path) -> Path:
                 "problem_statement": WORKFLOW.format(problem=problem),
                 "repo": str(repo),
                 "test_command": TEST_COMMAND,
-                "tools_kwargs": {"env": {"post_setup": [f"git clone -q {repo} . "]}},
+                "tools_kwargs": {
+                    "env": {
+                        "post_setup": [f"git clone -q {repo} ."],
+                        # Visible inside a bubblewrap sandbox (without isolation it is anyway).
+                        "deployment": {"ro_binds": [str(repo)]},
+                    }
+                },
             }
         )
     tasks = out / "tasks.jsonl"

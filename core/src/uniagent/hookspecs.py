@@ -72,13 +72,13 @@ def uniagent_tool_parsers() -> Iterable[ParserSpec]:
 
 @hookspec
 def uniagent_rewards() -> Iterable[RewardSpec]:
-    """Rewards computed in the still-open sandbox when an episode ends.
+    """Rewards computed when an episode ends, in a grading sandbox the agent cannot reach.
 
     Example::
 
         async def tests_pass(ctx):
-            obs = await ctx.env.run_action("pytest -q", timeout=600)
-            return 1.0 if obs.exit_code == 0 else 0.0
+            done = await ctx.require_sandbox().run("pytest -q", timeout=600)
+            return 1.0 if done.exit_code == 0 else 0.0
 
         @hookimpl
         def uniagent_rewards():

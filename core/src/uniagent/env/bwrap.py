@@ -65,8 +65,9 @@ def bwrap_argv(
     # (a private /tmp would hide a bind of /tmp/data made earlier).
     for mount in sorted(mounts, key=lambda m: len(PurePosixPath(m.inside).parts)):
         argv += ["--bind" if mount.writable else "--ro-bind", mount.host, mount.inside]
+    # Nothing outside the mounts is writable: bwrap's own root is a tmpfs in this host's RAM.
     argv += ["--proc", "/proc", "--dev", "/dev", "--chdir", chdir, *extra_args]
-    return argv
+    return [*argv, "--remount-ro", "/"]
 
 
 def system_mounts() -> list[Mount]:

@@ -17,12 +17,15 @@ import os
 import shlex
 import shutil
 import signal
+import subprocess
 import tempfile
+import threading
 from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
+from uniagent.env import cgroups
 from uniagent.env.bash_session import BASH_FLAGS, BashSession
 from uniagent.env.bwrap import (
     Mount,
@@ -32,6 +35,7 @@ from uniagent.env.bwrap import (
     host_path,
     system_mounts,
 )
+from uniagent.env.cgroups import SandboxCgroup
 from uniagent.env.errors import (
     CommandTimeoutError,
     EnvError,
@@ -60,6 +64,45 @@ BWRAP_TOOLS_DIR = "/uniagent/tools"
 BWRAP_HOME = "/root"
 
 
+def _bytes(value: Any) -> Any:
+    """``"4g"``-style sizes (k, m, g, t; powers of 1024) as bytes."""
+    if isinstance(value, str):
+        text = value.strip().lower().removesuffix("b")
+        units = {"k": 1 << 10, "m": 1 << 20, "g": 1 << 30, "t": 1 << 40}
+        try:
+            if text and text[-1] in units:
+                return int(float(text[:-1]) * units[text[-1]])
+            return int(text)
+        except ValueError:
+            raise ValueError(f"{value!r} is not a size (e.g. 512m, 4g)") from None
+    return value
+
+
+class SandboxLimits(BaseModel):
+    """Resources one sandbox may use; ``null`` lifts a limit."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    pids: int | None = Field(
+        4096, ge=16, description="processes and threads at once (cgroup pids controller)"
+    )
+    memory: int | None = Field(
+        4 << 30, ge=16 << 20, description="bytes of memory, e.g. 4g (cgroup memory controller)"
+    )
+    disk: int | None = Field(
+        10 << 30,
+        ge=16 << 20,
+        description="bytes the episode directory (work dir, tools, /tmp and home under bwrap) "
+        "may hold, e.g. 10g: it is a size-limited tmpfs, whose pages count as the sandbox's "
+        "memory",
+    )
+
+    @field_validator("memory", "disk", mode="before")
+    @classmethod
+    def _sizes(cls, value: Any) -> Any:
+        return _bytes(value)
+
+
 class HostDeploymentConfig(BaseModel):
     """A bash session on this machine, optionally inside a bubblewrap sandbox."""
 
@@ -77,11 +120,12 @@ class HostDeploymentConfig(BaseModel):
     )
     ro_binds: list[str] = Field(
         default_factory=list,
-        description="bwrap only: more host paths visible read-only ('PATH' or 'HOST:INSIDE')",
+        description="host paths the sandbox sees read-only, 'PATH' or (bwrap) 'HOST:INSIDE'; "
+        "without isolation every host path is visible anyway",
     )
     binds: list[str] = Field(
         default_factory=list,
-        description="bwrap only: host paths visible read-write ('PATH' or 'HOST:INSIDE')",
+        description="host paths the sandbox sees read-write, 'PATH' or (bwrap) 'HOST:INSIDE'",
     )
     bwrap_args: list[str] = Field(
         default_factory=list, description="bwrap only: extra bwrap arguments"
@@ -97,10 +141,32 @@ class HostDeploymentConfig(BaseModel):
     )
     bash: str = "bash"
     bwrap: str = "bwrap"
+    limits: SandboxLimits = Field(
+        default_factory=SandboxLimits,
+        description="processes, memory and disk of one sandbox (enforced where the kernel "
+        "allows: cgroups and mounts need root or a delegated cgroup)",
+    )
     startup_timeout: float = Field(10.0, gt=0, description="seconds for bash to answer at start")
     max_output_bytes: int = Field(
         16 * 1024 * 1024, ge=1024, description="bytes of one command's output kept (head and tail)"
     )
+
+    @model_validator(mode="after")
+    def _binds_outside_the_sandbox_dirs(self) -> HostDeploymentConfig:
+        if self.isolation != "bwrap":
+            return self
+        own = {"work dir": self.sandbox_workdir or "/work", "tools dir": BWRAP_TOOLS_DIR,
+               "home": BWRAP_HOME}
+        for spec in (*self.ro_binds, *self.binds):
+            inside = os.path.normpath(spec.partition(":")[2] or os.path.abspath(spec))
+            for what, path in own.items():
+                if inside == path or inside.startswith(path.rstrip("/") + "/"):
+                    raise ValueError(
+                        f"bind {spec!r} would appear inside the sandbox's {what} {path} (and "
+                        "be part of what the agent works on); bind it elsewhere with "
+                        "'HOST:INSIDE', or set sandbox_workdir"
+                    )
+        return self
 
     @model_validator(mode="after")
     def _bwrap_only(self) -> HostDeploymentConfig:
@@ -110,17 +176,31 @@ class HostDeploymentConfig(BaseModel):
                     "network: false needs isolation: bwrap (without isolation the session has "
                     "the host's network)"
                 )
-            for name in ("sandbox_workdir", "ro_binds", "binds", "bwrap_args"):
+            for name in ("sandbox_workdir", "bwrap_args"):
                 if getattr(self, name):
                     raise ValueError(f"{name} applies only with isolation: bwrap")
+            for name in ("ro_binds", "binds"):
+                moved = [b for b in getattr(self, name) if ":" in b]
+                if moved:
+                    # A plain path is visible without isolation anyway; a moved one is not.
+                    raise ValueError(
+                        f"{name} {moved[0]!r}: HOST:INSIDE applies only with isolation: bwrap"
+                    )
         return self
 
 
 class _Layout:
     """Paths of one episode, as the session sees them and on the host."""
 
-    def __init__(self, config: HostDeploymentConfig, root: Path, bwrap: str | None) -> None:
+    def __init__(
+        self,
+        config: HostDeploymentConfig,
+        root: Path,
+        bwrap: str | None,
+        cgroup: SandboxCgroup | None = None,
+    ) -> None:
         self.root = root
+        self.cgroup = cgroup
         for sub in ("work", "tools", "tmp", "home"):
             (root / sub).mkdir(exist_ok=True)
         env = sandbox_environment(config.pass_env)
@@ -162,13 +242,13 @@ class _Layout:
         return host_path(self.mounts, path, write=write)
 
     def wrap(self, argv: list[str], cwd: str | None = None) -> list[str]:
-        """``argv`` as run in the sandbox (in ``cwd``, default the work dir)."""
-        if self.bwrap is None:
-            return argv
-        prefix = list(self.prefix)
-        if cwd is not None:
-            prefix[prefix.index("--chdir") + 1] = cwd
-        return prefix + argv
+        """``argv`` as run in the sandbox (in ``cwd``, default the work dir), in its cgroup."""
+        if self.bwrap is not None:
+            prefix = list(self.prefix)
+            if cwd is not None:
+                prefix[prefix.index("--chdir") + 1] = cwd
+            argv = prefix + argv
+        return self.cgroup.wrap(argv) if self.cgroup is not None else argv
 
 
 class HostRuntime:
@@ -254,6 +334,8 @@ class HostRuntime:
         env = dict(command.env) if command.env is not None else dict(self.layout.env)
         if self.layout.bwrap is not None:
             argv, cwd = self.layout.wrap(argv, cwd), str(self.layout.root)
+        else:
+            argv = self.layout.wrap(argv)
         merge = (
             asyncio.subprocess.STDOUT if command.merge_output_streams else asyncio.subprocess.PIPE
         )
@@ -323,15 +405,16 @@ class HostRuntime:
         return UploadResponse()
 
     async def kill_processes(self) -> None:
-        """End every session and every process they started; files stay."""
+        """End every session and every process of the sandbox (its cgroup); files stay."""
         sessions, self.sessions = list(self.sessions.values()), {}
         await asyncio.gather(*(s.close() for s in sessions), return_exceptions=True)
+        if self.layout.cgroup is not None:
+            await asyncio.to_thread(self.layout.cgroup.kill)
 
     async def close(self) -> CloseResponse:
-        """Close every session; idempotent."""
+        """Close every session and end every process of the sandbox; idempotent."""
         self._closed = True
-        sessions, self.sessions = list(self.sessions.values()), {}
-        await asyncio.gather(*(s.close() for s in sessions), return_exceptions=True)
+        await self.kill_processes()
         return CloseResponse()
 
 
@@ -342,14 +425,22 @@ class HostDeployment:
         self.config = config or HostDeploymentConfig()
         self._runtime: HostRuntime | None = None
         self._root: Path | None = None
+        self._layout: _Layout | None = None
 
     async def start(self) -> None:
-        """Create the episode directory (bash itself starts with the first session)."""
+        """Create the episode directory and cgroup (bash starts with the first session)."""
         if self._runtime is not None:
             raise EnvError("this host deployment is already started")
-        # File-system work on a thread: hundreds of episodes may start at once.
-        layout = await asyncio.to_thread(self._prepare)
+        # File-system work on a thread: hundreds of episodes may start at once. If the
+        # caller gives up meanwhile, what the thread made is removed when it is done.
+        made = asyncio.ensure_future(asyncio.to_thread(self._prepare))
+        try:
+            layout = await asyncio.shield(made)
+        except asyncio.CancelledError:
+            made.add_done_callback(_discard_layout)
+            raise
         self._root = layout.root
+        self._layout = layout
         self._runtime = HostRuntime(layout, self.config)
 
     def _prepare(self) -> _Layout:
@@ -358,17 +449,27 @@ class HostDeployment:
             raise EnvStartError(f"{self.config.bash!r} is not on PATH; install bash")
         if self.config.base_dir:
             os.makedirs(self.config.base_dir, exist_ok=True)
-        root = Path(tempfile.mkdtemp(prefix="uniagent-", dir=self.config.base_dir))
-        return _Layout(self.config, root, bwrap)
+        root = Path(tempfile.mkdtemp(prefix=EPISODE_PREFIX, dir=self.config.base_dir))
+        limits = self.config.limits
+        cgroup = None
+        try:
+            if limits.disk is not None:
+                _mount_tmpfs(root, limits.disk)
+            (root / OWNER_FILE).write_text(f"{os.getpid()}\n")
+            cgroup = cgroups.create(pids=limits.pids, memory=limits.memory)
+            return _Layout(self.config, root, bwrap, cgroup)
+        except BaseException:
+            _remove_episode(root, cgroup)
+            raise
 
     async def stop(self) -> None:
-        """Kill every session and remove the episode directory; idempotent."""
+        """Kill every process of the sandbox and remove its directory and cgroup; idempotent."""
         runtime, root = self._runtime, self._root
         if runtime is not None:
             await runtime.close()
         if root is not None:
-            await asyncio.to_thread(shutil.rmtree, root, ignore_errors=True)
             self._root = None
+            await asyncio.to_thread(_remove_episode, root, self._layout.cgroup)
 
     async def sandbox_alive(self) -> bool:
         """Whether the sandbox (its directory and runtime) is up, whatever its sessions do."""
@@ -406,6 +507,78 @@ class HostDeployment:
     def root(self) -> Path | None:
         """The episode directory on the host (None before start and after stop)."""
         return self._root
+
+
+EPISODE_PREFIX = "uniagent-"
+#: In each episode directory: the pid of the process that owns it (for leftover clean-up).
+OWNER_FILE = ".uniagent-owner"
+_mount_warned = False
+
+
+def _mount_tmpfs(root: Path, size: int) -> None:
+    """Make ``root`` a tmpfs of ``size`` bytes (the disk limit); warn once where not allowed."""
+    global _mount_warned
+    done = subprocess.run(
+        ["mount", "-t", "tmpfs", "-o", f"size={size},mode=0755", "uniagent-episode", str(root)],
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    if done.returncode != 0 and not _mount_warned:
+        _mount_warned = True
+        log.warning(
+            "no disk limit for host sandboxes: mounting a tmpfs failed (%s); run as root or set "
+            "limits.disk: null", (done.stderr or done.stdout).strip()[:200]
+        )
+
+
+def _is_mount(path: Path) -> bool:
+    try:
+        return any(line.split()[4] == str(path) for line in
+                   Path("/proc/self/mountinfo").read_text().splitlines())
+    except OSError:
+        return False
+
+
+def _remove_episode(root: Path, cgroup: SandboxCgroup | None) -> None:
+    """End the sandbox's processes, unmount and remove its directory (blocking)."""
+    if cgroup is not None:
+        cgroup.remove()
+    if _is_mount(root):
+        subprocess.run(["umount", "-l", str(root)], capture_output=True, check=False)
+    shutil.rmtree(root, ignore_errors=True)
+
+
+def _discard_layout(made: asyncio.Future[_Layout]) -> None:
+    if made.cancelled() or made.exception() is not None:
+        return
+    layout = made.result()
+    threading.Thread(target=_remove_episode, args=(layout.root, layout.cgroup),
+                     daemon=True).start()
+
+
+def cleanup_leftovers(base_dir: str | None = None) -> list[str]:
+    """Remove what killed runs left: episode directories and cgroups of dead owners.
+
+    Returns what was removed. Safe while other runs are going: only entries whose
+    owner process no longer exists are touched.
+    """
+    removed = []
+    for group in cgroups.leftovers():
+        group.remove()
+        removed.append(f"cgroup {group.name}")
+    parent = Path(base_dir or tempfile.gettempdir())
+    for entry in parent.glob(f"{EPISODE_PREFIX}*"):
+        owner = entry / OWNER_FILE
+        try:
+            pid = int(owner.read_text().split()[0])
+        except (OSError, ValueError, IndexError):
+            continue
+        if cgroups._alive(pid):
+            continue
+        _remove_episode(entry, None)
+        removed.append(str(entry))
+    return removed
 
 
 def sandbox_environment(pass_env: list[str]) -> dict[str, str]:

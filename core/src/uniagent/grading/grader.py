@@ -141,7 +141,10 @@ class EpisodeGrader:
             if mode == "episode":
                 changed = await integrity.verify_toolchain(sandbox, baseline)
                 self._record(changed)
-                if changed and settings.on_toolchain_tamper == "fresh":
+                if changed and (settings.on_tamper == "zero"
+                                or settings.on_toolchain_tamper == "zero"):
+                    return self._zero(info, "tampered", "the toolchain changed")
+                if changed:
                     mode = info["grade_in"] = "fresh"
                     info["fallback"] = "the toolchain changed: graded in a fresh sandbox"
             self._record(await integrity.screen(sandbox, baseline, restore=True))
@@ -161,10 +164,10 @@ class EpisodeGrader:
         if mode == "episode":
             return await self._run_reward(sandbox, context, info, env=env)
         kept = [p for p in parts if not integrity._protected(baseline.rules, p.path)]
-        return await self._grade_fresh(integrity.join_patch(kept), context, info)
+        return await self._grade_fresh(env, integrity.join_patch(kept), context, info)
 
     async def _grade_fresh(
-        self, patch: bytes, context: dict[str, Any], info: dict[str, Any]
+        self, episode: AgentEnv, patch: bytes, context: dict[str, Any], info: dict[str, Any]
     ) -> Grade:
         baseline = self.baseline
         assert baseline is not None and baseline.repo is not None
@@ -177,25 +180,30 @@ class EpisodeGrader:
                 f"the fresh grading sandbox did not start: {type(exc).__name__}: {exc}"
             ) from exc
         try:
-            probe = await GradingSandbox.open(fresh, baseline.environment, workdir=baseline.repo)
+            environment = await integrity.environment_of(
+                fresh, self.plan.integrity, self.plan.session_env
+            )
+            repo = integrity.moved_repo(baseline.repo, episode, fresh)
+            probe = await GradingSandbox.open(fresh, environment, workdir=repo)
             try:
-                head = await integrity.run_script(
-                    probe, integrity.scripts.HEAD, {"REPO": baseline.repo}, what="git rev-parse"
-                )
-                if head.strip().splitlines()[-1:] != [baseline.base]:
+                tree = await integrity.tree_of(probe, repo)
+                if tree is None or tree != baseline.base_tree:
                     raise GradingInfraError(
-                        f"the fresh sandbox's {baseline.repo} is at {head.strip()!r}, not at the "
-                        f"episode's base {baseline.base}: the task's set-up is not reproducible"
+                        f"the fresh sandbox's {repo} holds tree {tree}, not the episode's base "
+                        f"tree {baseline.base_tree} (commit {baseline.base}): the task's set-up "
+                        "is not reproducible"
                     )
-                problem = await integrity.apply_patch(probe, baseline.repo, patch)
+                problem = await integrity.apply_patch(probe, repo, patch)
             finally:
                 await probe.close()
             info["fresh_setup_seconds"] = round(time.perf_counter() - started, 3)
             if problem is not None:
                 return self._zero(info, "patch_did_not_apply", problem)
-            sandbox = await GradingSandbox.open(fresh, baseline.environment, workdir=baseline.repo)
+            sandbox = await GradingSandbox.open(fresh, environment, workdir=repo)
             try:
-                return await self._run_reward(sandbox, context, info, env=fresh, fresh=True)
+                return await self._run_reward(
+                    sandbox, context, info, env=fresh, fresh=True, repo=repo
+                )
             finally:
                 await sandbox.close()
         except (GradingSetupError, TerminalNotAliveError, EnvError) as exc:
@@ -213,12 +221,13 @@ class EpisodeGrader:
         *,
         env: AgentEnv | None = None,
         fresh: bool = False,
+        repo: str | None = None,
     ) -> Grade:
         ctx = RewardContext(
             sandbox=sandbox,
             task=self.plan.task,
             config=self.plan.settings,
-            workspace=self._workspace(),
+            workspace=self._workspace(repo),
             **context,
         )
         try:
@@ -236,11 +245,11 @@ class EpisodeGrader:
         return Grade(float(outcome.score), {**dict(outcome.info), **({"integrity": info}
                                                                      if info else {})})
 
-    def _workspace(self) -> Workspace:
+    def _workspace(self, repo: str | None = None) -> Workspace:
         baseline = self.baseline
         if baseline is None:
             return self.workspace
-        return Workspace(baseline.repo, baseline.base, self.workspace.protect_paths)
+        return Workspace(repo or baseline.repo, baseline.base, self.workspace.protect_paths)
 
     async def _after_agent(
         self,

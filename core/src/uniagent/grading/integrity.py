@@ -82,6 +82,7 @@ class Baseline:
     base: str | None
     environment: dict[str, str]
     rules: RuleSet
+    base_tree: str | None = None
     listing: dict[str, str] = field(default_factory=dict)
     snapshot: dict[str, Member] = field(default_factory=dict)
     toolchain: dict[str, str] | None = None
@@ -120,14 +121,7 @@ async def capture(
     session_env: Mapping[str, str],
 ) -> Baseline:
     """Take the baseline in ``env`` (after set-up, before the agent's first turn)."""
-    started = await env.execute(["env", "-0"], env=None, timeout=60)
-    start_env = dict(
-        item.split("=", 1) for item in started.stdout.split("\0") if "=" in item
-    )
-    exclude = tuple(p for p in (env.tools_dir, env.workdir) if p)
-    environment = grading_environment(
-        {**start_env, **session_env}, exclude_path=exclude, extra=settings.grading_env
-    )
+    environment = await environment_of(env, settings, session_env)
     repo = settings.repo or workspace.repo or env.workdir
     rules = settings.rules(defaults, workspace.protect_paths)
     baseline = Baseline(repo=repo, base=None, environment=environment, rules=rules)
@@ -148,6 +142,8 @@ async def capture(
         head = head.strip().splitlines()[-1] if head.strip() else ""
         baseline.base = workspace.base_commit or (head if re.fullmatch(r"[0-9a-f]{40,64}", head)
                                                   else None)
+        if baseline.base is not None:
+            baseline.base_tree = await tree_of(sandbox, repo, baseline.base)
         baseline.listing = await list_tree(sandbox, repo)
         protected = [p for p, kind in baseline.listing.items()
                      if kind in "fl" and _protected(rules, p)]
@@ -159,7 +155,36 @@ async def capture(
     return baseline
 
 
+async def environment_of(
+    env: AgentEnv, settings: IntegritySettings, session_env: Mapping[str, str]
+) -> dict[str, str]:
+    """The grading environment of ``env``: its start-up environment, cleaned (see sandbox)."""
+    started = await env.execute(["env", "-0"], env=None, timeout=60)
+    start_env = dict(item.split("=", 1) for item in started.stdout.split("\0") if "=" in item)
+    exclude = tuple(p for p in (env.tools_dir, env.workdir) if p)
+    return grading_environment(
+        {**start_env, **session_env}, exclude_path=exclude, extra=settings.grading_env
+    )
+
+
+def moved_repo(repo: str, old: AgentEnv, new: AgentEnv) -> str:
+    """Where ``repo`` of sandbox ``old`` is in ``new`` (work dirs can differ between sandboxes)."""
+    if old.workdir and new.workdir and (repo + "/").startswith(old.workdir.rstrip("/") + "/"):
+        return posixpath.normpath(posixpath.join(new.workdir, posixpath.relpath(repo, old.workdir)))
+    return repo
+
+
+async def tree_of(sandbox: GradingSandbox, repo: str, commit: str = "HEAD") -> str | None:
+    """The tree hash of ``commit`` in ``repo`` (``None`` when there is none)."""
+    out = await run_script(sandbox, scripts.TREE, {"REPO": repo, "COMMIT": commit},
+                           what="git rev-parse")
+    lines = out.strip().splitlines()
+    return lines[-1] if lines else None
+
+
 def _protected(rules: RuleSet, path: str) -> bool:
+    if rules.purges(path):
+        return False
     return rules.protects(path) or rules.protects_section(path)
 
 
@@ -259,6 +284,7 @@ async def screen(
     if repo is None:
         return []
     listing = await list_tree(sandbox, repo)
+    purged = [p for p in listing if rules.purges(p) and not rules.purges(posixpath.dirname(p))]
     current_paths = [p for p, k in listing.items() if k in "fl" and _protected(rules, p)]
     current = await pack(sandbox, repo, current_paths, 1 << 62)
     tampered: list[Tamper] = []
@@ -290,8 +316,8 @@ async def screen(
         p for p, k in listing.items()
         if k == "d" and p not in baseline.listing and rules.protects(p + "/")
     ]
-    if restore and (remove or put_back or new_dirs):
-        await _restore(sandbox, baseline, sorted(remove), put_back, new_dirs)
+    if restore and (remove or put_back or new_dirs or purged):
+        await _restore(sandbox, baseline, sorted(remove | set(purged)), put_back, new_dirs)
     return tampered
 
 
@@ -472,6 +498,3 @@ async def apply_patch(sandbox: GradingSandbox, repo: str, patch: bytes) -> str |
     raise GradingSetupError(f"applying the patch failed (exit {done.exit_code}): {done.output}")
 
 
-def relative(repo: str, path: str) -> str:
-    """``path`` relative to ``repo`` when inside it."""
-    return posixpath.relpath(path, repo) if path.startswith(repo.rstrip("/") + "/") else path

@@ -40,10 +40,11 @@ class ProtectRule(BaseModel):
 
     name: str = Field(description="short id, to drop a default rule by name")
     patterns: tuple[str, ...] = Field(description="gitignore-style patterns, relative to the repo")
-    kind: Literal["file", "test_section"] = Field(
+    kind: Literal["file", "test_section", "purge"] = Field(
         "file",
         description="'file': the whole file; 'test_section': only the test runner's section of "
-        "pyproject.toml / setup.cfg / tox.ini",
+        "pyproject.toml / setup.cfg; 'purge': derived files, deleted before grading (the runner "
+        "makes them again), never snapshotted nor reported",
     )
     reason: str = ""
     scores: bool = Field(
@@ -136,11 +137,12 @@ GIT_METADATA = ProtectRule(
     scores=False,
 )
 
-#: Derived files the runner trusts: restored to their state at the start, never scored
-#: (running the tests makes them), so a planted ``.pyc`` cannot stand in for a protected file.
+#: Derived files the runner trusts: deleted before grading (running the tests makes them
+#: again), so a planted ``.pyc`` cannot stand in for the source it claims to match.
 CACHES = ProtectRule(
     name="caches",
     patterns=("__pycache__/", "*.pyc", "*.pyo", ".pytest_cache/"),
+    kind="purge",
     reason="bytecode and pytest caches are loaded instead of the sources they claim to match",
     scores=False,
 )
@@ -190,12 +192,19 @@ class RuleSet:
         self._sections = pathspec.GitIgnoreSpec.from_lines(
             [p for r in self.protect if r.kind == "test_section" for p in r.patterns]
         )
+        self._purge = pathspec.GitIgnoreSpec.from_lines(
+            [p for r in self.protect if r.kind == "purge" for p in r.patterns]
+        )
         self._content = [(r, re.compile(r.pattern)) for r in self.content]
         self._each = [(r, pathspec.GitIgnoreSpec.from_lines(r.patterns)) for r in self.protect]
 
     def protects(self, path: str) -> bool:
         """Whether the whole file (or a symlink standing for a directory) is protected."""
         return self._files.match_file(path) or self._files.match_file(f"{path}/_")
+
+    def purges(self, path: str) -> bool:
+        """Whether ``path`` is a derived file deleted before grading."""
+        return self._purge.match_file(path) or self._purge.match_file(f"{path}/_")
 
     def protects_section(self, path: str) -> bool:
         """Whether only the test section of this file is protected."""
@@ -204,6 +213,8 @@ class RuleSet:
     def rule_for(self, path: str) -> ProtectRule:
         """The first rule protecting ``path``."""
         for rule, spec in self._each:
+            if rule.kind == "purge":
+                continue
             if spec.match_file(path) or spec.match_file(f"{path}/_"):
                 return rule
         return self.protect[-1]

@@ -169,6 +169,13 @@ gitc apply --binary --whitespace=nowarn "$PATCH.diff" || exit 7
 exit 0
 """
 
+#: The tree of $COMMIT (default HEAD), or nothing when there is none.
+TREE = r"""
+cd "$REPO" || exit 3
+gitc rev-parse -q --verify "${COMMIT:-HEAD}^{tree}" 2>/dev/null || true
+exit 0
+"""
+
 #: The current commit, or nothing when the directory is not a git work tree.
 HEAD = r"""
 cd "$REPO" || exit 3

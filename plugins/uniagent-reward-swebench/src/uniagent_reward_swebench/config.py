@@ -15,12 +15,13 @@ class SweBenchRewardConfig(BaseModel):
     eval_timeout: float = Field(
         default=1800.0, gt=0, description="seconds the evaluation script may run in the sandbox"
     )
-    workdir: str = Field(
+    workdir: str | None = Field(
         default="/testbed",
         min_length=1,
         description=(
             "the repository checkout in the sandbox; may use {repo_name}, {repo} and "
-            "{instance_id} (e.g. '/{repo_name}' for SWE-rebench V2 images)"
+            "{instance_id} (e.g. '/{repo_name}' for SWE-rebench V2 images); null: the episode's "
+            "work dir (where the env's post_setup put the checkout)"
         ),
     )
     apply_test_patch: Literal["auto", "always", "never"] = Field(

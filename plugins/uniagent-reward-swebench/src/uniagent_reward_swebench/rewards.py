@@ -40,6 +40,10 @@ async def _reward(
     dataset: Dataset, ctx: RewardContext, cls: type[SweBenchRewardConfig]
 ) -> RewardResult:
     config = _config(ctx, cls)
+    if ctx.workspace.repo:
+        # Where the grader found the checkout (in a fresh sandbox it can have moved).
+        literal = ctx.workspace.repo.replace("{", "{{").replace("}", "}}")
+        config = config.model_copy(update={"workdir": literal})
     spec = build_spec(dataset, ctx.task, config)
     return await evaluate(ctx, spec, config)
 
@@ -64,9 +68,10 @@ def _workspace(dataset: Dataset) -> Any:
         """The checkout, its base commit and the test patch's files (the benchmark's)."""
         defaults = {"swe_bench": SweBenchRewardConfig, "swe_rebench": SweRebenchRewardConfig,
                     "r2e_gym": R2EGymRewardConfig}[dataset]
-        spec = build_spec(dataset, task, config or defaults())
+        config = config or defaults()
+        spec = build_spec(dataset, task, config)
         return Workspace(
-            repo=spec.workdir,
+            repo=spec.workdir if config.workdir is not None else None,
             base_commit=spec.base_commit,
             protect_paths=tuple(f.path for f in patch_files(spec.test_patch)),
         )

@@ -201,6 +201,8 @@ def _eval_type(row: Mapping[str, Any], repo: str) -> str:
 
 
 def _workdir(config: SweBenchRewardConfig, row: Mapping[str, Any], repo: str) -> str:
+    if config.workdir is None:
+        return "."  # the episode's work dir: the grader passes the real path in
     fields = {
         "repo": repo,
         "repo_name": repo.rsplit("/", 1)[-1],

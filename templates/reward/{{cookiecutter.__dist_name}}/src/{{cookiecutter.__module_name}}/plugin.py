@@ -1,14 +1,15 @@
 """The plugin's ``uniagent`` entry point: it contributes the ``{{ cookiecutter.__record_name }}`` reward.
 
-A reward is an async function awaited when an episode ends, while the sandbox
-is still open: it gets a :class:`uniagent.reward.RewardContext` (the sandbox
-``env``, the ``task`` row, its validated ``config``, the conversation, the exit
-reason and the submission) and returns a :class:`uniagent.reward.RewardResult`
-(or a plain float). The example reads the file the agent wrote its answer to
-and compares it with the task's answer.
+A reward is an async function awaited when an episode ends: it gets a
+:class:`uniagent.reward.RewardContext` (a grading ``sandbox`` of clean shells
+the agent never touched, the ``task`` row, its validated ``config``, the
+conversation, the exit reason and the submission) and returns a
+:class:`uniagent.reward.RewardResult` (or a plain float). The example reads the
+file the agent wrote its answer to and compares it with the task's answer.
 
-An exception here is reported as ``reward_error`` (an infrastructure failure,
-masked from training by default); a wrong answer is a score of 0.0.
+Raise :class:`uniagent.reward.RewardInfraError` for what is not the agent's
+doing (a malformed task row): ``reward_error``, masked from training. A wrong
+answer is a score of 0.0, never an exception.
 """
 
 from __future__ import annotations
@@ -18,8 +19,7 @@ from collections.abc import Iterator
 
 from pydantic import BaseModel, ConfigDict, Field
 from uniagent import RewardSpec, hookimpl
-from uniagent.errors import ConfigError
-from uniagent.reward import RewardContext, RewardResult
+from uniagent.reward import RewardContext, RewardInfraError, RewardResult
 
 
 class {{ cookiecutter.__class_name }}Config(BaseModel):
@@ -32,23 +32,23 @@ class {{ cookiecutter.__class_name }}Config(BaseModel):
     timeout: float = Field(60.0, gt=0, description="seconds reading the file may take")
 
 
-async def {{ cookiecutter.__record_name }}_reward(ctx: RewardContext) -> RewardResult:
-    """1.0 when the answer file in the sandbox holds the task's answer, else 0.0."""
+async def {{ cookiecutter.__record_name }}_reward(
+    ctx: RewardContext[{{ cookiecutter.__class_name }}Config],
+) -> RewardResult:
+    """1.0 when the answer file in the work dir holds the task's answer, else 0.0."""
     config = ctx.config
-    if not isinstance(config, {{ cookiecutter.__class_name }}Config):
-        config = {{ cookiecutter.__class_name }}Config()
     if config.task_field not in ctx.task:
-        raise ConfigError(
+        raise RewardInfraError(
             f"the {{ cookiecutter.__record_name }} reward needs the expected answer in each task's "
             f"{config.task_field!r} field; this task has: {', '.join(sorted(ctx.task))}"
         )
     expected = str(ctx.task[config.task_field]).strip()
-    observation = await ctx.env.run_action(
+    done = await ctx.require_sandbox().run(
         f"cat -- {shlex.quote(config.path)}", timeout=config.timeout
     )
-    if observation.exit_code != 0:  # no such file: the agent gave no answer
+    if done.exit_code != 0:  # no such file: the agent gave no answer
         return RewardResult(score=0.0, info={"path": config.path, "missing": True})
-    found = observation.output.strip()
+    found = done.output.strip()
     return RewardResult(
         score=1.0 if found == expected else 0.0,
         info={"path": config.path, "expected": expected, "found": found[:500]},

@@ -1,0 +1,103 @@
+"""Container images built offline for tests and benchmarks of the ``local`` backend.
+
+No registry is reachable on our machines, so images are made from a Debian
+root file system (``debootstrap --variant=minbase``), swe-rex installed from
+wheels that pip downloads on the host, optional extra directories copied in
+(a repository at ``/testbed``, as in SWE-bench images), then imported with
+``<engine> import`` (a few minutes the first time; the engine caches it).
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+MIRROR = os.environ.get("UNIAGENT_DEBIAN_MIRROR", "http://deb.debian.org/debian")
+
+
+def run(argv: Sequence[str], timeout: float = 900, **kwargs: Any) -> subprocess.CompletedProcess:
+    """``subprocess.run`` with captured text output."""
+    return subprocess.run(list(argv), capture_output=True, text=True, timeout=timeout, **kwargs)
+
+
+def container_engine() -> tuple[str | None, str]:
+    """The engine that runs containers here (docker, else podman), or None and why not."""
+    reasons = []
+    if shutil.which("docker"):
+        probe = run(["docker", "info"], timeout=30)
+        if probe.returncode == 0:
+            return "docker", ""
+        reasons.append(f"docker's daemon does not answer: {probe.stderr.strip()[-200:]}")
+    else:
+        reasons.append("docker is not installed")
+    if not shutil.which("podman"):
+        reasons.append("podman is not installed (apt-get install podman runc)")
+        return None, "; ".join(reasons)
+    probe = run(["podman", "info"], timeout=60)
+    if probe.returncode != 0:
+        reasons.append(f"`podman info` failed: {probe.stderr.strip()[-300:]}")
+        return None, "; ".join(reasons)
+    return "podman", ""
+
+
+def image_exists(engine: str, tag: str) -> bool:
+    """Whether ``engine`` has ``tag``."""
+    return run([engine, "image", "inspect", tag], timeout=60).returncode == 0
+
+
+def build_image(
+    engine: str,
+    tag: str,
+    *,
+    packages: Sequence[str] = ("python3", "python3-venv"),
+    copy: Mapping[str, str | Path] | None = None,
+    setup: str = "",
+) -> None:
+    """Build ``tag``: Debian bookworm minbase with ``packages``, ``swerex-remote`` on PATH.
+
+    ``copy`` maps paths inside the image to host directories copied there;
+    ``setup`` is a shell command run in the root file system at the end.
+    """
+    if shutil.which("debootstrap") is None:
+        raise RuntimeError("debootstrap is not installed (apt-get install debootstrap)")
+    with tempfile.TemporaryDirectory(prefix="uniagent-rootfs-", dir="/var/tmp") as tmp:
+        root = Path(tmp) / "rootfs"
+        steps = [
+            ["debootstrap", "--variant=minbase", f"--include={','.join(packages)}",
+             "bookworm", str(root), MIRROR],
+            [sys.executable, "-m", "pip", "download", "-q", "-d", str(root / "tmp" / "wheels"),
+             "swe-rex==1.4.0"],
+            ["chroot", str(root), "/bin/sh", "-c",
+             "python3 -m venv /opt/swerex && /opt/swerex/bin/pip install -q --no-index "
+             "--find-links /tmp/wheels swe-rex==1.4.0 && rm -rf /tmp/wheels && "
+             "ln -sf /opt/swerex/bin/swerex-remote /usr/local/bin/swerex-remote"],
+        ]  # fmt: skip
+        for argv in steps:
+            _check(run(argv), argv)
+        for inside, host in (copy or {}).items():
+            target = root / inside.lstrip("/")
+            shutil.copytree(host, target, symlinks=True)
+        if setup:
+            _check(run(["chroot", str(root), "/bin/sh", "-c", setup]), ["chroot", "setup"])
+        tar = subprocess.Popen(["tar", "-C", str(root), "-c", "."], stdout=subprocess.PIPE)
+        result = run([engine, "import", "-", tag], stdin=tar.stdout)
+        tar.wait()
+        _check(result, [engine, "import"])
+
+
+def _check(result: subprocess.CompletedProcess, argv: Sequence[str]) -> None:
+    if result.returncode != 0:
+        raise RuntimeError(f"{' '.join(map(str, argv[:3]))} failed: {result.stderr[-500:]}")
+
+
+def engine_args(engine: str) -> list[str]:
+    """``run`` arguments this machine's podman needs (see uniagent.env.local)."""
+    from uniagent.env.local import podman_args
+
+    return podman_args([]) if engine == "podman" else []

@@ -1,0 +1,357 @@
+"""The grader: baseline, screening, history scrub, toolchain and both grading modes."""
+
+from __future__ import annotations
+
+import shlex
+import types
+from collections.abc import AsyncIterator
+from typing import Any
+
+import pytest
+
+from uniagent import RewardSpec, hookimpl
+from uniagent.env import AgentEnv
+from uniagent.grading.grader import GradingInfraError
+from uniagent.grading.integrity import split_patch, toolchain_changes
+from uniagent.grading.rules import PYTHON_HARNESS, RuleSet, literal_pattern, runner_section
+from uniagent.grading.settings import IntegrityDefaults, Workspace
+from uniagent.plugins import load_plugins, reset_plugins
+from uniagent.reward import RewardContext, RewardInfraError, RewardResult
+from uniagent.testing.grading import grade, prepare_grader
+
+BUGGY = "def add(a, b):\n    return a - b\n"
+FIXED = "def add(a, b):\n    return a + b\n"
+TESTS = "from calc import add\nassert add(2, 3) == 5, 'add is broken'\nprint('ok')\n"
+SETUP = (
+    "git init -q && git config user.email t@t && git config user.name t && "
+    f"printf %s {shlex.quote(BUGGY)} > calc.py && mkdir tests && "
+    f"printf %s {shlex.quote(TESTS)} > tests/check.py && git add -A && git commit -qm base"
+)
+CHECK = "PYTHONPATH=. python3 tests/check.py"
+SEEN: list[RewardContext[Any]] = []
+
+
+async def env_probe(ctx: RewardContext[Any]) -> RewardResult:
+    """Records the context; prints what a grading command sees."""
+    SEEN.append(ctx)
+    done = await ctx.require_sandbox().run("env; alias; declare -F; pwd", timeout=30)
+    return RewardResult(1.0, {"seen": done.output})
+
+
+async def explodes(ctx: RewardContext[Any]) -> RewardResult:
+    raise ValueError("a bug in the reward")
+
+
+async def infra(ctx: RewardContext[Any]) -> RewardResult:
+    raise RewardInfraError("the task row is malformed")
+
+
+async def command(ctx: RewardContext[Any]) -> RewardResult:
+    done = await ctx.require_sandbox().run(CHECK, timeout=60)
+    return RewardResult(1.0 if done.exit_code == 0 else 0.0, {"output": done.output})
+
+
+@pytest.fixture(autouse=True)
+def test_rewards():
+    reset_plugins()
+
+    @hookimpl
+    def uniagent_rewards():
+        yield RewardSpec(name="env_probe", fn=env_probe)
+        yield RewardSpec(name="explodes", fn=explodes)
+        yield RewardSpec(name="infra", fn=infra)
+        yield RewardSpec(
+            name="scrubbed_command",
+            fn=command,
+            integrity=IntegrityDefaults(scrub_history=True),
+        )
+
+    load_plugins().register(types.SimpleNamespace(uniagent_rewards=uniagent_rewards), "t")
+    yield
+    reset_plugins()
+
+
+@pytest.fixture
+async def env() -> AsyncIterator[AgentEnv]:
+    sandbox = AgentEnv.from_config({"type": "host", "isolation": "none"}, {"post_setup": [SETUP]})
+    await sandbox.start()
+    try:
+        yield sandbox
+    finally:
+        await sandbox.close()
+
+
+def fresh_env() -> AgentEnv:
+    return AgentEnv.from_config({"type": "host", "isolation": "none"}, {"post_setup": [SETUP]})
+
+
+async def act(env: AgentEnv, *commands: str) -> None:
+    for command in commands:
+        obs = await env.run_action(command, timeout=30)
+        assert obs.exit_code == 0, obs.output
+
+
+# -- what the reward sees ------------------------------------------------------------------
+
+
+async def test_the_reward_sees_a_clean_shell_not_the_agents_session(env):
+    SEEN.clear()
+    grader = await prepare_grader(env, "env_probe", {})
+    await act(
+        env,
+        "export BASH_ENV=/tmp/x SECRET_OF_AGENT=1 PYTEST_ADDOPTS=-x; alias ls=true; f(){ :; }",
+        f"export PATH=/agent/bin:{env.tools_dir}:$PATH; cd /",
+    )
+    result = await grade(grader, env)
+    seen = result.info["seen"]
+    for leaked in ("BASH_ENV", "SECRET_OF_AGENT", "PYTEST_ADDOPTS", "/agent/bin", "alias ls",
+                   "declare -f f"):
+        assert leaked not in seen
+    path = next(line for line in seen.splitlines() if line.startswith("PATH="))
+    assert env.tools_dir not in path
+    assert "GIT_CONFIG_GLOBAL=/dev/null" in seen and "PYTHONNOUSERSITE=1" in seen
+    assert seen.rstrip().endswith(env.workdir), "grading commands start in the repository"
+    ctx = SEEN[-1]
+    assert not hasattr(ctx, "env"), "the agent's session is not reachable from a reward"
+
+
+async def test_after_grading_the_agents_session_is_gone(env):
+    grader = await prepare_grader(env, "env_probe", {})
+    await act(env, "setsid sleep 300 >/dev/null 2>&1 < /dev/null & sleep 300 & true")
+    await grade(grader, env)
+    with pytest.raises(Exception, match="stopped for grading"):
+        await env.run_action("true")
+
+
+# -- protected files -----------------------------------------------------------------------
+
+
+async def test_protected_files_are_restored_from_the_snapshot_not_from_git(env):
+    grader = await prepare_grader(
+        env, "scrubbed_command", {}, integrity={"protect_paths": ["tests/"], "on_tamper": "report"}
+    )
+    await act(
+        env,
+        "printf 'print(1)\\n' > tests/check.py && git add -A && git commit -qm 'tests fixed'",
+        f"printf %s {shlex.quote(FIXED)} > calc.py",
+        "printf 'import os\\n' > conftest.py && mkdir -p pytest && touch pytest/__init__.py",
+    )
+    result = await grade(grader, env)
+    assert result.score == 1.0, result.info  # graded on the original tests, with the fix
+    tampered = {(t["path"], t["change"]) for t in result.info["integrity"]["tampered"]}
+    assert {("tests/check.py", "modified"), ("conftest.py", "added"),
+            ("pytest/__init__.py", "added")} <= tampered
+    check = await env.read_file("tests/check.py")
+    assert check == TESTS
+    assert not await _exists(env, "conftest.py") and not await _exists(env, "pytest")
+
+
+async def test_tampering_scores_zero_by_default_and_twice_the_same(env):
+    grader = await prepare_grader(env, "scrubbed_command", {},
+                                  integrity={"protect_paths": ["tests/"]})
+    await act(env, "printf 'print(1)\\n' > tests/check.py",
+              f"printf %s {shlex.quote(FIXED)} > calc.py")
+    first = await grade(grader, env)
+    second = await grade(grader, env)
+    assert first.score == second.score == 0.0
+    assert first.info["score_reason"] == second.info["score_reason"] == "tampered"
+    assert first.info["integrity"]["tampered"] == second.info["integrity"]["tampered"]
+
+
+async def test_a_legitimate_fix_scores_one_twice(env):
+    grader = await prepare_grader(env, "scrubbed_command", {},
+                                  integrity={"protect_paths": ["tests/"]})
+    await act(env, f"printf %s {shlex.quote(FIXED)} > calc.py")
+    assert [(await grade(grader, env)).score for _ in range(2)] == [1.0, 1.0]
+
+
+async def test_git_config_changes_are_undone_but_do_not_score(env):
+    grader = await prepare_grader(env, "scrubbed_command", {})
+    await act(env, "git config core.fsmonitor 'touch /tmp/pwned-by-fsmonitor'",
+              f"printf %s {shlex.quote(FIXED)} > calc.py")
+    result = await grade(grader, env)
+    assert result.score == 1.0
+    assert [t["path"] for t in result.info["integrity"]["tampered"]] == [".git/config"]
+    assert "fsmonitor" not in await env.read_file(".git/config")
+
+
+async def test_content_rules_catch_code_that_hijacks_the_runner(env):
+    grader = await prepare_grader(env, "scrubbed_command", {})
+    await act(env, "printf 'import os, atexit\\natexit.register(lambda: os._exit(0))\\n' "
+                   ">> calc.py")
+    result = await grade(grader, env)
+    assert result.score == 0.0
+    [hit] = result.info["integrity"]["tampered"]
+    assert (hit["kind"], hit["path"], hit["rule"]) == ("content", "calc.py", "exit-hijack")
+
+
+# -- history and toolchain -----------------------------------------------------------------
+
+
+async def test_history_scrub_leaves_nothing_that_holds_the_fix():
+    setup = SETUP + (
+        " && git tag v-base && git checkout -q -b fix && "
+        f"printf %s {shlex.quote(FIXED)} > calc.py && git commit -qam fix && git tag v-fix && "
+        "git checkout -q - && printf %s " + shlex.quote(FIXED) + " > calc.py && git stash -q"
+    )
+    env = AgentEnv.from_config({"type": "host", "isolation": "none"}, {"post_setup": [setup]})
+    await env.start()
+    try:
+        grader = await prepare_grader(env, "scrubbed_command", {})
+        scrub = grader.baseline.scrub
+        assert scrub["refs_removed"] == 3 and scrub["tags_kept"] == 1  # fix, v-fix, stash
+        assert scrub["objects_after"] < scrub["objects_before"]
+        for command in ("git log --all -p", "git fsck --lost-found --unreachable --no-reflogs",
+                        "git stash list", "git reflog", "cat .git/packed-refs 2>/dev/null",
+                        "git cat-file --batch-all-objects --batch"):
+            obs = await env.run_action(command, timeout=30)
+            assert "a + b" not in obs.output, command
+        assert (await env.run_action("git tag", timeout=30)).output.split() == ["v-base"]
+    finally:
+        await env.close()
+
+
+async def test_a_changed_tool_on_the_grading_path_is_toolchain_tampering(env, tmp_path):
+    tools = tmp_path / "bin"
+    tools.mkdir()
+    (tools / "timeout").write_text("#!/bin/sh\nexec /usr/bin/timeout \"$@\"\n")
+    (tools / "timeout").chmod(0o755)
+    integrity = {"grading_env": {"PATH": f"{tools}:/usr/bin:/bin"}, "on_tamper": "zero"}
+    grader = await prepare_grader(env, "scrubbed_command", {}, integrity=integrity)
+    assert grader.baseline.toolchain["bin:timeout"] == str(tools / "timeout")
+    # The fake answers every command, the checksum run included: detected either way.
+    (tools / "timeout").write_text("#!/bin/sh\necho PASSED\n")
+    result = await grade(grader, env)
+    assert result.score == 0.0 and result.info["score_reason"] == "tampered"
+    changed = {t["path"] for t in result.info["integrity"]["tampered"] if t["kind"] == "toolchain"}
+    assert str(tools / "timeout") in changed
+
+
+def test_toolchain_changes_name_what_changed():
+    before = {"bin:git": "/usr/bin/git", "/usr/bin/git": "a" * 64}
+    after = {"bin:git": "/tmp/git", "/tmp/git": "b" * 64}
+    changes = {(c.path, c.change) for c in toolchain_changes(before, after)}
+    assert changes == {("bin:git", "modified"), ("/usr/bin/git", "deleted"),
+                       ("/tmp/git", "added")}
+
+
+# -- fresh sandboxes -----------------------------------------------------------------------
+
+
+async def test_fresh_grading_applies_only_the_screened_patch_in_a_new_sandbox(env):
+    grader = await prepare_grader(
+        env, "scrubbed_command", {}, grade_in="fresh", fresh_env=fresh_env,
+        integrity={"protect_paths": ["tests/"], "on_tamper": "report"},
+    )
+    await act(
+        env,
+        f"printf %s {shlex.quote(FIXED)} > calc.py",
+        "printf 'print(1)\\n' > tests/check.py",  # dropped from the patch
+        "printf 'new\\n' > notes.txt && head -c 64 /dev/urandom > blob.bin",
+        "export PATH=/nowhere; alias python3=true",
+    )
+    result = await grade(grader, env)
+    assert result.score == 1.0, result.info
+    integrity = result.info["integrity"]
+    assert integrity["grade_in"] == "fresh"
+    assert sorted(integrity["patch_files"]) == ["blob.bin", "calc.py", "notes.txt"]
+    assert [t["path"] for t in integrity["tampered"]] == ["tests/check.py"]
+
+
+async def test_fresh_grading_of_an_unfixed_repo_scores_zero(env):
+    grader = await prepare_grader(env, "scrubbed_command", {}, grade_in="fresh",
+                                  fresh_env=fresh_env)
+    assert (await grade(grader, env)).score == 0.0
+
+
+async def test_a_fresh_sandbox_that_cannot_start_is_infrastructure(env):
+    def broken() -> AgentEnv:
+        return AgentEnv.from_config({"type": "host"}, {"post_setup": ["exit 9"]})
+
+    grader = await prepare_grader(env, "scrubbed_command", {}, grade_in="fresh",
+                                  fresh_env=broken)
+    await act(env, f"printf %s {shlex.quote(FIXED)} > calc.py")
+    with pytest.raises(GradingInfraError, match="fresh grading sandbox did not start"):
+        await grade(grader, env)
+
+
+# -- failures ------------------------------------------------------------------------------
+
+
+async def test_a_reward_bug_in_a_healthy_sandbox_is_infrastructure(env):
+    grader = await prepare_grader(env, "explodes", {})
+    with pytest.raises(GradingInfraError, match="a bug in the reward"):
+        await grade(grader, env)
+
+
+async def test_reward_infra_errors_pass_through(env):
+    grader = await prepare_grader(env, "infra", {})
+    with pytest.raises(RewardInfraError, match="malformed"):
+        await grade(grader, env)
+
+
+async def _exists(env: AgentEnv, path: str) -> bool:
+    try:
+        await env.read_file(path)
+    except IsADirectoryError:
+        return True
+    except FileNotFoundError:
+        return False
+    return True
+
+
+# -- rules and patches ---------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("path", "protected"),
+    [
+        ("conftest.py", True),
+        ("deep/dir/conftest.py", True),
+        ("pytest.ini", True),
+        ("sitecustomize.py", True),
+        ("lib/x.pth", True),
+        ("pytest/__init__.py", True),
+        ("src/pytest/__init__.py", False),  # only the root shadows the installed runner
+        ("unittest/__main__.py", True),
+        ("calc.py", False),
+        ("pyproject.toml", False),  # only its test section
+    ],
+)
+def test_default_rules(path, protected):
+    assert RuleSet(PYTHON_HARNESS, []).protects(path) is protected
+
+
+def test_runner_sections_of_shared_files():
+    base = "[project]\nname='x'\n\n[tool.pytest.ini_options]\naddopts='-q'\n"
+    assert runner_section("pyproject.toml", base) == {"ini_options": {"addopts": "-q"}}
+    edited = base.replace("name='x'", "name='y'")
+    assert runner_section("pyproject.toml", edited) == runner_section("pyproject.toml", base)
+    assert runner_section("setup.cfg", "[tool:pytest]\naddopts = -p x\n") == {
+        "tool:pytest": {"addopts": "-p x"}
+    }
+    assert runner_section("pyproject.toml", "not = [toml") != runner_section(
+        "pyproject.toml", base
+    )
+
+
+def test_literal_patterns_escape_glob_characters():
+    rules = RuleSet([PYTHON_HARNESS[0].model_copy(update={"patterns": (literal_pattern(
+        "a[1]*.py"),)})], [])
+    assert rules.protects("a[1]*.py") and not rules.protects("a1x.py")
+
+
+def test_patches_split_per_file_with_quoted_paths():
+    patch = (
+        b'diff --git a/plain.py b/plain.py\n--- a/plain.py\n+++ b/plain.py\n@@ -1 +1 @@\n-a\n+b\n'
+        b'diff --git "a/tab\\there.py" "b/tab\\there.py"\nnew file mode 100644\n'
+        b"--- /dev/null\n+++ \"b/tab\\there.py\"\n@@ -0,0 +1 @@\n+x\n"
+        b"diff --git a/with space.py b/with space.py\n"
+    )
+    parts = split_patch(patch)
+    assert [p.path for p in parts] == ["plain.py", "tab\there.py", "with space.py"]
+    assert parts[0].added_lines() == ["b"] and parts[1].added_lines() == ["x"]
+
+
+def test_workspace_defaults_to_the_work_dir():
+    assert Workspace() == Workspace(repo=None, base_commit=None, protect_paths=())
