@@ -5,13 +5,11 @@ from __future__ import annotations
 from typing import Any
 
 import pytest
-from uniagent.env import AgentEnv
-from uniagent.errors import ConfigError
+from uniagent.interaction.exit import ExitReason
 from uniagent.registry import get_rewards
-from uniagent.reward import RewardContext
+from uniagent.reward import RewardContext, RewardInfraError
 from uniagent.testing.chat_server import Fail, Reply, ScriptedChatServer
 
-from uniagent_tools_search.errors import SearchError
 from uniagent_tools_search.judge import JudgeSettings
 from uniagent_tools_search.reward import SearchQARewardConfig, search_qa_reward
 
@@ -22,13 +20,13 @@ TASK = {
 }
 
 
-def context(submission: str | None, *, task: dict[str, Any] = TASK, env_vars=None, **config):
-    env = AgentEnv.from_config({"type": "host"}, {"env": env_vars or {}})  # never started
+def context(submission: str | None, *, task: dict[str, Any] = TASK, **config: Any):
+    """What the grader hands a submission-only reward: no sandbox, the answer, the task."""
     return RewardContext(
-        env=env,
+        sandbox=None,
         task=task,
         config=SearchQARewardConfig(**config),
-        exit_reason="finished" if submission is not None else "max_step_limit",
+        exit_reason=ExitReason.FINISHED if submission is not None else ExitReason.MAX_STEP_LIMIT,
         submission=submission,
     )
 
@@ -75,8 +73,8 @@ async def test_gold_answers_in_another_field_are_read_from_there() -> None:
     assert result.score == 1.0
 
 
-async def test_a_task_without_gold_answers_is_a_config_error() -> None:
-    with pytest.raises(ConfigError, match="task field 'answers'"):
+async def test_a_task_without_gold_answers_is_an_infrastructure_error() -> None:
+    with pytest.raises(RewardInfraError, match="task field 'answers'"):
         await search_qa_reward(context("x", task={"id": "q"}))
 
 
@@ -87,14 +85,12 @@ def test_unknown_settings_are_rejected() -> None:
 
 async def test_a_dead_search_service_is_a_reward_failure_not_a_wrong_answer(socket_dir) -> None:
     url = f"unix://{socket_dir}/nobody.sock"
-    with pytest.raises(SearchError, match="does not answer at grading time"):
-        await search_qa_reward(context("Ulaanbaatar", env_vars={"UNIAGENT_SEARCH_URL": url}))
+    with pytest.raises(RewardInfraError, match="does not answer at grading time"):
+        await search_qa_reward(context("Ulaanbaatar", check_service_url=url))
 
 
 async def test_a_live_search_service_passes_the_check(service) -> None:
-    result = await search_qa_reward(
-        context("Ulaanbaatar", env_vars={"UNIAGENT_SEARCH_URL": service.url})
-    )
+    result = await search_qa_reward(context("Ulaanbaatar", check_service_url=service.url))
     assert result.score == 1.0
 
 
@@ -137,7 +133,10 @@ async def test_an_answer_that_talks_to_the_judge_is_fenced_and_an_odd_reply_is_i
 
 
 async def test_a_failing_judge_is_an_error_not_a_score() -> None:
-    with ScriptedChatServer([Fail(500)]) as server, pytest.raises(SearchError, match="HTTP 500"):
+    with (
+        ScriptedChatServer([Fail(500)]) as server,
+        pytest.raises(RewardInfraError, match="HTTP 500"),
+    ):
         await search_qa_reward(context("Mongolia's capital", judge=judge(server)))
 
 
@@ -146,6 +145,7 @@ def test_a_judge_prompt_without_the_answer_is_rejected() -> None:
         JudgeSettings(base_url="http://x", model="m", prompt="Is {question} answered?")
 
 
-def test_the_reward_is_registered_with_its_settings() -> None:
+def test_the_reward_is_registered_as_grading_the_submission_only() -> None:
     spec = get_rewards()["search_qa"]
     assert spec.config is SearchQARewardConfig and spec.fn is search_qa_reward
+    assert spec.uses_sandbox is False

@@ -16,8 +16,12 @@ import re
 from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
+from uniagent.reward import RewardInfraError
 
-from uniagent_tools_search.errors import SearchError
+
+class JudgeError(RewardInfraError):
+    """The judge could not be asked (no key, unreachable, an HTTP error): infrastructure."""
+
 
 DEFAULT_JUDGE_PROMPT = """You grade answers to questions. Decide whether the candidate \
 answer means the same as one of the reference answers (it may be worded differently, be \
@@ -99,7 +103,7 @@ async def ask_judge(settings: JudgeSettings, prompt: str) -> dict[str, Any]:
     headers = {"Content-Type": "application/json"}
     key = os.environ.get(settings.api_key_env) if settings.api_key_env else None
     if settings.api_key_env and not key:
-        raise SearchError(
+        raise JudgeError(
             f"the judge needs its API key in ${settings.api_key_env} (the run's environment)"
         )
     if key:
@@ -119,14 +123,14 @@ async def ask_judge(settings: JudgeSettings, prompt: str) -> dict[str, Any]:
         ):
             text = await response.text()
             if response.status >= 400:
-                raise SearchError(f"the judge answered HTTP {response.status}: {text[:300]}")
+                raise JudgeError(f"the judge answered HTTP {response.status}: {text[:300]}")
     except (aiohttp.ClientError, TimeoutError) as exc:
-        raise SearchError(
+        raise JudgeError(
             f"the judge at {url} is unreachable: {type(exc).__name__}: {exc}"
         ) from None
     try:
         reply = json.loads(text)["choices"][0]["message"]["content"] or ""
     except (ValueError, KeyError, IndexError, TypeError):
-        raise SearchError(f"the judge's answer is not a chat completion: {text[:300]}") from None
+        raise JudgeError(f"the judge's answer is not a chat completion: {text[:300]}") from None
     correct = re.search(settings.correct_pattern, reply.strip(), re.IGNORECASE) is not None
     return {"model": settings.model, "reply": reply, "correct": correct}

@@ -25,6 +25,7 @@ def uniagent_rewards() -> Iterator[RewardSpec]:
         name="search_qa",
         fn=search_qa_reward,
         config=SearchQARewardConfig,
+        uses_sandbox=False,  # it grades only the submission text
         description="normalised exact match / token F1 of the finish answer against the "
         "task's answers, optional LLM judge",
     )

@@ -12,14 +12,11 @@ from __future__ import annotations
 from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field
-from uniagent.errors import ConfigError
-from uniagent.reward import RewardContext, RewardResult
+from uniagent.reward import RewardContext, RewardInfraError, RewardResult
 
 from uniagent_tools_search.errors import SearchError
 from uniagent_tools_search.judge import JudgeSettings, ask_judge, judge_prompt
 from uniagent_tools_search.qa import as_aliases, normalize_answer, score_answer
-
-SERVICE_URL_VARIABLE = "UNIAGENT_SEARCH_URL"
 
 
 class SearchQARewardConfig(BaseModel):
@@ -40,19 +37,15 @@ class SearchQARewardConfig(BaseModel):
     max_answer_chars: int = Field(
         1000, ge=1, description="a longer answer scores 0 (no credit for pasting documents)"
     )
-    check_service: bool = Field(
-        True,
-        description="when the env sets UNIAGENT_SEARCH_URL, the service must answer at grading "
-        "time; a dead service is a reward_error (masked), not a wrong answer",
+    check_service_url: str | None = Field(
+        None,
+        description="the search service's URL (as in UNIAGENT_SEARCH_URL): it must answer at "
+        "grading time, else the episode is a reward_error (masked), not a wrong answer",
     )
     judge: JudgeSettings | None = Field(None, description="optional LLM judge")
 
 
-async def _check_service(ctx: RewardContext) -> None:
-    # The URL of the config's env section (host-side data), not anything from the session.
-    url = ctx.env.config.session_env().get(SERVICE_URL_VARIABLE) if ctx.env is not None else None
-    if not url:
-        return
+async def _check_service(url: str) -> None:
     import aiohttp
 
     from uniagent_tools_search.client import SearchClient
@@ -61,7 +54,7 @@ async def _check_service(ctx: RewardContext) -> None:
         async with SearchClient(url, timeout=15) as client:
             await client.health()
     except (SearchError, aiohttp.ClientError, OSError, TimeoutError, ValueError) as exc:
-        raise SearchError(
+        raise RewardInfraError(
             f"the search service at {url} does not answer at grading time ({exc}); the "
             "episode's searches may have failed for reasons that are not the agent's"
         ) from None
@@ -72,16 +65,17 @@ async def search_qa_reward(ctx: RewardContext) -> RewardResult:
     config = ctx.config if isinstance(ctx.config, SearchQARewardConfig) else SearchQARewardConfig()
     try:
         aliases = as_aliases(ctx.task.get(config.answers_field))
-    except (TypeError, ValueError) as exc:
-        raise ConfigError(
+    except (TypeError, ValueError) as exc:  # the task row is broken, not the answer
+        raise RewardInfraError(
             f"search_qa: task field {config.answers_field!r}: {exc} (set "
             "reward.config.answers_field to the field holding the gold answers)"
         ) from None
-    if config.check_service:
-        await _check_service(ctx)
+    if config.check_service_url:
+        await _check_service(config.check_service_url)
     info: dict[str, object] = {"answers": aliases, "metric": config.metric}
     if ctx.submission is None:
-        info["reason"] = f"no answer: the episode ended with {ctx.exit_reason}"
+        reason = ctx.exit_reason.value if ctx.exit_reason is not None else "no exit reason"
+        info["reason"] = f"no answer: the episode ended with {reason}"
         return RewardResult(0.0, info)
     prediction = ctx.submission.strip()
     info["prediction"] = prediction[: config.max_answer_chars]
