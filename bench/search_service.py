@@ -42,6 +42,16 @@ def percentile(samples: list[float], q: float) -> float:
     return samples[min(len(samples) - 1, int(q * (len(samples) - 1)))]
 
 
+def figures(latencies: list[float], wall: float) -> dict[str, float]:
+    """p50 and p95 in ms and queries per second."""
+    latencies = sorted(latencies)
+    return {
+        "p50": statistics.median(latencies),
+        "p95": percentile(latencies, 0.95),
+        "qps": len(latencies) / wall,
+    }
+
+
 def workload(questions: list[str], total: int, distinct: bool) -> list[str]:
     """``total`` queries: all different (a counter word appended) or 8 hot ones repeated."""
     if distinct:
@@ -71,13 +81,7 @@ async def run_clients(url: str, queries: list[str], clients: int) -> dict[str, f
         start = time.perf_counter()
         await asyncio.gather(*(one() for _ in range(clients)))
         wall = time.perf_counter() - start
-    latencies.sort()
-    return {
-        "p50": statistics.median(latencies),
-        "p95": percentile(latencies, 0.95),
-        "qps": len(latencies) / wall,
-        "failures": failures,
-    }
+    return {**figures(latencies, wall), "failures": failures}
 
 
 def in_process(index: LocalIndex, queries: list[str]) -> dict[str, float]:
@@ -88,13 +92,7 @@ def in_process(index: LocalIndex, queries: list[str]) -> dict[str, float]:
         t = time.perf_counter()
         index.search(query, 5)
         latencies.append((time.perf_counter() - t) * 1000)
-    wall = time.perf_counter() - start
-    latencies.sort()
-    return {
-        "p50": statistics.median(latencies),
-        "p95": percentile(latencies, 0.95),
-        "qps": len(latencies) / wall,
-    }
+    return figures(latencies, time.perf_counter() - start)
 
 
 async def main() -> None:

@@ -119,12 +119,25 @@ class SearchService:
 
     def app(self) -> web.Application:
         """The aiohttp application."""
-        app = web.Application(client_max_size=64 * 1024)
+        app = web.Application(client_max_size=64 * 1024, middlewares=[self._errors])
         app.router.add_get("/health", self.health)
         app.router.add_post("/search", self.search)
         app.router.add_post("/fetch", self.fetch)
         app.on_cleanup.append(self._close)
         return app
+
+    @web.middleware
+    async def _errors(self, request: web.Request, handler: Any) -> web.StreamResponse:
+        """Count requests; bad bodies and backend failures become JSON errors."""
+        self.requests += 1
+        try:
+            return await handler(request)
+        except ValidationError as exc:
+            self.errors += 1
+            return _invalid(exc)
+        except BackendError as exc:
+            self.errors += 1
+            return _error(exc.status, exc.kind, str(exc))
 
     async def _close(self, _app: web.Application) -> None:
         for backend in self.backends.values():
@@ -166,20 +179,12 @@ class SearchService:
 
     async def search(self, request: web.Request) -> web.Response:
         """``POST /search``."""
-        self.requests += 1
-        try:
-            body = SearchBody.model_validate(await self._body(request))
-            backend = self._backend(body.backend)
-            query = SearchQuery(body.query, body.top_k, body.category, body.date_from, body.date_to)
-            results, cached = await self.cache.get(
-                query.cache_key(backend.name), lambda: backend.search(query)
-            )
-        except ValidationError as exc:
-            self.errors += 1
-            return _invalid(exc)
-        except BackendError as exc:
-            self.errors += 1
-            return _error(exc.status, exc.kind, str(exc))
+        body = SearchBody.model_validate(await self._body(request))
+        backend = self._backend(body.backend)
+        query = SearchQuery(body.query, body.top_k, body.category, body.date_from, body.date_to)
+        results, cached = await self.cache.get(
+            query.cache_key(backend.name), lambda: backend.search(query)
+        )
         return web.json_response(
             {
                 "backend": backend.name,
@@ -191,23 +196,15 @@ class SearchService:
 
     async def fetch(self, request: web.Request) -> web.Response:
         """``POST /fetch``: a slice of a local document."""
-        self.requests += 1
-        try:
-            body = FetchBody.model_validate(await self._body(request))
-            backend = self.backends.get("local")
-            if backend is None:
-                raise BackendError(
-                    "fetch needs the local corpus, which this service does not serve",
-                    status=503,
-                    kind="not_configured",
-                )
-            doc = await backend.fetch(body.id)
-        except ValidationError as exc:
-            self.errors += 1
-            return _invalid(exc)
-        except BackendError as exc:
-            self.errors += 1
-            return _error(exc.status, exc.kind, str(exc))
+        body = FetchBody.model_validate(await self._body(request))
+        backend = self.backends.get("local")
+        if backend is None:
+            raise BackendError(
+                "fetch needs the local corpus, which this service does not serve",
+                status=503,
+                kind="not_configured",
+            )
+        doc = await backend.fetch(body.id)
         limit = min(body.max_chars or self.config.max_fetch_chars, self.config.max_fetch_chars)
         text = doc.text[body.offset : body.offset + limit]
         end = body.offset + len(text)
