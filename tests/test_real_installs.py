@@ -18,9 +18,14 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
 PLUGINS = {
-    "uniagent-tools-swe": ("tools", {"execute_bash", "str_replace_editor", "submit", "finish"}),
-    "uniagent-deploy-modal": ("deployments", {"modal"}),
-    "uniagent-reward-swebench": ("rewards", {"swe_bench", "swe_rebench", "r2e_gym"}),
+    "uniagent-tools-swe": {"tools": {"execute_bash", "str_replace_editor", "submit", "finish"}},
+    "uniagent-deploy-modal": {"deployments": {"modal"}},
+    "uniagent-reward-swebench": {"rewards": {"swe_bench", "swe_rebench", "r2e_gym"}},
+    "uniagent-tools-search": {
+        "tools": {"search", "search_arxiv", "fetch_document"},
+        "rewards": {"search_qa"},
+        "services": {"search"},
+    },
 }
 
 
@@ -91,17 +96,17 @@ def test_core_alone_lists_no_external_plugin_and_its_builtins_load(env):
 def test_installed_plugin_is_listed_with_its_contributions_and_gone_after_uninstall(
     env, wheels, plugin
 ):
-    kind, names = PLUGINS[plugin]
+    contributes = PLUGINS[plugin]
     env.pip("install", str(wheels[plugin]))
     try:
         entry = by_name(env.plugins())[plugin]
         assert entry["status"] == "loaded", entry["error"]
         assert entry["version"] == "0.1.0"
-        assert entry["hooks"] == [f"uniagent_{kind}"]
-        assert set(entry["contributes"][kind]) == names
-        if kind == "tools":
+        assert entry["hooks"] == sorted(f"uniagent_{kind}" for kind in contributes)
+        assert {k: set(v) for k, v in entry["contributes"].items() if v} == contributes
+        if "tools" in contributes:
             schemas = {t["name"]: t["schema"] for t in entry["tools"]}
-            assert set(schemas) == names
+            assert set(schemas) == contributes["tools"]
             assert all(s["type"] == "function" for s in schemas.values())
         assert by_name(env.plugins(env={"UNIAGENT_LOAD_PLUGINS": ""})) == {}
         blocked = by_name(env.plugins(env={"UNIAGENT_DISABLE_PLUGINS": plugin}))[plugin]

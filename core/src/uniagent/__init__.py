@@ -5,7 +5,7 @@ from __future__ import annotations
 from importlib.metadata import PackageNotFoundError, version
 
 from uniagent.hookspecs import hookimpl
-from uniagent.specs import DeploymentSpec, ParserSpec, RewardSpec, ToolSpec
+from uniagent.specs import DeploymentSpec, ParserSpec, RewardSpec, ServiceSpec, ToolSpec
 
 try:
     __version__ = version("uniagent")
@@ -16,6 +16,7 @@ __all__ = [
     "DeploymentSpec",
     "ParserSpec",
     "RewardSpec",
+    "ServiceSpec",
     "ToolSpec",
     "__version__",
     "hookimpl",

@@ -97,6 +97,11 @@ class AgentConfig(_Strict):
         default_factory=dict, description="sampling parameters passed to the model backend"
     )
     concurrency: int = Field(8, ge=1, description="episodes at once")
+    services: dict[str, dict[str, Any]] = Field(
+        default_factory=dict,
+        description="process-wide services to start before the first episode, by name, with "
+        "their settings (see uniagent.services)",
+    )
     log_dir: Path | None = None
 
     @model_validator(mode="after")
@@ -110,6 +115,9 @@ class AgentConfig(_Strict):
             tools[name]
         if self.reward is not None:
             registry.rewards()[self.reward.name]
+        from uniagent.services import resolve_services
+
+        resolve_services(self.services)  # unknown names and bad settings fail here
         return self
 
     def treatment(self, reason: ExitReason) -> Treatment:

@@ -1,4 +1,4 @@
-"""The plugin contract: four hooks, each returning typed records.
+"""The plugin contract: five hooks, each returning typed records.
 
 A plugin is a module with functions decorated by :data:`uniagent.hookimpl`,
 exposed through an entry point in the ``uniagent`` group whose name equals the
@@ -17,7 +17,7 @@ from collections.abc import Iterable
 
 import pluggy
 
-from uniagent.specs import DeploymentSpec, ParserSpec, RewardSpec, ToolSpec
+from uniagent.specs import DeploymentSpec, ParserSpec, RewardSpec, ServiceSpec, ToolSpec
 
 PROJECT = "uniagent"
 
@@ -83,4 +83,29 @@ def uniagent_rewards() -> Iterable[RewardSpec]:
         @hookimpl
         def uniagent_rewards():
             yield RewardSpec(name="tests_pass", fn=tests_pass)
+    """
+
+
+@hookspec
+def uniagent_services() -> Iterable[ServiceSpec]:
+    """Process-wide services the tools use, started once per process when a config names them.
+
+    ``services: {retriever: {port: 8000}}`` in an agent config starts ``retriever``
+    before the first episode of ``uniagent run`` (stopped at its end) or of a verl
+    worker (it ends with the worker). Tools reach it through settings in the
+    sandbox's environment (``env: {env: {...}}``).
+
+    Example::
+
+        class RetrieverSettings(BaseModel):
+            port: int = 8000
+
+        async def start_retriever(settings):
+            proc = await asyncio.create_subprocess_exec("my-retriever", str(settings.port))
+            return ProcessHandle(proc)  # has `async def stop(self)`
+
+        @hookimpl
+        def uniagent_services():
+            yield ServiceSpec(name="retriever", start=start_retriever,
+                              config=RetrieverSettings)
     """

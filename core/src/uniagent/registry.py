@@ -12,21 +12,37 @@ from pydantic import BaseModel, BeforeValidator, Field, TypeAdapter, ValidationE
 
 from uniagent.errors import ConfigError, PluginConflictError, UnknownPluginNameError
 from uniagent.plugins import PluginManager, load_plugins
-from uniagent.specs import KINDS, DeploymentSpec, Kind, ParserSpec, RewardSpec, ToolSpec
+from uniagent.specs import (
+    KINDS,
+    DeploymentSpec,
+    Kind,
+    ParserSpec,
+    RewardSpec,
+    ServiceSpec,
+    ToolSpec,
+)
 
-R = TypeVar("R", ToolSpec, DeploymentSpec, ParserSpec, RewardSpec)
+R = TypeVar("R", ToolSpec, DeploymentSpec, ParserSpec, RewardSpec, ServiceSpec)
 
 #: Which distribution provides well-known names, for "did you install ...?" hints.
 KNOWN_PROVIDERS: dict[Kind, dict[str, str]] = {
     "tools": {
-        name: "uniagent-tools-swe"
-        for name in ("execute_bash", "str_replace_editor", "submit", "finish")
+        **{
+            name: "uniagent-tools-swe"
+            for name in ("execute_bash", "str_replace_editor", "submit", "finish")
+        },
+        **{
+            name: "uniagent-tools-search"
+            for name in ("search", "search_arxiv", "fetch_document")
+        },
     },
     "deployments": {"modal": "uniagent-deploy-modal"},
     "tool_parsers": {},
     "rewards": {
-        name: "uniagent-reward-swebench" for name in ("swe_bench", "swe_rebench", "r2e_gym")
+        **{name: "uniagent-reward-swebench" for name in ("swe_bench", "swe_rebench", "r2e_gym")},
+        "search_qa": "uniagent-tools-search",
     },
+    "services": {"search": "uniagent-tools-search"},
 }
 
 _SINGULAR: dict[Kind, str] = {
@@ -34,6 +50,7 @@ _SINGULAR: dict[Kind, str] = {
     "deployments": "deployment",
     "tool_parsers": "tool parser",
     "rewards": "reward",
+    "services": "service",
 }
 
 
@@ -149,6 +166,10 @@ class Registry:
         """Rewards by name."""
         return self.get("rewards")
 
+    def services(self) -> Records[ServiceSpec]:
+        """Process-wide services by name."""
+        return self.get("services")
+
     def contributions(self) -> dict[str, dict[Kind, list[str]]]:
         """Per plugin key (distribution, or ``uniagent:<module>`` for built-ins), names per kind."""
         out: dict[str, dict[Kind, list[str]]] = {}
@@ -252,6 +273,11 @@ def get_tool_parsers() -> Records[ParserSpec]:
 def get_rewards() -> Records[RewardSpec]:
     """Installed rewards by name."""
     return get_registry().rewards()
+
+
+def get_services() -> Records[ServiceSpec]:
+    """Installed services by name."""
+    return get_registry().services()
 
 
 def deployment_config_adapter() -> TypeAdapter[Any]:

@@ -15,7 +15,7 @@ import shlex
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Literal, get_args
+from typing import TYPE_CHECKING, Any, Literal, Protocol, get_args
 
 from pydantic import BaseModel
 
@@ -24,7 +24,7 @@ from uniagent.grading.settings import IntegrityDefaults
 if TYPE_CHECKING:  # pragma: no cover - imports for type checkers only
     from uniagent.env.deployment import Deployment
 
-Kind = Literal["tools", "deployments", "tool_parsers", "rewards"]
+Kind = Literal["tools", "deployments", "tool_parsers", "rewards", "services"]
 KINDS: tuple[Kind, ...] = get_args(Kind)
 
 
@@ -159,12 +159,39 @@ class RewardSpec(_Record):
     integrity: IntegrityDefaults = field(default_factory=IntegrityDefaults, compare=False)
 
 
-Record = ToolSpec | DeploymentSpec | ParserSpec | RewardSpec
+class RunningService(Protocol):
+    """What :attr:`ServiceSpec.start` returns: a started service that can be stopped."""
+
+    async def stop(self) -> None:
+        """Stop the service; safe to call twice."""
+        ...
+
+
+@dataclass(frozen=True, kw_only=True)
+class ServiceSpec(_Record):
+    """A process-wide helper the tools talk to (e.g. a retrieval server), run beside episodes.
+
+    An agent config names it under ``services`` (``services: {NAME: {settings}}``);
+    ``uniagent run`` and the verl adapter await ``start(settings)`` once per process
+    before the first episode and, where the process has an end they control
+    (``uniagent run``), ``stop()`` on what it returned. ``settings`` is an instance
+    of ``config`` (validated when the agent config loads) or ``None`` without one.
+    A service must not outlive its process (e.g. a child process that dies with its
+    parent), since a training worker may simply exit.
+    """
+
+    start: Callable[[Any], Awaitable[RunningService]] = field(compare=False)
+    config: type[BaseModel] | None = None
+    description: str = ""
+
+
+Record = ToolSpec | DeploymentSpec | ParserSpec | RewardSpec | ServiceSpec
 
 RECORD_TYPES: dict[Kind, type] = {
     "tools": ToolSpec,
     "deployments": DeploymentSpec,
     "tool_parsers": ParserSpec,
     "rewards": RewardSpec,
+    "services": ServiceSpec,
 }
 

@@ -18,6 +18,7 @@ from typing import Any
 from uniagent.config import AgentConfig
 from uniagent.errors import ConfigError, UniAgentError
 from uniagent.run.runner import Job, episode_dir, execute_job, write_payload
+from uniagent.services import ensure_services
 
 
 class EpisodeWorker:
@@ -35,6 +36,7 @@ class EpisodeWorker:
         with tempfile.TemporaryDirectory(prefix="uniagent-episode-") as tmp:
             log_path = Path(tmp) / "log.txt"
             try:
+                await ensure_services(self.config)  # once per actor process
                 payload = await execute_job(self.config, job, self.model, log_path)
             except UniAgentError as exc:
                 return {"error": str(exc)}

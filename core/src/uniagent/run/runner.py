@@ -27,6 +27,7 @@ from uniagent.errors import ConfigError, UniAgentError
 from uniagent.run.progress import Progress
 from uniagent.run.summary import summarize
 from uniagent.run.tasks import BadRow, Task
+from uniagent.services import check_task_services, running_services
 
 log = logging.getLogger(__name__)
 
@@ -144,7 +145,9 @@ async def execute_job(config: AgentConfig, job: Job, model: Any, log_path: Path)
     """Run one job, logging to ``log_path``; return its payload."""
     logger, handler = episode_logger(log_path, f"episode.{job.task.id}.{job.sample}")
     try:
-        episode_config = config.with_overrides(job.task.overrides(), source=f"task {job.task.id}")
+        source = f"task {job.task.id}"
+        episode_config = config.with_overrides(job.task.overrides(), source=source)
+        check_task_services(config, episode_config, source)
         logger.info("task %s sample %d: start", job.task.id, job.sample)
         result = await run_episode(episode_config, job.task.row, model, logger=logger)
         logger.info("finished: %s reward=%s", result.exit_reason.value, result.reward)
@@ -235,15 +238,16 @@ async def run(
                 num_workers=ray_workers,
             )
         else:
-            await run_local(
-                config,
-                jobs,
-                model_factory(),
-                out,
-                concurrency=concurrency,
-                on_start=on_start,
-                on_result=on_result,
-            )
+            async with running_services(config):  # once, before the first episode
+                await run_local(
+                    config,
+                    jobs,
+                    model_factory(),
+                    out,
+                    concurrency=concurrency,
+                    on_start=on_start,
+                    on_result=on_result,
+                )
     finally:
         progress.end()
     summary = summarize(results.load(), n=n, wall_seconds=time.time() - started)

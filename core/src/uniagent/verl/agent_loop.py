@@ -30,6 +30,7 @@ from uniagent.episode import EpisodeResult, first_messages, run_episode
 from uniagent.interaction.exit import ExitReason
 from uniagent.models import VerlServerModel
 from uniagent.plugins import load_plugins
+from uniagent.services import ServiceStartError, check_task_services, ensure_services
 from uniagent.verl.output import LoopFields, as_kwargs, episode_fields, placeholder_fields
 from uniagent.verl.settings import (
     LoopSettings,
@@ -110,8 +111,18 @@ class UniAgentLoop(AgentLoopBase):
         server = ServerLog(self.server_manager)
         try:
             config = self.agent_config.with_overrides(row_overrides(kwargs), source="tools_kwargs")
+            check_task_services(self.agent_config, config, "tools_kwargs")
             task = row_task(kwargs)
             messages = row_messages(kwargs) or first_messages(config, task)
+            try:
+                await ensure_services(self.agent_config)  # once per worker process
+            except ServiceStartError as exc:  # infrastructure: masked, never a policy failure
+                log.error("%s", exc)
+                fields = self._placeholder(
+                    messages, want_logprobs, exit_reason=ExitReason.ENV_ERROR, error=str(exc)
+                )
+                self._stamp(fields, server, kwargs)
+                return _output(fields)
             model = VerlServerModel(
                 server,
                 self.tokenizer,
