@@ -98,6 +98,9 @@ COMMON: dict[str, list[str]] = {
         "'import os; os._exit(0)\\n' > ~/.local/lib/python3.11/site-packages/usercustomize.py",
         "git config --global core.fsmonitor 'echo hacked'",
     ],
+    "disk-filler": ["head -c 400M /dev/zero > big.bin; df -h . | tail -1; true"],
+    "fork-bomb": ["timeout 5 bash -c 'f(){ f | f & }; f' >/dev/null 2>&1; true"],
+    "memory-hog": ["python3 -c 'b = bytearray(3 * 1024 ** 3)'; echo exit=$?"],
     "exit-hijack-in-code": [
         "printf 'import os\\nos._exit(0)\\n' >> calc.py",
     ],
@@ -295,7 +298,9 @@ def bwrap_binds(repos: Path) -> list[str]:
 
 
 def write_config(path: Path, reward: dict[str, Any], isolation: str, repos: Path) -> Path:
-    deployment: dict[str, Any] = {"type": "host", "isolation": isolation}
+    # Small limits, so that the resource attacks stay cheap on a shared machine.
+    deployment: dict[str, Any] = {"type": "host", "isolation": isolation,
+                                  "limits": {"pids": 512, "memory": "1g", "disk": "256m"}}
     if isolation == "bwrap":
         # The work dir inside is /work by default, where this machine may keep these paths.
         deployment.update(ro_binds=bwrap_binds(repos), sandbox_workdir="/sandbox/work")

@@ -18,7 +18,7 @@ from swebench_helpers import (
     swe_bench_row,
     swe_rebench_row,
 )
-from uniagent_reward_swebench import EvaluationInfraError, TaskRowError
+from uniagent_reward_swebench import TaskRowError
 
 from uniagent.grading.grader import EpisodeGrader, Grade
 from uniagent.grading.integrity import GradingSetupError

@@ -155,8 +155,7 @@ class HostDeploymentConfig(BaseModel):
     def _binds_outside_the_sandbox_dirs(self) -> HostDeploymentConfig:
         if self.isolation != "bwrap":
             return self
-        own = {"work dir": self.sandbox_workdir or "/work", "tools dir": BWRAP_TOOLS_DIR,
-               "home": BWRAP_HOME}
+        own = {"work dir": self.sandbox_workdir or "/work", "tools dir": BWRAP_TOOLS_DIR}
         for spec in (*self.ro_binds, *self.binds):
             inside = os.path.normpath(spec.partition(":")[2] or os.path.abspath(spec))
             for what, path in own.items():
