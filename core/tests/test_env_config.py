@@ -66,7 +66,7 @@ def test_unknown_types_name_the_installed_ones_and_the_provider(builtins_only: N
     [
         ({"type": "host", "bogus": 1}, "bogus"),
         ({"type": "host", "isolation": "docker"}, "isolation"),
-        ({"type": "host", "network": False}, "bwrap"),
+        ({"type": "host", "isolation": "none", "network": False}, "bwrap"),
         ({"type": "local"}, "image"),
     ],
 )

@@ -36,14 +36,19 @@ def running(pid: int) -> bool:
     return stat[stat.rfind(")") + 2] not in "ZX"
 
 
+#: These tests are about the host runtime itself (host paths): no bubblewrap.
+HOST = {"type": "host", "isolation": "none"}
+
+
 async def host_env(**env_settings: object) -> AgentEnv:
-    env = AgentEnv(HostDeployment(HostDeploymentConfig()), EnvConfig(**env_settings))
+    deployment = HostDeployment(HostDeploymentConfig(isolation="none"))
+    env = AgentEnv(deployment, EnvConfig(**env_settings))
     await env.start()
     return env
 
 
 async def test_cd_and_variables_persist() -> None:
-    async with AgentEnv.from_config({"type": "host"}) as env:
+    async with AgentEnv.from_config(HOST) as env:
         assert env.workdir is not None and env.cwd == env.workdir
         assert (await env.run_action("pwd")).output.strip() == env.workdir
         await env.run_action("mkdir sub && cd sub && export GREETING=hello; COUNT=3")
@@ -56,13 +61,13 @@ async def test_cd_and_variables_persist() -> None:
 
 
 async def test_stdout_and_stderr_are_merged_in_order() -> None:
-    async with AgentEnv.from_config({"type": "host"}) as env:
+    async with AgentEnv.from_config(HOST) as env:
         obs = await env.run_action("echo out; echo err >&2; echo out2")
         assert obs.output == "out\nerr\nout2\n"
 
 
 async def test_timeout_interrupts_and_the_session_goes_on() -> None:
-    async with AgentEnv.from_config({"type": "host"}) as env:
+    async with AgentEnv.from_config(HOST) as env:
         await env.run_action("cd /tmp && X=kept")
         started = time.monotonic()
         with pytest.raises(ActionTimeoutError) as info:
@@ -75,7 +80,7 @@ async def test_timeout_interrupts_and_the_session_goes_on() -> None:
 
 
 async def test_timeout_aborts_a_whole_loop() -> None:
-    async with AgentEnv.from_config({"type": "host"}) as env:
+    async with AgentEnv.from_config(HOST) as env:
         with pytest.raises(ActionTimeoutError):
             await env.run_action("for i in $(seq 100); do sleep 0.2; echo $i >> n.txt; done", 1)
         count = (await env.run_action("wc -l < n.txt")).output.strip()
@@ -84,14 +89,14 @@ async def test_timeout_aborts_a_whole_loop() -> None:
 
 
 async def test_a_command_ignoring_sigint_is_still_stopped() -> None:
-    async with AgentEnv.from_config({"type": "host"}) as env:
+    async with AgentEnv.from_config(HOST) as env:
         with pytest.raises(ActionTimeoutError):
             await env.run_action("trap '' INT; sleep 100", timeout=1)
         assert (await env.run_action("echo alive")).output == "alive\n"
 
 
 async def test_a_command_ignoring_sigint_and_sigterm_is_killed() -> None:
-    async with AgentEnv.from_config({"type": "host"}) as env:
+    async with AgentEnv.from_config(HOST) as env:
         with pytest.raises(ActionTimeoutError):
             await env.run_action("trap '' INT TERM; echo stubborn; sleep 100", timeout=1)
         await env.run_action("trap - INT TERM")
@@ -112,7 +117,7 @@ async def test_exit_ends_the_session() -> None:
 
 
 async def test_unicode_and_binary_output() -> None:
-    async with AgentEnv.from_config({"type": "host"}) as env:
+    async with AgentEnv.from_config(HOST) as env:
         text = "héllo wörld 你好 🎉"
         assert (await env.run_action(f"echo '{text}'")).output == text + "\n"
         obs = await env.run_action(r"printf 'a\xff\xfe\x00b\n'")
@@ -132,7 +137,7 @@ async def test_huge_output_is_truncated_with_the_exact_count() -> None:
 
 
 async def test_output_beyond_the_runtime_buffer_is_counted() -> None:
-    deployment = HostDeployment(HostDeploymentConfig(max_output_bytes=100_000))
+    deployment = HostDeployment(HostDeploymentConfig(isolation="none", max_output_bytes=100_000))
     async with AgentEnv(deployment, EnvConfig(max_output_chars=1000)) as env:
         obs = await env.run_action("head -c 3000000 /dev/zero | tr '\\0' y")
         assert obs.output == "y" * 500 + obs.output[500:-500] + "y" * 500
@@ -141,7 +146,7 @@ async def test_output_beyond_the_runtime_buffer_is_counted() -> None:
 
 
 async def test_ansi_codes_and_carriage_returns_are_cleaned() -> None:
-    async with AgentEnv.from_config({"type": "host"}) as env:
+    async with AgentEnv.from_config(HOST) as env:
         obs = await env.run_action(
             r"printf '\033[1;31mred\033[0m\nprogress 10%%\rprogress 100%%\r\nwin\r\n'"
         )
@@ -149,7 +154,7 @@ async def test_ansi_codes_and_carriage_returns_are_cleaned() -> None:
 
 
 async def test_syntax_error_raises_before_anything_runs() -> None:
-    async with AgentEnv.from_config({"type": "host"}) as env:
+    async with AgentEnv.from_config(HOST) as env:
         with pytest.raises(ActionSyntaxError) as info:
             await env.run_action("touch ran.txt\nif true; then echo x")
         assert "syntax error" in str(info.value) or "unexpected" in str(info.value)
@@ -160,13 +165,13 @@ async def test_syntax_error_raises_before_anything_runs() -> None:
 
 
 async def test_commands_do_not_read_the_sessions_input() -> None:
-    async with AgentEnv.from_config({"type": "host"}) as env:
+    async with AgentEnv.from_config(HOST) as env:
         obs = await env.run_action("cat; read -r line; echo read=$?", timeout=5)
         assert obs.output == "read=1\n"
 
 
 async def test_file_round_trips_and_uploads(tmp_path: Path) -> None:
-    async with AgentEnv.from_config({"type": "host"}) as env:
+    async with AgentEnv.from_config(HOST) as env:
         await env.write_file("notes/a.txt", "héllo\nworld\n")
         assert await env.read_file("notes/a.txt") == "héllo\nworld\n"
         assert (await env.run_action("cat notes/a.txt")).output == "héllo\nworld\n"
@@ -190,7 +195,7 @@ async def test_file_round_trips_and_uploads(tmp_path: Path) -> None:
 
 
 async def test_communicate_check_raises_on_nonzero() -> None:
-    async with AgentEnv.from_config({"type": "host"}) as env:
+    async with AgentEnv.from_config(HOST) as env:
         assert await env.communicate("echo yes", check=True) == "yes\n"
         with pytest.raises(NonZeroExitError) as info:
             await env.communicate("echo no; exit_code() { return 4; }; exit_code", check=True)
@@ -198,7 +203,7 @@ async def test_communicate_check_raises_on_nonzero() -> None:
 
 
 async def test_execute_runs_a_one_off_command() -> None:
-    async with AgentEnv.from_config({"type": "host"}) as env:
+    async with AgentEnv.from_config(HOST) as env:
         response = await env.runtime.execute(Command(command="pwd; echo err >&2", shell=True))
         assert response.stdout == f"{env.workdir}\n" and response.stderr == "err\n"
         assert response.exit_code == 0
@@ -220,7 +225,7 @@ async def test_install_tools_uploads_scripts_and_runs_install_once(tmp_path: Pat
         scripts=(script,),
         install=f"echo x >> {counter}",
     )
-    async with AgentEnv.from_config({"type": "host"}) as env:
+    async with AgentEnv.from_config(HOST) as env:
         await env.install_tools([tool])
         await env.install_tools([tool])
         assert (await env.run_action("greet world")).output == "hello world\n"
@@ -230,7 +235,7 @@ async def test_install_tools_uploads_scripts_and_runs_install_once(tmp_path: Pat
 
 async def test_a_failing_tool_install_names_the_tool(tmp_path: Path) -> None:
     bad = ToolSpec(name="broken", description="d", arguments=_NoArgs, install="echo oops; exit 2")
-    async with AgentEnv.from_config({"type": "host"}) as env:
+    async with AgentEnv.from_config(HOST) as env:
         with pytest.raises(ToolInstallError) as info:
             await env.install_tools([bad])
         assert info.value.tool == "broken" and "oops" in info.value.output
@@ -247,13 +252,13 @@ async def test_post_setup_and_its_failure() -> None:
         assert (await env.run_action("echo $READY $EXTRA")).output == "yes 1\n"
     finally:
         await env.close()
-    failing = AgentEnv.from_config({"type": "host"}, {"post_setup": ["false"]})
+    failing = AgentEnv.from_config(HOST, {"post_setup": ["false"]})
     with pytest.raises(EnvStartError, match="false"):
         await failing.start()
 
 
 async def test_not_started_and_closed_envs_refuse_commands() -> None:
-    env = AgentEnv.from_config({"type": "host"})
+    env = AgentEnv.from_config(HOST)
     with pytest.raises(EnvError, match="not started"):
         await env.run_action("echo hi")
     await env.close()  # closing a never-started env is fine
@@ -262,7 +267,7 @@ async def test_not_started_and_closed_envs_refuse_commands() -> None:
 
 
 async def test_close_removes_the_work_dir_and_every_process() -> None:
-    deployment = HostDeployment()
+    deployment = HostDeployment(HostDeploymentConfig(isolation="none"))
     env = AgentEnv(deployment)
     await env.start()
     root = deployment.root
@@ -291,9 +296,9 @@ async def test_close_on_a_dead_session_does_not_raise() -> None:
 
 async def test_config_validation() -> None:
     with pytest.raises(ValueError, match="bwrap"):
-        HostDeploymentConfig(network=False)
+        HostDeploymentConfig(isolation="none", network=False)
     with pytest.raises(ValueError, match="HOST:INSIDE applies only with isolation: bwrap"):
-        HostDeploymentConfig(ro_binds=["/opt:/data"])
+        HostDeploymentConfig(isolation="none", ro_binds=["/opt:/data"])
     assert HostDeploymentConfig(ro_binds=["/opt"]).ro_binds == ["/opt"]  # visible anyway
     with pytest.raises(ValueError):
         HostDeploymentConfig(bogus=1)  # type: ignore[call-arg]
@@ -307,7 +312,9 @@ async def test_a_missing_bash_is_a_start_error() -> None:
 
 
 async def test_base_dir_is_used(tmp_path: Path) -> None:
-    deployment = HostDeployment(HostDeploymentConfig(base_dir=str(tmp_path / "episodes")))
+    deployment = HostDeployment(
+        HostDeploymentConfig(isolation="none", base_dir=str(tmp_path / "episodes"))
+    )
     async with AgentEnv(deployment) as env:
         assert env.workdir is not None and env.workdir.startswith(str(tmp_path / "episodes"))
     assert os.listdir(tmp_path / "episodes") == []

@@ -109,3 +109,19 @@ async def test_stopping_the_agent_ends_every_process_in_the_container(engine: st
         assert await env.sandbox_alive(), "the container and its server stay up for grading"
     finally:
         await env.close()
+
+
+async def test_limits_reach_the_container(engine: str) -> None:
+    config = LocalDeploymentConfig(image=IMAGE, engine=engine, pull="never",
+                                   limits={"pids": 64, "memory": "128m"})
+    env = AgentEnv(LocalDeployment(config), {"workdir": "/testbed"})
+    await env.start()
+    try:
+        obs = await env.run_action(
+            "cat /sys/fs/cgroup/pids.max /sys/fs/cgroup/pids/pids.max 2>/dev/null; "
+            "cat /sys/fs/cgroup/memory.max /sys/fs/cgroup/memory/memory.limit_in_bytes "
+            "2>/dev/null; true"
+        )
+        assert "64" in obs.output.split() and str(128 << 20) in obs.output.split()
+    finally:
+        await env.close()

@@ -99,7 +99,8 @@ def config_for(marker: Path, **settings: object) -> AgentConfig:
         {
             "tools": ["probe"],
             "instance_template": "{q}",
-            "env": {"env": {"MARKER": str(marker)}},
+            "env": {"env": {"MARKER": str(marker)},
+                    "deployment": {"type": "host", "isolation": "none"}},
             "services": {"marker": {"marker": str(marker), **settings}},
         }
     )

@@ -22,7 +22,7 @@ async def host_env() -> AsyncIterator[Any]:
     """A real host sandbox (uniagent's built-in ``host`` deployment), closed afterwards."""
     from uniagent.env import AgentEnv
 
-    env = AgentEnv.from_config({"type": "host"})
+    env = AgentEnv.from_config({"type": "host", "isolation": "none"})
     await env.start()
     try:
         yield env

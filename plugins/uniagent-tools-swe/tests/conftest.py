@@ -53,7 +53,7 @@ async def sandbox(tools: dict[str, ToolSpec], tmp_path: Path) -> AsyncIterator[S
     """A host sandbox, tools installed, the session's working directory a fresh temp dir."""
     workdir = tmp_path / "work"
     workdir.mkdir()
-    env = AgentEnv.from_config({"type": "host"})
+    env = AgentEnv.from_config({"type": "host", "isolation": "none"})
     async with env:
         await env.install_tools(list(tools.values()))
         box = Sandbox(env, tools, workdir)

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import os
 import shutil
+import subprocess
 from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
 
@@ -46,6 +47,35 @@ def find_bwrap(executable: str = "bwrap") -> str:
     return path
 
 
+_probes: dict[tuple[str, int | None], str | None] = {}
+
+
+def bwrap_problem(executable: str = "bwrap", uid: int | None = None) -> str | None:
+    """Why bubblewrap cannot isolate a session here (``None``: it can); probed once."""
+    key = (executable, uid)
+    if key not in _probes:
+        path = shutil.which(executable)
+        if path is None:
+            _probes[key] = f"{executable!r} is not on PATH ({INSTALL_HINT})"
+        else:
+            argv = [*drop_privileges(uid), path, "--unshare-all", "--die-with-parent",
+                    "--ro-bind", "/", "/", "true"]
+            try:
+                done = subprocess.run(argv, capture_output=True, text=True, timeout=60)
+                problem = done.stderr.strip()[-300:] or f"exit {done.returncode}"
+                _probes[key] = None if done.returncode == 0 else f"`bwrap` fails here: {problem}"
+            except (OSError, subprocess.TimeoutExpired) as exc:
+                _probes[key] = f"`bwrap` fails here: {exc}"
+    return _probes[key]
+
+
+def drop_privileges(uid: int | None) -> list[str]:
+    """The ``setpriv`` prefix that runs a command as host ``uid`` (and gid), groups cleared."""
+    if uid is None:
+        return []
+    return ["setpriv", f"--reuid={uid}", f"--regid={uid}", "--clear-groups"]
+
+
 def bwrap_argv(
     bwrap: str,
     mounts: list[Mount],
@@ -53,9 +83,14 @@ def bwrap_argv(
     chdir: str,
     network: bool,
     extra_args: list[str] | tuple[str, ...] = (),
+    uid: int | None = None,
 ) -> list[str]:
     """The ``bwrap ...`` prefix that runs a command with ``mounts`` (in order) and ``chdir``."""
-    argv = [bwrap, "--die-with-parent", "--unshare-all", "--new-session", "--hostname", "sandbox"]
+    argv = [*drop_privileges(uid), bwrap, "--die-with-parent", "--unshare-all", "--new-session",
+            "--hostname", "sandbox"]
+    if uid is not None:
+        # A user namespace: the sandbox's root is host ``uid`` for every host file it reaches.
+        argv += ["--unshare-user", "--uid", "0", "--gid", "0"]
     if network:
         argv.append("--share-net")
     for path in SYSTEM_DIRS:
@@ -68,6 +103,51 @@ def bwrap_argv(
     # Nothing outside the mounts is writable: bwrap's own root is a tmpfs in this host's RAM.
     argv += ["--proc", "/proc", "--dev", "/dev", "--chdir", chdir, *extra_args]
     return [*argv, "--remount-ro", "/"]
+
+
+#: Brings host paths into a private mount namespace, then runs the rest of the command line:
+#: ``sh -c STAGE_SCRIPT stage POINT SRC1 NAME1 SRC2 NAME2 ... -- command...``.
+STAGE_SCRIPT = (
+    'set -e; point=$1; shift; mount -t tmpfs -o mode=0711,size=64k uniagent-stage "$point"; '
+    'while [ "$1" != "--" ]; do '
+    'if [ -d "$1" ]; then mkdir -m 0755 "$point/$2"; else : > "$point/$2"; fi; '
+    'mount --bind "$1" "$point/$2"; shift 2; done; shift; exec "$@"'
+)
+#: Directories that may hold the staging tmpfs (in the private mount namespace only).
+STAGE_POINTS = ("/mnt", "/media", "/srv", "/opt", "/boot")
+
+
+def stage_mounts(mounts: list[Mount]) -> tuple[list[Mount], list[str]]:
+    """Mounts whose sources are staged where the sandbox's user reaches them, and the prefix.
+
+    An unprivileged bubblewrap (the sandbox's root mapped to an ordinary host
+    uid) can bind only what that uid can reach; ``/root/.pyenv`` or a work dir
+    under a 0700 directory it cannot. So, in a private mount namespace that no
+    other process sees, a small tmpfs is mounted on an unused directory and
+    each non-system source is bind-mounted (by root) onto an entry of it;
+    bubblewrap binds those entries.
+    """
+    sources = [m.host for m in mounts]
+    point = next(
+        (p for p in STAGE_POINTS if os.path.isdir(p) and not any(
+            s == p or s.startswith(p + "/") for s in sources)),
+        None,
+    )
+    if point is None:
+        raise EnvStartError(
+            "no directory to stage the sandbox's mounts in (one of "
+            + ", ".join(STAGE_POINTS) + " must exist); or set sandbox_uid: 0"
+        )
+    staged, pairs = [], []
+    for i, mount in enumerate(mounts):
+        if mount.inside in SYSTEM_DIRS and mount.host == mount.inside:
+            staged.append(mount)
+            continue
+        pairs += [mount.host, str(i)]
+        staged.append(Mount(inside=mount.inside, host=f"{point}/{i}", writable=mount.writable))
+    prefix = ["unshare", "--mount", "--propagation", "private", "/bin/sh", "-c", STAGE_SCRIPT,
+              "stage", point, *pairs, "--"]
+    return staged, prefix
 
 
 def system_mounts() -> list[Mount]:

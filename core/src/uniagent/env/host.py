@@ -31,8 +31,10 @@ from uniagent.env.bwrap import (
     Mount,
     bind_mounts,
     bwrap_argv,
+    bwrap_problem,
     find_bwrap,
     host_path,
+    stage_mounts,
     system_mounts,
 )
 from uniagent.env.cgroups import SandboxCgroup
@@ -109,8 +111,17 @@ class HostDeploymentConfig(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
     type: Literal["host"] = "host"
-    isolation: Literal["none", "bwrap"] = Field(
-        "none", description="'bwrap': run the session in a bubblewrap sandbox"
+    isolation: Literal["auto", "bwrap", "none"] = Field(
+        "auto",
+        description="'bwrap': a bubblewrap sandbox; 'none': the host itself (trusted policies "
+        "only); 'auto': bwrap where it works, else none with a warning",
+    )
+    sandbox_uid: int | None = Field(
+        None,
+        ge=0,
+        description="bwrap only, when uniagent runs as root: the host uid (and gid) the "
+        "sandbox's root maps to, so that it is not host root for host files (default 65534, "
+        "nobody; 0 keeps host root)",
     )
     network: bool | None = Field(
         None, description="bwrap only: share the host's network (default: no network)"
@@ -170,6 +181,8 @@ class HostDeploymentConfig(BaseModel):
     @model_validator(mode="after")
     def _bwrap_only(self) -> HostDeploymentConfig:
         if self.isolation == "none":
+            if self.sandbox_uid is not None:
+                raise ValueError("sandbox_uid applies only with isolation: bwrap")
             if self.network is False:
                 raise ValueError(
                     "network: false needs isolation: bwrap (without isolation the session has "
@@ -197,11 +210,15 @@ class _Layout:
         root: Path,
         bwrap: str | None,
         cgroup: SandboxCgroup | None = None,
+        uid: int | None = None,
     ) -> None:
         self.root = root
         self.cgroup = cgroup
+        #: The host uid of the sandbox's files (bwrap as root maps its root to it).
+        self.uid = uid
         for sub in ("work", "tools", "tmp", "home"):
             (root / sub).mkdir(exist_ok=True)
+            self.own(root / sub)
         env = sandbox_environment(config.pass_env)
         self.bwrap = bwrap
         if bwrap is None:
@@ -223,14 +240,40 @@ class _Layout:
                 Mount(self.tools_dir, str(root / "tools"), True),
             ]
             env.update(HOME=BWRAP_HOME, PATH=DEFAULT_PATH)
-            self.prefix = bwrap_argv(
+            mounts, stage = self.mounts, []
+            if uid is not None:
+                mounts, stage = stage_mounts(self.mounts)
+                # Host files it is given (ro_binds) belong to another uid inside: git must not
+                # refuse them as "dubious ownership" (to clone a bound repository, say). Only a
+                # global config reaches the local transport's subprocess.
+                gitconfig = root / "home" / ".gitconfig"
+                gitconfig.write_text("[safe]\n\tdirectory = *\n")
+                self.own(gitconfig)
+            self.prefix = stage + bwrap_argv(
                 bwrap,
-                self.mounts,
+                mounts,
                 chdir=self.workdir,
                 network=bool(config.network),
                 extra_args=config.bwrap_args,
+                uid=uid,
             )
         self.env = env
+
+    def own(self, path: Path) -> None:
+        """Give ``path`` to the sandbox's user (files written for it from the host side)."""
+        if self.uid is not None:
+            os.lchown(path, self.uid, self.uid)
+
+    def make_parents(self, path: Path) -> None:
+        """Create ``path``'s missing parent directories, owned by the sandbox's user."""
+        missing = []
+        parent = path.parent
+        while not parent.exists():
+            missing.append(parent)
+            parent = parent.parent
+        for directory in reversed(missing):
+            directory.mkdir()
+            self.own(directory)
 
     def to_host(self, path: str, *, write: bool = False) -> Path:
         """The host path of a sandbox path (identity without isolation)."""
@@ -380,8 +423,9 @@ class HostRuntime:
         path = self.layout.to_host(request.path, write=True)
 
         def write() -> None:
-            path.parent.mkdir(parents=True, exist_ok=True)
+            self.layout.make_parents(path)
             path.write_text(request.content, encoding="utf-8")
+            self.layout.own(path)
 
         await asyncio.to_thread(write)
         return WriteFileResponse()
@@ -393,10 +437,17 @@ class HostRuntime:
 
         def copy() -> None:
             if source.is_dir():
+                self.layout.make_parents(target)
                 shutil.copytree(source, target, symlinks=True, dirs_exist_ok=True)
+                if self.layout.uid is not None:
+                    self.layout.own(target)
+                    for here, dirs, files in os.walk(target):
+                        for name in (*dirs, *files):
+                            self.layout.own(Path(here, name))
             elif source.is_file():
-                target.parent.mkdir(parents=True, exist_ok=True)
+                self.layout.make_parents(target)
                 shutil.copy2(source, target)
+                self.layout.own(target)
             else:
                 raise EnvError(f"cannot upload {str(source)!r}: no such file or directory")
 
@@ -443,7 +494,7 @@ class HostDeployment:
         self._runtime = HostRuntime(layout, self.config)
 
     def _prepare(self) -> _Layout:
-        bwrap = find_bwrap(self.config.bwrap) if self.config.isolation == "bwrap" else None
+        bwrap, uid = self._isolation()
         if shutil.which(self.config.bash) is None:
             raise EnvStartError(f"{self.config.bash!r} is not on PATH; install bash")
         if self.config.base_dir:
@@ -456,10 +507,31 @@ class HostDeployment:
                 _mount_tmpfs(root, limits.disk)
             (root / OWNER_FILE).write_text(f"{os.getpid()}\n")
             cgroup = cgroups.create(pids=limits.pids, memory=limits.memory)
-            return _Layout(self.config, root, bwrap, cgroup)
+            return _Layout(self.config, root, bwrap, cgroup, uid)
         except BaseException:
             _remove_episode(root, cgroup)
             raise
+
+    def _isolation(self) -> tuple[str | None, int | None]:
+        """The bwrap executable (None: no isolation) and the uid the sandbox's root maps to."""
+        global _fallback_warned
+        config = self.config
+        uid = config.sandbox_uid
+        if uid is None and os.geteuid() == 0:
+            uid = SANDBOX_UID
+        uid = None if uid == 0 else uid
+        if config.isolation == "none":
+            return None, None
+        problem = bwrap_problem(config.bwrap, uid)
+        if problem is None:
+            return find_bwrap(config.bwrap), uid
+        if config.isolation == "bwrap":
+            raise EnvStartError(f"isolation 'bwrap' does not work here: {problem}")
+        if not _fallback_warned:
+            _fallback_warned = True
+            log.warning("host sandboxes run WITHOUT isolation (%s); set isolation: none to "
+                        "accept that without this warning", problem)
+        return None, None
 
     async def stop(self) -> None:
         """Kill every process of the sandbox and remove its directory and cgroup; idempotent."""
@@ -509,6 +581,9 @@ class HostDeployment:
 
 
 EPISODE_PREFIX = "uniagent-"
+#: The host uid (and gid) a bwrap sandbox's root maps to when uniagent runs as root.
+SANDBOX_UID = 65534
+_fallback_warned = False
 #: In each episode directory: the pid of the process that owns it (for leftover clean-up).
 OWNER_FILE = ".uniagent-owner"
 _mount_warned = False

@@ -28,10 +28,33 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field
 
 from uniagent.env.errors import EnvError, EnvStartError
+from uniagent.env.host import SandboxLimits
 from uniagent.env.killall import kill_all_but_ancestors
 from uniagent.env.remote import make_runtime, retrying_runtime_class, wait_until_alive
 
 log = logging.getLogger(__name__)
+
+
+class ContainerLimits(SandboxLimits):
+    """A container's limits, passed to the engine (``--pids-limit``, ``--memory``)."""
+
+    disk: int | None = Field(
+        None,
+        ge=16 << 20,
+        description="bytes of the container's writable layer (`--storage-opt size=`; needs a "
+        "storage driver with quotas, e.g. overlay on xfs with pquota); null: the engine's",
+    )
+
+    def run_args(self) -> list[str]:
+        """The ``run`` flags for these limits."""
+        args = []
+        if self.pids is not None:
+            args += ["--pids-limit", str(self.pids)]
+        if self.memory is not None:
+            args += ["--memory", str(self.memory), "--memory-swap", str(self.memory)]
+        if self.disk is not None:
+            args += ["--storage-opt", f"size={self.disk}"]
+        return args
 
 
 class LocalDeploymentConfig(BaseModel):
@@ -67,6 +90,10 @@ class LocalDeploymentConfig(BaseModel):
         60.0, ge=0, description="added to a command's timeout for its HTTP timeout"
     )
     http_retries: int = Field(3, ge=0, description="retries of a request whose connection failed")
+    limits: ContainerLimits = Field(
+        default_factory=lambda: ContainerLimits(),
+        description="processes, memory and disk of the container (engine flags)",
+    )
 
 
 async def _run(*argv: str, timeout: float = 30.0) -> tuple[int, str]:
@@ -241,7 +268,7 @@ class LocalDeployment:
         cls = _container_class()
         c = self.config
         self.engine = await detect_engine(c.engine)
-        run_args = list(c.run_args)
+        run_args = [*c.limits.run_args(), *c.run_args]
         if self.engine == "podman" and c.podman_defaults:
             run_args += podman_args(run_args)
         errors = []

@@ -1,0 +1,228 @@
+"""Host sandboxes under pressure: resource limits, isolation, every process ended, leftovers.
+
+Each hostile test runs under ``isolation: none`` and ``bwrap`` (real bubblewrap,
+real cgroups and tmpfs mounts where this machine allows them: CI runs as root).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+
+from uniagent.env import AgentEnv, HostDeployment, HostDeploymentConfig
+from uniagent.env import cgroups as cgroup_module
+from uniagent.env.host import OWNER_FILE, SANDBOX_UID, cleanup_leftovers
+
+ISOLATIONS = ["none", "bwrap"]
+SMALL = {"pids": 128, "memory": "256m", "disk": "64m"}
+
+
+def config(isolation: str, **settings: object) -> dict:
+    return {"type": "host", "isolation": isolation, "limits": SMALL, **settings}
+
+
+def alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[-1].split()[0]
+    return state != "Z"
+
+
+async def host_pids(env: AgentEnv) -> list[int]:
+    """Every process of the sandbox, as host pids (through its cgroup)."""
+    group = env.deployment._layout.cgroup
+    assert group is not None, "this machine gives host sandboxes a cgroup (root)"
+    return group.pids()
+
+
+# -- resource limits -----------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("isolation", ISOLATIONS)
+async def test_a_fork_bomb_is_contained_and_the_session_survives(isolation):
+    async with AgentEnv.from_config(config(isolation)) as env:
+        obs = await env.run_action(
+            "timeout 10 bash -c 'f(){ f | f & }; f' 2>&1 | grep -m1 -o 'Resource temporarily "
+            "unavailable'; true",
+            timeout=60,
+        )
+        assert "Resource temporarily unavailable" in obs.output
+        group = env.deployment._layout.cgroup
+        assert group.pids_refused()
+        assert (await env.run_action("echo still here", timeout=30)).output == "still here\n"
+
+
+@pytest.mark.parametrize("isolation", ISOLATIONS)
+async def test_a_memory_hog_is_killed_and_reported(isolation):
+    async with AgentEnv.from_config(config(isolation)) as env:
+        obs = await env.run_action(
+            "python3 -c 'b = bytearray(2 * 1024 ** 3)'; echo exit=$?", timeout=60
+        )
+        assert "exit=137" in obs.output  # SIGKILL by the kernel's OOM killer
+        assert env.deployment._layout.cgroup.oom_killed()
+        assert (await env.run_action("echo still here", timeout=30)).output == "still here\n"
+
+
+@pytest.mark.parametrize("isolation", ISOLATIONS)
+async def test_a_disk_filler_stops_at_the_disk_limit(isolation):
+    async with AgentEnv.from_config(config(isolation)) as env:
+        obs = await env.run_action("head -c 200M /dev/zero > big; echo exit=$?", timeout=60)
+        assert "No space left on device" in obs.output and "exit=1" in obs.output
+        size = (env.deployment.root / "work" / "big").stat().st_size
+        assert size <= 64 * 1024 * 1024
+        assert (await env.run_action("rm big && echo freed", timeout=30)).output == "freed\n"
+
+
+# -- isolation -----------------------------------------------------------------------------
+
+
+async def test_bubblewrap_root_is_not_host_root_for_host_files(tmp_path):
+    async with AgentEnv.from_config({"type": "host", "isolation": "bwrap"}) as env:
+        obs = await env.run_action("id -u; cat /etc/shadow; touch mine", timeout=30)
+        assert obs.output.startswith("0\n")  # root inside...
+        assert "Permission denied" in obs.output  # ...but not for the host's files
+        owner = (env.deployment.root / "work" / "mine").stat().st_uid
+        assert owner != 0
+
+
+@pytest.mark.parametrize("where", ["tmp", "home"])
+async def test_binds_are_visible_wherever_they_point(where, tmp_path):
+    base = Path("/tmp") if where == "tmp" else Path.home()
+    data = Path(os.path.realpath(base)) / f"uniagent-bind-test-{os.getpid()}"
+    data.mkdir(exist_ok=True)
+    try:
+        (data / "hello.txt").write_text("hi\n")
+        writable = tmp_path / "out"
+        writable.mkdir()
+        os.chown(writable, SANDBOX_UID, SANDBOX_UID)  # the sandbox's root is this host uid
+        settings = {"ro_binds": [str(data)], "binds": [f"{writable}:/data/out"]}
+        async with AgentEnv.from_config({"type": "host", "isolation": "bwrap", **settings}) as env:
+            obs = await env.run_action(
+                f"cat {data}/hello.txt; echo x > {data}/no 2>&1; echo made > /data/out/f",
+                timeout=30,
+            )
+            assert obs.output.startswith("hi\n") and "Read-only file system" in obs.output
+        assert (writable / "f").read_text() == "made\n"
+    finally:
+        for child in data.iterdir():
+            child.unlink()
+        data.rmdir()
+
+
+@pytest.mark.parametrize("isolation", ISOLATIONS)
+async def test_host_secrets_never_enter_the_sandbox(isolation, monkeypatch):
+    monkeypatch.setenv("OPENAI_API_KEY", "sk-secret-of-the-host")
+    monkeypatch.setenv("UNIAGENT_TEST_PASSED", "yes")
+    settings = {"pass_env": ["UNIAGENT_TEST_*"]}
+    async with AgentEnv.from_config({"type": "host", "isolation": isolation, **settings}) as env:
+        obs = await env.run_action("env", timeout=30)
+    assert "sk-secret-of-the-host" not in obs.output
+    assert "UNIAGENT_TEST_PASSED=yes" in obs.output
+
+
+@pytest.mark.parametrize("isolation", ISOLATIONS)
+async def test_every_process_ends_at_close_setsid_and_daemons_too(isolation):
+    env = AgentEnv.from_config(config(isolation))
+    await env.start()
+    await env.run_action(
+        "setsid sleep 1000 >/dev/null 2>&1 < /dev/null & "
+        "(setsid bash -c 'sleep 1001 & disown' &) ; nohup sleep 1002 >/dev/null 2>&1 &",
+        timeout=30,
+    )
+    pids = await host_pids(env)
+    assert len(pids) >= 4  # bash and its sleeps (and bwrap)
+    root = env.deployment.root
+    await env.close()
+    assert not any(alive(p) for p in pids)
+    assert not root.exists()
+
+
+async def test_the_default_is_bubblewrap_where_it_works():
+    async with AgentEnv.from_config({"type": "host"}) as env:
+        assert env.workdir == "/work"
+        assert (await env.run_action("hostname", timeout=30)).output == "sandbox\n"
+
+
+async def test_without_bubblewrap_the_default_runs_unisolated_with_a_warning(caplog):
+    cfg = {"type": "host", "bwrap": "no-such-bwrap-here"}
+    async with AgentEnv.from_config(cfg) as env:
+        assert env.workdir != "/work"
+    assert "WITHOUT isolation" in caplog.text
+    with pytest.raises(Exception, match="no-such-bwrap-here"):
+        async with AgentEnv.from_config({**cfg, "isolation": "bwrap"}):
+            pass
+
+
+async def test_cancelling_start_leaves_no_episode_directory(tmp_path):
+    base = tmp_path / "episodes"
+    for _ in range(20):
+        deployment = HostDeployment(HostDeploymentConfig(isolation="none", base_dir=str(base)))
+        task = asyncio.ensure_future(deployment.start())
+        await asyncio.sleep(0)  # let it begin
+        task.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await task
+        await deployment.stop()
+    # What a cancelled start made is removed once its thread is done.
+    for _ in range(500):
+        if not any(base.iterdir()):
+            break
+        await asyncio.sleep(0.01)
+    assert list(base.iterdir()) == []
+
+
+# -- leftovers of a killed run -------------------------------------------------------------
+
+
+def test_a_killed_runs_sandboxes_are_found_and_removed(tmp_path):
+    base = tmp_path / "episodes"
+    script = textwrap.dedent(
+        f"""
+        import asyncio, sys
+        from uniagent.env import AgentEnv
+        async def main():
+            env = AgentEnv.from_config({{"type": "host", "isolation": sys.argv[1],
+                                        "base_dir": {str(base)!r}}})
+            await env.start()
+            await env.run_action("setsid sleep 1000 >/dev/null 2>&1 < /dev/null &", timeout=30)
+            print(env.deployment.root, flush=True)
+            await asyncio.sleep(3600)
+        asyncio.run(main())
+        """
+    )
+    for isolation in ISOLATIONS:
+        proc = subprocess.Popen(
+            [sys.executable, "-c", script, isolation], stdout=subprocess.PIPE, text=True
+        )
+        root = Path(proc.stdout.readline().strip())
+        assert (root / OWNER_FILE).read_text().strip() == str(proc.pid)
+        [group] = _groups_of(proc.pid)
+        pids = group.pids()
+        assert pids
+        proc.send_signal(signal.SIGKILL)
+        proc.wait()
+        removed = cleanup_leftovers(str(base))
+        assert str(root) in removed and any(r.startswith("cgroup ") for r in removed)
+        assert not root.exists()
+        assert not any(alive(p) for p in pids)
+        assert cleanup_leftovers(str(base)) == []
+
+
+def _groups_of(pid: int) -> list[cgroup_module.SandboxCgroup]:
+    """The live sandbox groups owned by ``pid`` (not yet leftovers)."""
+    found: dict[str, cgroup_module.SandboxCgroup] = {}
+    for hierarchy in cgroup_module._hierarchies():
+        for entry in hierarchy.parent.glob(f"{cgroup_module.PREFIX}{pid}-*"):
+            found.setdefault(entry.name, cgroup_module.SandboxCgroup(entry.name)).paths.append(
+                entry
+            )
+    return list(found.values())
