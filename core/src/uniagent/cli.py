@@ -130,6 +130,18 @@ def cmd_data_prepare(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_clean(args: argparse.Namespace) -> int:
+    """Remove what killed runs left behind: host sandboxes of dead owners."""
+    from uniagent.env.host import cleanup_leftovers
+
+    removed = cleanup_leftovers(args.base_dir)
+    for item in removed:
+        print(f"removed {item}")
+    if not removed:
+        print("nothing to clean: no sandbox of a dead run found")
+    return 0
+
+
 def add_data_parser(sub: Any) -> None:
     """The ``uniagent data prepare`` sub-command."""
     data = sub.add_parser("data", help="prepare task sets for training")
@@ -195,6 +207,19 @@ def build_parser() -> argparse.ArgumentParser:
         help="with --ray: worker actors (default: cluster CPUs)",
     )
     run.set_defaults(func=cmd_run)
+
+    clean = sub.add_parser(
+        "clean",
+        help="remove host sandboxes (directories, cgroups, processes) of killed runs",
+        description="Find host sandboxes whose owning process is gone (a run killed with "
+        "SIGKILL, a crashed machine session) and remove them: their processes are killed, "
+        "their tmpfs unmounted, their directories and cgroups removed. Sandboxes of running "
+        "processes are never touched. `uniagent run` does this at start too.",
+    )
+    clean.add_argument(
+        "--base-dir", default=None, help="the host deployment's base_dir (default: the temp dir)"
+    )
+    clean.set_defaults(func=cmd_clean)
 
     add_data_parser(sub)
     return parser

@@ -22,6 +22,7 @@ from pathlib import Path
 from typing import Any
 
 from uniagent.config import AgentConfig
+from uniagent.env.host import cleanup_leftovers
 from uniagent.episode import EpisodeResult, run_episode
 from uniagent.errors import ConfigError, UniAgentError
 from uniagent.run.progress import Progress
@@ -217,6 +218,11 @@ async def run(
     progress = progress or Progress.for_stream()
     for row in bad_rows:
         progress.warn(f"skipping task file line {row.line}: {row.reason}")
+    base_dir = config.env.deployment.get("base_dir") if config.env.deployment.get(
+        "type") == "host" else None
+    leftovers = await asyncio.to_thread(cleanup_leftovers, base_dir)
+    if leftovers:
+        progress.warn(f"removed {len(leftovers)} leftovers of killed runs (uniagent clean)")
     progress.begin(total=len(jobs) + len(done), already_done=previous)
     started = time.time()
 
