@@ -18,6 +18,7 @@ import torch
 from verl_helpers import (
     AGENT,
     SCRIPTS,
+    agent_field,
     make_batch,
     make_worker,
     task,
@@ -86,13 +87,6 @@ def check_token_exact(out: Any, i: int, server: ScriptedTokenServer, tokenizer: 
 def field(out: Any, key: str) -> list[Any]:
     """A non-tensor column as a list."""
     return list(out.non_tensor_batch[key])
-
-
-def agent_field(out: Any, key: str) -> list[Any]:
-    """One key of every row's uniagent record (``extras["uniagent"]``)."""
-    records = [extras_record(e) for e in out.non_tensor_batch["extras"]]
-    assert all(r is not None for r in records), "every row is a uniagent row"
-    return [r[key] for r in records]  # type: ignore[index]
 
 
 async def test_mixed_batch_through_agent_loop_worker(

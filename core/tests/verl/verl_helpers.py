@@ -9,6 +9,7 @@ from typing import Any
 
 import verl
 
+from uniagent.verl.output import extras_record
 from uniagent.verl.testing import ScriptedTokenServer, hermes_call
 
 #: verl's trainer configs (``_generated_ppo_trainer.yaml`` and friends).
@@ -162,3 +163,10 @@ def make_worker(config: Any, server: ScriptedTokenServer) -> Any:
     from verl.experimental.agent_loop.agent_loop import AgentLoopWorker
 
     return AgentLoopWorker(config, llm_client=server)
+
+
+def agent_field(out: Any, key: str) -> list[Any]:
+    """One key of every row's uniagent record (``extras["uniagent"]``)."""
+    records = [extras_record(e) for e in out.non_tensor_batch["extras"]]
+    assert all(r is not None for r in records), "every row is a uniagent row"
+    return [r[key] for r in records]  # type: ignore[index]
