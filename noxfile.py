@@ -13,6 +13,10 @@ import nox
 ROOT = Path(__file__).parent
 PLUGINS = sorted(p.name for p in (ROOT / "plugins").iterdir() if (p / "pyproject.toml").exists())
 TORCH = "torch==2.13.0"  # the CPU wheel on these machines; an unpinned torch pulls CUDA builds
+# verl 0.9.1's v1 trainer (TransferQueue) for the verl suite: TransferQueue needs
+# tensordict>=0.10 and verl <=0.10, and pip must never swap the torch above.
+TRANSFER_QUEUE = "TransferQueue==0.1.11"
+VERL_CONSTRAINTS = (TORCH, "tensordict==0.10.0")
 
 nox.options.sessions = ["lint", "tests"]
 nox.options.reuse_existing_virtualenvs = False
@@ -49,9 +53,13 @@ def tests(session: nox.Session, suite: str) -> None:
         session.install("./core[test]", f"./plugins/{suite}[test]")
         pytest(session, f"plugins/{suite}/tests")
     elif suite == "verl":
-        # The verl adapter and rollout parity against real verl 0.9.1 on the CPU.
+        # The verl adapter and rollout parity against real verl 0.9.1 on the CPU, both of
+        # its trainers' worker paths (classic and v1/TransferQueue).
         session.install(TORCH)
         session.install("./core[test,tokenizers,verl,data]", "./plugins/uniagent-tools-swe")
+        constraints = Path(session.create_tmp()) / "verl-constraints.txt"
+        constraints.write_text("\n".join(VERL_CONSTRAINTS) + "\n")
+        session.install("-c", str(constraints), TRANSFER_QUEUE)
         session.env["RAY_AUTH_MODE"] = "disabled"
         pytest(session, "core/tests/verl")
     elif suite == "hf":

@@ -14,6 +14,9 @@ AGENT_WORKERS=${AGENT_WORKERS:-8}         # agent-loop workers; each runs concur
 N_GPUS=${N_GPUS:-8}
 NNODES=${NNODES:-1}
 PROJECT=${PROJECT:-uniagent}
+# GRPO whose group statistics ignore masked samples (infrastructure failures): registered
+# with verl by uniagent's `verl.plugins` entry point. `grpo` is verl's plain GRPO.
+ADV_ESTIMATOR=${ADV_ESTIMATOR:-uniagent_grpo}
 
 # The data step: tasks (JSONL/Parquet) -> verl's Parquet columns. Done once.
 prepare_data() {

@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
 # GRPO with verl's synchronous trainer and UniAgentLoop (one rollout, then one update).
+# verl's v1 trainer (trainer.use_v1=True, main_ppo's default) moves samples through
+# TransferQueue; uniagent's replay buffer adds the agent/... metrics to every step's.
 #
-#   pip install 'uniagent[verl]' uniagent-tools-swe vllm   # on the training machines
+#   pip install 'uniagent[verl]' uniagent-tools-swe 'verl[vllm]==0.9.1'   # training machines
 #   bash examples/verl/train_grpo.sh [more hydra overrides]
 #
 # Every flag below exists in verl 0.9.1's config (checked by core/tests/verl).
@@ -10,7 +12,7 @@ source "$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)/common.sh"
 prepare_data
 
 python3 -m verl.trainer.main_ppo \
-    algorithm.adv_estimator=grpo \
+    algorithm.adv_estimator="$ADV_ESTIMATOR" \
     algorithm.use_kl_in_reward=False \
     data.train_files="$TRAIN_FILE" \
     data.val_files="$VAL_FILE" \
@@ -42,6 +44,9 @@ python3 -m verl.trainer.main_ppo \
     actor_rollout_ref.rollout.agent.default_agent_loop=uniagent \
     actor_rollout_ref.rollout.agent.agent_loop_config_path="$AGENT_LOOP_YAML" \
     actor_rollout_ref.ref.log_prob_micro_batch_size_per_gpu=1 \
+    trainer.use_v1=True \
+    trainer.v1.sampler.custom_sampler.path=pkg://uniagent.verl.replay_buffer \
+    trainer.v1.sampler.custom_sampler.name=UniAgentReplayBuffer \
     trainer.logger='["console"]' \
     trainer.project_name="$PROJECT" \
     trainer.experiment_name=swe-tiny-grpo \

@@ -15,7 +15,7 @@ TRAIN_GPUS=${TRAIN_GPUS:-$((N_GPUS - ROLLOUT_GPUS))}
 prepare_data
 
 python3 -m verl.experimental.fully_async_policy.fully_async_main \
-    algorithm.adv_estimator=grpo \
+    algorithm.adv_estimator="$ADV_ESTIMATOR" \
     algorithm.use_kl_in_reward=False \
     algorithm.rollout_correction.bypass_mode=True \
     data.train_files="$TRAIN_FILE" \

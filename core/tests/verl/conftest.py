@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import os
 import shutil
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -46,3 +47,23 @@ def verl_model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
         architectures=["Qwen3ForCausalLM"],
     ).save_pretrained(folder)
     return folder
+
+
+@pytest.fixture(scope="session")
+def ray_cluster() -> Iterator[None]:
+    """One local Ray cluster for the suite's Ray tests (starting one costs seconds).
+
+    Its session folder is a short one under /tmp: Ray's Unix sockets live there, and a
+    socket path may not exceed 107 bytes (nox points TMPDIR deep into the checkout).
+    """
+    import tempfile
+
+    import ray
+
+    temp_dir = tempfile.mkdtemp(prefix="ray-", dir="/tmp")
+    ray.init(num_cpus=4, include_dashboard=False, log_to_driver=False, _temp_dir=temp_dir)
+    try:
+        yield
+    finally:
+        ray.shutdown()
+        shutil.rmtree(temp_dir, ignore_errors=True)

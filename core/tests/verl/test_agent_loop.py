@@ -8,94 +8,26 @@ agent-loop YAML exactly as a user does it. A scripted token server plays the mod
 from __future__ import annotations
 
 import json
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import pytest
 import torch
-from verl_helpers import trainer_config, write_loop_yaml
+from verl_helpers import (
+    AGENT,
+    SCRIPTS,
+    agent_field,
+    make_batch,
+    make_worker,
+    task,
+    trainer_config,
+    write_loop_yaml,
+)
 
-from uniagent.verl.output import EXTRA_FIELD_KEYS
-from uniagent.verl.testing import ScriptedTokenServer, hermes_call
-
-AGENT = {
-    "tool_parser": "hermes",
-    "tools": ["execute_bash", "finish"],
-    "system_prompt": "You are a test agent in a sandbox. Use the tools.",
-    "instance_template": "{problem_statement}",
-    "interaction": {"max_turns": 3, "action_timeout": 30, "max_format_errors": 2},
-    "env": {"deployment": {"type": "host"}},
-    "reward": {"name": "command", "config": {"timeout": 30}},
-    "concurrency": 8,
-}
-
-SCRIPTS = {
-    "[script:finish]": [
-        hermes_call("execute_bash", {"command": "echo done > marker.txt"}),
-        hermes_call("finish", {"answer": "done"}),
-    ],
-    "[script:loop]": [hermes_call("execute_bash", {"command": "echo again"})],
-    "[script:garbage]": ["I would rather not call any tool."],
-    "[script:long]": [hermes_call("execute_bash", {"command": "seq 1 3000"})],
-}
-
-
-def task(task_id: str, script: str, **extra: Any) -> dict[str, Any]:
-    """A task whose problem statement selects the server's script."""
-    return {
-        "instance_id": task_id,
-        "problem_statement": f"{script} Task {task_id}: create marker.txt, then finish.",
-        "test_command": "test -f marker.txt",
-        **extra,
-    }
-
-
-def make_batch(tmp_path: Path, tokenizer: Any, tasks: Sequence[Mapping[str, Any]]) -> Any:
-    """Tasks → ``uniagent data prepare`` → RLHFDataset → collate_fn → DataProto."""
-    from omegaconf import OmegaConf
-    from verl.protocol import DataProto
-    from verl.utils.dataset.rl_dataset import RLHFDataset, collate_fn
-
-    from uniagent.cli import main
-
-    tasks_file = tmp_path / "tasks.jsonl"
-    tasks_file.write_text("".join(json.dumps(t) + "\n" for t in tasks))
-    out = tmp_path / "train.parquet"
-    code = main(
-        [
-            "data",
-            "prepare",
-            str(tasks_file),
-            "--out",
-            str(out),
-            "--config",
-            str(tmp_path / "agent.yaml"),
-            "--data-source",
-            "unit",
-        ]
-    )
-    assert code == 0
-    dataset = RLHFDataset(
-        str(out),
-        tokenizer,
-        OmegaConf.create(
-            {
-                "max_prompt_length": 2048,
-                "filter_overlong_prompts": False,
-                "cache_dir": str(tmp_path / "verl-cache"),
-            }
-        ),
-    )
-    return DataProto.from_single_dict(collate_fn([dataset[i] for i in range(len(dataset))]))
-
-
-def make_worker(config: Any, server: ScriptedTokenServer) -> Any:
-    """verl's real AgentLoopWorker, in this process."""
-    from verl.experimental.agent_loop.agent_loop import AgentLoopWorker
-
-    return AgentLoopWorker(config, llm_client=server)
+from uniagent.verl.output import EXTRA_FIELD_KEYS, UNIAGENT_FIELDS, extras_record
+from uniagent.verl.testing import ScriptedTokenServer
 
 
 def unpad(out: Any, i: int) -> tuple[list[int], list[int], list[int], list[float], list[float]]:
@@ -183,15 +115,20 @@ async def test_mixed_batch_through_agent_loop_worker(
     assert out.batch["input_ids"].shape == (size, prompt_length + response_length)
     for key in EXTRA_FIELD_KEYS:
         assert key in out.non_tensor_batch, key
+    for record in out.non_tensor_batch["extras"]:
+        assert set(extras_record(record) or {}) == set(UNIAGENT_FIELDS)
+    assert field(out, "turn_scores") == [[]] * size
+    assert field(out, "tool_rewards") == [[]] * size
+    assert field(out, "reward_extra_info") == [{"acc": r} for r in [1.0, 0.0, 0.0, 0.0, 0.0]]
 
-    assert field(out, "exit_reason") == [
+    assert agent_field(out, "exit_reason") == [
         "finished",
         "max_step_limit",
         "format_error",
         "env_error",
         "unknown_error",
     ]
-    assert field(out, "traj_masked") == [False, False, False, True, True]
+    assert agent_field(out, "traj_masked") == [False, False, False, True, True]
     rewards = [1.0, 0.0, 0.0, 0.0, 0.0]
 
     turns = {0: 2, 1: 3, 2: 2}  # model calls per trained episode
@@ -202,18 +139,18 @@ async def test_mixed_batch_through_agent_loop_worker(
         assert sum(mask) > 0
         assert scores[len(response) - 1] == rewards[i]
         assert sum(scores) == rewards[i]
-    assert field(out, "agent_tool_calls")[0] == {"execute_bash": 1, "finish": 1}
-    assert field(out, "agent_format_errors")[2] == 2
-    assert field(out, "agent_turns")[1] == 3
-    assert all(field(out, "agent_setup_seconds")[i] > 0 for i in (0, 1, 2, 3))
+    assert agent_field(out, "tool_calls")[0] == {"execute_bash": 1, "finish": 1}
+    assert agent_field(out, "format_errors")[2] == 2
+    assert agent_field(out, "turns")[1] == 3
+    assert all(agent_field(out, "setup_seconds")[i] > 0 for i in (0, 1, 2, 3))
 
     for i in (3, 4):  # masked placeholders: one token, mask 0, log-prob 0.0, reward 0.0
         prompt, response, mask, logprobs, scores = unpad(out, i)
         assert len(response) == 1 and mask == [0] and logprobs == [0.0]
         assert scores == [0.0] * response_length
         assert not any(c.prompt_ids == prompt for c in server.calls)
-    assert "setup command 'false'" in field(out, "agent_error")[3]
-    assert "max_turns" in field(out, "agent_error")[4]
+    assert "setup command 'false'" in agent_field(out, "error")[3]
+    assert "max_turns" in agent_field(out, "error")[4]
 
     assert out.non_tensor_batch["__num_turns__"].tolist()[:3] == [4, 7, 4]
     # Weight versions as verl's trainers read them: integers, for every sample.
@@ -240,9 +177,9 @@ async def test_episode_longer_than_response_length_stays_aligned(
     assert out.batch["responses"].shape == (2, 256)
     _, response, mask, _, scores = unpad(out, 0)
     assert len(response) == 256  # filled to the brim, not beyond
-    assert field(out, "agent_truncated") == [True, False]
-    assert field(out, "exit_reason")[0] == "token_limit"
-    assert field(out, "traj_masked") == [False, False]
+    assert agent_field(out, "truncated") == [True, False]
+    assert agent_field(out, "exit_reason")[0] == "token_limit"
+    assert agent_field(out, "traj_masked") == [False, False]
     calls = check_token_exact(out, 0, server, qwen3_tokenizer)
     assert len(calls) == 1 and sum(mask) == len(calls[0].token_ids)
     assert scores[255] == 0.0 and sum(scores) == 0.0
@@ -285,7 +222,7 @@ async def test_semaphore_bounds_open_sandboxes_per_worker(
     config = trainer_config(verl_model_dir, loop_yaml, num_workers=2)
     out = await make_worker(config, server).generate_sequences(batch)
 
-    assert field(out, "exit_reason") == ["finished"] * 5
+    assert agent_field(out, "exit_reason") == ["finished"] * 5
     assert open_now["max"] == 2
     kinds = [kind for kind, _ in events]
     assert kinds.count("start") == 5 and kinds.count("close") == 5
@@ -336,43 +273,16 @@ async def test_v1_trainer_contract(
     n = done["responses"].shape[0]
     assert done["response_mask"].shape == done["rollout_log_probs"].shape == (n,)
     assert done["rm_scores"][-1] == 1.0 and done["rm_scores"].sum() == 1.0
-    assert done["extra_fields"]["exit_reason"] == "finished"
+    assert extras_record(done["extra_fields"]["extras"])["exit_reason"] == "finished"
     assert (done["extra_fields"]["min_global_steps"], done["extra_fields"]["max_global_steps"]) == (
         9,
         9,
     )
     assert failed["responses"].shape == (1,) and failed["response_mask"].tolist() == [0]
     assert failed["rm_scores"].tolist() == [0.0]
-    assert failed["extra_fields"]["exit_reason"] == "env_error"
-    assert failed["extra_fields"]["traj_masked"] is True
+    failed_record = extras_record(failed["extra_fields"]["extras"])
+    assert failed_record is not None
+    assert failed_record["exit_reason"] == "env_error"
+    assert failed_record["traj_masked"] is True
     tags = [o["extra_fields"][k] for o in outputs for k in ("min_global_steps", "max_global_steps")]
     np.array(tags, dtype=int)  # what verl's v1 trainer does with them
-
-
-@pytest.mark.slow
-def test_through_ray_agent_loop_manager(
-    tmp_path: Path, verl_model_dir: Path, qwen3_tokenizer: Any
-) -> None:
-    """Once through Ray: verl's AgentLoopManager with two remote AgentLoopWorkers."""
-    import ray
-    from verl.experimental.agent_loop.agent_loop import AgentLoopManager
-
-    loop_yaml = write_loop_yaml(tmp_path, AGENT)
-    tasks = [task("fin", "[script:finish]"), task("loop", "[script:loop]")]
-    batch = make_batch(tmp_path, qwen3_tokenizer, tasks)
-    server = ScriptedTokenServer(str(verl_model_dir), SCRIPTS)
-    config = trainer_config(verl_model_dir, loop_yaml, num_workers=2)
-    ray.init(num_cpus=4, include_dashboard=False, log_to_driver=False)
-    try:
-        manager = AgentLoopManager.create(config, llm_client=server)
-        out = manager.generate_sequences(batch)
-    finally:
-        ray.shutdown()
-    assert field(out, "exit_reason") == ["finished", "max_step_limit"]
-    assert field(out, "traj_masked") == [False, False]
-    scores = out.batch["rm_scores"]
-    assert scores.sum(dim=1).tolist() == [1.0, 0.0]
-    mask = out.batch["response_mask"]
-    assert (mask.sum(dim=1) > 0).all()
-    assert np.isfinite(out.batch["rollout_log_probs"].numpy()).all()
-    assert "agent_loop/tool_calls/mean" in out.meta_info["timing"]

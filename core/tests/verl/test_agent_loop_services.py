@@ -9,8 +9,16 @@ from typing import Any
 
 import pytest
 from pydantic import BaseModel, ConfigDict
-from test_agent_loop import AGENT, SCRIPTS, field, make_batch, make_worker, task
-from verl_helpers import trainer_config, write_loop_yaml
+from verl_helpers import (
+    AGENT,
+    SCRIPTS,
+    agent_field,
+    make_batch,
+    make_worker,
+    task,
+    trainer_config,
+    write_loop_yaml,
+)
 
 from uniagent import ServiceSpec, hookimpl
 from uniagent.plugins import load_plugins, reset_plugins
@@ -61,7 +69,7 @@ async def test_a_worker_starts_the_service_once_for_all_its_episodes(
 ) -> None:
     agent = {**AGENT, "services": {"helper": {}}}
     out = await run_batch(tmp_path, verl_model_dir, qwen3_tokenizer, agent)
-    assert field(out, "exit_reason") == ["finished"] * 3
+    assert agent_field(out, "exit_reason") == ["finished"] * 3
     assert len(starts) == 1
     for spec, settings in resolve_services(agent["services"]):
         await stop_service(spec, settings)
@@ -72,7 +80,7 @@ async def test_a_service_that_cannot_start_masks_the_samples_as_env_error(
 ) -> None:
     agent = {**AGENT, "services": {"helper": {"fail": True}}}
     out = await run_batch(tmp_path, verl_model_dir, qwen3_tokenizer, agent)
-    assert field(out, "exit_reason") == ["env_error"] * 3
-    assert field(out, "traj_masked") == [True] * 3
-    assert all("address already in use" in e for e in field(out, "agent_error"))
+    assert agent_field(out, "exit_reason") == ["env_error"] * 3
+    assert agent_field(out, "traj_masked") == [True] * 3
+    assert all("address already in use" in e for e in agent_field(out, "error"))
     assert starts  # tried (a later episode tries again; concurrent ones share the failure)

@@ -10,7 +10,13 @@ from uniagent.episode import EpisodeResult
 from uniagent.interaction.exit import ExitReason
 from uniagent.interaction.metrics import EpisodeMetrics
 from uniagent.rollout import RolloutCache
-from uniagent.verl.output import EXTRA_FIELD_KEYS, episode_fields, placeholder_fields
+from uniagent.verl.output import (
+    EXTRA_FIELD_KEYS,
+    UNIAGENT_FIELDS,
+    episode_fields,
+    extras_record,
+    placeholder_fields,
+)
 
 EOS = 151645
 PROMPT = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Say hi."}]
@@ -41,6 +47,13 @@ def episode(
     )
 
 
+def record(fields: Any) -> dict[str, Any]:
+    """The uniagent record of converted fields."""
+    found = extras_record(fields.extra_fields["extras"])
+    assert found is not None
+    return found
+
+
 def convert(result: EpisodeResult, **overrides: Any) -> Any:
     """episode_fields with roomy defaults."""
     kwargs: dict[str, Any] = {
@@ -66,7 +79,8 @@ def test_trained_episode_keeps_ids_mask_and_logprobs(qwen3_tokenizer: Any) -> No
     assert fields.reward_score == 1.0
     assert fields.num_turns == 4  # two assistant turns, one user turn, plus the prompt
     assert set(fields.extra_fields) == set(EXTRA_FIELD_KEYS)
-    assert fields.extra_fields["traj_masked"] is False
+    assert set(record(fields)) == set(UNIAGENT_FIELDS)
+    assert record(fields)["traj_masked"] is False
 
 
 def test_response_cut_to_length_stays_aligned(qwen3_tokenizer: Any) -> None:
@@ -77,7 +91,7 @@ def test_response_cut_to_length_stays_aligned(qwen3_tokenizer: Any) -> None:
     fields = convert(result, response_length=full - 3)
     assert len(fields.response_ids) == len(fields.response_mask) == full - 3
     assert fields.response_logprobs is not None and len(fields.response_logprobs) == full - 3
-    assert fields.extra_fields["agent_truncated"] is True
+    assert record(fields)["truncated"] is True
 
 
 def test_logprobs_only_when_verl_asks(qwen3_tokenizer: Any) -> None:
@@ -90,7 +104,7 @@ def test_missing_logprobs_mask_the_trajectory(qwen3_tokenizer: Any) -> None:
     fields = convert(episode(qwen3_tokenizer, logprobs=False))
     assert fields.response_logprobs == [0.0] * len(fields.response_ids)
     assert set(fields.response_mask) == {0}
-    assert fields.extra_fields["traj_masked"] is True
+    assert record(fields)["traj_masked"] is True
     assert fields.reward_score == 0.0
 
 
@@ -102,7 +116,7 @@ def test_masked_exit_keeps_ids_with_zero_mask(qwen3_tokenizer: Any) -> None:
     assert fields.response_ids == result.cache.response_ids
     assert set(fields.response_mask) == {0}
     assert fields.reward_score == 0.0
-    assert fields.extra_fields["exit_reason"] == "model_error"
+    assert record(fields)["exit_reason"] == "model_error"
 
 
 def test_prompt_longer_than_prompt_length_is_masked(qwen3_tokenizer: Any) -> None:
@@ -112,8 +126,8 @@ def test_prompt_longer_than_prompt_length_is_masked(qwen3_tokenizer: Any) -> Non
     fields = convert(result, prompt_length=5)
     assert fields.prompt_ids == result.cache.prompt_ids[-5:]
     assert set(fields.response_mask) == {0}
-    assert fields.extra_fields["traj_masked"] is True
-    assert "prompt_length" in fields.extra_fields["agent_error"]
+    assert record(fields)["traj_masked"] is True
+    assert "prompt_length" in record(fields)["error"]
 
 
 def test_no_generation_gives_one_masked_token(qwen3_tokenizer: Any) -> None:
@@ -139,6 +153,6 @@ def test_placeholder(want: bool, reward: bool) -> None:
     assert fields.response_ids == [EOS] and fields.response_mask == [0]
     assert fields.response_logprobs == ([0.0] if want else None)
     assert fields.reward_score == (0.0 if reward else None)
-    assert fields.extra_fields["traj_masked"] is True
-    assert fields.extra_fields["exit_reason"] == "env_error"
+    assert record(fields)["traj_masked"] is True
+    assert record(fields)["exit_reason"] == "env_error"
     assert set(fields.extra_fields) == set(EXTRA_FIELD_KEYS)

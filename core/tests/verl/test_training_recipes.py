@@ -23,28 +23,39 @@ FULLY_ASYNC_CONFIG_DIR = (
 )
 
 RECORDER = """#!/usr/bin/env bash
-printf '%s\\0' "$@" > "$ARGS_FILE"
+n=$(ls "$ARGS_DIR" | wc -l)
+printf '%s\\0' "$@" > "$ARGS_DIR/$n"
 """
 
 
-def recorded_args(script: str, tmp_path: Path) -> list[str]:
-    """Run ``script`` with a recording ``python3``; return its arguments."""
+def recorded_calls(script: str, tmp_path: Path, **env_vars: str) -> list[list[str]]:
+    """Run ``script`` with a recording ``python3``; return the arguments of each call."""
     bin_dir = tmp_path / "bin"
     bin_dir.mkdir()
     fake = bin_dir / "python3"
     fake.write_text(RECORDER)
     fake.chmod(fake.stat().st_mode | stat.S_IEXEC)
+    args_dir = tmp_path / "calls"
+    args_dir.mkdir()
     train = tmp_path / "train.parquet"
     train.write_bytes(b"")  # present: the data step is skipped
     env = {
         **os.environ,
         "PATH": f"{bin_dir}{os.pathsep}{os.environ['PATH']}",
-        "ARGS_FILE": str(tmp_path / "args"),
+        "ARGS_DIR": str(args_dir),
         "TRAIN_FILE": str(train),
         "MODEL": "/models/qwen3",
+        **env_vars,
     }
     subprocess.run(["bash", str(EXAMPLES / script), "trainer.total_epochs=1"], env=env, check=True)
-    return (tmp_path / "args").read_bytes().decode().split("\0")[:-1]
+    calls = sorted(args_dir.iterdir(), key=lambda f: int(f.name))
+    return [f.read_bytes().decode().split("\0")[:-1] for f in calls]
+
+
+def recorded_args(script: str, tmp_path: Path) -> list[str]:
+    """The arguments of the script's one ``python3`` call."""
+    (call,) = recorded_calls(script, tmp_path)
+    return call
 
 
 def compose(config_dir: Path, name: str, overrides: list[str]) -> Any:
@@ -58,8 +69,13 @@ def compose(config_dir: Path, name: str, overrides: list[str]) -> Any:
 
 def check_agent_settings(config: Any) -> None:
     """The settings every uniagent training run needs."""
+    from verl.trainer.ppo.core_algos import get_adv_estimator_fn
+
+    from uniagent.verl.advantage import compute_masked_grpo_advantage
+
     rollout = config.actor_rollout_ref.rollout
-    assert config.algorithm.adv_estimator == "grpo"
+    assert config.algorithm.adv_estimator == "uniagent_grpo"
+    assert get_adv_estimator_fn(config.algorithm.adv_estimator) is compute_masked_grpo_advantage
     assert rollout.multi_turn.enable is True
     assert rollout.calculate_log_probs is True
     assert rollout.n > 1
@@ -90,6 +106,14 @@ def test_script_flags_exist_in_verl_config(
     assert args[:2] == ["-m", module]
     config = compose(config_dir, name, args[2:])
     check_agent_settings(config)
+    if "fully_async" not in script:
+        from verl.utils.import_utils import load_extern_object
+
+        from uniagent.verl.replay_buffer import UniAgentReplayBuffer
+
+        assert config.trainer.use_v1 is True
+        sampler = config.trainer.v1.sampler.custom_sampler
+        assert load_extern_object(sampler.path, sampler.name) is UniAgentReplayBuffer
     if "fully_async" in script:
         assert config.async_training.partial_rollout is True
         assert config.async_training.staleness_threshold > 0
@@ -129,6 +153,7 @@ async def test_example_config_trains_on_the_swe_tiny_tasks(
     from verl_helpers import trainer_config
 
     from uniagent.cli import main
+    from uniagent.verl.output import extras_record
     from uniagent.verl.testing import ScriptedTokenServer, hermes_call
 
     subprocess.run(
@@ -174,6 +199,30 @@ async def test_example_config_trains_on_the_swe_tiny_tasks(
         verl_model_dir, EXAMPLES / "agent_loop.yaml", prompt_length=4096, response_length=1024
     )
     result = await AgentLoopWorker(config, llm_client=server).generate_sequences(batch)
-    assert list(result.non_tensor_batch["exit_reason"]) == ["finished", "finished"]
+    records = [extras_record(e) or {} for e in result.non_tensor_batch["extras"]]
+    assert [r["exit_reason"] for r in records] == ["finished", "finished"]
     assert result.batch["rm_scores"].sum(dim=1).tolist() == [1.0, 0.0]
-    assert result.non_tensor_batch["agent_tool_calls"][0] == {"execute_bash": 1, "submit": 1}
+    assert records[0]["tool_calls"] == {"execute_bash": 1, "submit": 1}
+
+
+def test_gpu_smoke_script_flags_exist_and_steps_run_in_order(tmp_path: Path) -> None:
+    """gpu_smoke.sh (not run in CI: no GPU): prepare, a CPU dry run, main_ppo, then the
+    check; every main_ppo flag exists in verl's config, with the settings the check needs."""
+    out = tmp_path / "smoke"
+    calls = recorded_calls("gpu_smoke.sh", tmp_path, OUT=str(out))
+    smoke = str(EXAMPLES / "gpu_smoke.py")
+    assert [c[:3] for c in calls if c[0] != "-m"] == [
+        [smoke, "prepare", str(out)], [smoke, "dry-run", str(out)], [smoke, "check", str(out)],
+    ]
+    (train,) = [c for c in calls if c[0] == "-m"]
+    assert train[1] == "verl.trainer.main_ppo"
+    config = compose(VERL_CONFIG_DIR, "ppo_trainer", train[2:])
+    assert config.algorithm.adv_estimator == "uniagent_grpo"
+    assert config.trainer.use_v1 is True
+    assert config.trainer.n_gpus_per_node == 1 and config.trainer.total_training_steps == 1 + 1
+    assert config.actor_rollout_ref.rollout.n == 2  # gpu_smoke.py's SAMPLES_PER_PROMPT
+    assert config.actor_rollout_ref.model.path == str(out / "model")
+    assert "file" in config.trainer.logger
+    sampler = config.trainer.v1.sampler.custom_sampler
+    assert (sampler.path, sampler.name) == ("pkg://uniagent.verl.replay_buffer",
+                                            "UniAgentReplayBuffer")

@@ -2,11 +2,15 @@
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+import json
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
 import verl
+
+from uniagent.verl.output import extras_record
+from uniagent.verl.testing import ScriptedTokenServer, hermes_call
 
 #: verl's trainer configs (``_generated_ppo_trainer.yaml`` and friends).
 VERL_CONFIG_DIR = Path(verl.__file__).parent / "trainer" / "config"
@@ -53,3 +57,116 @@ def write_loop_yaml(folder: Path, agent_config: Mapping[str, Any], **inline: Any
     path = folder / "agent_loop.yaml"
     path.write_text(yaml.safe_dump([entry], sort_keys=False))
     return path
+
+
+AGENT = {
+    "tool_parser": "hermes",
+    "tools": ["execute_bash", "finish"],
+    "system_prompt": "You are a test agent in a sandbox. Use the tools.",
+    "instance_template": "{problem_statement}",
+    "interaction": {"max_turns": 3, "action_timeout": 30, "max_format_errors": 2},
+    "env": {"deployment": {"type": "host"}},
+    "reward": {"name": "command", "config": {"timeout": 30}},
+    "concurrency": 8,
+}
+
+SCRIPTS = {
+    "[script:finish]": [
+        hermes_call("execute_bash", {"command": "echo done > marker.txt"}),
+        hermes_call("finish", {"answer": "done"}),
+    ],
+    "[script:loop]": [hermes_call("execute_bash", {"command": "echo again"})],
+    "[script:garbage]": ["I would rather not call any tool."],
+    "[script:long]": [hermes_call("execute_bash", {"command": "seq 1 3000"})],
+}
+
+
+def task(task_id: str, script: str, **extra: Any) -> dict[str, Any]:
+    """A task whose problem statement selects the server's script."""
+    return {
+        "instance_id": task_id,
+        "problem_statement": f"{script} Task {task_id}: create marker.txt, then finish.",
+        "test_command": "test -f marker.txt",
+        **extra,
+    }
+
+
+def make_batch(
+    tmp_path: Path,
+    tokenizer: Any,
+    tasks: Sequence[Mapping[str, Any]],
+    other_rows: Sequence[Mapping[str, Any]] = (),
+) -> Any:
+    """Tasks → ``uniagent data prepare`` → RLHFDataset → collate_fn → DataProto.
+
+    ``other_rows`` (e.g. :func:`gsm8k_row`, for verl's own loops) are appended to the
+    prepared Parquet file: one dataset, one schema, as a user mixing tasks builds it.
+    """
+    from omegaconf import OmegaConf
+    from verl.protocol import DataProto
+    from verl.utils.dataset.rl_dataset import RLHFDataset, collate_fn
+
+    from uniagent.cli import main
+
+    tasks_file = tmp_path / "tasks.jsonl"
+    tasks_file.write_text("".join(json.dumps(t) + "\n" for t in tasks))
+    out = tmp_path / "train.parquet"
+    code = main(
+        [
+            "data",
+            "prepare",
+            str(tasks_file),
+            "--out",
+            str(out),
+            "--config",
+            str(tmp_path / "agent.yaml"),
+            "--data-source",
+            "unit",
+        ]
+    )
+    assert code == 0
+    if other_rows:
+        import pyarrow.parquet as pq
+
+        from uniagent.data import write_parquet
+
+        rows = pq.read_table(out).to_pylist()
+        rows += [dict(row, index=len(rows) + i) for i, row in enumerate(other_rows)]
+        write_parquet(rows, out)
+    dataset = RLHFDataset(
+        str(out),
+        tokenizer,
+        OmegaConf.create(
+            {
+                "max_prompt_length": 2048,
+                "filter_overlong_prompts": False,
+                "cache_dir": str(tmp_path / "verl-cache"),
+            }
+        ),
+    )
+    return DataProto.from_single_dict(collate_fn([dataset[i] for i in range(len(dataset))]))
+
+
+def gsm8k_row(question: str, answer: str) -> dict[str, Any]:
+    """A row for verl's ``single_turn_agent`` scored by verl's own GSM8K reward."""
+    return {
+        "data_source": "openai/gsm8k",
+        "prompt": [{"role": "user", "content": question}],
+        "agent_name": "single_turn_agent",
+        "reward_model": {"style": "rule", "ground_truth": answer},
+        "extra_info": {"index": None, "task_id": None, "tools_kwargs": None, "task": None},
+    }
+
+
+def make_worker(config: Any, server: ScriptedTokenServer) -> Any:
+    """verl's real AgentLoopWorker, in this process."""
+    from verl.experimental.agent_loop.agent_loop import AgentLoopWorker
+
+    return AgentLoopWorker(config, llm_client=server)
+
+
+def agent_field(out: Any, key: str) -> list[Any]:
+    """One key of every row's uniagent record (``extras["uniagent"]``)."""
+    records = [extras_record(e) for e in out.non_tensor_batch["extras"]]
+    assert all(r is not None for r in records), "every row is a uniagent row"
+    return [r[key] for r in records]  # type: ignore[index]

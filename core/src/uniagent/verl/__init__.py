@@ -8,7 +8,15 @@ Register the loop in verl's agent-loop YAML
       agent_config: agent.yaml
 
 Importing this package does not import verl (an optional extra:
-``pip install 'uniagent[verl]'``); ``UniAgentLoop`` is loaded on first access.
+``pip install 'uniagent[verl]'``); ``UniAgentLoop`` is loaded on first access. The other
+verl-facing parts are modules of their own, named in the recipes:
+
+- ``uniagent.verl.advantage``: the ``uniagent_grpo`` advantage estimator (GRPO whose group
+  statistics ignore masked samples), registered through verl's ``verl.plugins`` entry point;
+- ``uniagent.verl.metrics`` / ``uniagent.verl.replay_buffer``: ``agent/...`` metrics in
+  verl's per-step metrics (classic and v1 trainers);
+- ``uniagent.verl.dumps``: episode dumps (``trajectory_dir``) in ``uniagent run``'s layout.
+
 See ``docs/training.md``.
 """
 
@@ -16,7 +24,15 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from uniagent.verl.output import EXTRA_FIELD_KEYS, LoopFields, episode_fields, placeholder_fields
+from uniagent.verl.output import (
+    EXTRA_FIELD_KEYS,
+    UNIAGENT_FIELDS,
+    UNIAGENT_KEY,
+    LoopFields,
+    episode_fields,
+    extras_record,
+    placeholder_fields,
+)
 from uniagent.verl.settings import (
     LoopSettings,
     agent_config_for,
@@ -30,11 +46,14 @@ if TYPE_CHECKING:  # pragma: no cover
 
 __all__ = [
     "EXTRA_FIELD_KEYS",
+    "UNIAGENT_FIELDS",
+    "UNIAGENT_KEY",
     "LoopFields",
     "LoopSettings",
     "UniAgentLoop",
     "agent_config_for",
     "episode_fields",
+    "extras_record",
     "placeholder_fields",
     "row_messages",
     "row_overrides",

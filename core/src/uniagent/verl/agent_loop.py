@@ -28,10 +28,19 @@ from verl.experimental.agent_loop.agent_loop import (
 from uniagent.config import AgentConfig
 from uniagent.episode import EpisodeResult, first_messages, run_episode
 from uniagent.interaction.exit import ExitReason
+from uniagent.interaction.metrics import EpisodeMetrics
 from uniagent.models import VerlServerModel
 from uniagent.plugins import load_plugins
 from uniagent.services import ServiceStartError, check_task_services, ensure_services
-from uniagent.verl.output import LoopFields, as_kwargs, episode_fields, placeholder_fields
+from uniagent.verl.dumps import DumpSettings, EpisodeDump
+from uniagent.verl.output import (
+    EXTRA_FIELD_KEYS,
+    LoopFields,
+    as_kwargs,
+    episode_fields,
+    extras_record,
+    placeholder_fields,
+)
 from uniagent.verl.settings import (
     LoopSettings,
     base_config_dict,
@@ -39,12 +48,15 @@ from uniagent.verl.settings import (
     row_messages,
     row_overrides,
     row_task,
+    row_task_id,
 )
 
 log = logging.getLogger(__name__)
 
 #: verl's sampling keys win over the agent config's ``sampling`` (e.g. greedy validation).
 _VERL_SAMPLING_KEYS = frozenset({"temperature", "top_p", "top_k", "repetition_penalty", "logprobs"})
+#: Server extra fields verl's own loops sum over an episode's generations (speculative decoding).
+_SUMMED_SERVER_KEYS = ("spec_num_draft_tokens", "spec_num_accepted_tokens", "spec_num_verify_steps")
 
 
 class UniAgentLoop(AgentLoopBase):
@@ -52,6 +64,9 @@ class UniAgentLoop(AgentLoopBase):
 
     _configs: ClassVar[dict[str, AgentConfig]] = {}
     _last_global_steps: ClassVar[int | None] = None
+    #: Extra-field keys the server's replies carried in this process: a placeholder without
+    #: a generation gets them as None, so its chunk has the keys verl's own loops' chunks have.
+    _server_keys: ClassVar[set[str]] = set()
     _configs_lock: ClassVar[threading.Lock] = threading.Lock()
     _semaphores: ClassVar[
         weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, dict[int, asyncio.Semaphore]]
@@ -70,6 +85,7 @@ class UniAgentLoop(AgentLoopBase):
         super().__init__(*args, **base)
         load_plugins()
         self.settings = LoopSettings.from_trainer_config(self.config)
+        self.dumps = DumpSettings.pop_from(kwargs, source=f"agent loop {self.loop_name!r}")
         self.agent_config = self._base_config(kwargs)
 
     def _base_config(self, loop_kwargs: Mapping[str, Any]) -> AgentConfig:
@@ -108,7 +124,9 @@ class UniAgentLoop(AgentLoopBase):
         """Run the episode of one dataset row; failures give a masked placeholder output."""
         want_logprobs = bool(sampling_params.get("logprobs", self.settings.calculate_log_probs))
         messages: list[dict[str, Any]] | None = None
+        result: EpisodeResult | None = None
         server = ServerLog(self.server_manager)
+        dump = self._start_dump(kwargs)
         try:
             config = self.agent_config.with_overrides(row_overrides(kwargs), source="tools_kwargs")
             check_task_services(self.agent_config, config, "tools_kwargs")
@@ -118,50 +136,78 @@ class UniAgentLoop(AgentLoopBase):
                 await ensure_services(self.agent_config)  # once per worker process
             except ServiceStartError as exc:  # infrastructure: masked, never a policy failure
                 log.error("%s", exc)
+                if dump is not None:
+                    dump.logger.error("%s", exc)
                 fields = self._placeholder(
                     messages, want_logprobs, exit_reason=ExitReason.ENV_ERROR, error=str(exc)
                 )
-                self._stamp(fields, server, kwargs)
-                return _output(fields)
-            model = VerlServerModel(
-                server,
-                self.tokenizer,
-                self._sampling(config, sampling_params),
-                max_model_len=self.settings.context_length,
-                response_length=self.settings.response_length,
-                chat_template_kwargs=self.settings.chat_template_kwargs,
-            )
-            async with self.semaphore():
-                result = await run_episode(config, task, model, messages=messages, logger=log)
-            if result.cache is None:  # failed before the first turn (e.g. the sandbox)
-                fields = self._placeholder(
-                    messages, want_logprobs, exit_reason=result.exit_reason,
-                    error=result.error, result=result,
-                )
             else:
-                fields = episode_fields(
-                    result,
-                    prompt_length=self.settings.prompt_length,
+                model = VerlServerModel(
+                    server,
+                    self.tokenizer,
+                    self._sampling(config, sampling_params),
+                    max_model_len=self.settings.context_length,
                     response_length=self.settings.response_length,
-                    want_logprobs=want_logprobs,
-                    reward_configured=config.reward is not None,
-                    end_token_id=self._end_token_id(),
-                    num_prompt_messages=len(messages),
+                    chat_template_kwargs=self.settings.chat_template_kwargs,
                 )
+                async with self.semaphore():
+                    result = await run_episode(
+                        config, task, model, messages=messages,
+                        logger=dump.logger if dump is not None else log,
+                    )
+                fields = self._fields(result, config, messages, want_logprobs)
         except Exception as exc:  # one bad episode must not break the batch
             log.exception("uniagent episode failed; returning a masked placeholder")
-            fields = self._placeholder(
-                messages, want_logprobs, error=f"{type(exc).__name__}: {exc}"
-            )
+            error = f"{type(exc).__name__}: {exc}"
+            if dump is not None:
+                dump.logger.error("episode failed: %s", error, exc_info=True)
+            fields = self._placeholder(messages, want_logprobs, error=error)
         self._stamp(fields, server, kwargs)
+        if dump is not None:
+            # v1 rows carry the trainer's step; on the classic path the weight version the
+            # server reported (for an episode without a generation: the latest this worker
+            # saw) is the best there is
+            step = _as_int(kwargs.get("global_steps"), None)
+            if step is None:
+                step = server.max_steps if server.max_steps is not None else self._last_global_steps
+            await self._write_dump(dump, result, fields, messages, kwargs, step)
         return _output(fields)
 
-    def _stamp(self, fields: LoopFields, server: ServerLog, kwargs: Mapping[str, Any]) -> None:
-        """Weight versions and preemptions, as verl's own tool loop reports them.
+    def _fields(
+        self,
+        result: EpisodeResult,
+        config: AgentConfig,
+        messages: list[dict[str, Any]],
+        want_logprobs: bool,
+    ) -> LoopFields:
+        """The output fields of a finished episode (a placeholder if it never began)."""
+        if result.cache is None:  # failed before the first turn (e.g. the sandbox)
+            return self._placeholder(
+                messages, want_logprobs, exit_reason=result.exit_reason,
+                error=result.error, result=result,
+            )
+        return episode_fields(
+            result,
+            prompt_length=self.settings.prompt_length,
+            response_length=self.settings.response_length,
+            want_logprobs=want_logprobs,
+            reward_configured=config.reward is not None,
+            end_token_id=self._end_token_id(),
+            num_prompt_messages=len(messages),
+        )
 
-        verl's trainers read ``min_global_steps`` / ``max_global_steps`` as integers (the
-        weight versions the episode was generated with); an episode without a generation
-        gets the latest version this worker saw, else the row's ``global_steps``, else 0.
+    def _stamp(self, fields: LoopFields, server: ServerLog, kwargs: Mapping[str, Any]) -> None:
+        """What verl's own loops report besides the trajectory, so every chunk has their keys.
+
+        - weight versions: verl's trainers read ``min_global_steps`` / ``max_global_steps`` as
+          integers (the versions the episode was generated with); an episode without a
+          generation gets the latest version this worker saw, else the row's
+          ``global_steps``, else 0;
+        - the server's own extra fields (e.g. ``global_steps``, ``num_cached_tokens``), merged
+          over the episode's generations as verl's tool loop does;
+        - ``reward_extra_info``: verl's reward loop gives it to every row it scores
+          (``{"acc": score}`` for a reward function returning a number); rows scored by the
+          agent carry the same, or a batch mixing both loses its reward keys.
         """
         if server.max_steps is not None:
             UniAgentLoop._last_global_steps = server.max_steps
@@ -170,11 +216,70 @@ class UniAgentLoop(AgentLoopBase):
             fallback = _as_int(kwargs.get("global_steps"), 0)
         low = server.min_steps if server.min_steps is not None else fallback
         high = server.max_steps if server.max_steps is not None else fallback
-        fields.extra_fields["min_global_steps"] = low
-        fields.extra_fields["max_global_steps"] = high
+        extra = fields.extra_fields
+        UniAgentLoop._server_keys.update(server.extra_fields)
+        for key in sorted(UniAgentLoop._server_keys):
+            if key not in EXTRA_FIELD_KEYS:
+                extra[key] = server.extra_fields.get(key)
+        extra["min_global_steps"] = low
+        extra["max_global_steps"] = high
+        if fields.reward_score is not None:
+            extra["reward_extra_info"] = {"acc": fields.reward_score}
         fields.metrics["num_preempted"] = (
             server.num_preempted if server.num_preempted is not None else -1
         )
+
+    # -- episode dumps --------------------------------------------------------------------
+    def _start_dump(self, kwargs: Mapping[str, Any]) -> EpisodeDump | None:
+        if self.dumps is None:
+            return None
+        try:
+            task_id = row_task_id(kwargs)
+        except Exception:  # a malformed row is still dumped, under its index
+            task_id = str(plain(kwargs.get("index", "?")))
+        group = str(plain(kwargs.get("uid") or f"{task_id}/{plain(kwargs.get('index'))}"))
+        return self.dumps.start(task_id, group)
+
+    async def _write_dump(
+        self,
+        dump: EpisodeDump,
+        result: EpisodeResult | None,
+        fields: LoopFields,
+        messages: list[dict[str, Any]] | None,
+        kwargs: Mapping[str, Any],
+        step: int | None,
+    ) -> None:
+        """Write a sampled episode's files; a failure to write never fails the sample."""
+        record = extras_record(fields.extra_fields.get("extras")) or {}
+        if result is None:  # the adapter failed: dump what is known, nothing silently lost
+            result = EpisodeResult(
+                exit_reason=ExitReason(record.get("exit_reason", ExitReason.UNKNOWN_ERROR.value)),
+                traj_masked=True,
+                metrics=EpisodeMetrics(),
+                error=record.get("error"),
+            )
+        verl_record = {
+            "global_step": step,
+            "uid": plain(kwargs.get("uid")),
+            "session_id": plain(kwargs.get("session_id")),
+            "index": plain(kwargs.get("index")),
+            "data_source": plain(kwargs.get("data_source")),
+            "traj_masked": record.get("traj_masked"),
+            "truncated": record.get("truncated"),
+            "reward_score": fields.reward_score,
+            "num_turns": fields.num_turns,
+            "prompt_tokens": len(fields.prompt_ids),
+            "response_tokens": len(fields.response_ids),
+            "trained_tokens": int(sum(fields.response_mask)),
+            "min_global_steps": fields.extra_fields.get("min_global_steps"),
+            "max_global_steps": fields.extra_fields.get("max_global_steps"),
+        }
+        if not result.messages and messages:
+            verl_record["prompt_messages"] = messages
+        try:
+            await dump.write(result, verl_record, step)
+        except Exception:
+            log.exception("could not write the episode dump under %s", dump.settings.directory)
 
     def _sampling(self, config: AgentConfig, sampling_params: Mapping[str, Any]) -> dict[str, Any]:
         extra = {k: v for k, v in config.sampling.items() if k not in _VERL_SAMPLING_KEYS}
@@ -262,6 +367,9 @@ class ServerLog:
         self.min_steps: int | None = None
         self.max_steps: int | None = None
         self.num_preempted: int | None = None
+        #: The server's extra fields over the episode: the first reply's, later replies'
+        #: speculative-decoding counts added (what verl's tool loop reports).
+        self.extra_fields: dict[str, Any] = {}
 
     async def generate(self, request_id: str, **kwargs: Any) -> Any:
         """verl's ``generate``, passed through."""
@@ -276,6 +384,14 @@ class ServerLog:
         preempted = getattr(out, "num_preempted", None)
         if preempted is not None:
             self.num_preempted = (self.num_preempted or 0) + int(preempted)
+        if not self.extra_fields:
+            self.extra_fields = dict(extra)
+        else:
+            for key in _SUMMED_SERVER_KEYS:
+                if key in extra and key in self.extra_fields:
+                    self.extra_fields[key] = _as_int(self.extra_fields[key], 0) + _as_int(
+                        extra[key], 0
+                    )
         return out
 
 

@@ -10,8 +10,12 @@ Pure Python (no verl import) so the conversion is testable on its own. Rules:
   sample of a batch agrees; tokens the model did not generate carry 0.0 under mask 0;
 - the response is never empty: an episode that produced no response gets one end-of-turn
   token with mask 0, so verl's reward position (last valid token) exists;
-- ``extra_fields`` always hold the same keys (:data:`EXTRA_FIELD_KEYS`), so batches from
-  different workers concatenate.
+- ``extra_fields`` hold only keys verl gives every agent loop's output (:data:`EXTRA_FIELD_KEYS`:
+  ``turn_scores``, ``tool_rewards``, ``min_global_steps``, ``max_global_steps``, ``extras``),
+  so a batch mixing uniagent rows with any other verl loop's rows concatenates in any order
+  and worker split; everything uniagent reports sits in one structured field,
+  ``extras["uniagent"]`` (:data:`UNIAGENT_FIELDS`). The agent loop adds what verl's own loops
+  carry besides (the server's extra fields, ``reward_extra_info``).
 """
 
 from __future__ import annotations
@@ -27,23 +31,32 @@ from uniagent.interaction.metrics import EpisodeMetrics
 
 log = logging.getLogger(__name__)
 
-#: The keys of ``AgentLoopOutput.extra_fields`` (they land in ``non_tensor_batch``).
+#: The keys of ``AgentLoopOutput.extra_fields`` (they land in ``non_tensor_batch``): exactly
+#: the ones verl 0.9.1's ``AgentLoopWorker._postprocess`` defaults for every loop's output.
 EXTRA_FIELD_KEYS: tuple[str, ...] = (
-    "exit_reason",
-    "traj_masked",
-    "agent_turns",
-    "agent_tool_calls",
-    "agent_format_errors",
-    "agent_syntax_errors",
-    "agent_timeouts",
-    "agent_setup_seconds",
-    "agent_model_seconds",
-    "agent_env_seconds",
-    "agent_reward_seconds",
-    "agent_truncated",
-    "agent_error",
+    "turn_scores",
+    "tool_rewards",
     "min_global_steps",
     "max_global_steps",
+    "extras",
+)
+#: ``extra_fields["extras"]`` is ``{UNIAGENT_KEY: {...}}`` for uniagent rows (other loops: None).
+UNIAGENT_KEY = "uniagent"
+#: The keys of ``extras["uniagent"]``.
+UNIAGENT_FIELDS: tuple[str, ...] = (
+    "exit_reason",
+    "traj_masked",
+    "turns",
+    "tool_calls",
+    "format_errors",
+    "syntax_errors",
+    "timeouts",
+    "setup_seconds",
+    "model_seconds",
+    "env_seconds",
+    "reward_seconds",
+    "truncated",
+    "error",
 )
 _ERROR_CHARS = 2000
 
@@ -79,23 +92,37 @@ def _extra(
     error: str | None,
 ) -> dict[str, Any]:
     metrics = result.metrics if result is not None else EpisodeMetrics()
-    return {
+    record = {
         "exit_reason": exit_reason.value,
         "traj_masked": bool(traj_masked),
-        "agent_turns": metrics.turns,
-        "agent_tool_calls": dict(metrics.tool_calls),
-        "agent_format_errors": metrics.format_errors,
-        "agent_syntax_errors": metrics.syntax_errors,
-        "agent_timeouts": metrics.timeouts,
-        "agent_setup_seconds": metrics.setup_seconds,
-        "agent_model_seconds": metrics.model_seconds,
-        "agent_env_seconds": metrics.env_seconds,
-        "agent_reward_seconds": metrics.reward_seconds,
-        "agent_truncated": bool(truncated),
-        "agent_error": error[-_ERROR_CHARS:] if error else None,
+        "turns": metrics.turns,
+        "tool_calls": dict(metrics.tool_calls),
+        "format_errors": metrics.format_errors,
+        "syntax_errors": metrics.syntax_errors,
+        "timeouts": metrics.timeouts,
+        "setup_seconds": metrics.setup_seconds,
+        "model_seconds": metrics.model_seconds,
+        "env_seconds": metrics.env_seconds,
+        "reward_seconds": metrics.reward_seconds,
+        "truncated": bool(truncated),
+        "error": error[-_ERROR_CHARS:] if error else None,
+    }
+    return {
+        # uniagent has no per-turn scores or per-tool-call rewards: one reward per episode
+        "turn_scores": [],
+        "tool_rewards": [],
         "min_global_steps": None,  # filled by the agent loop from the server's outputs
         "max_global_steps": None,
+        "extras": {UNIAGENT_KEY: record},
     }
+
+
+def extras_record(extras: Any) -> dict[str, Any] | None:
+    """The uniagent record in one value of the batch's ``extras`` column (None: another loop's)."""
+    if not isinstance(extras, Mapping):
+        return None
+    record = extras.get(UNIAGENT_KEY)
+    return dict(record) if isinstance(record, Mapping) else None
 
 
 def _loop_metrics(metrics: EpisodeMetrics | None) -> dict[str, float | int]:

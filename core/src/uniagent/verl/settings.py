@@ -157,6 +157,12 @@ def _extra_info(kwargs: Mapping[str, Any]) -> dict[str, Any]:
     return dict(extra)
 
 
+def row_task_id(kwargs: Mapping[str, Any]) -> str:
+    """The row's task id: ``extra_info.task_id`` (what the data step writes), else its index."""
+    extra = _extra_info(kwargs)
+    return str(plain(extra.get("task_id", kwargs.get("index", "?"))))
+
+
 def row_overrides(kwargs: Mapping[str, Any]) -> dict[str, Any]:
     """The row's agent-config overrides: ``tools_kwargs`` (top level or in ``extra_info``)."""
     extra = _extra_info(kwargs)
@@ -164,7 +170,7 @@ def row_overrides(kwargs: Mapping[str, Any]) -> dict[str, Any]:
     tools_kwargs = plain(kwargs.get("tools_kwargs"))
     if tools_kwargs not in (None, {}, ""):
         row["tools_kwargs"] = tools_kwargs
-    return Task(str(extra.get("task_id", kwargs.get("index", "?"))), row).overrides()
+    return Task(row_task_id(kwargs), row).overrides()
 
 
 def row_task(kwargs: Mapping[str, Any]) -> dict[str, Any]:
