@@ -22,7 +22,7 @@ from pydantic import BaseModel
 from uniagent.grading.settings import IntegrityDefaults
 
 if TYPE_CHECKING:  # pragma: no cover - imports for type checkers only
-    from uniagent.env.deployment import Deployment
+    from uniagent.env.runtime import Deployment
 
 Kind = Literal["tools", "deployments", "tool_parsers", "rewards", "services"]
 KINDS: tuple[Kind, ...] = get_args(Kind)

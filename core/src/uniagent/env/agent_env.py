@@ -18,7 +18,6 @@ from pydantic import BaseModel
 
 from uniagent.env.aio import use_pidfd_child_watcher
 from uniagent.env.config import DEFAULT_TOOLS_DIR, EnvConfig
-from uniagent.env.deployment import Deployment
 from uniagent.env.errors import (
     ActionSyntaxError,
     ActionTimeoutError,
@@ -38,6 +37,7 @@ from uniagent.env.runtime import (
     Command,
     CommandResponse,
     CreateBashSessionRequest,
+    Deployment,
     ReadFileRequest,
     UploadRequest,
     WriteFileRequest,
@@ -172,10 +172,10 @@ class AgentEnv:
         await self.runtime.create_session(
             CreateBashSessionRequest(session=SESSION, startup_timeout=self.config.startup_timeout)
         )
-        self._workdir = self.config.workdir or getattr(self.deployment, "workdir", None)
+        self._workdir = self.config.workdir or self.deployment.workdir
         self._tools_dir = (
             self.config.tools_dir
-            or getattr(self.deployment, "tools_dir", None)
+            or self.deployment.tools_dir
             or DEFAULT_TOOLS_DIR
         )
         q = shlex.quote
@@ -237,9 +237,8 @@ class AgentEnv:
         """
         if self._closed or not self._started:
             return False
-        probe = getattr(self.deployment, "sandbox_alive", None) or self.deployment.is_alive
         try:
-            return bool(await probe())
+            return bool(await self.deployment.sandbox_alive())
         except Exception:
             return False
 
@@ -247,9 +246,8 @@ class AgentEnv:
         """End the agent's session and every process it started; the sandbox's files stay.
 
         After this, :meth:`run_action` refuses: grading uses one-off clean shells
-        (:meth:`execute`). Deployments provide ``kill_processes()`` to end processes
-        that left the session's process group (``setsid``, daemons); without it only
-        the session's own processes end.
+        (:meth:`execute`). The deployment's ``kill_processes()`` ends the processes
+        that left the session's process group (``setsid``, daemons).
         """
         if self._agent_stopped or self._closed or not self._started:
             self._agent_stopped = True
@@ -260,9 +258,7 @@ class AgentEnv:
                 self.runtime.close_session(CloseBashSessionRequest(session=SESSION)),
                 self.config.close_timeout,
             )
-        kill = getattr(self.deployment, "kill_processes", None)
-        if kill is not None:
-            await asyncio.wait_for(kill(), self.config.close_timeout)
+        await asyncio.wait_for(self.deployment.kill_processes(), self.config.close_timeout)
 
     async def execute(
         self,

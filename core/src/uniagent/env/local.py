@@ -313,10 +313,24 @@ class LocalDeployment:
             raise EnvError("the local deployment is not started; await start() first")
         return self._container.runtime
 
+    async def sandbox_alive(self) -> bool:
+        """Whether the container and its server run (the agent's shell may be gone)."""
+        return await self.is_alive()
+
     async def kill_processes(self) -> None:
         """End every process in the container except its server (before grading)."""
         if self._container is not None:
             await kill_all_but_ancestors(self.runtime)
+
+    @property
+    def workdir(self) -> str | None:
+        """None: the image's working directory (set ``workdir`` in the env settings)."""
+        return None
+
+    @property
+    def tools_dir(self) -> str | None:
+        """None: ``/usr/local/uniagent/tools`` unless the env settings say otherwise."""
+        return None
 
     @property
     def container_name(self) -> str | None:

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import os
 
-from uniagent.env import AgentEnv
-from uniagent.registry import get_deployments, validate_deployment_config
+from uniagent import AgentEnv
+from uniagent import get_deployments, validate_deployment_config
 
 DEPLOYMENT = "{{ cookiecutter.__record_name }}"
 

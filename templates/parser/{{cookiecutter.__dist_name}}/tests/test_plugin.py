@@ -5,8 +5,8 @@ from __future__ import annotations
 import pytest
 from pydantic import BaseModel, Field
 from uniagent import ToolSpec
-from uniagent.parsers import ToolCall, ToolCallFormatError, ToolCallParser, get_parser
-from uniagent.registry import get_tool_parsers
+from uniagent import ToolCall, ToolCallFormatError, ToolCallParser, get_parser
+from uniagent import get_tool_parsers
 
 PARSER = "{{ cookiecutter.__record_name }}"
 

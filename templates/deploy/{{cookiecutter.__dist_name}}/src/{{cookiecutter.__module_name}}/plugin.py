@@ -21,8 +21,8 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 from uniagent import DeploymentSpec, hookimpl
-from uniagent.env import HostDeployment, HostDeploymentConfig
-from uniagent.env.runtime import WriteFileRequest
+from uniagent import HostDeployment, HostDeploymentConfig
+from uniagent import WriteFileRequest
 
 
 class {{ cookiecutter.__class_name }}Config(BaseModel):

@@ -19,8 +19,8 @@ import re
 from collections.abc import Iterator, Sequence
 
 from uniagent import ParserSpec, ToolSpec, hookimpl
-from uniagent.parsers import ParseResult, ToolCall, validate_call
-from uniagent.parsers.base import check_count, example_call, format_error
+from uniagent import ParseResult, ToolCall, validate_call
+from uniagent import check_count, example_call, format_error
 
 _ACTION = re.compile(r"^Action:[ \t]*(?P<name>[^\n]*?)[ \t]*$", re.MULTILINE)
 _INPUT = re.compile(r"\s*Action Input:[ \t]*")

@@ -19,7 +19,7 @@ from collections.abc import Iterator
 
 from pydantic import BaseModel, ConfigDict, Field
 from uniagent import RewardSpec, hookimpl
-from uniagent.reward import RewardContext, RewardInfraError, RewardResult
+from uniagent import RewardContext, RewardInfraError, RewardResult
 
 
 class {{ cookiecutter.__class_name }}Config(BaseModel):
