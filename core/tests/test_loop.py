@@ -23,6 +23,7 @@ from uniagent.interaction.loop import AgentInteraction
 from uniagent.models.base import ModelError
 from uniagent.parsers import get_parser
 from uniagent.plugins import load_plugins, reset_plugins
+from uniagent.resolve import resolve
 from uniagent.testing.scripted import ScriptedTokenModel, hermes_call, logprob_for
 
 
@@ -93,7 +94,7 @@ TASK = {"problem": "say hello"}
 
 async def episode(tokenizer, script, **overrides):
     model = ScriptedTokenModel(tokenizer, script, sampling_params={"max_tokens": 200})
-    result = await run_episode(config(**overrides), TASK, model)
+    result = await run_episode(resolve(config(**overrides)), TASK, model)
     return result, model
 
 
@@ -272,7 +273,7 @@ async def test_context_budget_spent_is_token_limit(qwen3_tokenizer):
         sampling_params={"max_tokens": 100},
         response_length=300,
     )
-    result = await run_episode(config(), TASK, model)
+    result = await run_episode(resolve(config()), TASK, model)
     assert result.exit_reason is ExitReason.TOKEN_LIMIT
     assert not result.traj_masked
 
@@ -368,7 +369,7 @@ async def test_tools_are_described_in_the_system_prompt_when_the_template_drops_
     tokenizer.chat_template = CHATML_WITHOUT_TOOLS
     model = ScriptedTokenModel(tokenizer, [hermes_call("done")])
     assert not model.renders_tools()
-    result = await run_episode(config(), TASK, model)
+    result = await run_episode(resolve(config()), TASK, model)
     assert result.exit_reason is ExitReason.FINISHED
     system = result.messages[0]["content"]
     assert '"name": "shell"' in system and "<tool_call>" in system
@@ -378,6 +379,6 @@ async def test_tools_are_described_in_the_system_prompt_when_the_template_drops_
 async def test_tools_are_not_repeated_when_the_template_renders_them(qwen3_tokenizer):
     model = ScriptedTokenModel(qwen3_tokenizer, [hermes_call("done")])
     assert model.renders_tools()
-    result = await run_episode(config(), TASK, model)
+    result = await run_episode(resolve(config()), TASK, model)
     assert "<tools>" not in result.messages[0]["content"]
     assert qwen3_tokenizer.decode(result.cache.prompt_ids).count('"name": "done"') == 1

@@ -85,11 +85,13 @@ def cmd_run(args: argparse.Namespace) -> int:
 
     from uniagent.config import AgentConfig
     from uniagent.models import from_spec
+    from uniagent.resolve import resolve
     from uniagent.run.runner import run_sync
     from uniagent.run.summary import format_summary
     from uniagent.run.tasks import load_tasks
 
     config = AgentConfig.from_yaml(args.config)
+    resolve(config, source=args.config)  # any typo: exit 2 before a sandbox starts
     tasks, bad_rows = load_tasks(args.data)
     factory = functools.partial(from_spec, args.model, sampling_params=dict(config.sampling))
     out = Path(args.out)

@@ -117,11 +117,11 @@ class AgentEnv:
         deployment_config: Mapping[str, Any] | BaseModel,
         env_config: EnvConfig | Mapping[str, Any] | None = None,
     ) -> AgentEnv:
-        """Build the deployment named by ``deployment_config['type']`` via the plugin registry."""
-        from uniagent.registry import get_deployments, validate_deployment_config
+        """Build the deployment named by ``deployment_config['type']`` (a convenience for
+        scripts and tests; episodes get theirs from the resolved agent)."""
+        from uniagent.resolve import resolve_deployment
 
-        config = validate_deployment_config(deployment_config)
-        spec = get_deployments()[config.type]  # type: ignore[attr-defined]
+        spec, config = resolve_deployment(deployment_config)
         return cls(spec.factory(config), env_config)
 
     # -- properties -------------------------------------------------------------------

@@ -16,7 +16,7 @@ from uniagent.models.base import (
     FinishReason,
     Generation,
     ModelError,
-    ModelResponse,
+    ModelTurn,
     TokenChatModel,
     Usage,
 )
@@ -58,7 +58,7 @@ __all__ = [
     "Generation",
     "HFLocalModel",
     "ModelError",
-    "ModelResponse",
+    "ModelTurn",
     "OpenAIChatModel",
     "TokenChatModel",
     "Usage",

@@ -11,14 +11,18 @@ Two modes, chosen by whether a ``tokenizer`` is given:
   (tokens arrive as ``"token_id:123"``). The ids and log-probs are appended to
   the cache as returned. The server renders the prompt itself from the messages,
   so when it reports ``prompt_token_ids`` they are compared with the cache's
-  context: a mismatch is logged and flagged in ``ModelResponse.extra``
-  (``prompt_ids_match``), because then the trajectory is not token-exact.
+  context: a mismatch is logged and recorded (``ModelTurn.prompt_exact``), because
+  then the trajectory is not token-exact (masked by default).
 
-Structured ``tool_calls`` are used when the server returns them, text parsing
-otherwise. 429, 5xx, 408/409 and connection errors are retried with exponential
-backoff (a ``Retry-After`` header in seconds is honoured, capped at
-``max_backoff``), then :class:`ModelError`; a context-length 400 becomes
-:class:`ContextLimitError`.
+Structured ``tool_calls`` the server returns are handed to the loop as they
+came (``ModelTurn.raw_tool_calls``); the loop validates them, or parses the
+text when there are none. Messages go out the way strict chat APIs accept: a
+tool message answers a call of the assistant message before it (the loop
+answers text-parsed calls with user messages in message mode).
+
+429, 5xx, 408/409 and connection errors are retried with exponential backoff (a
+``Retry-After`` header in seconds is honoured, capped at ``max_backoff``), then
+:class:`ModelError`; a context-length 400 becomes :class:`ContextLimitError`.
 """
 
 from __future__ import annotations
@@ -33,12 +37,11 @@ from uniagent.models.base import (
     ContextLimitError,
     FinishReason,
     ModelError,
-    ModelResponse,
+    ModelTurn,
     Usage,
 )
-from uniagent.parsers import ToolCallFormatError, ToolCallParser, tool_calls_from_openai
+from uniagent.parsers import ToolCallParser
 from uniagent.rollout import RolloutCache
-from uniagent.specs import ToolSpec
 
 log = logging.getLogger(__name__)
 
@@ -123,12 +126,16 @@ class OpenAIChatModel:
         await self.client.close()
 
     # -- the call -----------------------------------------------------------------------
-    async def query(
-        self, cache: RolloutCache, tools: Sequence[ToolSpec], parser: ToolCallParser
-    ) -> ModelResponse:
+    async def generate(
+        self,
+        cache: RolloutCache,
+        *,
+        stop: Sequence[str] = (),
+        call_format: ToolCallParser | None = None,
+    ) -> ModelTurn:
         """Send the conversation, append the reply to ``cache`` and return it."""
         token_mode = cache.mode == "tokens"
-        request = self._request(cache, tools, parser, token_mode)
+        request = self._request(cache, stop, token_mode)
         data = await self._create(request)
         try:
             choice = data["choices"][0]
@@ -145,7 +152,7 @@ class OpenAIChatModel:
             record["tool_calls"] = raw_calls
         if reasoning:
             record["reasoning_content"] = reasoning
-        response = ModelResponse(
+        turn = ModelTurn(
             text=content,
             finish_reason=_finish_reason(choice.get("finish_reason"), raw_calls),
             raw_tool_calls=raw_calls,
@@ -163,7 +170,7 @@ class OpenAIChatModel:
             prompt_ids = data.get("prompt_token_ids")
             if prompt_ids is not None:
                 match = list(prompt_ids) == cache.context_ids
-                response.extra["prompt_ids_match"] = match
+                turn.prompt_exact = match
                 if not match:
                     log.warning(
                         "server-rendered prompt (%d ids) differs from the rollout context "
@@ -174,18 +181,10 @@ class OpenAIChatModel:
             cache.append_generation(token_ids, logprobs, message=record)
         else:
             cache.append_assistant_message(record)
-        response.token_ids, response.logprobs = token_ids, logprobs
-        if raw_calls:
-            try:
-                response.tool_calls = tool_calls_from_openai(
-                    raw_calls, tools, parser=parser, content=content
-                )
-            except ToolCallFormatError as exc:
-                response.tool_call_error = exc
-        return response
+        return turn
 
     def _request(
-        self, cache: RolloutCache, tools: Sequence[ToolSpec], parser: ToolCallParser, tokens: bool
+        self, cache: RolloutCache, stop: Sequence[str], tokens: bool
     ) -> dict[str, Any]:
         keep = (_SEND_KEYS | {"reasoning_content"}) if tokens else _SEND_KEYS
         params = dict(self.sampling_params)
@@ -198,10 +197,11 @@ class OpenAIChatModel:
             "messages": [_outgoing(m, keep, tokens) for m in cache.messages],
             **params,
         }
+        tools = cache.tools
         if self.send_tools and tools:
-            request["tools"] = [t.openai_schema() for t in tools]
-        if parser.stop_sequences and "stop" not in request:
-            request["stop"] = list(parser.stop_sequences)
+            request["tools"] = tools
+        if stop and "stop" not in request:
+            request["stop"] = list(stop)
         if self.chat_template_kwargs:
             extra.setdefault("chat_template_kwargs", dict(self.chat_template_kwargs))
         if tokens:

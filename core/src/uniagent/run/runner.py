@@ -25,6 +25,7 @@ from uniagent.config import AgentConfig
 from uniagent.env.host import cleanup_leftovers
 from uniagent.episode import EpisodeResult, run_episode
 from uniagent.errors import ConfigError, UniAgentError
+from uniagent.resolve import resolve
 from uniagent.run.progress import Progress
 from uniagent.run.summary import summarize
 from uniagent.run.tasks import BadRow, Task
@@ -149,8 +150,9 @@ async def execute_job(config: AgentConfig, job: Job, model: Any, log_path: Path)
         source = f"task {job.task.id}"
         episode_config = config.with_overrides(job.task.overrides(), source=source)
         check_task_services(config, episode_config, source)
+        agent = resolve(episode_config, source=source)
         logger.info("task %s sample %d: start", job.task.id, job.sample)
-        result = await run_episode(episode_config, job.task.row, model, logger=logger)
+        result = await run_episode(agent, job.task.row, model, logger=logger)
         logger.info("finished: %s reward=%s", result.exit_reason.value, result.reward)
         return episode_payload(job, result)
     finally:
@@ -209,6 +211,7 @@ async def run(
     """Run every pending (task, sample), append results as they finish, write the summary."""
     if n < 1:
         raise ConfigError("--n must be at least 1")
+    resolve(config)  # every name and setting checked before any sandbox starts
     out.mkdir(parents=True, exist_ok=True)
     results = ResultsFile(out / RESULTS)
     results.repair()

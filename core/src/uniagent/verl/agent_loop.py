@@ -31,6 +31,7 @@ from uniagent.interaction.exit import ExitReason
 from uniagent.interaction.metrics import EpisodeMetrics
 from uniagent.models import VerlServerModel
 from uniagent.plugins import load_plugins
+from uniagent.resolve import resolve
 from uniagent.services import ServiceStartError, check_task_services, ensure_services
 from uniagent.verl.dumps import DumpSettings, EpisodeDump
 from uniagent.verl.output import (
@@ -130,8 +131,9 @@ class UniAgentLoop(AgentLoopBase):
         try:
             config = self.agent_config.with_overrides(row_overrides(kwargs), source="tools_kwargs")
             check_task_services(self.agent_config, config, "tools_kwargs")
+            agent = resolve(config, source="tools_kwargs")
             task = row_task(kwargs)
-            messages = row_messages(kwargs) or first_messages(config, task)
+            messages = row_messages(kwargs) or first_messages(agent, task)
             try:
                 await ensure_services(self.agent_config)  # once per worker process
             except ServiceStartError as exc:  # infrastructure: masked, never a policy failure
@@ -152,7 +154,7 @@ class UniAgentLoop(AgentLoopBase):
                 )
                 async with self.semaphore():
                     result = await run_episode(
-                        config, task, model, messages=messages,
+                        agent, task, model, messages=messages,
                         logger=dump.logger if dump is not None else log,
                     )
                 fields = self._fields(result, config, messages, want_logprobs)
