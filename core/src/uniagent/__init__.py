@@ -76,6 +76,7 @@ from uniagent.registry import (
     get_tools,
     validate_deployment_config,
 )
+from uniagent.resolve import ResolvedAgent, resolve
 from uniagent.reward import RewardContext, RewardInfraError, RewardResult
 from uniagent.services import ServiceStartError, running_services
 from uniagent.specs import (
@@ -130,6 +131,7 @@ __all__ = [
     "PluginLoadError",
     "ProtectRule",
     "ReadFileRequest",
+    "ResolvedAgent",
     "RewardContext",
     "RewardInfraError",
     "RewardResult",
@@ -165,6 +167,7 @@ __all__ = [
     "load_plugins",
     "make_runtime",
     "reset_plugins",
+    "resolve",
     "retrying_runtime_class",
     "running_services",
     "tool_calls_from_openai",

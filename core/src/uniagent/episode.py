@@ -205,7 +205,7 @@ async def _grade(
         logger.error("reward %s failed: %s", config.reward.name, exc)
         result.exit_reason = ExitReason.REWARD_ERROR
         result.traj_masked = config.treatment(ExitReason.REWARD_ERROR) == "mask"
-        result.error = _describe(exc)
+        result.error = _traceback_text(exc)
     finally:
         result.metrics.reward_seconds = time.perf_counter() - started
 
@@ -217,9 +217,9 @@ def _failed(
         exit_reason=reason,
         traj_masked=config.treatment(reason) == "mask",
         metrics=metrics,
-        error=_describe(exc),
+        error=_traceback_text(exc),
     )
 
 
-def _describe(exc: BaseException) -> str:
+def _traceback_text(exc: BaseException) -> str:
     return "".join(traceback.format_exception(exc)).rstrip()

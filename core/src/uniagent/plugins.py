@@ -126,7 +126,7 @@ class PluginManager:
             _check_hook_names(plugin)
             self.hook_manager.register(plugin, name=key)
         except Exception as exc:
-            info.status, info.error = "failed", _describe(exc)
+            info.status, info.error = "failed", _error_text(exc)
             if _strict():
                 raise PluginLoadError(
                     f"plugin {distribution!r} failed to load: {info.error}"
@@ -169,7 +169,8 @@ class PluginManager:
             except Exception as exc:
                 reason = exc if isinstance(exc, PluginLoadError) else None
                 info.status = "failed"
-                info.error = str(reason) if reason else f"hook {hook_name} raised {_describe(exc)}"
+                raised = f"hook {hook_name} raised {_error_text(exc)}"
+                info.error = str(reason) if reason else raised
                 info.records = {}
                 log.warning("plugin %s: %s", info.distribution, info.error)
                 self.hook_manager.unregister(name=info.key)
@@ -256,7 +257,7 @@ class PluginManager:
         *,
         builtin: bool = False,
     ) -> None:
-        error = _describe(exc)
+        error = _error_text(exc)
         log.warning("plugin %s (%s) failed to load: %s", dist_name, module, error)
         self.plugins[self._key(dist_name, module, builtin)] = PluginInfo(
             distribution=dist_name,
@@ -287,7 +288,8 @@ class PluginManager:
         """
         caller = getattr(self.hook_manager.hook, hook_name)
         impls = [i for i in caller.get_hookimpls() if i.plugin_name == key]
-        return list(self.hook_manager._hookexec(hook_name, impls, {}, False))
+        results = self.hook_manager._hookexec(hook_name, impls, {}, False)
+        return list(results) if isinstance(results, list) else [results]
 
     # -- queries --------------------------------------------------------------
     def contributions(self, kind: str) -> Iterable[tuple[PluginInfo, list[Any]]]:
@@ -332,7 +334,7 @@ def _module_name(plugin: object) -> str:
     return getattr(plugin, "__name__", None) or type(plugin).__qualname__
 
 
-def _describe(exc: BaseException) -> str:
+def _error_text(exc: BaseException) -> str:
     return f"{type(exc).__name__}: {exc}"
 
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import dataclasses
 import threading
 import warnings
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from typing import Annotated, Any, Generic, TypeVar, Union
 
 from pydantic import BaseModel, BeforeValidator, Field, TypeAdapter, ValidationError
@@ -63,7 +63,7 @@ class Records(Mapping[str, R], Generic[R]):
 
     def __init__(self, kind: Kind, records: dict[str, R]) -> None:
         self.kind = kind
-        self._records = records
+        self._records: dict[str, R] = records
 
     def __getitem__(self, name: str) -> R:
         try:
@@ -76,7 +76,7 @@ class Records(Mapping[str, R], Generic[R]):
     def __contains__(self, name: object) -> bool:
         return name in self._records
 
-    def __iter__(self):  # type: ignore[no-untyped-def]
+    def __iter__(self) -> Iterator[str]:
         return iter(self._records)
 
     def __len__(self) -> int:

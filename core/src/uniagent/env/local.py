@@ -157,7 +157,7 @@ def _container_class() -> type:
     from swerex.deployment.docker import DockerDeployment
     from swerex.utils.free_port import find_free_port
 
-    class Container(DockerDeployment):  # type: ignore[misc, valid-type]
+    class Container(DockerDeployment):
         """``DockerDeployment`` with a non-blocking start/stop and a log file."""
 
         def __init__(self, *, options: LocalDeploymentConfig, **kwargs: Any) -> None:
@@ -177,15 +177,16 @@ def _container_class() -> type:
 
         async def start(self) -> None:  # replaces upstream's blocking start
             await asyncio.to_thread(self._pull_image)
-            image = self._config.image
+            image: str = str(self._config.image)
             if self._config.python_standalone_dir:
                 image = await asyncio.to_thread(self._build_image)
             port = self._config.port or find_free_port()
-            self._container_name = self._get_container_name()
+            # SWE-ReX declares the attribute as None only.
+            self._container_name = self._get_container_name()  # type: ignore[assignment]
             token = self._get_token()
             platform = ["--platform", self._config.platform] if self._config.platform else []
-            argv = [
-                self._config.container_runtime,
+            argv: list[str] = [
+                str(self._config.container_runtime),
                 "run",
                 "--rm",
                 "-p",
@@ -193,8 +194,8 @@ def _container_class() -> type:
                 *platform,
                 *self._config.docker_args,
                 "--name",
-                self._container_name,
-                image,
+                str(self._container_name),
+                str(image),
                 *self._get_swerex_start_cmd(token),
             ]
             log.info("starting container %s: %s", self._container_name, " ".join(argv))

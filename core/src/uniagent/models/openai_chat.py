@@ -230,19 +230,21 @@ class OpenAIChatModel:
                 return completion.model_dump() if hasattr(completion, "model_dump") else completion
             except openai.BadRequestError as exc:
                 if _is_context_error(exc):
-                    raise ContextLimitError(f"{self.base_url}: {_describe(exc)}") from exc
-                raise ModelError(f"{self.base_url} rejected the request: {_describe(exc)}") from exc
+                    raise ContextLimitError(f"{self.base_url}: {_api_error_text(exc)}") from exc
+                problem = _api_error_text(exc)
+                raise ModelError(f"{self.base_url} rejected the request: {problem}") from exc
             except (openai.APIConnectionError, openai.APIStatusError) as exc:
                 status = getattr(exc, "status_code", None)
                 retryable = status is None or status in _RETRY_STATUS or status >= 500
                 if not retryable or attempt >= self.max_retries:
                     tries = f" after {attempt + 1} attempts" if retryable else ""
-                    raise ModelError(f"{self.base_url} failed{tries}: {_describe(exc)}") from exc
+                    problem = _api_error_text(exc)
+                    raise ModelError(f"{self.base_url} failed{tries}: {problem}") from exc
                 delay = self._delay(exc, attempt)
                 log.warning(
                     "%s: %s; retry %d/%d in %.1f s",
                     self.base_url,
-                    _describe(exc),
+                    _api_error_text(exc),
                     attempt + 1,
                     self.max_retries,
                     delay,
@@ -343,7 +345,7 @@ def _is_context_error(exc: Exception) -> bool:
     return any(marker in text for marker in _CONTEXT_MARKERS)
 
 
-def _describe(exc: Exception) -> str:
+def _api_error_text(exc: Exception) -> str:
     status = getattr(exc, "status_code", None)
     body = getattr(exc, "body", None)
     message = body.get("message") if isinstance(body, Mapping) else None

@@ -64,7 +64,7 @@ async def run_ray(
         ray.init(address=address, ignore_reinit_error=True, log_to_driver=False)
     workers = num_workers or max(1, min(int(ray.available_resources().get("CPU", 1)), concurrency))
     per_worker = max(1, concurrency // workers)
-    actor_cls = ray.remote(num_cpus=0)(EpisodeWorker)
+    actor_cls: Any = ray.remote(num_cpus=0)(EpisodeWorker)
     actors = [
         actor_cls.options(max_concurrency=per_worker).remote(config, model_factory)
         for _ in range(workers)

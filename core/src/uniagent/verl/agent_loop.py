@@ -339,28 +339,6 @@ def _output(fields: LoopFields) -> AgentLoopOutput:
     return AgentLoopOutput(metrics=AgentLoopMetrics(**metrics), **kwargs)
 
 
-def episode_to_output(
-    result: EpisodeResult,
-    *,
-    prompt_length: int,
-    response_length: int,
-    want_logprobs: bool,
-    reward_configured: bool,
-    end_token_id: int,
-) -> AgentLoopOutput:
-    """An ``AgentLoopOutput`` for an episode run elsewhere (e.g. a custom verl loop)."""
-    return _output(
-        episode_fields(
-            result,
-            prompt_length=prompt_length,
-            response_length=response_length,
-            want_logprobs=want_logprobs,
-            reward_configured=reward_configured,
-            end_token_id=end_token_id,
-        )
-    )
-
-
 class ServerLog:
     """Wraps verl's server client to note what each generation reports (versions, preemptions)."""
 
@@ -391,8 +369,8 @@ class ServerLog:
         else:
             for key in _SUMMED_SERVER_KEYS:
                 if key in extra and key in self.extra_fields:
-                    self.extra_fields[key] = _as_int(self.extra_fields[key], 0) + _as_int(
-                        extra[key], 0
+                    self.extra_fields[key] = (_as_int(self.extra_fields[key], 0) or 0) + (
+                        _as_int(extra[key], 0) or 0
                     )
         return out
 

@@ -5,8 +5,7 @@ from __future__ import annotations
 from collections.abc import AsyncIterator
 
 import pytest
-from uniagent import AgentEnv
-from uniagent import get_rewards
+from uniagent import AgentEnv, get_rewards
 from uniagent.testing import grade, prepare_grader
 
 REWARD = "{{ cookiecutter.__record_name }}"
