@@ -6,11 +6,12 @@ A deployment is a sandbox backend, chosen in the agent config by ``type``::
       deployment: {type: {{ cookiecutter.__record_name }}, files: {README.md: "Fix the bug."}}
 
 It is a :class:`uniagent.DeploymentSpec`: a pydantic config model whose
-``type`` is ``Literal["{{ cookiecutter.__record_name }}"]`` and a factory that turns a validated config into
-a :class:`uniagent.Deployment` (``start``, ``stop``, ``runtime``,
-``is_alive``, ``sandbox_alive``, ``kill_processes``, ``workdir``, ``tools_dir``). The example wraps the built-in host deployment and writes the
-configured files into the sandbox's work dir when it starts; a real backend
-would create a container or cloud sandbox in ``start`` instead.
+``type`` is ``Literal["{{ cookiecutter.__record_name }}"]`` and a factory that turns a
+validated config into a :class:`uniagent.Deployment` (``start``, ``stop``, ``runtime``,
+``is_alive``, ``sandbox_alive``, ``kill_processes``, ``workdir``, ``tools_dir``). The
+example wraps the built-in host deployment and writes the configured files into the
+sandbox's work dir when it starts; a real backend would create a container or cloud
+sandbox in ``start`` instead.
 """
 
 from __future__ import annotations
