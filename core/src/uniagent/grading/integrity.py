@@ -148,7 +148,7 @@ async def capture(
             baseline.base_tree = await tree_of(sandbox, repo, baseline.base)
         baseline.listing = await list_tree(sandbox, repo)
         protected = [p for p, kind in baseline.listing.items()
-                     if kind in "fl" and _protected(rules, p)]
+                     if kind in "fl" and is_protected(rules, p)]
         baseline.snapshot = await pack(sandbox, repo, protected, settings.snapshot_max_bytes)
         if settings.verify_toolchain:
             baseline.toolchain = await toolchain(sandbox)
@@ -184,7 +184,8 @@ async def tree_of(sandbox: GradingSandbox, repo: str, commit: str = "HEAD") -> s
     return lines[-1] if lines else None
 
 
-def _protected(rules: RuleSet, path: str) -> bool:
+def is_protected(rules: RuleSet, path: str) -> bool:
+    """Whether the grader protects ``path`` (a whole file, or its test section)."""
     if rules.purges(path):
         return False
     return rules.protects(path) or rules.protects_section(path)
@@ -287,7 +288,7 @@ async def screen(
         return []
     listing = await list_tree(sandbox, repo)
     purged = [p for p in listing if rules.purges(p) and not rules.purges(posixpath.dirname(p))]
-    current_paths = [p for p, k in listing.items() if k in "fl" and _protected(rules, p)]
+    current_paths = [p for p, k in listing.items() if k in "fl" and is_protected(rules, p)]
     current = await pack(sandbox, repo, current_paths, 1 << 62)
     tampered: list[Tamper] = []
     remove: set[str] = set()
@@ -475,7 +476,7 @@ def content_hits(parts: list[FilePatch], rules: RuleSet) -> list[Tamper]:
     """Content-rule matches in what the agent added outside protected files."""
     hits = []
     for part in parts:
-        if _protected(rules, part.path):
+        if is_protected(rules, part.path):
             continue
         for hit in rules.content_hits(part.path, part.added_lines()):
             hits.append(Tamper("content", part.path, "hit", hit["rule"], True, hit["line"]))
