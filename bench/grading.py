@@ -125,7 +125,9 @@ async def measure(name: str, make_env: Callable[[], AgentEnv], row: dict[str, An
 def host_env(repo: Path, isolation: str, python_dirs: list[str]) -> Callable[[], AgentEnv]:
     deployment: dict[str, Any] = {"type": "host", "isolation": isolation}
     if isolation == "bwrap":
-        deployment["ro_binds"] = [str(repo.parent), *python_dirs]
+        # This Python may live under /work (the sandbox's default work dir): move that.
+        deployment.update(ro_binds=[str(repo.parent), *python_dirs],
+                          sandbox_workdir="/sandbox/work")
     settings = {"post_setup": [f"git clone -q {repo} . && git fetch -q origin fix"]}
     return lambda: AgentEnv.from_config(deployment, settings)
 
