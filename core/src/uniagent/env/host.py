@@ -499,13 +499,14 @@ class HostDeployment:
             raise EnvStartError(f"{self.config.bash!r} is not on PATH; install bash")
         if self.config.base_dir:
             os.makedirs(self.config.base_dir, exist_ok=True)
-        root = Path(tempfile.mkdtemp(prefix=EPISODE_PREFIX, dir=self.config.base_dir))
+        # The owner's pid is in the name: a run killed at any point leaves findable leftovers.
+        root = Path(tempfile.mkdtemp(prefix=f"{EPISODE_PREFIX}{os.getpid()}-",
+                                     dir=self.config.base_dir))
         limits = self.config.limits
         cgroup = None
         try:
             if limits.disk is not None:
                 _mount_tmpfs(root, limits.disk)
-            (root / OWNER_FILE).write_text(f"{os.getpid()}\n")
             cgroup = cgroups.create(pids=limits.pids, memory=limits.memory)
             return _Layout(self.config, root, bwrap, cgroup, uid)
         except BaseException:
@@ -585,8 +586,6 @@ EPISODE_PREFIX = "uniagent-"
 #: The host uid (and gid) a bwrap sandbox's root maps to when uniagent runs as root.
 SANDBOX_UID = 65534
 _fallback_warned = False
-#: In each episode directory: the pid of the process that owns it (for leftover clean-up).
-OWNER_FILE = ".uniagent-owner"
 _mount_warned = False
 
 
@@ -643,13 +642,9 @@ def cleanup_leftovers(base_dir: str | None = None) -> list[str]:
         group.remove()
         removed.append(f"cgroup {group.name}")
     parent = Path(base_dir or tempfile.gettempdir())
-    for entry in parent.glob(f"{EPISODE_PREFIX}*"):
-        owner = entry / OWNER_FILE
-        try:
-            pid = int(owner.read_text().split()[0])
-        except (OSError, ValueError, IndexError):
-            continue
-        if cgroups._alive(pid):
+    for entry in parent.glob(f"{EPISODE_PREFIX}*-*"):
+        owner = entry.name[len(EPISODE_PREFIX) :].split("-", 1)[0]
+        if not owner.isdigit() or cgroups._alive(int(owner)):
             continue
         _remove_episode(entry, None)
         removed.append(str(entry))
