@@ -15,6 +15,7 @@ import socket
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from collections import Counter
 from pathlib import Path
@@ -161,10 +162,37 @@ def test_n_samples_give_pass_at_k(tasks, tmp_path, sandbox_tmp):
     assert summary["pass_at_k"] == {"pass@1": pytest.approx(2 / 3), "pass@2": pytest.approx(2 / 3)}
 
 
+class GatedPolicy:
+    """:func:`policy`, but episodes after the first ``free`` wait at their first request.
+
+    The test interrupts the run while ``blocked`` is set: some episodes are done, one
+    is in progress, and none can finish before the signal, however fast the machine.
+    """
+
+    def __init__(self, free: int) -> None:
+        self.free = free
+        self.started = 0
+        self.lock = threading.Lock()
+        self.blocked = threading.Event()
+        self.gate = threading.Event()
+        self.reply = policy()
+
+    def __call__(self, body: dict) -> Reply:
+        if not any(m["role"] == "assistant" for m in body["messages"]):  # a new episode
+            with self.lock:
+                self.started += 1
+                held = self.started > self.free
+            if held:
+                self.blocked.set()
+                self.gate.wait(timeout=300)
+        return self.reply(body)
+
+
 @pytest.mark.parametrize("how", [signal.SIGINT, signal.SIGKILL], ids=["ctrl-c", "crash"])
 def test_interrupted_run_resumes_and_runs_each_pair_exactly_once(tasks, tmp_path, sandbox_tmp, how):
     out = tmp_path / "out"
-    with ScriptedChatServer(default=policy(delay=0.4)) as server:
+    gated = GatedPolicy(free=2)
+    with ScriptedChatServer(default=gated) as server:
         command = uniagent_run(server, tasks, out, "--concurrency", "2")
         proc = subprocess.Popen(
             command,
@@ -173,22 +201,26 @@ def test_interrupted_run_resumes_and_runs_each_pair_exactly_once(tasks, tmp_path
             stderr=subprocess.PIPE,
             text=True,
         )
-        deadline = time.monotonic() + 120
-        while time.monotonic() < deadline:
+        try:
             done = out / "results.jsonl"
-            if done.exists() and len(done.read_text().splitlines()) >= 2:
-                break
-            time.sleep(0.05)
-        else:
-            proc.kill()
-            pytest.fail("the run never produced two results")
-        proc.send_signal(how)
-        _, stderr = proc.communicate(timeout=120)
+            # Events, not timing: an episode waits at the gate, and two have finished.
+            assert gated.blocked.wait(timeout=300), "no third episode ever started"
+            deadline = time.monotonic() + 300
+            while not (done.exists() and len(done.read_text().splitlines()) >= 2):
+                assert proc.poll() is None, proc.communicate()[1]
+                assert time.monotonic() < deadline, "the first two episodes never finished"
+                time.sleep(0.05)
+            proc.send_signal(how)
+            _, stderr = proc.communicate(timeout=120)
+        finally:
+            gated.gate.set()  # let the held requests go (their client is gone)
+            if proc.poll() is None:
+                proc.kill()
         if how == signal.SIGINT:
             assert proc.returncode == 130, stderr
             assert sandbox_processes(sandbox_tmp) == [], "Ctrl-C closes every sandbox"
         first = results(out)
-        assert 2 <= len(first) < 6
+        assert len(first) == 2
 
         again = subprocess.run(
             command, capture_output=True, text=True, env=env_for(sandbox_tmp), timeout=300

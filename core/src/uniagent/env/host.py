@@ -342,14 +342,28 @@ class HostRuntime:
             raise EnvError(f"no session named {name!r}; call create_session first") from None
 
     async def run_in_session(self, action: Any) -> BashObservation:
-        """Run a ``BashAction`` (``bash -n`` checked first) or a ``BashInterruptAction``."""
+        """Run a ``BashAction`` (``bash -n`` checked first) or a ``BashInterruptAction``.
+
+        SWE-ReX's semantics: ``is_interactive_command`` starts a program on a
+        terminal, or sends a line to the running one, and returns at one of the
+        ``expect`` patterns (``expect_string`` says which) or when it ends;
+        ``is_interactive_quit`` sends the line and waits for the program to end.
+        """
         session = self._session(action.session)
+        expect = list(getattr(action, "expect", None) or [])
         if getattr(action, "action_type", "bash") == "bash_interrupt":
-            output = await session.interrupt(timeout=action.timeout, n_retry=action.n_retry)
-            return BashObservation(output=output, exit_code=0)
+            output, matched = await session.interrupt_expecting(
+                timeout=action.timeout, n_retry=action.n_retry, expect=expect
+            )
+            return BashObservation(output=output, exit_code=0, expect_string=matched)
         if action.is_interactive_command or action.is_interactive_quit:
+            output, code, matched = await session.run_interactive(
+                action.command, expect, action.timeout, quit=action.is_interactive_quit
+            )
+            return BashObservation(output=output, exit_code=code, expect_string=matched)
+        if expect:
             raise EnvError(
-                "the host runtime does not support interactive commands (expect strings)"
+                "expect strings need is_interactive_command=True (a program that prompts)"
             )
         # The session checks the syntax itself (ActionSyntaxError), see bash_session.
         output, code = await session.run(action.command, timeout=action.timeout)
@@ -358,10 +372,11 @@ class HostRuntime:
         return BashObservation(output=output, exit_code=None if action.check == "ignore" else code)
 
     async def close_session(self, request: Any) -> CloseBashSessionResponse:
-        """Close one session (kills its process group)."""
+        """Close one session (kills its process group); an unknown name is an error."""
         session = self.sessions.pop(request.session, None)
-        if session is not None:
-            await session.close()
+        if session is None:
+            raise EnvError(f"no session named {request.session!r} to close")
+        await session.close()
         return CloseBashSessionResponse()
 
     async def execute(self, command: Any) -> CommandResponse:
