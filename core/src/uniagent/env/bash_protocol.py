@@ -10,13 +10,11 @@ its saved copies close-on-exec and closes them in subshells).
 
 One command is one line: ``__ua_b=1; command eval -- '<command>' <redirections>``
 followed, on the same line, by a trailer that saves ``$?``, resets the prompt
-variables (a command may have changed them) and reads the command's nonce from
-a here-document, then by an empty line. bash then prints:
-
-- ``PS0`` after reading the line, before running it: ``\\x1eS\\x1e``, the start
-  marker;
-- ``PS1`` when the line is done, and again for the empty line:
-  ``\\x1eE<nonce>|<status> <ran> <generation>\\x1e`` twice.
+variables (a command may have changed them) and reads the line's nonce from a
+here-string, then by an empty line. bash then prints its prompt, ``PS1``,
+when the line is done and again for the empty line:
+``\\x1eE<nonce>|<status> <ran> <generation>\\x1e`` twice. (``PS0`` stays
+empty: a message per line start would cost a wake-up per command.)
 
 Prompts are printed by bash's reader, not by commands: functions, aliases,
 ``enable -n``, ``set -x`` or a DEBUG trap cannot suppress, alter or fake them.
@@ -30,8 +28,8 @@ line, or an earlier nonce after a line completed are protocol violations (see
 
 ``HISTSIZE=0`` (reset after every command) and ``BASH_ENV=`` before the syntax
 check keep a command from reading the protocol through the history or running
-code in the checker. ``command`` before ``eval`` and ``read`` skips shell functions of
-those names; a leading backslash skips aliases.
+code in the checker. ``command`` before ``eval`` and ``read`` skips shell
+functions of those names; a leading backslash skips aliases.
 """
 
 from __future__ import annotations
@@ -48,18 +46,21 @@ from dataclasses import dataclass
 ABORT_SIGNAL = signal.SIGRTMIN + 5
 _ABORT_NAME = "RTMIN+5"
 
-RUN_FLAG = "__ua_b"  # "1" while the agent's command runs (and after, until the trailer)
+RUN_FLAG = "__ua_b"  # 1 while the agent's command runs (until the trailer or a prompt)
 STATUS = "__ua_r"  # "$? ran generation" of the last line
 NONCE = "__ua_s"
 COMMAND = "__ua_c"  # the command text when it is syntax-checked first
 SAVED_INT = "__ua_t"  # the command's SIGINT trap, while an abort overrides it
 SAVED_STATUS = "__ua_q"
 
-PS0 = r"\036S\036"
-PS1 = r"\036E${" + NONCE + r"}|${" + STATUS + r"}\036"
+PS0 = ""
+# The prompt also zeroes the run flag (through an array subscript, which expands to
+# nothing): the abort trap must never act while bash reads its input (bash 5.2
+# crashes on a SIGINT raised by a trap at the prompt).
+PS1 = r"\036E${" + NONCE + r"}|${" + STATUS + r"}\036${__ua_z[$((" + RUN_FLAG + r"=0))]}"
 
 _MARKER = re.compile(rb"\x1e([ES])([^\x1e]{0,200})\x1e")
-_END_BODY = re.compile(r"([0-9a-f]{16})\|(-?\d*) (\S*) ?(\S*)")
+_NONCE = re.compile(r"[0-9a-f]{16}")
 _JUNK_KEEP = 64 * 1024
 
 
@@ -73,16 +74,19 @@ def new_nonce() -> str:
     return secrets.token_hex(8)
 
 
-def trailer(nonce: str, generation: str, status: str = "$?") -> str:
+def trailer(nonce: str, generation: str, status: str | None = None) -> str:
     """Save the status, reset the prompt variables, read ``nonce``; then an empty line.
 
-    One assignment statement saves ``$?`` and resets what a command may have
-    changed (the prompts; ``HISTSIZE=0`` so the next line, nonce included, is
-    never in the history); the nonce comes last, from a here-string on a group,
-    so no DEBUG trap or ``$BASH_COMMAND`` sees it before the prompt is printed.
+    One assignment statement saves ``$? ran generation`` (or ``status``) and
+    resets what a command may have changed (the prompts; ``HISTSIZE=0`` so the
+    next line, nonce included, never enters the history); the nonce comes last,
+    from a here-string on a group, so no DEBUG trap or ``$BASH_COMMAND`` sees it
+    before the prompt is printed.
     """
+    if status is None:
+        status = f"$? ${{{RUN_FLAG}}} {generation}"
     return (
-        f'{STATUS}="{status} ${{{RUN_FLAG}}} {generation}" {RUN_FLAG}= '
+        f'{STATUS}="{status}" {RUN_FLAG}=0 '
         f"PS1='{PS1}' PS0='{PS0}' PS2= PROMPT_COMMAND=() HISTSIZE=0; "
         f"{{ IFS= \\command \\read -r {NONCE}; }} <<< {nonce}\n\n"
     )
@@ -92,7 +96,7 @@ def trailer(nonce: str, generation: str, status: str = "$?") -> str:
 # SIGINT that bash acts on even when the command trapped or ignored SIGINT (its
 # SIGINT trap is saved here and restored by the resync line).
 _ABORT_TRAP = (
-    f"[[ -n ${RUN_FLAG} ]] && {{ {SAVED_INT}=$(\\command \\trap -p INT); "
+    f"(( {RUN_FLAG} )) && {{ {RUN_FLAG}=0 {SAVED_INT}=$(\\command \\trap -p INT); "
     "\\command \\trap - INT; \\command \\kill -s INT $$; }"
 )
 
@@ -105,14 +109,18 @@ def init_line(nonce: str, generation: str) -> str:
 
 
 def resync_line(nonce: str, generation: str) -> str:
-    """After an interrupt: restore what the abort changed, the builtins used; a trailer."""
+    """After a cut-short line: restore what the abort changed and the builtins used; a trailer.
+
+    Its end marker also carries what the cut-short line's trailer saved, in case
+    it got that far (then the nonce read failed: the command disabled something).
+    """
     repair = (
-        f"{SAVED_STATUS}=$?; "
+        f'{SAVED_STATUS}="$? ${RUN_FLAG}"; '
         f'[[ -n ${SAVED_INT} ]] && \\command \\eval "${SAVED_INT}"; {SAVED_INT}=; '
         "\\enable command eval read kill trap 2>/dev/null; "
         "\\builtin unset -f command 2>/dev/null; "
     )
-    return repair + trailer(nonce, generation, f"${SAVED_STATUS}")
+    return repair + trailer(nonce, generation, f"${SAVED_STATUS} {generation} ${STATUS}")
 
 
 def command_prefix(*, check: bool, pty_fd: int | None, interactive: bool) -> tuple[str, str]:
@@ -133,7 +141,7 @@ def command_prefix(*, check: bool, pty_fd: int | None, interactive: bool) -> tup
         return f"{RUN_FLAG}=1; \\command \\eval -- ", f" {redirs}; "
     closed = f" {pty_fd}>&-" if pty_fd is not None else ""
     after = (
-        f'; {RUN_FLAG}=; if BASH_ENV= "$BASH" -n <<<"${COMMAND}" 2>&1 1>&2{closed}; then '
+        f'; {RUN_FLAG}=0; if BASH_ENV= "$BASH" -n <<<"${COMMAND}" 2>&1 1>&2{closed}; then '
         f'{RUN_FLAG}=1; \\command \\eval -- "${COMMAND}" {redirs}; fi; '
     )
     return f"{COMMAND}=", after
@@ -148,6 +156,8 @@ class Marker:
     exit_code: int | None = None
     ran: bool = False
     generation: str = ""
+    #: In a resync's end: (status, ran, generation) the cut-short line's trailer saved.
+    previous: tuple[int | None, bool, str] | None = None
     raw: str = ""
 
 
@@ -208,18 +218,26 @@ class MarkerParser:
 def _parse(kind: str, body: str) -> Marker:
     if kind == "S":
         return Marker("S", raw=body)
-    match = _END_BODY.fullmatch(body)
-    if match is None:
-        return Marker("E", raw=body)  # a forged or mangled marker: no nonce of ours
-    nonce, code, ran, generation = match.groups()
+    nonce, bar, status = body.partition("|")
+    fields = status.split(" ")  # "rc ran generation[ rc ran generation]", ran may be ""
+    if not bar or not _NONCE.fullmatch(nonce) or len(fields) < 3:
+        return Marker("E", raw=body)  # forged or mangled: no nonce of ours
+    previous = None
+    if len(fields) == 6:
+        previous = (_int(fields[3]), fields[4] == "1", fields[5])
     return Marker(
         "E",
         nonce=nonce,
-        exit_code=int(code) if code.lstrip("-").isdigit() else None,
-        ran=ran == "1",
-        generation=generation,
+        exit_code=_int(fields[0]),
+        ran=fields[1] == "1",
+        generation=fields[2],
+        previous=previous,
         raw=body,
     )
+
+
+def _int(text: str) -> int | None:
+    return int(text) if text.isdigit() else None
 
 
 class OutputBuffer:

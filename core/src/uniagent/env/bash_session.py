@@ -228,7 +228,7 @@ class BashSession:
         if matched is None:  # the program ended
             self._interactive = None
             output, code = await self._finish(line, line.done.result(), text)
-            return output, code, ""
+            return clean_output(output), code, ""
         before, found = matched
         out = clean_output(before.decode("utf-8", "backslashreplace"))
         if typed and out.lstrip().startswith(text):
@@ -269,18 +269,19 @@ class BashSession:
         self, line: Line, result: tuple[Marker, bool], command: str
     ) -> tuple[str, int]:
         end, cut_short = result
-        ours = end.generation == line.generation
-        code = end.exit_code if ours or cut_short else None
+        code, ran, trailer_ran = _status(line, end, cut_short)
         output = await self._render(line.output, code)
         if line.tamper:
             raise SessionProtocolError(line.tamper, partial_output=output)
-        if not ours and not cut_short:
+        if trailer_ran is False:
             raise SessionProtocolError(
-                "the command kept the session from recording its exit status (a DEBUG trap "
-                "with `shopt -s extdebug`?); its output and exit code are unreliable",
+                "the command kept the session from recording its end (it disabled or "
+                "shadowed a shell builtin, e.g. `enable -n read` or a function named "
+                "`command`, which the session restored; or a DEBUG trap with extdebug); "
+                f"its exit status was {code}",
                 partial_output=output,
             )
-        if not end.ran and not cut_short:
+        if not ran:
             raise ActionSyntaxError(_BASH_PATH_PREFIX.sub("bash: ", output).strip(), command)
         if code is None:
             raise SessionProtocolError(
@@ -339,8 +340,7 @@ class BashSession:
                     out = clean_output(before.decode("utf-8", "backslashreplace"))
                     return out, found.decode("utf-8", "backslashreplace")
         end, cut_short = line.done.result()
-        code = end.exit_code if cut_short or end.ran else None
-        return await self._render(line.output, code), ""
+        return await self._render(line.output, _status(line, end, cut_short)[0]), ""
 
     async def _stop(self, line: Line, window: float, n_retry: int) -> None:
         try:
@@ -431,6 +431,22 @@ class BashSession:
     def _render_now(self, buffer: OutputBuffer) -> str:
         head, dropped, tail = buffer.take()
         return render_output(head, dropped, tail, self.buffer_limit, None)
+
+
+def _status(line: Line, end: Marker, cut_short: bool) -> tuple[int | None, bool, bool | None]:
+    """(exit status, whether the command ran, whether its trailer ran) from ``line``'s end.
+
+    A cut-short line ends with its resync's marker: the status is ``$?`` after the
+    abort (130), unless the line's own trailer saved one before failing (then
+    "trailer ran" is False: the command disabled part of the protocol).
+    """
+    if not cut_short:
+        if end.generation != line.generation:  # the save was skipped, the read was not
+            return None, True, False
+        return end.exit_code, end.ran, None
+    if end.previous is not None and end.previous[2] == line.generation:
+        return end.previous[0], end.previous[1], False
+    return end.exit_code, True, None
 
 
 @dataclass(frozen=True)

@@ -1,17 +1,21 @@
 """Stopping a running command line and bringing bash back to a known state.
 
-Holds on a saturated machine: no signal is sent before bash has read the whole
-line (a signal while bash parses could make it run a fragment of the line).
-SIGINT goes to bash's process group and, for programs that left it
-(``setsid``), to theirs; :data:`~uniagent.env.bash_protocol.ABORT_SIGNAL` to
-bash makes it abort the rest of the line once the program ends, however it
-ended (bash itself would go on after a program that caught SIGINT). Then
-SIGTERM and SIGKILL to the foreground programs, never to bash or to background
-jobs. Each escalation waits while ``/proc`` shows progress (a signal still
-pending because the target has not run yet, a runnable target, CPU time within
-the window) and escalates once the targets sleep without exiting, ignore the
-signal, or use up the window's CPU time; a deadline bounds it all. Finally a
-fresh trailer (:func:`~uniagent.env.bash_protocol.resync_line`) re-establishes
+Holds on a saturated machine. bash itself only ever gets
+:data:`~uniagent.env.bash_protocol.ABORT_SIGNAL`, whose trap does nothing
+until the line's first statement has run, so a signal can never land while
+bash parses a line (a SIGINT then could make it run a fragment of it).
+SIGINT goes to the foreground programs (bash's descendants that are not
+background jobs, ``setsid`` ones included) and
+:data:`~uniagent.env.bash_protocol.ABORT_SIGNAL` to bash, whose trap then
+aborts the rest of the line once they end, however they ended: bash itself
+would go on after a program that caught or ignored SIGINT, or after running
+the command's own SIGINT trap. Then SIGTERM and SIGKILL to the foreground
+programs, never to bash or to background jobs. Each escalation waits while
+``/proc`` shows progress (a signal still pending because the target has not
+run yet, a runnable target, CPU time within the window) and escalates once the
+targets sleep without exiting, ignore the signal, or use up the window's CPU
+time; a deadline bounds it all. Finally a fresh trailer
+(:func:`~uniagent.env.bash_protocol.resync_line`) re-establishes
 the protocol; if bash never answers, the session is declared broken.
 """
 
@@ -50,12 +54,14 @@ async def stop(wire: BashWire, line: Line, window: float, n_retry: int) -> None:
 async def _escalate(
     wire: BashWire, line: Line, window: float, n_retry: int, deadline: float
 ) -> None:
-    while not (line.started or line.done.done()):  # never signal during parsing
-        if not await line.wait_change(deadline - time.monotonic()):
-            raise TimeoutError("bash did not start the command line")
+    # Let bash read the line first (on a saturated machine it may not have yet).
+    while wire.unread() and not line.done.done():
+        if time.monotonic() >= deadline:
+            raise TimeoutError("bash did not read the command line")
+        await line.wait_change(0.02)
     stages = [signal.SIGINT] * max(1, n_retry) + [signal.SIGTERM, signal.SIGKILL]
     for stage, sig in enumerate(stages):
-        if line.back or (line.expect and line.expect_hit()):
+        if await _back(wire, line, deadline) or (line.expect and line.expect_hit()):
             return
         # A first SIGINT with expect patterns is Ctrl-C in a REPL: the program should
         # survive it, so bash is not told to abort the line when the program ends.
@@ -68,22 +74,32 @@ async def _escalate(
 
 
 async def _signal(wire: BashWire, line: Line, sig: int, *, abort: bool) -> None:
+    """``sig`` to the foreground programs (never to bash: on a SIGINT bash would run a
+    SIGINT trap of the command and go on with the line); ``abort`` tells bash to abort
+    the line once they end."""
     line.signalled = True
     targets = await asyncio.to_thread(foreground, wire, line)
-    if sig == signal.SIGINT:
-        if wire.pid is not None and abort:
-            with contextlib.suppress(ProcessLookupError, PermissionError):
-                os.kill(wire.pid, ABORT_SIGNAL)
-        groups = {wire.pgid} | {p.pgid for p in targets if p.pgid == p.pid}
-        for pgid in groups - {None}:
-            with contextlib.suppress(ProcessLookupError, PermissionError):
-                os.killpg(pgid, signal.SIGINT)  # type: ignore[arg-type]
+    if abort and wire.pid is not None:
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.kill(wire.pid, ABORT_SIGNAL)
     for proc in targets:
         with contextlib.suppress(ProcessLookupError, PermissionError):
-            if sig != signal.SIGINT:
-                os.kill(proc.pid, sig)
+            os.kill(proc.pid, sig)
             if proc.state == "T":  # a stopped program handles signals once continued
                 os.kill(proc.pid, signal.SIGCONT)
+
+
+async def _back(wire: BashWire, line: Line, deadline: float) -> bool:
+    """Whether bash is done with ``line``; a prompt with an earlier nonce counts only when
+    bash really sits at its prompt (a command can print such a prompt itself)."""
+    if line.done.done():
+        return True
+    if not line.at_prompt:
+        return False
+    if await bash_idle(wire, 0.5, deadline):
+        return True
+    line.at_prompt = False
+    return False
 
 
 def foreground(wire: BashWire, line: Line) -> list[procfs.ProcInfo]:
@@ -124,7 +140,9 @@ async def _watch(wire: BashWire, line: Line, sig: int, window: float, deadline: 
     poll = 0.005
     next_scan = quiet_since + poll
     while True:
-        if line.back or (line.expect and line.expect_hit()):
+        if line.expect and line.expect_hit():
+            return True
+        if line.back and await _back(wire, line, deadline):
             return True
         now = time.monotonic()
         if now >= deadline:

@@ -3,7 +3,7 @@
 :class:`BashWire` owns the input socket, the control socket, the output pipe,
 the pseudo-terminal for interactive programs and the exit watch (a pidfd). It
 turns bash's control messages (see :mod:`uniagent.env.bash_protocol`) into the
-state of each :class:`Line` sent: started, ended, cut short, or tampered with.
+state of each :class:`Line` sent: ended, cut short, or tampered with.
 It knows nothing of commands, timeouts or interrupts (see ``bash_session`` and
 ``bash_stop``).
 """
@@ -47,7 +47,6 @@ class Line:
         self.nonce = nonce
         self.generation = generation
         self.output = output
-        self.started = False  # bash read all of it (its PS0 arrived)
         self.first_end: Marker | None = None
         self.at_prompt = False  # bash printed a prompt without running this line's trailer
         self.tamper: str | None = None
@@ -411,17 +410,11 @@ class BashWire:
 
     def _on_marker(self, marker: Marker) -> None:
         lines = self.lines
-        if marker.kind == "S":  # lines start in order; the empty line after each has no PS0
-            for line in lines:
-                if not line.started:
-                    line.started = True
-                    line.poke()
-                    break
+        if marker.kind != "E":
             return
         index = next((i for i, ln in enumerate(lines) if ln.nonce == marker.nonce), None)
         if index is not None:
             line = lines[index]
-            line.started = True
             if line.first_end is None:  # the line's prompt; the empty line's comes next
                 line.first_end = marker
                 line.poke()
