@@ -376,11 +376,17 @@ class BashSession:
         bash_stop.start_resync(self.wire, line, time.monotonic() + 30)
 
     async def _settle(self) -> None:
-        """Before a command: finish stopping an abandoned one; report a violation seen since."""
+        """Before a command: finish stopping an abandoned one, let every line in flight (a
+        resync) end, so that output is never attributed to the wrong line; report a
+        violation seen since."""
         if self._cleanup is not None:
             task, self._cleanup = self._cleanup, None
             with contextlib.suppress(Exception):
                 await asyncio.shield(task)
+        if self._timed_out is None and self._interactive is None:
+            for line in list(self.wire.lines):
+                with contextlib.suppress(Exception):
+                    await asyncio.shield(line.done)
         self._check_usable()
         if self._timed_out is not None:
             raise CommandTimeoutError(
