@@ -194,8 +194,14 @@ class BashWire:
     def resolve_pids(self) -> None:
         """Find bash below its wrappers (bwrap), and its process group."""
         assert self.proc is not None
+        # bash is the program given just before its flags; wrappers (a cgroup shell, bwrap)
+        # exec into it or run it as a descendant.
+        name = next(
+            (os.path.basename(a)[:15] for a, b in zip(self.argv, self.argv[1:]) if b == "--norc"),
+            "bash",
+        )
         chain = [self.proc.pid]
-        while procfs.comm(chain[-1]) not in ("bash", "sh") and len(chain) < 5:
+        while procfs.comm(chain[-1]) != name and len(chain) < 8:
             kids = procfs.children(chain[-1])
             if not kids:
                 break
