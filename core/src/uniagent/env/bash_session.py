@@ -34,7 +34,7 @@ import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
-from uniagent.env import bash_stop, procfs
+from uniagent.env import bash_stop
 from uniagent.env.bash_protocol import (
     Marker,
     OutputBuffer,
@@ -475,7 +475,3 @@ def _prepare_sync(command: str) -> _Prepared:
     check_encodable(command)
     raw = command.encode("utf-8")
     return _Prepared(raw, quote(command).encode("utf-8"), not obviously_valid(command))
-
-
-# Kept for callers and tests that list a process group's members.
-_group_members = procfs.group_members
