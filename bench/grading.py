@@ -12,7 +12,8 @@ on the same kind of sandbox. Printed: medians in ms of sandbox start, baseline,
 grading in the episode's sandbox, grading in a fresh one, and the extra cost
 of ``fresh`` against ``episode`` (difference and ratio), all in one run.
 
-The figures measured on our machines are in docs/rewards.md ("Cost").
+The figures measured on our machines, and how to read them, are in
+docs/rewards.md ("Cost").
 """
 
 from __future__ import annotations
