@@ -115,6 +115,16 @@ def test_summary_agrees_with_the_runs_summary_file(viewer, messages_run):
     assert summary["status"]["finished"] == 12
 
 
+def test_a_tampered_episode_is_flagged_in_its_row(viewer, messages_run):
+    rows = viewer.json("/api/runs/0/episodes", q="count-vowels")["rows"]
+    assert [(r["tampered"], r["score_reason"], r["reward"]) for r in rows] == [
+        (1, "tampered", 0.0)
+    ] * 2
+    others = viewer.json("/api/runs/0/episodes", q="mean-empty")["rows"]
+    assert {(r["tampered"], r["score_reason"]) for r in others} == {(0, None)}
+    assert viewer.json("/api/runs/0/summary")["tampered_episodes"] == 2
+
+
 def test_summary_follows_the_filters(viewer):
     summary = viewer.json("/api/runs/0/summary", reward="solved")
     assert summary["episodes"] == 4 and summary["mean_reward"] == 1.0

@@ -113,7 +113,7 @@ def test_swe_test_statuses_are_listed_as_passing_and_failing(
                 "failure": ["tests/test_words.py::test_not"],
             },
         },
-        "tampering": {"restored": ["tests/test_words.py"]},
+        "status_mismatches": {"tests/test_words.py::test_not": {"expected": "PASSED"}},
     }
     result.write_text(json.dumps(record))
     viewer = viewer_of(str(run))
@@ -122,7 +122,23 @@ def test_swe_test_statuses_are_listed_as_passing_and_failing(
     expect(tests.locator(".test-success")).to_have_count(2)
     expect(tests.locator(".test-failure")).to_have_text("✗tests/test_words.py::test_not")
     expect(tests).to_contain_text("PASS_TO_PASS 1/2 passing")
-    expect(page.locator("#reward-info tr.warn")).to_contain_text("tampering")
+    expect(page.locator("#reward-info tr.warn")).to_contain_text("status_mismatches")
+
+
+def test_a_tampering_report_names_the_protected_file_the_agent_changed(viewer, page, screenshot):
+    # The policy emptied tests/test_text.py; the grader restored it and scored 0.
+    page.goto(viewer.url + "#/r/0?q=count-vowels")
+    expect(page.locator("#runs-table tbody tr")).to_have_count(2)
+    expect(page.locator("#runs-table .flag").first).to_have_text("tampered")
+    page.goto(episode_url(viewer, 0, "episodes/count-vowels/0", "result"))
+    expect(page.locator("#score-forced")).to_contain_text("Score forced: tampered")
+    row = page.locator("#tampered tbody tr")
+    expect(row).to_have_count(1)
+    expect(row).to_contain_text("tests/test_text.py")
+    expect(row).to_contain_text("modified")
+    expect(page.locator("#integrity")).to_contain_text("protected files")
+    page.locator("#integrity").scroll_into_view_if_needed()
+    screenshot("tampering")
 
 
 def test_a_messages_only_episode_explains_why_it_has_no_tokens(viewer, page):

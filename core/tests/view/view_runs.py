@@ -3,7 +3,7 @@ model a scripted chat server on 127.0.0.1 (real HTTP), the sandboxes real host s
 
 The policy is varied on purpose, so every part of the viewer has something to show: an
 editor fix (a diff), a sed fix, a failing test run, a long output, a reply with no tool
-call (format errors), an immediate submit.
+call (format errors), an edit of the tests (tampering).
 """
 
 from __future__ import annotations
@@ -38,6 +38,8 @@ reward:
   name: command
   config:
     timeout: 60
+  integrity:
+    protect_paths: [tests/]
 concurrency: 3
 sampling:
   temperature: 0.0
@@ -68,7 +70,8 @@ PLANS: dict[str, list[Any]] = {
     "palindrome-case": [("execute_bash", {"command": TEST})],
     "factorial-zero": ["TEXT", "TEXT"],
     "clamp-order": [("execute_bash", {"command": "seq 1 400"})],
-    "count-vowels": [],
+    # Cheating: the tests are emptied so that they pass; the grader restores and reports it.
+    "count-vowels": [("execute_bash", {"command": "echo 'import unittest' > tests/test_text.py"})],
 }
 # A second policy for A/B comparisons: one task better (palindrome), one worse (fahrenheit).
 PLANS_B: dict[str, list[Any]] = {

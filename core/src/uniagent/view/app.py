@@ -27,7 +27,14 @@ from starlette.staticfiles import StaticFiles
 
 from uniagent.errors import ConfigError
 from uniagent.view import index
-from uniagent.view.rundir import MESSAGES, ROLLOUT, NotFound, OutsideRunFolder, RunFolder
+from uniagent.view.rundir import (
+    INFRA_EXITS,
+    MESSAGES,
+    ROLLOUT,
+    NotFound,
+    OutsideRunFolder,
+    RunFolder,
+)
 from uniagent.view.tokens import Tokenizers, exactness, token_page
 
 STATIC = Path(__file__).parent / "static"
@@ -163,7 +170,10 @@ def create_app(
             if _stale(run):
                 watcher.refresh(run)
         return JSONResponse(
-            {"runs": [{"id": i, **_brief(run)} for i, run in enumerate(runs)]},
+            {
+                "runs": [{"id": i, **_brief(run)} for i, run in enumerate(runs)],
+                "infra_exits": sorted(INFRA_EXITS),
+            }
         )
 
     async def episodes(request: Request) -> Response:

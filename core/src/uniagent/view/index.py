@@ -189,6 +189,8 @@ def stats(rows: Iterable[Row], *, n: int) -> dict[str, Any]:
         "syntax_errors": sum(r.syntax_errors for r in finished),
         "timeouts": sum(r.timeouts for r in finished),
     }
+    summary["tampered_episodes"] = sum(1 for r in finished if r.tampered)
+    summary["score_reasons"] = dict(Counter(r.score_reason for r in finished if r.score_reason))
     return summary
 
 

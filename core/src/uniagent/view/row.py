@@ -33,6 +33,8 @@ class Row:
     env_seconds: float | None = None
     reward_seconds: float | None = None
     error: str | None = None
+    score_reason: str | None = None  # why the grader forced the score (e.g. "tampered")
+    tampered: int = 0  # changes to protected files, code or tools the grader found
     offset: int | None = None  # where its line starts in results.jsonl
 
     @property
@@ -59,6 +61,8 @@ class Row:
             **{k: getattr(self, k) for k in TIME_KEYS},
             "total_seconds": self.total_seconds,
             "error": self.error,
+            "score_reason": self.score_reason,
+            "tampered": self.tampered,
         }
 
     def as_record(self) -> dict[str, Any]:

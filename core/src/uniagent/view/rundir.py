@@ -73,6 +73,9 @@ def row_from_record(record: dict[str, Any], key: str, order: int, offset: int | 
     exit_reason = _str(record.get("exit_reason"))
     tool_calls = metrics.get("tool_calls")
     error = _str(record.get("error"))
+    info = record.get("reward_info") if isinstance(record.get("reward_info"), dict) else {}
+    integrity = info.get("integrity") if isinstance(info.get("integrity"), dict) else {}
+    tampered = integrity.get("tampered")
     return Row(
         key=key,
         task_id=str(record.get("task_id", key)),
@@ -91,6 +94,8 @@ def row_from_record(record: dict[str, Any], key: str, order: int, offset: int | 
         timeouts=_int(metrics.get("timeouts")) or 0,
         **{k: _float(metrics.get(k)) for k in TIME_KEYS},
         error=error[:_ERROR_CHARS] if error else None,
+        score_reason=_str(info.get("score_reason")),
+        tampered=len(tampered) if isinstance(tampered, list) else 0,
         offset=offset,
     )
 

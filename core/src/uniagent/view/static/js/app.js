@@ -1,5 +1,5 @@
 // The page: a hash router over four views, the run picker, and the live connection.
-import { api, clear, h, num } from "./dom.js";
+import { api, clear, h, num, setInfraExits } from "./dom.js";
 import { go, parseHash } from "./router.js";
 import { renderRuns } from "./runs.js";
 import { renderSummary } from "./summary.js";
@@ -114,7 +114,9 @@ function showLive(run, broken) {
 
 async function start() {
   try {
-    state.runs = (await api("/api/runs")).runs;
+    const listed = await api("/api/runs");
+    state.runs = listed.runs;
+    setInfraExits(listed.infra_exits);
   } catch (err) {
     clear(document.getElementById("view")).append(h("div", { class: "error pad" }, err.message));
     return;

@@ -69,8 +69,12 @@ export function pct(x) {
   return x === null || x === undefined ? "–" : `${(100 * x).toFixed(x < 0.1 && x > 0 ? 1 : 0)}%`;
 }
 
-// Exit reasons in three families: the policy's normal end, its own failures, infrastructure.
-const INFRA = new Set(["env_error", "reward_error", "model_error", "unknown_error", "terminal_not_alive"]);
+// Exit reasons in three families: the policy's normal end, its own failures, infrastructure
+// (the server's list, from the default exit policy).
+let INFRA = new Set();
+export function setInfraExits(reasons) {
+  INFRA = new Set(reasons || []);
+}
 export function exitFamily(reason) {
   if (!reason) return "none";
   if (reason === "finished") return "ok";
@@ -97,6 +101,15 @@ export function exitBadge(reason) {
   if (!reason) return h("span", { class: "muted" }, "–");
   const family = { ok: "the policy ended the episode", policy: "the policy's own failure", infra: "an infrastructure failure" };
   return badge(reason, `exit-${exitFamily(reason)}`, `exit reason: ${family[exitFamily(reason)]}`);
+}
+
+export function tamperBadge(row) {
+  if (!row.tampered && !row.score_reason) return null;
+  const text = row.tampered ? "tampered" : row.score_reason.replace(/_/g, " ");
+  const title = row.tampered
+    ? `the grader found ${row.tampered} change(s) to protected files, code or tools` + (row.score_reason ? `; score forced (${row.score_reason})` : "")
+    : `the grader forced the score: ${row.score_reason}`;
+  return h("span", { class: "flag", title }, text);
 }
 
 export function rewardCell(reward) {

@@ -1,7 +1,7 @@
 // One episode: header, then tabs for the conversation, the tokens, the result and the log.
 import {
   add, api, badge, clear, debounced, exitBadge, fmtSeconds, h, looksLikeDiff, num, rewardCell,
-  statusBadge, textBlock,
+  statusBadge, tamperBadge, textBlock,
 } from "./dom.js";
 import { replaceParams } from "./router.js";
 import { renderTokens } from "./tokens.js";
@@ -33,6 +33,7 @@ export async function renderEpisode(main, runId, params) {
         h("h2", { id: "episode-title" }, r.task_id, h("span", { class: "sample" }, ` · sample ${r.sample ?? "–"}`)),
         h("div", { class: "title-badges" }, statusBadge(r.status), exitBadge(r.exit_reason),
           r.masked ? badge("masked", "masked", "kept out of training") : null,
+          tamperBadge(r),
           h("span", { class: "reward-big", title: "reward" }, rewardCell(r.reward)))),
       h("div", { class: "facts" },
         fact("turns", r.turns ?? "–"),
@@ -187,22 +188,60 @@ function result(body, data) {
         fact("reward", rewardCell(rec.reward)),
         fact("exit reason", exitBadge(rec.exit_reason)),
         fact("masked in training", rec.traj_masked ? "yes" : "no")),
+      forced(rec.reward_info || {}),
       rec.error ? h("div", { class: "error" }, h("b", {}, "error: "), rec.error) : null),
     h("section", { class: "card", id: "submission" }, h("h3", {}, "Submission"),
       submission ? textBlock(submission, { lines: 80, chars: 20000, cls: looksLikeDiff(submission) ? "diff" : "" }) : h("p", { class: "muted" }, "No submission.")),
+    h("section", { class: "card", id: "integrity" }, h("h3", {}, "Grading integrity"),
+      integrity((rec.reward_info || {}).integrity || rec.integrity)),
     h("section", { class: "card", id: "reward-info" }, h("h3", {}, "Reward details"), rewardInfo(rec.reward_info || {})),
   );
   return null;
 }
 
+function forced(info) {
+  if (!info.score_reason) return null;
+  return h("div", { class: "error", id: "score-forced" }, h("b", {}, `Score forced: ${String(info.score_reason).replace(/_/g, " ")}`),
+    info.detail ? ` — ${String(info.detail).slice(0, 400)}` : "");
+}
+
+// What the grader protected, what it found changed, and whether that forced the score.
+function integrity(report) {
+  if (!report || typeof report !== "object") return h("p", { class: "muted" }, "The grader recorded no integrity report.");
+  const tampered = Array.isArray(report.tampered) ? report.tampered : null;
+  const parts = [];
+  parts.push(h("div", { class: "facts" },
+    report.grade_in ? fact("graded in", report.grade_in === "fresh" ? "a fresh sandbox" : "the episode's sandbox") : null,
+    report.protected_files !== undefined ? fact("protected files", num(report.protected_files)) : null,
+    report.toolchain_files !== undefined ? fact("toolchain files", num(report.toolchain_files)) : null,
+    report.base_commit ? fact("base commit", String(report.base_commit).slice(0, 12), "mono") : null,
+    Array.isArray(report.patch_files) ? fact("files in the patch", report.patch_files.length ? report.patch_files.join(", ") : "none", "mono") : null,
+    fact("history scrub", report.history_scrub ? JSON.stringify(report.history_scrub) : "–")));
+  if (tampered === null) {
+    parts.push(h("p", { class: "muted small" }, "Baseline only: the episode was not graded."));
+  } else if (!tampered.length) {
+    parts.push(h("p", {}, badge("no tampering found", "yes", "protected files, code and tools were as before the first turn")));
+  } else {
+    parts.push(h("table", { class: "mini tamper", id: "tampered" },
+      h("thead", {}, h("tr", {}, ["kind", "path", "change", "rule", "detail"].map((t) => h("th", {}, t)))),
+      h("tbody", {}, tampered.map((t) => h("tr", { class: t.scores === false ? "noted" : "scored" },
+        h("td", {}, String(t.kind || "")), h("td", { class: "mono" }, String(t.path || "")),
+        h("td", {}, String(t.change || "")), h("td", {}, String(t.rule || "")),
+        h("td", { class: "small" }, t.scores === false ? `noted, not scored${t.detail ? ": " + t.detail : ""}` : String(t.detail || "")))))));
+  }
+  return h("div", {}, parts);
+}
+
+// Shown elsewhere on the tab: the test lists above, the integrity report, the forced score.
+const OWN_PLACE = ["tests_status", "integrity", "score_reason", "detail"];
+
 function rewardInfo(info) {
-  const entries = Object.entries(info);
-  if (!entries.length) return h("p", { class: "muted" }, "The reward reported no details.");
+  const entries = Object.entries(info).filter(([k]) => !OWN_PLACE.includes(k));
   const parts = [];
   if (info.tests_status) parts.push(testsStatus(info.tests_status));
+  if (!entries.length && !parts.length) return h("p", { class: "muted" }, "The reward reported no other details.");
   const table = h("table", { class: "args info" });
   for (const [k, v] of entries) {
-    if (k === "tests_status") continue;
     const warn = /tamper|infra_failure$|mismatch/i.test(k) && v && (typeof v !== "object" || Object.keys(v).length);
     table.append(h("tr", { class: warn ? "warn" : "" }, h("th", {}, k), h("td", {}, value(v))));
   }

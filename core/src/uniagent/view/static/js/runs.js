@@ -1,6 +1,6 @@
 // The runs table: every episode, sortable, filterable, paged; refreshed by live events.
 import {
-  api, clear, debounced, exitBadge, fmtReward, fmtSeconds, h, num, rewardCell, statusBadge,
+  api, clear, debounced, exitBadge, fmtReward, fmtSeconds, h, num, rewardCell, statusBadge, tamperBadge,
 } from "./dom.js";
 import { episodeHref, replaceParams } from "./router.js";
 
@@ -151,7 +151,7 @@ export async function renderRuns(main, runId, params) {
         h("td", { class: "num" }, r.sample ?? "–"),
         h("td", {}, statusBadge(r.status)),
         h("td", {}, exitBadge(r.exit_reason), r.masked ? h("span", { class: "masked", title: "masked in training" }, "masked") : null),
-        h("td", { class: "num" }, rewardCell(r.reward)),
+        h("td", { class: "num" }, tamperBadge(r), rewardCell(r.reward)),
         h("td", { class: "num" }, r.turns ?? "–"),
         h("td", { class: "calls" }, calls.length ? calls.map(([n, c]) => h("span", { class: "call" }, `${n} ×${c}`)) : h("span", { class: "muted" }, "–")),
         ...["setup_seconds", "model_seconds", "env_seconds", "reward_seconds", "total_seconds"].map((k) => h("td", { class: "num time" }, fmtSeconds(r[k]))),
