@@ -152,6 +152,7 @@ def test_the_summary_draws_its_charts(viewer, page, screenshot):
     expect(page.locator("#tool-chart .hbar")).to_have_count(3)
     expect(page.locator("#turns-chart .vbar").first).to_be_visible()
     expect(page.locator("#summary")).to_contain_text("pass@2")
+    expect(page.locator("#summary .stat-card.alarm")).to_contain_text("Tampered2")
     expect(page.locator("#time-chart .stack-part")).to_have_count(4)
     screenshot("summary")
 

@@ -25,6 +25,7 @@ export async function renderSummary(main, runId) {
       cards.push(card(k, v === null ? "–" : v.toFixed(3), `unbiased estimator over ${num(s.tasks)} tasks`));
     }
     cards.push(card("Masked", pct(s.masked_share), `${num(s.masked_episodes)} episodes kept out of training`));
+    cards.push(card("Tampered", num(s.tampered_episodes), "graded episodes whose agent changed protected files, code or tools", s.tampered_episodes ? "alarm" : ""));
     const solved = (s.reward_classes || {}).solved || 0;
     cards.push(card("Solved", num(solved), `reward ≥ 1 of ${num(s.episodes)}`));
     root.append(h("div", { class: "cards" }, cards));
