@@ -60,12 +60,13 @@ def test_the_runs_table_filters_and_opens_an_episode(viewer, page, screenshot):
     expect(page.locator("#log-text")).to_contain_text("finished: finished reward=1.0")
 
 
-def test_long_outputs_are_folded_until_asked_for(viewer, page):
+def test_long_outputs_are_folded_until_asked_for(viewer, page, screenshot):
     page.goto(episode_url(viewer, 0, "episodes/clamp-order/0"))
     observation = page.locator("#conversation .msg-tool").first
     expect(observation.locator("pre")).not_to_contain_text("400")
     observation.get_by_role("button", name="more lines").click()
     expect(observation.locator("pre")).to_contain_text("399\n400")
+    screenshot("unfolded", docs=False)
 
 
 def test_the_token_view_shows_whose_tokens_and_their_log_probs(viewer, page, screenshot):
@@ -98,7 +99,7 @@ def test_the_token_view_shows_whose_tokens_and_their_log_probs(viewer, page, scr
 
 
 def test_swe_test_statuses_are_listed_as_passing_and_failing(
-    viewer_of, messages_run, tmp_path, page
+    viewer_of, messages_run, tmp_path, page, screenshot
 ):
     run = tmp_path / "run"
     shutil.copytree(messages_run, run)
@@ -123,6 +124,7 @@ def test_swe_test_statuses_are_listed_as_passing_and_failing(
     expect(tests.locator(".test-failure")).to_have_text("✗tests/test_words.py::test_not")
     expect(tests).to_contain_text("PASS_TO_PASS 1/2 passing")
     expect(page.locator("#reward-info tr.warn")).to_contain_text("status_mismatches")
+    screenshot("tests-status", docs=False)
 
 
 def test_a_tampering_report_names_the_protected_file_the_agent_changed(viewer, page, screenshot):
@@ -141,9 +143,10 @@ def test_a_tampering_report_names_the_protected_file_the_agent_changed(viewer, p
     screenshot("tampering")
 
 
-def test_a_messages_only_episode_explains_why_it_has_no_tokens(viewer, page):
+def test_a_messages_only_episode_explains_why_it_has_no_tokens(viewer, page, screenshot):
     page.goto(episode_url(viewer, 0, "episodes/fahrenheit/1", "tokens"))
     expect(page.locator("#tokens")).to_contain_text("messages only")
+    screenshot("no-tokens", docs=False)
 
 
 def test_the_summary_draws_its_charts(viewer, page, screenshot):

@@ -9,6 +9,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
+import threading
 import time
 from collections import OrderedDict
 from collections.abc import AsyncIterator, Callable
@@ -97,25 +98,29 @@ def _brief(run: RunFolder) -> dict[str, Any]:
     return {**run.info(), "status": counts}
 
 
-class _JsonCache:
-    """The last few parsed rollouts, keyed by path and modification time."""
+class _FileCache:
+    """The last few values computed from files, keyed by path and modification time
+    (a rewritten file is read again); used from worker threads."""
 
-    def __init__(self, size: int = 8) -> None:
+    def __init__(self, size: int) -> None:
         self.size = size
         self._items: OrderedDict[tuple[str, int], Any] = OrderedDict()
+        self._lock = threading.Lock()
 
-    def get(self, path: Path, load: Callable[[], Any]) -> Any:
+    def get(self, path: Path, compute: Callable[[], Any]) -> Any:
         try:
             key = (str(path), path.stat().st_mtime_ns)
         except OSError:
             return None
-        if key in self._items:
-            self._items.move_to_end(key)
-            return self._items[key]
-        value = load()
-        self._items[key] = value
-        while len(self._items) > self.size:
-            self._items.popitem(last=False)
+        with self._lock:
+            if key in self._items:
+                self._items.move_to_end(key)
+                return self._items[key]
+        value = compute()  # outside the lock: a re-render can take a second
+        with self._lock:
+            self._items[key] = value
+            while len(self._items) > self.size:
+                self._items.popitem(last=False)
         return value
 
 
@@ -131,8 +136,8 @@ def create_app(
         raise ConfigError("uniagent view needs at least one run folder")
     watcher = Watcher(runs, poll_interval)
     tokenizers = Tokenizers(tokenizer)
-    rollouts = _JsonCache()
-    reports: dict[tuple[str, int], Any] = {}
+    rollouts = _FileCache(8)
+    reports = _FileCache(64)
 
     def get_run(request: Request) -> RunFolder:
         value = request.path_params.get("run", request.query_params.get("run", "0"))
@@ -245,20 +250,19 @@ def create_app(
         decoder, why = await run_in_threadpool(tokenizers.get, rollout.get("tokenizer"))
         if decoder is None:
             return JSONResponse({"available": False, "reason": why})
-        path = run.path(key, ROLLOUT)
-        cache_key = (str(path), path.stat().st_mtime_ns)
-        if cache_key not in reports:
+
+        def check() -> dict[str, Any]:
             try:
-                reports[cache_key] = {
-                    "available": True,
-                    **await run_in_threadpool(exactness, rollout, decoder),
-                }
+                return {"available": True, **exactness(rollout, decoder)}
             except Exception as exc:  # a wrong tokenizer, a malformed snapshot: say so
-                reports[cache_key] = {
+                return {
                     "available": False,
                     "reason": f"the check failed: {type(exc).__name__}: {exc}",
                 }
-        return JSONResponse(reports[cache_key])
+
+        path = run.path(key, ROLLOUT)
+        report = await run_in_threadpool(reports.get, path, check)
+        return JSONResponse(report or {"available": False, "reason": "rollout.json is gone"})
 
     async def log(request: Request) -> Response:
         run = get_run(request)
