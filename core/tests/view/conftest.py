@@ -133,9 +133,13 @@ def viewer(messages_run: Path, token_run: Path) -> Iterator[Viewer]:
     stop_viewer(viewer)
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="module")
 def browser() -> Iterator[Any]:
-    """Debian's Chromium, headless, driven by Playwright (a fresh, empty profile)."""
+    """Debian's Chromium, headless, driven by Playwright (a fresh, empty profile).
+
+    Per module: Playwright's synchronous API keeps an event loop running in this thread
+    while it is started, which asyncio tests run after it in the same session would trip on.
+    """
     from playwright.sync_api import sync_playwright
 
     from uniagent.testing.browser import launch_chromium

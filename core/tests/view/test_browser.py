@@ -16,7 +16,7 @@ from urllib.parse import quote
 import view_runs
 from playwright.sync_api import expect
 
-from uniagent.testing.chat_server import ScriptedChatServer
+from uniagent.testing import ScriptedChatServer
 
 
 def episode_url(viewer, run: int, key: str, tab: str = "") -> str:

@@ -18,7 +18,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from uniagent.testing.chat_server import Reply, ScriptedChatServer, tool_call
+from uniagent.testing import Reply, ScriptedChatServer, tool_call
 
 ROOT = Path(__file__).resolve().parents[3]
 MAKE_TASKS = ROOT / "examples" / "swe_tiny" / "make_tasks.py"
@@ -209,30 +209,51 @@ def messages_run(workdir: Path, *, n: int = 2) -> Path:
 def token_run(workdir: Path, tokenizer: Any) -> Path:
     """A finished run in token mode: what ``uniagent run`` writes against a vLLM server.
 
-    The command line has no tokenizer option for an OpenAI endpoint yet, so this drives
-    the same runner in-process with the OpenAI backend given the real Qwen3 tokenizer.
+    The command line has no tokenizer option for an OpenAI endpoint yet, so a child
+    process (this file run as a script) drives the same runner with the OpenAI backend
+    given the real Qwen3 tokenizer; the scripted server answers here.
     """
+    tasks = make_tasks(workdir / "swe_tiny")
+    config = write_config(workdir / "config.yaml")
+    out = workdir / "run-tokens"
+    with ScriptedChatServer(tokenizer=tokenizer, default=token_policy(tokenizer)) as server:
+        proc = subprocess.run(
+            [sys.executable, __file__, str(config), str(tasks), server.base_url, str(out)],
+            capture_output=True,
+            text=True,
+            env=run_env(workdir / "tmp"),
+            timeout=600,
+        )
+    if proc.returncode != 0:
+        raise RuntimeError(f"the token-mode run failed:\n{proc.stderr[-3000:]}")
+    return out
+
+
+def _run_in_token_mode(config_path: str, tasks_path: str, base_url: str, out: str) -> None:
+    """What ``uniagent run`` does, with a tokenizer for the OpenAI backend."""
     from uniagent.config import AgentConfig
     from uniagent.models import OpenAIChatModel
     from uniagent.run.progress import Progress
     from uniagent.run.runner import run_sync
     from uniagent.run.tasks import load_tasks
+    from uniagent.testing import load_qwen3_tokenizer
 
-    tasks_file = make_tasks(workdir / "swe_tiny")
-    config = AgentConfig.from_yaml(write_config(workdir / "config.yaml"))
-    tasks, bad = load_tasks(tasks_file)
-    out = workdir / "run-tokens"
-    with ScriptedChatServer(tokenizer=tokenizer, default=token_policy(tokenizer)) as server:
+    config = AgentConfig.from_yaml(config_path)
+    tasks, bad = load_tasks(tasks_path)
+    tokenizer = load_qwen3_tokenizer()
 
-        def factory() -> OpenAIChatModel:
-            return OpenAIChatModel(
-                server.base_url,
-                "scripted",
-                api_key="test",
-                tokenizer=tokenizer,
-                sampling_params=dict(config.sampling),
-                max_model_len=16384,
-            )
+    def factory() -> OpenAIChatModel:
+        return OpenAIChatModel(
+            base_url,
+            "scripted",
+            api_key="test",
+            tokenizer=tokenizer,
+            sampling_params=dict(config.sampling),
+            max_model_len=16384,
+        )
 
-        run_sync(config, tasks, bad, factory, out, progress=Progress(io.StringIO(), live=False))
-    return out
+    run_sync(config, tasks, bad, factory, Path(out), progress=Progress(io.StringIO(), live=False))
+
+
+if __name__ == "__main__":
+    _run_in_token_mode(*sys.argv[1:5])
