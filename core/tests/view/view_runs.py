@@ -188,22 +188,33 @@ def run_env(tmp: Path) -> dict[str, str]:
     return {**os.environ, "TMPDIR": str(tmp), "OPENAI_API_KEY": "test"}
 
 
-def messages_run(workdir: Path, *, n: int = 2) -> Path:
-    """A finished ``uniagent run`` (messages mode) with ``n`` samples per task."""
+def finished_run(workdir: Path, name: str, server: ScriptedChatServer, command: Any) -> Path:
+    """Run ``command(config, tasks, out)`` (a child process) to the end against ``server``."""
     tasks = make_tasks(workdir / "swe_tiny")
     config = write_config(workdir / "config.yaml")
-    out = workdir / "run-messages"
-    with ScriptedChatServer(default=chat_policy()) as server:
+    out = workdir / name
+    with server:
         proc = subprocess.run(
-            cli_command(config, tasks, server, out, "--n", str(n)),
+            command(config, tasks, out),
             capture_output=True,
             text=True,
             env=run_env(workdir / "tmp"),
             timeout=600,
         )
     if proc.returncode != 0:
-        raise RuntimeError(f"uniagent run failed:\n{proc.stderr[-3000:]}")
+        raise RuntimeError(f"the run {name} failed:\n{proc.stderr[-3000:]}")
     return out
+
+
+def messages_run(workdir: Path, *, n: int = 2) -> Path:
+    """A finished ``uniagent run`` (messages mode) with ``n`` samples per task."""
+    server = ScriptedChatServer(default=chat_policy())
+    return finished_run(
+        workdir,
+        "run-messages",
+        server,
+        lambda config, tasks, out: cli_command(config, tasks, server, out, "--n", str(n)),
+    )
 
 
 def token_run(workdir: Path, tokenizer: Any) -> Path:
@@ -213,20 +224,15 @@ def token_run(workdir: Path, tokenizer: Any) -> Path:
     process (this file run as a script) drives the same runner with the OpenAI backend
     given the real Qwen3 tokenizer; the scripted server answers here.
     """
-    tasks = make_tasks(workdir / "swe_tiny")
-    config = write_config(workdir / "config.yaml")
-    out = workdir / "run-tokens"
-    with ScriptedChatServer(tokenizer=tokenizer, default=token_policy(tokenizer)) as server:
-        proc = subprocess.run(
-            [sys.executable, __file__, str(config), str(tasks), server.base_url, str(out)],
-            capture_output=True,
-            text=True,
-            env=run_env(workdir / "tmp"),
-            timeout=600,
-        )
-    if proc.returncode != 0:
-        raise RuntimeError(f"the token-mode run failed:\n{proc.stderr[-3000:]}")
-    return out
+    server = ScriptedChatServer(tokenizer=tokenizer, default=token_policy(tokenizer))
+    return finished_run(
+        workdir,
+        "run-tokens",
+        server,
+        lambda config, tasks, out: [
+            *(sys.executable, __file__, str(config), str(tasks), server.base_url, str(out))
+        ],
+    )
 
 
 def _run_in_token_mode(config_path: str, tasks_path: str, base_url: str, out: str) -> None:
