@@ -155,6 +155,7 @@ def test_unknown_fields_and_junk_lines_are_tolerated(messages_run, tmp_path):
     first = json.loads(lines[0])
     first["new_field"] = {"from": "a later version"}
     first["metrics"]["tool_calls"] = "not a mapping"
+    first["metrics"]["inexact_turns"] = 2
     (run / "results.jsonl").write_text(
         "\n".join([json.dumps(first), "{not json", "[1, 2]", *lines[1:]]) + "\n"
     )
@@ -162,7 +163,8 @@ def test_unknown_fields_and_junk_lines_are_tolerated(messages_run, tmp_path):
     (run / "unexpected.bin").write_bytes(b"\x00\x01")
     folder = RunFolder(run)
     assert statuses(folder)["finished"] == 12
-    assert folder.rows[f"episodes/{first['task_id']}/{first['sample']}"].tool_calls == {}
+    row = folder.rows[f"episodes/{first['task_id']}/{first['sample']}"]
+    assert row.tool_calls == {} and row.inexact_turns == 2
 
 
 def test_the_event_stream_names_the_rows_that_changed(

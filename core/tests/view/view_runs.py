@@ -87,6 +87,14 @@ PLANS_B: dict[str, list[Any]] = {
 }
 
 
+THOUGHTS = [
+    "Let me look at the code before changing anything.",
+    "The bug is clear now; I will make the smallest fix.",
+    "I should run the tests to check the fix.",
+    "The work is done; time to submit.",
+]
+
+
 def make_tasks(out: Path) -> Path:
     """The example task set (git repositories and tasks.jsonl) under ``out``."""
     subprocess.run([sys.executable, str(MAKE_TASKS), str(out)], check=True, capture_output=True)
@@ -152,7 +160,12 @@ def token_policy(tokenizer: Any) -> Callable[[dict[str, Any]], Reply]:
     lock = threading.Lock()
 
     def reply(body: dict[str, Any]) -> Reply:
+        # A Qwen3 model thinks first; vLLM's reasoning parser returns the thought apart.
+        # (Qwen3's template keeps non-empty thoughts of the current task in a re-render,
+        # so the server's prompt stays the cache's context: the trajectory is exact.)
         message = next_message(body, PLANS_B)
+        step = sum(1 for m in body["messages"] if m["role"] == "assistant")
+        message["reasoning_content"] = THOUGHTS[min(step, len(THOUGHTS) - 1)]
         ids = template_generation_ids(
             tokenizer,
             body["messages"],
@@ -166,6 +179,7 @@ def token_policy(tokenizer: Any) -> Callable[[dict[str, Any]], Reply]:
         return Reply(
             message.get("content"),
             tool_calls=message.get("tool_calls"),
+            reasoning_content=message["reasoning_content"],
             token_ids=ids,
             logprobs=logprobs,
         )

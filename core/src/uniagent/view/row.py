@@ -28,6 +28,7 @@ class Row:
     format_errors: int = 0
     syntax_errors: int = 0
     timeouts: int = 0
+    inexact_turns: int = 0  # model calls whose server-side prompt was not the cache's ids
     setup_seconds: float | None = None
     model_seconds: float | None = None
     env_seconds: float | None = None
@@ -58,6 +59,7 @@ class Row:
             "format_errors": self.format_errors,
             "syntax_errors": self.syntax_errors,
             "timeouts": self.timeouts,
+            "inexact_turns": self.inexact_turns,
             **{k: getattr(self, k) for k in TIME_KEYS},
             "total_seconds": self.total_seconds,
             "error": self.error,

@@ -92,6 +92,7 @@ def row_from_record(record: dict[str, Any], key: str, order: int, offset: int | 
         format_errors=_int(metrics.get("format_errors")) or 0,
         syntax_errors=_int(metrics.get("syntax_errors")) or 0,
         timeouts=_int(metrics.get("timeouts")) or 0,
+        inexact_turns=_int(metrics.get("inexact_turns")) or 0,
         **{k: _float(metrics.get(k)) for k in TIME_KEYS},
         error=error[:_ERROR_CHARS] if error else None,
         score_reason=_str(info.get("score_reason")),

@@ -40,6 +40,7 @@ export async function renderEpisode(main, runId, params) {
         fact("tool calls", calls.length ? calls.map(([n, c]) => `${n} ×${c}`).join(", ") : "–"),
         fact("format errors", m.format_errors ?? r.format_errors),
         fact("timeouts", m.timeouts ?? r.timeouts),
+        r.inexact_turns ? fact("inexact turns", h("span", { class: "reward-zero", title: "the server's prompt differed from the rollout's ids: not token-exact (masked by default)" }, r.inexact_turns)) : null,
         fact("setup", fmtSeconds(r.setup_seconds)),
         fact("model", fmtSeconds(r.model_seconds)),
         fact("env", fmtSeconds(r.env_seconds)),
