@@ -196,3 +196,12 @@ def test_changes_are_remembered_per_version(messages_run, tmp_path, runner_proce
     assert folder.changes_since(start + 1) == [queued[1]]
     assert folder.changes_since(folder.version) == []
     assert folder.changes_since(-100) is None
+
+
+def test_the_summary_of_a_run_with_nothing_finished_yet_is_empty_not_an_error():
+    from uniagent.view.index import stats
+    from uniagent.view.row import Row
+
+    summary = stats([Row(key="episodes/t/0", task_id="t", sample=0, order=0)], n=1)
+    assert summary["episodes"] == 0 and summary["mean_reward"] is None
+    assert summary["status"]["queued"] == 1 and summary["time_seconds"]["model_seconds"] == 0.0
