@@ -138,7 +138,7 @@ def lint(session: nox.Session) -> None:
     session.run("ruff", "check", ".")
     # The packages' own dependencies, so that every import is checked against real types.
     plugins = [f"./plugins/{p}" for p in PLUGINS]
-    session.install("./core[swerex,openai,data,tokenizers,test]", *plugins)
+    session.install("./core[swerex,openai,data,tokenizers,test,view]", *plugins)
     sources = ["core/src/uniagent"] + [
         str(next((ROOT / "plugins" / p / "src").iterdir()).relative_to(ROOT))
         for p in PLUGINS

@@ -237,7 +237,7 @@ def compare(
     _check("change", wanted, CHANGES)
     a, b = _per_task(rows_a), _per_task(rows_b)
     tasks = list(a) + [t for t in b if t not in a]
-    table = []
+    table: list[dict[str, Any]] = []
     for task in tasks:
         left, right = a.get(task), b.get(task)
         kind = _change(left, right)

@@ -33,9 +33,16 @@ from uniagent.run.runner import MANIFEST, RESULTS, SUMMARY, task_dirname
 from uniagent.view.row import TIME_KEYS, Row
 
 try:  # twice as fast on a results file of many megabytes; json does the same job
-    from orjson import loads as _loads
+    import orjson
+
+    def _loads(data: bytes) -> Any:
+        return orjson.loads(data)
+
 except ImportError:  # pragma: no cover - orjson comes with the view extra
-    from json import loads as _loads
+
+    def _loads(data: bytes) -> Any:
+        return json.loads(data)
+
 
 RunState = Literal["live", "finished", "interrupted", "unknown"]
 
@@ -69,13 +76,12 @@ class OutsideRunFolder(ViewError, PermissionError):
 
 def row_from_record(record: dict[str, Any], key: str, order: int, offset: int | None) -> Row:
     """A finished episode's row from its results record (unknown fields ignored)."""
-    metrics = record.get("metrics") if isinstance(record.get("metrics"), dict) else {}
+    metrics = _mapping(record.get("metrics"))
     exit_reason = _str(record.get("exit_reason"))
     tool_calls = metrics.get("tool_calls")
     error = _str(record.get("error"))
-    info = record.get("reward_info") if isinstance(record.get("reward_info"), dict) else {}
-    integrity = info.get("integrity") if isinstance(info.get("integrity"), dict) else {}
-    tampered = integrity.get("tampered")
+    info = _mapping(record.get("reward_info"))
+    tampered = _mapping(info.get("integrity")).get("tampered")
     return Row(
         key=key,
         task_id=str(record.get("task_id", key)),
@@ -205,7 +211,7 @@ class RunFolder:
         if not waiting:
             return set()
         # One listing of episodes/ and one per task folder, not a stat per job.
-        found = set()
+        found: set[str] = set()
         for task in {e.name for e in _scandir(self.root / EPISODES)} & waiting.keys():
             samples = {e.name for e in _scandir(self.root / EPISODES / task)}
             found.update(f"{EPISODES}/{task}/{s}" for s in waiting[task] if s in samples)
@@ -279,8 +285,8 @@ class RunFolder:
             if key in self._done:
                 plan.append((self._done[key].task_id, self._done[key].sample or 0, key))
             else:
-                task, _, sample = key.removeprefix(EPISODES + "/").rpartition("/")
-                plan.append((task or key, _int(sample) or 0, key))
+                task, _, number = key.removeprefix(EPISODES + "/").rpartition("/")
+                plan.append((task or key, _int(number) or 0, key))
         rows: dict[str, Row] = {}
         for task_id, sample, key in plan:
             if key in rows:
@@ -547,6 +553,10 @@ def _pid_is_uniagent(pid: int) -> bool:
     except OSError:
         return True  # no /proc here: the process exists, trust it
     return b"uniagent" in cmdline
+
+
+def _mapping(value: Any) -> dict[str, Any]:
+    return value if isinstance(value, dict) else {}
 
 
 def _str(value: Any) -> str | None:

@@ -139,9 +139,8 @@ def token_page(
     ids = prompt + response
     kinds = [PROMPT] * len(prompt) + [MODEL if m else ENV for m in mask]
     kinds += [ENV] * (len(ids) - len(kinds))  # a misaligned snapshot still shows
-    lps: list[float | None] = [None] * len(prompt) + [
-        round(lp, 4) if m else None for lp, m in zip(logprobs, mask, strict=False)
-    ]
+    lps: list[float | None] = [None] * len(prompt)
+    lps += [round(lp, 4) if m else None for lp, m in zip(logprobs, mask, strict=False)]
     lps += [None] * (len(ids) - len(lps))
     marks = [int(m[0]) for m in rollout.get("turn_marks") or [] if m]
     bad = prefix_violations(ids, [(int(m[0]), int(m[1])) for m in rollout.get("turn_marks") or []])
