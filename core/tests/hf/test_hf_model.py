@@ -66,6 +66,22 @@ async def test_greedy_generation_appends_ids_and_true_logprobs(model: HFLocalMod
     assert again.token_ids == ids
 
 
+async def test_the_viewer_decodes_this_models_tokens_with_the_tokenizer_it_recorded(
+    model: HFLocalModel,
+) -> None:
+    # What `uniagent view runs/quickstart` does with the quickstart's rollouts.
+    from uniagent.view.tokens import Tokenizers, token_page
+
+    cache = model.start_cache(SHORT)
+    await model.query(cache, [], PARSER)
+    rollout = cache.to_dict()
+    decoder, why = Tokenizers().get(rollout["tokenizer"])
+    assert decoder is not None, why
+    page = token_page(rollout, decoder, offset=0, limit=10_000)
+    assert page["decoded"] and page["counts"]["model"] == len(cache.response_ids)
+    assert "".join(page["text"]) == decode(model.tokenizer, cache.context_ids)
+
+
 async def test_second_turn_continues_the_context(model: HFLocalModel) -> None:
     cache = model.start_cache(SHORT)
     await model.query(cache, [], PARSER)

@@ -2,6 +2,7 @@
 
 Layout of the output directory::
 
+    OUT/manifest.json                  written at start: run id, start time, n, every planned job
     OUT/results.jsonl                  one line per finished (task, sample), appended as it finishes
     OUT/summary.json                   written at the end
     OUT/episodes/<task>/<sample>/      messages.json, rollout.json, log.txt, result.json
@@ -15,9 +16,12 @@ import logging
 import os
 import re
 import signal
+import socket
 import time
+import uuid
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
+from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
@@ -33,6 +37,7 @@ from uniagent.services import check_task_services, running_services
 
 log = logging.getLogger(__name__)
 
+MANIFEST = "manifest.json"
 RESULTS = "results.jsonl"
 SUMMARY = "summary.json"
 
@@ -50,10 +55,14 @@ class Job:
         return (self.task.id, self.sample)
 
 
+def task_dirname(task_id: str) -> str:
+    """The task id made safe as a folder name (``OUT/episodes/<this>/<sample>``)."""
+    return re.sub(r"[^A-Za-z0-9._-]+", "_", task_id).strip("._") or "task"
+
+
 def episode_dir(out: Path, job: Job) -> Path:
-    """Where a job's files go; the task id is made safe as a directory name."""
-    safe = re.sub(r"[^A-Za-z0-9._-]+", "_", job.task.id).strip("._") or "task"
-    return out / "episodes" / safe / str(job.sample)
+    """Where a job's files go."""
+    return out / "episodes" / task_dirname(job.task.id) / str(job.sample)
 
 
 class ResultsFile:
@@ -100,6 +109,24 @@ def plan_jobs(
     return [Job(t, s) for t in selected for s in range(n) if (t.id, s) not in done]
 
 
+def write_manifest(out: Path, jobs: Iterable[Job], n: int) -> dict[str, Any]:
+    """Record what this invocation plans to run, before any episode starts.
+
+    ``uniagent view`` reads it to show queued jobs; ``pid`` and ``host`` tell it whether
+    the run is still going.
+    """
+    manifest = {
+        "run_id": uuid.uuid4().hex[:12],
+        "started_at": datetime.now(timezone.utc).isoformat(timespec="seconds"),
+        "n": n,
+        "pid": os.getpid(),
+        "host": socket.gethostname(),
+        "jobs": [[job.task.id, job.sample] for job in jobs],
+    }
+    _write_json(out / MANIFEST, manifest, indent=None)  # one line even for 100,000 jobs
+    return manifest
+
+
 def episode_logger(path: Path, name: str) -> tuple[logging.Logger, logging.Handler]:
     """A logger writing to one episode's log file, not kept in logging's global registry.
 
@@ -137,9 +164,9 @@ def write_payload(
     return record
 
 
-def _write_json(path: Path, data: Any) -> None:
+def _write_json(path: Path, data: Any, indent: int | None = 1) -> None:
     tmp = path.with_suffix(path.suffix + ".tmp")
-    tmp.write_text(json.dumps(data, ensure_ascii=False, indent=1), encoding="utf-8")
+    tmp.write_text(json.dumps(data, ensure_ascii=False, indent=indent), encoding="utf-8")
     tmp.replace(path)
 
 
@@ -217,7 +244,9 @@ async def run(
     results.repair()
     previous = results.load()
     done = {(r["task_id"], r["sample"]) for r in previous}
-    jobs = plan_jobs(tasks, n, limit, done)
+    planned = plan_jobs(tasks, n, limit, set())
+    write_manifest(out, planned, n)
+    jobs = [job for job in planned if job.key not in done]
     progress = progress or Progress.for_stream()
     for row in bad_rows:
         progress.warn(f"skipping task file line {row.line}: {row.reason}")
