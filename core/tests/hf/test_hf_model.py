@@ -74,7 +74,7 @@ async def test_the_viewer_decodes_this_models_tokens_with_the_tokenizer_it_recor
     from uniagent.view.tokens import Tokenizers, token_page
 
     cache = model.start_cache(SHORT)
-    await model.query(cache, [], PARSER)
+    await model.generate(cache, call_format=PARSER)
     rollout = cache.to_dict()
     decoder, why = Tokenizers().get(rollout["tokenizer"])
     assert decoder is not None, why
