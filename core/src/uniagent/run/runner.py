@@ -26,6 +26,7 @@ from pathlib import Path
 from typing import Any
 
 from uniagent.config import AgentConfig
+from uniagent.env import procfs
 from uniagent.env.host import cleanup_leftovers
 from uniagent.episode import EpisodeResult, run_episode
 from uniagent.errors import ConfigError, UniAgentError
@@ -112,14 +113,17 @@ def plan_jobs(
 def write_manifest(out: Path, jobs: Iterable[Job], n: int) -> dict[str, Any]:
     """Record what this invocation plans to run, before any episode starts.
 
-    ``uniagent view`` reads it to show queued jobs; ``pid`` and ``host`` tell it whether
-    the run is still going.
+    ``uniagent view`` reads it to show queued jobs; ``pid``, ``pid_start`` (its start in
+    clock ticks since boot, where /proc tells: a reused pid differs) and ``host`` tell it
+    whether the run is still going.
     """
+    owner = procfs.info(os.getpid())
     manifest = {
         "run_id": uuid.uuid4().hex[:12],
         "started_at": datetime.now(timezone.utc).isoformat(timespec="seconds"),
         "n": n,
         "pid": os.getpid(),
+        "pid_start": owner.start_ticks if owner else None,
         "host": socket.gethostname(),
         "jobs": [[job.task.id, job.sample] for job in jobs],
     }

@@ -12,8 +12,9 @@ unknown files and fields, a half-written last line. A folder with none of these 
 as a tree of episode folders (any folder holding ``result.json``, ``messages.json`` or
 ``rollout.json``), which is how training dumps lay them out.
 
-Nothing here writes: every file is opened for reading, and every path handed out is
-checked to lie inside the run folder after symlinks are resolved.
+Nothing here writes: every file is opened for reading, only regular files are read, and
+every path read or handed out is checked to lie inside the run folder after symlinks are
+resolved (see :mod:`uniagent.view.files`).
 """
 
 from __future__ import annotations
@@ -22,14 +23,19 @@ import json
 import os
 import re
 import socket
+import threading
 import time
 from collections.abc import Iterator
+from datetime import datetime
 from pathlib import Path
 from typing import Any, Literal
 
+from uniagent.env import procfs
 from uniagent.errors import UniAgentError
 from uniagent.interaction.exit import DEFAULT_EXIT_POLICY
 from uniagent.run.runner import MANIFEST, RESULTS, SUMMARY, task_dirname
+from uniagent.view import files
+from uniagent.view.files import OutsideFolder, ResultsTail, contained, read_json_object, signature
 from uniagent.view.row import TIME_KEYS, Row
 
 try:  # twice as fast on a results file of many megabytes; json does the same job
@@ -70,8 +76,12 @@ class NotFound(ViewError, LookupError):
     """No such run, episode or file."""
 
 
-class OutsideRunFolder(ViewError, PermissionError):
+class OutsideRunFolder(ViewError, OutsideFolder):
     """A path that would leave the run folder (``..``, an absolute path, a symlink out)."""
+
+
+class StaleIndex(ViewError):
+    """The results file changed under the index (its line for an episode moved): refresh."""
 
 
 def row_from_record(record: dict[str, Any], key: str, order: int, offset: int | None) -> Row:
@@ -138,11 +148,13 @@ class RunFolder:
         self.version = 0  # bumped whenever a row changes
         self.state: RunState = "unknown"
         self.refreshed_at = 0.0
+        self._lock = threading.Lock()  # refreshes come from worker threads
         self._sigs: dict[str, tuple[int, ...] | None] = {}
         self._done: dict[str, Row] = {}
-        self._results_pos = 0
+        self._results = ResultsTail()
         self._dirs: set[str] = set()
         self._jobs: list[tuple[str, int, str]] = []
+        self._since_ns: int | None = None  # when the invocation that wrote the manifest began
         self._tree_scanned = 0.0
         self._changes: dict[int, list[str]] = {}
         self.refresh()
@@ -151,47 +163,58 @@ class RunFolder:
 
     def refresh(self) -> bool:
         """Pick up what changed on disk since the last call; True when a row changed."""
-        self.refreshed_at = time.monotonic()
-        old = self.rows
-        changed = self._refresh_tree() if self.kind == "tree" else self._refresh_run()
-        if changed:
-            self.version += 1
-            keys = [k for k, r in self.rows.items() if _differs(old.get(k), r)]
-            keys += [k for k in old if k not in self.rows]
-            self._changes[self.version] = keys
-            self._changes.pop(self.version - _CHANGES_KEPT, None)
-        return changed
+        with self._lock:
+            self.refreshed_at = time.monotonic()
+            old = self.rows
+            changed = self._refresh_tree() if self.kind == "tree" else self._refresh_run()
+            if changed:
+                keys = [k for k, r in self.rows.items() if _differs(old.get(k), r)]
+                keys += [k for k in old if k not in self.rows]
+                self._changes[self.version + 1] = keys
+                self._changes.pop(self.version + 1 - _CHANGES_KEPT, None)
+                self.version += 1  # last: a reader that sees the version sees its changes
+            return changed
 
     def changes_since(self, version: int) -> list[str] | None:
         """Keys of the rows that changed after ``version``; None when too long ago to tell."""
-        if version >= self.version:
+        current = self.version
+        if version >= current:
             return []
         keys: set[str] = set()
-        for v in range(version + 1, self.version + 1):
+        for v in range(version + 1, current + 1):
             if v not in self._changes:
                 return None
             keys.update(self._changes[v])
         return sorted(keys)
 
+    def _top(self, name: str) -> Path | None:
+        """A file at the top of the run folder, unless it is a link out of it."""
+        return contained(self.root, self.root / name)
+
     def _refresh_run(self) -> bool:
-        dirty = not self.rows
+        dirty = self.version == 0  # the first look builds the rows, even if there are none
         if self._changed(MANIFEST):
             dirty = True
-            self.manifest = _read_json_object(self.root / MANIFEST)
+            path = self._top(MANIFEST)
+            self.manifest = read_json_object(path) if path else None
             self._jobs = []
             for job in (self.manifest or {}).get("jobs") or []:
                 if isinstance(job, list | tuple) and len(job) >= 2 and _int(job[1]) is not None:
                     task_id, sample = str(job[0]), int(job[1])
                     self._jobs.append((task_id, sample, job_key(task_id, sample)))
+            # A new invocation (a resume) decides afresh which of its jobs have started.
+            self._since_ns = _started_ns(self.manifest, self._sigs.get(MANIFEST))
+            self._dirs = set()
         if self._changed(SUMMARY):
             dirty = True
-            self.summary = _read_json_object(self.root / SUMMARY)
+            path = self._top(SUMMARY)
+            self.summary = read_json_object(path) if path else None
         dirty = self._read_results() or dirty
         state = self._run_state()
         dirty = dirty or state != self.state
         self.state = state
         if self.manifest is None:
-            if not self.rows:  # an older run folder: its episode folders are the plan
+            if dirty:  # an older run folder: its episode folders are the plan
                 self._dirs |= set(self._scan_episode_dirs())
         elif dirty or state in ("live", "unknown"):
             started = self._started_jobs()
@@ -202,7 +225,11 @@ class RunFolder:
         return dirty
 
     def _started_jobs(self) -> set[str]:
-        """Planned jobs whose folder appeared since the last look (queued -> running)."""
+        """Planned jobs that this invocation started since the last look (queued -> running).
+
+        A folder left by an earlier invocation that was interrupted (the run is being
+        resumed) counts only once this one writes into it.
+        """
         waiting: dict[str, list[str]] = {}
         for _, _, key in self._jobs:
             if key not in self._done and key not in self._dirs:
@@ -214,11 +241,14 @@ class RunFolder:
         found: set[str] = set()
         for task in {e.name for e in _scandir(self.root / EPISODES)} & waiting.keys():
             samples = {e.name for e in _scandir(self.root / EPISODES / task)}
-            found.update(f"{EPISODES}/{task}/{s}" for s in waiting[task] if s in samples)
+            for sample in waiting[task]:
+                key = f"{EPISODES}/{task}/{sample}"
+                if sample in samples and _touched_since(self.root / key, self._since_ns):
+                    found.add(key)
         return found
 
     def _changed(self, name: str) -> bool:
-        sig = _signature(self.root / name)
+        sig = signature(self._top(name))
         if self._sigs.get(name, ()) == sig:
             return False
         self._sigs[name] = sig
@@ -226,24 +256,12 @@ class RunFolder:
 
     def _read_results(self) -> bool:
         """Read what was appended to results.jsonl; reread it whole if it was replaced."""
-        path = self.root / RESULTS
-        sig = _signature(path)
-        old = self._sigs.get(RESULTS)
-        if sig == old:
+        batch = self._results.poll(self._top(RESULTS))
+        if batch is None:
             return False
-        self._sigs[RESULTS] = sig
-        if sig is None or old is None or sig[0] != old[0] or sig[1] < self._results_pos:
+        if batch.reset:
             self._done = {}
-            self._results_pos = 0
-        if sig is None:
-            return True
-        with path.open("rb") as handle:
-            handle.seek(self._results_pos)
-            data = handle.read()
-        end = data.rfind(b"\n") + 1  # a last line without its newline is still being written
-        pos = self._results_pos
-        for line in data[:end].splitlines(keepends=True):
-            offset, pos = pos, pos + len(line)
+        for offset, line in batch.lines:
             try:
                 record = _loads(line)
             except ValueError:
@@ -251,7 +269,6 @@ class RunFolder:
             if isinstance(record, dict) and "task_id" in record:
                 key = record_key(record)
                 self._done[key] = row_from_record(record, key, len(self._done), offset)
-        self._results_pos += end
         return True
 
     def _run_state(self) -> RunState:
@@ -264,7 +281,7 @@ class RunFolder:
         pid, host = _int(self.manifest.get("pid")), self.manifest.get("host")
         if pid is None or host != socket.gethostname():
             return "unknown"  # another machine's run: assume it goes on
-        return "live" if _pid_is_uniagent(pid) else "interrupted"
+        return "live" if _owner_alive(pid, self.manifest.get("pid_start")) else "interrupted"
 
     def _merge(self) -> None:
         """Rebuild the rows: the plan in order, then episodes the plan does not name."""
@@ -319,7 +336,8 @@ class RunFolder:
         rows: dict[str, Row] = {}
         for directory in _episode_folders(self.root):
             key = directory.relative_to(self.root).as_posix() or "."
-            sig = _signature(directory / RESULT)
+            result = contained(self.root, directory / RESULT)
+            sig = signature(result)
             old = self.rows.get(key)
             if old is not None and self._sigs.get(f"tree:{key}") == sig:
                 rows[key] = old
@@ -327,7 +345,7 @@ class RunFolder:
                 continue
             self._sigs[f"tree:{key}"] = sig
             changed = True
-            record = _read_json_object(directory / RESULT) if sig else None
+            record = read_json_object(result) if result and sig else None
             parent = directory.parent.relative_to(self.root).as_posix()
             if record is not None:
                 row = row_from_record(record, key, len(rows), None)
@@ -364,12 +382,10 @@ class RunFolder:
 
     def inside(self, relative: str) -> Path:
         """``relative`` resolved against the run folder; :class:`OutsideRunFolder` if it leaves."""
-        if "\x00" in relative or relative.startswith(("/", "\\")) or Path(relative).is_absolute():
-            raise OutsideRunFolder(f"{relative!r} is not a path inside the run folder")
-        resolved = (self.root / relative).resolve()
-        if resolved != self.root and not resolved.is_relative_to(self.root):
-            raise OutsideRunFolder(f"{relative!r} leads outside the run folder")
-        return resolved
+        try:
+            return files.inside(self.root, relative)
+        except OutsideFolder as exc:
+            raise OutsideRunFolder(str(exc)) from None
 
     def files(self, key: str) -> list[dict[str, Any]]:
         """The episode's files that the viewer shows, with their sizes."""
@@ -387,38 +403,42 @@ class RunFolder:
 
     def read_json(self, key: str, name: str) -> Any:
         """An episode's JSON file, or None when it does not exist (yet) or is not JSON."""
-        path = self.path(key, name)
-        try:
-            return json.loads(path.read_text(encoding="utf-8"))
-        except (OSError, ValueError):
-            return None
+        return files.read_json(self.path(key, name))
 
     def read_text(self, key: str, name: str, *, tail: int) -> tuple[str, int]:
         """The last ``tail`` bytes of an episode's text file and its full size."""
-        path = self.path(key, name)
-        try:
-            size = path.stat().st_size
-            with path.open("rb") as handle:
+        handle = files.open_regular(self.path(key, name))
+        if handle is None:
+            return "", 0
+        with handle:
+            try:
+                size = os.fstat(handle.fileno()).st_size
                 handle.seek(max(0, size - tail))
                 return handle.read(tail).decode("utf-8", errors="replace"), size
-        except OSError:
-            return "", 0
+            except OSError:
+                return "", 0
 
     def record(self, key: str) -> dict[str, Any] | None:
-        """The full result record: ``result.json``, else the episode's results.jsonl line."""
+        """The full result record: ``result.json``, else the episode's results.jsonl line.
+
+        Raises :class:`StaleIndex` when the results file no longer holds that line where
+        the index saw it (it was removed or replaced): refresh, then ask again.
+        """
         row = self.row(key)
         record = self.read_json(key, RESULT)
         if isinstance(record, dict):
             return record
-        if row.offset is not None:
-            with (self.root / RESULTS).open("rb") as handle:
-                handle.seek(row.offset)
-                try:
-                    value = json.loads(handle.readline())
-                except ValueError:
-                    return None
-            return value if isinstance(value, dict) else None
-        return None
+        if row.offset is None:
+            return None
+        path = self._top(RESULTS)
+        line = files.line_at(path, row.offset) if path else None
+        try:
+            value = _loads(line) if line else None
+        except ValueError:
+            value = None
+        if not isinstance(value, dict) or "task_id" not in value or record_key(value) != key:
+            raise StaleIndex(f"results.jsonl of run {self.name!r} changed; refresh it")
+        return value
 
     @property
     def samples_per_task(self) -> int:
@@ -524,20 +544,54 @@ def _subdirs(path: Path, follow: bool = False) -> list[Path]:
         return []
 
 
-def _signature(path: Path) -> tuple[int, ...] | None:
+def _started_ns(manifest: dict[str, Any] | None, sig: tuple[int, ...] | None) -> int | None:
+    """When the invocation that wrote the manifest began (ns since the epoch), or None.
+
+    ``started_at`` is whole seconds; the manifest's own modification time is exact, and
+    used when it agrees with ``started_at`` (a copied or edited manifest does not).
+    """
+    mtime = sig[2] if sig else None
+    started = _epoch_ns((manifest or {}).get("started_at"))
+    if started is None:
+        return mtime
+    if mtime is not None and started <= mtime < started + 2 * 10**9:
+        return mtime
+    return started
+
+
+def _epoch_ns(value: Any) -> int | None:
+    if not isinstance(value, str):
+        return None
     try:
-        st = path.stat()
+        moment = datetime.fromisoformat(value)
+    except ValueError:
+        return None
+    if moment.tzinfo is None:
+        return None  # a time without its zone cannot be compared with file times
+    return int(moment.timestamp()) * 10**9
+
+
+def _touched_since(folder: Path, since_ns: int | None) -> bool:
+    """Whether ``folder`` or a file in it was written at or after ``since_ns``."""
+    if since_ns is None:
+        return True
+    try:
+        if folder.stat().st_mtime_ns >= since_ns:
+            return True
+        with os.scandir(folder) as entries:
+            return any(e.stat(follow_symlinks=False).st_mtime_ns >= since_ns for e in entries)
     except OSError:
-        return None
-    return (st.st_ino, st.st_size, st.st_mtime_ns)
+        return False
 
 
-def _read_json_object(path: Path) -> dict[str, Any] | None:
-    try:
-        value = json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, ValueError):
-        return None
-    return value if isinstance(value, dict) else None
+def _owner_alive(pid: int, start: Any) -> bool:
+    """Whether the process that wrote the manifest runs: ``pid``, started at ``start``
+    (clock ticks since boot, as ``/proc`` gives them), so a reused pid does not count."""
+    if isinstance(start, int) and not isinstance(start, bool):
+        proc = procfs.info(pid)
+        if proc is not None:
+            return proc.start_ticks == start and proc.state not in ("Z", "X")
+    return _pid_is_uniagent(pid)
 
 
 def _pid_is_uniagent(pid: int) -> bool:
