@@ -25,6 +25,7 @@ from uniagent.interaction.loop import AgentInteraction
 from uniagent.interaction.metrics import EpisodeMetrics
 from uniagent.interaction.prompts import tool_instructions
 from uniagent.models.base import ChatModel
+from uniagent.observer import NULL_OBSERVER, EpisodeObserver
 from uniagent.registry import get_registry
 from uniagent.rollout import RolloutCache
 
@@ -93,6 +94,7 @@ async def run_episode(
     *,
     messages: Sequence[Mapping[str, Any]] | None = None,
     logger: logging.Logger | None = None,
+    observer: EpisodeObserver | None = None,
 ) -> EpisodeResult:
     """Run one task to completion; failures become exit reasons, never exceptions.
 
@@ -100,9 +102,10 @@ async def run_episode(
     dataset prompt); by default they are rendered from the config's templates.
     Only a task or config the episode cannot even begin with (a field missing
     for ``instance_template``, an unknown plugin name) raises, before any
-    sandbox starts.
+    sandbox starts. ``observer`` is told each phase, turn and tool call (progress).
     """
     logger = logger or log
+    observer = observer or NULL_OBSERVER
     grader = make_grader(config, task)
     registry = get_registry()
     tools = [registry.tools()[name] for name in config.tools]
@@ -115,14 +118,18 @@ async def run_episode(
     env: AgentEnv | None = None
     integrity: Mapping[str, Any] = {}
     try:
+        observer.phase("setup")
         env = AgentEnv.from_config(config.env.deployment, config.env.settings())
         await env.start()
+        observer.phase("tools")
         await env.install_tools(tools)
         if grader is not None:
+            observer.phase("baseline")
             integrity = await grader.prepare(env)
     except Exception as exc:
         logger.error("sandbox setup failed: %s", exc)
         if env is not None:
+            observer.phase("close")
             await env.close()
         return _failed(config, ExitReason.ENV_ERROR, metrics, exc)
     finally:
@@ -130,7 +137,10 @@ async def run_episode(
 
     try:
         cache = model.start_cache(prompt, [t.openai_schema() for t in tools])
-        interaction = AgentInteraction(model, env, tools, parser, config.interaction, logger=logger)
+        interaction = AgentInteraction(
+            model, env, tools, parser, config.interaction, logger=logger, observer=observer
+        )
+        observer.phase("agent")
         outcome = await interaction.run(cache, metrics)
         result = EpisodeResult(
             exit_reason=outcome.exit_reason,
@@ -145,12 +155,14 @@ async def run_episode(
             # The agent's own command ended its shell: a policy outcome worth nothing.
             result.reward, result.reward_info = 0.0, {"score_reason": "agent_killed_shell"}
         elif grader is not None and not result.traj_masked:
+            observer.phase("grading")
             await _grade(config, grader, env, result, logger)
         return result
     except Exception as exc:
         logger.exception("episode failed")
         return _failed(config, ExitReason.UNKNOWN_ERROR, metrics, exc)
     finally:
+        observer.phase("close")
         await env.close()
 
 

@@ -16,7 +16,7 @@ from typing import Any
 
 from pydantic import BaseModel
 
-from uniagent.env.aio import use_pidfd_child_watcher
+from uniagent.env.aio import use_pidfd_child_watcher, wait_through_cancellation
 from uniagent.env.config import DEFAULT_TOOLS_DIR, EnvConfig
 from uniagent.env.deployment import Deployment
 from uniagent.env.errors import (
@@ -47,6 +47,8 @@ from uniagent.specs import ToolSpec
 log = logging.getLogger(__name__)
 
 SESSION = "default"
+#: Every sandbox started and not yet stopped, so that an interrupted run can close them all.
+_OPEN: set[AgentEnv] = set()
 #: Outputs longer than this are cleaned on a worker thread, not on the event loop.
 _THREAD_CLEAN_CHARS = 1_000_000
 
@@ -151,6 +153,7 @@ class AgentEnv:
         if self._started:
             raise EnvError("this AgentEnv was already started; make a new one per episode")
         self._started = True
+        _OPEN.add(self)
         use_pidfd_child_watcher()  # no thread per subprocess on Python 3.11 (safe, idempotent)
         try:
             await asyncio.wait_for(self._start(), self.config.startup_timeout)
@@ -205,6 +208,8 @@ class AgentEnv:
             await asyncio.wait_for(self.deployment.stop(), self.config.close_timeout)
         except Exception as exc:
             log.warning("stopping the sandbox failed: %s: %s", type(exc).__name__, exc)
+        finally:
+            _OPEN.discard(self)
 
     async def __aenter__(self) -> AgentEnv:
         await self.start()
@@ -489,3 +494,22 @@ class AgentEnv:
             raise ToolInstallError(tool.name, str(exc), getattr(exc, "partial_output", "")) from exc
         except Exception as exc:
             raise ToolInstallError(tool.name, f"{type(exc).__name__}: {exc}") from exc
+
+
+async def close_open_envs() -> int:
+    """Close every sandbox of this process that is started and not yet stopped.
+
+    For shutdown: cancelled episodes close their sandboxes themselves, but a task
+    cancelled again while closing (as anyio's cancel scopes do) stops waiting
+    before the sandbox is gone. This waits for every pending close, whatever
+    cancels the caller meanwhile, and returns how many sandboxes it waited for.
+    """
+    count = 0
+    while _OPEN:  # a close may race a start that registers a new sandbox
+        envs = list(_OPEN)
+        count += len(envs)
+        await wait_through_cancellation(
+            asyncio.gather(*(env.close() for env in envs), return_exceptions=True)
+        )
+        _OPEN.difference_update(envs)
+    return count

@@ -20,6 +20,7 @@ import signal
 import subprocess
 import tempfile
 import threading
+from collections.abc import Iterable
 from pathlib import Path
 from typing import Any, Literal
 
@@ -38,6 +39,7 @@ from uniagent.env.bwrap import (
     system_mounts,
 )
 from uniagent.env.cgroups import SandboxCgroup
+from uniagent.env.containers import RUN_ID_ENV
 from uniagent.env.errors import (
     CommandTimeoutError,
     EnvError,
@@ -505,7 +507,8 @@ class HostDeployment:
         try:
             if limits.disk is not None:
                 _mount_tmpfs(root, limits.disk)
-            (root / OWNER_FILE).write_text(f"{os.getpid()}\n")
+            run_id = os.environ.get(RUN_ID_ENV, "")
+            (root / OWNER_FILE).write_text(f"{os.getpid()}\n{run_id}\n")
             cgroup = cgroups.create(pids=limits.pids, memory=limits.memory)
             return _Layout(self.config, root, bwrap, cgroup, uid)
         except BaseException:
@@ -627,16 +630,18 @@ def _discard_layout(made: asyncio.Future[_Layout]) -> None:
     if made.cancelled() or made.exception() is not None:
         return
     layout = made.result()
-    threading.Thread(target=_remove_episode, args=(layout.root, layout.cgroup),
-                     daemon=True).start()
+    # Not a daemon: an interrupted run's exit waits until the directory is gone.
+    threading.Thread(target=_remove_episode, args=(layout.root, layout.cgroup)).start()
 
 
-def cleanup_leftovers(base_dir: str | None = None) -> list[str]:
+def cleanup_leftovers(base_dir: str | None = None, run_ids: Iterable[str] = ()) -> list[str]:
     """Remove what killed runs left: episode directories and cgroups of dead owners.
 
     Returns what was removed. Safe while other runs are going: only entries whose
-    owner process no longer exists are touched.
+    owner process no longer exists are touched, and those of ``run_ids`` (runs the
+    caller knows are over: it holds their folder's lock).
     """
+    over = set(run_ids)
     removed = []
     for group in cgroups.leftovers():
         group.remove()
@@ -645,10 +650,11 @@ def cleanup_leftovers(base_dir: str | None = None) -> list[str]:
     for entry in parent.glob(f"{EPISODE_PREFIX}*"):
         owner = entry / OWNER_FILE
         try:
-            pid = int(owner.read_text().split()[0])
+            fields = owner.read_text().split()
+            pid = int(fields[0])
         except (OSError, ValueError, IndexError):
             continue
-        if cgroups._alive(pid):
+        if cgroups._alive(pid) and not (len(fields) > 1 and fields[1] in over):
             continue
         _remove_episode(entry, None)
         removed.append(str(entry))

@@ -19,6 +19,9 @@ otherwise. 429, 5xx, 408/409 and connection errors are retried with exponential
 backoff (a ``Retry-After`` header in seconds is honoured, capped at
 ``max_backoff``), then :class:`ModelError`; a context-length 400 becomes
 :class:`ContextLimitError`.
+
+The API key is ``api_key``, else the environment variable named by ``api_key_env``,
+else ``OPENAI_API_KEY``, else ``"EMPTY"`` (for servers without authentication).
 """
 
 from __future__ import annotations
@@ -26,9 +29,11 @@ from __future__ import annotations
 import asyncio
 import inspect
 import logging
+import os
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
+from uniagent.errors import ConfigError
 from uniagent.models.base import (
     ContextLimitError,
     FinishReason,
@@ -62,6 +67,7 @@ class OpenAIChatModel:
         model: str,
         api_key: str | None = None,
         *,
+        api_key_env: str | None = None,
         sampling_params: Mapping[str, Any] | None = None,
         max_retries: int = 4,
         backoff: float = 1.0,
@@ -90,7 +96,7 @@ class OpenAIChatModel:
         self._openai = _import_openai()
         self.client = client or self._openai.AsyncOpenAI(
             base_url=base_url,
-            api_key=api_key or "EMPTY",
+            api_key=api_key or _key_from_env(api_key_env) or "EMPTY",
             timeout=timeout,
             max_retries=0,  # retries are ours: counted, logged, then ModelError
         )
@@ -267,6 +273,16 @@ def _outgoing(message: Mapping[str, Any], keep: frozenset[str], tokens: bool) ->
     if not tokens and out.get("role") == "tool":
         out.pop("name", None)
     return out
+
+
+def _key_from_env(name: str | None) -> str | None:
+    """The key in variable ``name`` (which must be set), else in ``OPENAI_API_KEY``."""
+    if name is None:
+        return os.environ.get("OPENAI_API_KEY") or None
+    value = os.environ.get(name)
+    if not value:
+        raise ConfigError(f"api_key_env: the environment variable {name} is not set")
+    return value
 
 
 def _import_openai() -> Any:
