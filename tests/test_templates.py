@@ -265,6 +265,15 @@ def test_baked_plugin_is_ruff_clean(case: Case, baked: dict[str, Path], env: Ven
         assert result.returncode == 0, result.stdout + result.stderr
 
 
+@pytest.mark.parametrize("case", CASES, ids=lambda c: c.id)
+def test_baked_plugin_passes_the_type_checker(
+    case: Case, baked: dict[str, Path], env: Venv
+) -> None:
+    """``mypy src tests`` with the baked project's own config: zero errors."""
+    result = env.run("mypy", "src", "tests", cwd=baked[case.id])
+    assert result.returncode == 0, result.stdout + result.stderr
+
+
 def test_uniagent_plugins_lists_each_baked_plugin_with_its_contribution(env: Venv) -> None:
     """``uniagent plugins --json`` in the venv: loaded, one hook, the example record."""
     result = env.run("uniagent", "plugins", "--json")

@@ -8,6 +8,7 @@ from uniagent.config import AgentConfig, deep_merge
 from uniagent.errors import ConfigError, UnknownPluginNameError
 from uniagent.interaction.exit import ExitReason
 from uniagent.plugins import reset_plugins
+from uniagent.resolve import resolve
 
 MINIMAL = {"tools": [], "tool_parser": "hermes"}
 
@@ -46,12 +47,19 @@ def core_only(monkeypatch):
 
 @pytest.mark.usefixtures("core_only")
 def test_unknown_plugin_names_list_what_is_installed():
-    with pytest.raises(UnknownPluginNameError, match="installed tool parsers: .*hermes"):
-        AgentConfig.from_dict({"tools": [], "tool_parser": "json_mode"})
-    with pytest.raises(UnknownPluginNameError, match="uniagent-tools-swe"):
-        AgentConfig.from_dict({**MINIMAL, "tools": ["str_replace_editor"]})
-    with pytest.raises(UnknownPluginNameError, match="uniagent-reward-swebench"):
-        AgentConfig.from_dict({**MINIMAL, "reward": {"name": "swe_bench"}})
+    with pytest.raises(UnknownPluginNameError, match="tool_parser: .*installed tool parsers"):
+        resolve(AgentConfig.from_dict({"tools": [], "tool_parser": "json_mode"}))
+    with pytest.raises(UnknownPluginNameError, match=r"tools\.0\.name: .*uniagent-tools-swe"):
+        resolve(AgentConfig.from_dict({**MINIMAL, "tools": ["str_replace_editor"]}))
+    with pytest.raises(UnknownPluginNameError, match=r"reward\.name: .*uniagent-reward-swebench"):
+        resolve(AgentConfig.from_dict({**MINIMAL, "reward": {"name": "swe_bench"}}))
+
+
+@pytest.mark.usefixtures("core_only")
+def test_the_defaults_are_valid_with_the_core_alone():
+    agent = resolve(AgentConfig())
+    assert agent.tools == () and agent.parser.name == "hermes"
+    assert agent.deployment.name == "host"
 
 
 @pytest.mark.usefixtures("core_only")
@@ -61,9 +69,32 @@ def test_deployment_is_checked_against_installed_backends():
         match=r"env\.deployment: .*installed deployments: host, local, remote\. "
         r".*uniagent-deploy-modal",
     ):
-        AgentConfig.from_dict({**MINIMAL, "env": {"deployment": {"type": "modal"}}})
+        resolve(AgentConfig.from_dict({**MINIMAL, "env": {"deployment": {"type": "modal"}}}))
     with pytest.raises(ConfigError, match=r"env\.deployment: .*nope: unknown key"):
-        AgentConfig.from_dict({**MINIMAL, "env": {"deployment": {"type": "host", "nope": 1}}})
+        resolve(AgentConfig.from_dict(
+            {**MINIMAL, "env": {"deployment": {"type": "host", "nope": 1}}}
+        ))
+
+
+@pytest.mark.usefixtures("core_only")
+@pytest.mark.parametrize(
+    ("config", "path"),
+    [
+        ({"env": {"post_setpu": ["x"]}}, "env.post_setpu: unknown key"),
+        ({"reward": {"name": "command", "config": {"comand": "x"}}},
+         "reward.config.comand: unknown key"),
+        ({"reward": {"name": "command", "integrity": {"on_tamperr": "zero"}}},
+         "reward.integrity.on_tamperr: unknown key"),
+        ({"interaction": {"max_turnz": 1}}, "interaction.max_turnz: unknown key"),
+        ({"tools": [{"name": "x", "setings": {}}]}, "tools.0.setings: unknown key"),
+        ({"exit_policy": {"finishd": "train"}}, "exit_policy.finishd"),
+        ({"env": {"deployment": {"type": "host", "isolaton": "none"}}}, "isolaton: unknown key"),
+    ],
+)
+def test_a_typo_in_any_section_names_its_key_path(config, path):
+    with pytest.raises(ConfigError) as err:
+        resolve(AgentConfig.from_dict({**MINIMAL, **config}, source="agent.yaml"))
+    assert path in str(err.value) and "agent.yaml" in str(err.value)
 
 
 def test_task_overrides_deep_merge_and_revalidate():
@@ -79,7 +110,7 @@ def test_task_overrides_deep_merge_and_revalidate():
     )
     assert merged.interaction.max_turns == 7
     assert merged.interaction.action_timeout == 9, "siblings of an overridden key survive"
-    assert merged.env.settings()["post_setup"] == ["echo b"]
+    assert merged.env.settings().post_setup == ["echo b"]
     assert config.interaction.max_turns == 5, "the original is unchanged"
     with pytest.raises(ConfigError, match=r"(?s)task 7:.*interaction\.max_turnz: unknown key"):
         config.with_overrides({"interaction": {"max_turnz": 1}}, source="task 7")

@@ -19,7 +19,7 @@ from uniagent.env import (
     RemoteDeployment,
     RemoteDeploymentConfig,
 )
-from uniagent.env.deployment import Deployment
+from uniagent.env.runtime import Deployment
 from uniagent.errors import ConfigError
 from uniagent.plugins import load_plugins, reset_plugins
 from uniagent.registry import get_deployments, validate_deployment_config

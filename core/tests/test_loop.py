@@ -1,6 +1,6 @@
 """The ReAct loop and the episode around it, with a scripted model and a real host sandbox.
 
-Every exit reason of DESIGN.md §5 is reached here; the rollout cache's mask is
+Every exit reason (docs/config.md) is reached here; the rollout cache's mask is
 checked against the transcript.
 """
 
@@ -21,8 +21,9 @@ from uniagent.episode import run_episode
 from uniagent.interaction.exit import ExitReason
 from uniagent.interaction.loop import AgentInteraction
 from uniagent.models.base import ModelError
-from uniagent.parsers import get_parser
+from uniagent.parsers import HermesParser, get_parser
 from uniagent.plugins import load_plugins, reset_plugins
+from uniagent.resolve import resolve
 from uniagent.testing.scripted import ScriptedTokenModel, hermes_call, logprob_for
 
 
@@ -93,7 +94,7 @@ TASK = {"problem": "say hello"}
 
 async def episode(tokenizer, script, **overrides):
     model = ScriptedTokenModel(tokenizer, script, sampling_params={"max_tokens": 200})
-    result = await run_episode(config(**overrides), TASK, model)
+    result = await run_episode(resolve(config(**overrides)), TASK, model)
     return result, model
 
 
@@ -272,7 +273,7 @@ async def test_context_budget_spent_is_token_limit(qwen3_tokenizer):
         sampling_params={"max_tokens": 100},
         response_length=300,
     )
-    result = await run_episode(config(), TASK, model)
+    result = await run_episode(resolve(config()), TASK, model)
     assert result.exit_reason is ExitReason.TOKEN_LIMIT
     assert not result.traj_masked
 
@@ -368,7 +369,7 @@ async def test_tools_are_described_in_the_system_prompt_when_the_template_drops_
     tokenizer.chat_template = CHATML_WITHOUT_TOOLS
     model = ScriptedTokenModel(tokenizer, [hermes_call("done")])
     assert not model.renders_tools()
-    result = await run_episode(config(), TASK, model)
+    result = await run_episode(resolve(config()), TASK, model)
     assert result.exit_reason is ExitReason.FINISHED
     system = result.messages[0]["content"]
     assert '"name": "shell"' in system and "<tool_call>" in system
@@ -378,6 +379,82 @@ async def test_tools_are_described_in_the_system_prompt_when_the_template_drops_
 async def test_tools_are_not_repeated_when_the_template_renders_them(qwen3_tokenizer):
     model = ScriptedTokenModel(qwen3_tokenizer, [hermes_call("done")])
     assert model.renders_tools()
-    result = await run_episode(config(), TASK, model)
+    result = await run_episode(resolve(config()), TASK, model)
     assert "<tools>" not in result.messages[0]["content"]
     assert qwen3_tokenizer.decode(result.cache.prompt_ids).count('"name": "done"') == 1
+
+
+async def test_the_default_prompt_names_the_finishing_tools_that_are_configured(
+    qwen3_tokenizer,
+):
+    result, _ = await episode(qwen3_tokenizer, [hermes_call("done")], system_prompt=None)
+    system = result.messages[0]["content"]
+    assert "call the done tool" in system and "submit" not in system
+    result, _ = await episode(
+        qwen3_tokenizer, [hermes_call("shell", {"command": "true"})], tools=["shell"],
+        interaction={"max_turns": 1},
+    )
+    assert "When the task is done" not in result.messages[0]["content"]
+
+
+class InexactModel(ScriptedTokenModel):
+    """A token model whose server claims to have seen other prompt ids than the cache's."""
+
+    async def generate(self, cache, **kwargs):
+        turn = await super().generate(cache, **kwargs)
+        turn.prompt_exact = False
+        return turn
+
+
+async def test_a_turn_that_is_not_token_exact_is_recorded_and_masked(qwen3_tokenizer):
+    for policy, masked in ((None, True), ("train", False)):
+        model = InexactModel(qwen3_tokenizer, [hermes_call("done")],
+                             sampling_params={"max_tokens": 200})
+        overrides = {"exit_policy": {"inexact_tokens": policy}} if policy else {}
+        result = await run_episode(resolve(config(**overrides)), TASK, model)
+        assert result.exit_reason is ExitReason.FINISHED
+        assert result.metrics.inexact_turns == 1
+        assert result.traj_masked is masked
+
+
+async def test_token_backends_stop_at_the_parsers_stop_sequences(qwen3_tokenizer):
+    class ReActish(HermesParser):
+        stop_sequences = ("\nObservation:",)
+
+    model = ScriptedTokenModel(
+        qwen3_tokenizer,
+        ['<tool_call>\n{"name": "done", "arguments": {}}\n</tool_call>\nObservation: I win'],
+        sampling_params={"max_tokens": 200},
+    )
+    env = AgentEnv.from_config({"type": "host", "isolation": "none"})
+    await env.start()
+    try:
+        loop = AgentInteraction(model, env, TOOLS, ReActish(), InteractionConfig())
+        cache = model.start_cache([{"role": "user", "content": "go"}], [])
+        outcome = await loop.run(cache)
+    finally:
+        await env.close()
+    assert outcome.exit_reason is ExitReason.FINISHED
+    generated = qwen3_tokenizer.decode(cache.response_ids)
+    assert generated.endswith("\nObservation:") and "I win" not in generated
+
+
+async def test_text_calls_sent_to_a_chat_api_are_answered_by_user_messages():
+    """Strict chat APIs take ``role: tool`` only as the answer of a structured call."""
+    from uniagent.models import OpenAIChatModel
+    from uniagent.testing import Reply, ScriptedChatServer, tool_call
+
+    with ScriptedChatServer(
+        [
+            Reply(hermes_call("shell", {"command": "echo hi"})),  # a call written as text
+            Reply("", tool_calls=[tool_call("shell", {"command": "echo there"}, "c1")]),
+            Reply(hermes_call("done")),
+        ]
+    ) as server:
+        model = OpenAIChatModel(server.base_url, "m", api_key="k")
+        result = await run_episode(resolve(config()), TASK, model)
+    assert result.exit_reason is ExitReason.FINISHED
+    second, third = (r["messages"] for r in server.requests[1:])
+    assert second[-1] == {"role": "user", "content": "<tool_response>\nhi\n\n</tool_response>"}
+    assert not any(m["role"] == "tool" and "tool_call_id" not in m for m in third)
+    assert third[-1]["role"] == "tool" and third[-1]["tool_call_id"] == "c1"

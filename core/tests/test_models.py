@@ -10,6 +10,7 @@ from pydantic import BaseModel
 
 from uniagent import ToolSpec
 from uniagent.errors import ConfigError
+from uniagent.interaction.loop import parse_turn
 from uniagent.models import (
     ChatModel,
     ContextLimitError,
@@ -90,14 +91,13 @@ async def test_verl_model_two_turns_token_exact(tokenizer: Any) -> None:
     assert isinstance(model, ChatModel)
 
     cache = model.start_cache(MESSAGES, SCHEMAS)
-    response = await model.query(cache, TOOLS, PARSER)
+    response = await model.generate(cache)
     assert server.calls[0]["prompt_ids"] == cache.prompt_ids
     assert response.finish_reason == "stop"
-    assert response.token_ids == first.token_ids
-    assert response.logprobs == first.log_probs
+    assert response.prompt_exact is True
     assert response.text == "<think>\nLook first.\n</think>\n\n" + CALL_LS  # no <|im_end|>
-    assert response.tool_calls is None  # text: the loop parses it
-    assert response.parse_tool_calls(PARSER, TOOLS, max_calls=1) == [
+    assert response.raw_tool_calls is None  # text: the loop parses it
+    assert parse_turn(response, PARSER, TOOLS, max_calls=1).tool_calls == [
         ToolCall("execute_bash", {"command": "ls"})
     ]
     assert response.usage.prompt_tokens == len(cache.prompt_ids)
@@ -108,9 +108,9 @@ async def test_verl_model_two_turns_token_exact(tokenizer: Any) -> None:
 
     cache.append_messages([{"role": "tool", "content": "a\nb"}])
     context_before = cache.context_ids
-    response2 = await model.query(cache, TOOLS, PARSER)
+    response2 = await model.generate(cache)
     assert server.calls[1]["prompt_ids"] == context_before
-    assert response2.parse_tool_calls(PARSER, TOOLS) == [
+    assert parse_turn(response2, PARSER, TOOLS).tool_calls == [
         ToolCall("execute_bash", {"command": "cat a"})
     ]
     # One request id per episode (sticky session); the caller's params untouched.
@@ -136,10 +136,10 @@ async def test_verl_model_response_budget_spent_raises_context_limit(tokenizer: 
     server = ScriptedTokenServer([first])
     model = VerlServerModel(server, tokenizer, {}, response_length=len(first.token_ids) + 3)
     cache = model.start_cache(MESSAGES, SCHEMAS)
-    await model.query(cache, TOOLS, PARSER)
+    await model.generate(cache)
     cache.append_messages([{"role": "tool", "content": "a long observation " * 3}])
     with pytest.raises(ContextLimitError, match="response_length="):
-        await model.query(cache, TOOLS, PARSER)
+        await model.generate(cache)
     assert len(server.calls) == 1  # no call was made without room
 
 
@@ -153,7 +153,7 @@ async def test_verl_model_cut_by_budget_is_length_then_context_limit(tokenizer: 
     )
     cache = model.start_cache(MESSAGES, SCHEMAS)
     with pytest.raises(ContextLimitError):
-        await model.query(cache, TOOLS, PARSER)
+        await model.generate(cache)
     assert server.calls[0]["params"]["max_tokens"] == room
     assert cache.response_ids == ids[:room]  # the cut generation is kept
 
@@ -163,12 +163,12 @@ async def test_verl_model_per_turn_max_tokens_is_length_not_limit(tokenizer: Any
     server = ScriptedTokenServer([TokenOutput(token_ids=ids, log_probs=None)])
     model = VerlServerModel(server, tokenizer, {"max_tokens": 4}, max_model_len=8192)
     cache = model.start_cache(MESSAGES, SCHEMAS)
-    response = await model.query(cache, TOOLS, PARSER)
+    response = await model.generate(cache)
     assert response.finish_reason == "length"
     assert server.calls[0]["params"]["max_tokens"] == 4
     assert not cache.has_logprobs
     with pytest.raises(ToolCallFormatError) as info:
-        response.parse_tool_calls(PARSER, TOOLS)
+        parse_turn(response, PARSER, TOOLS)
     assert info.value.kind == "no_tool_call"
 
 
@@ -176,9 +176,8 @@ async def test_verl_model_server_stop_reason_length(tokenizer: Any) -> None:
     out = gen(tokenizer, "partial", eot=False)
     out.stop_reason = "length"
     model = VerlServerModel(ScriptedTokenServer([out]), tokenizer, {})
-    response = await model.query(model.start_cache(MESSAGES, SCHEMAS), TOOLS, PARSER)
+    response = await model.generate(model.start_cache(MESSAGES, SCHEMAS))
     assert response.finish_reason == "length"
-    assert response.extra["stop_reason"] == "length"
 
 
 @pytest.mark.parametrize(
@@ -196,7 +195,7 @@ async def test_verl_model_failures_are_model_errors(
     model = VerlServerModel(ScriptedTokenServer([output]), tokenizer, {})
     cache = model.start_cache(MESSAGES, SCHEMAS)
     with pytest.raises(ModelError, match=message):
-        await model.query(cache, TOOLS, PARSER)
+        await model.generate(cache)
     assert cache.response_ids == []
 
 
@@ -205,7 +204,7 @@ async def test_verl_model_rejects_message_cache(tokenizer: Any) -> None:
 
     model = VerlServerModel(ScriptedTokenServer([]), tokenizer, {})
     with pytest.raises(ModelError, match="token-mode cache"):
-        await model.query(RolloutCache.messages_only(MESSAGES), TOOLS, PARSER)
+        await model.generate(RolloutCache.messages_only(MESSAGES))
 
 
 def test_each_model_gets_its_own_request_id(tokenizer: Any) -> None:

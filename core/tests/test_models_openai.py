@@ -9,6 +9,7 @@ import pytest
 from pydantic import BaseModel
 
 from uniagent import ToolSpec
+from uniagent.interaction.loop import parse_turn
 from uniagent.models import ContextLimitError, ModelError
 from uniagent.models.openai_chat import OpenAIChatModel, _generated_tokens
 from uniagent.parsers import HermesParser, ToolCall, ToolCallFormatError
@@ -70,15 +71,16 @@ async def test_retries_429_and_500_then_structured_tool_calls(server: ScriptedCh
     model, delays = make_model(server, backoff=0.5, max_retries=3)
     cache = model.start_cache(MESSAGES, SCHEMAS)
     assert cache.mode == "messages"
-    response = await model.query(cache, TOOLS, PARSER)
+    response = await model.generate(cache)
 
     assert delays == [3.0, 1.0, 2.0]  # Retry-After honoured, then 0.5 * 2**attempt
     assert len(server.requests) == 4
     assert response.finish_reason == "tool_calls"
     assert response.text == "Listing."
-    assert response.tool_calls == [ToolCall("execute_bash", {"command": "ls"}, id="call_7")]
-    assert response.parse_tool_calls(PARSER, TOOLS, max_calls=1) == response.tool_calls
-    assert response.token_ids is None
+    assert parse_turn(response, PARSER, TOOLS, max_calls=1).tool_calls == [
+        ToolCall("execute_bash", {"command": "ls"}, id="call_7")
+    ]
+    assert response.prompt_exact is None  # message mode: not known
     body = server.requests[-1]
     assert body["model"] == "test-model"
     assert body["messages"] == MESSAGES
@@ -95,8 +97,8 @@ async def test_retries_429_and_500_then_structured_tool_calls(server: ScriptedCh
     cache.append_messages(
         [{"role": "tool", "content": "a\nb", "name": "execute_bash", "tool_call_id": "call_7"}]
     )
-    response = await model.query(cache, TOOLS, PARSER)
-    assert response.tool_calls == [ToolCall("submit", {}, id="call_8")]
+    response = await model.generate(cache)
+    assert parse_turn(response, PARSER, TOOLS).tool_calls == [ToolCall("submit", {}, id="call_8")]
     sent = server.requests[-1]["messages"]
     assert sent[:-1] == cache.messages[:-2]
     assert sent[-1] == {"role": "tool", "content": "a\nb", "tool_call_id": "call_7"}
@@ -107,7 +109,7 @@ async def test_retries_exhausted_is_model_error(server: ScriptedChatServer) -> N
     model, delays = make_model(server, backoff=1.0, max_retries=2, max_backoff=1.5)
     cache = model.start_cache(MESSAGES, SCHEMAS)
     with pytest.raises(ModelError, match="failed after 3 attempts: InternalServerError 500: down"):
-        await model.query(cache, TOOLS, PARSER)
+        await model.generate(cache)
     assert delays == [1.0, 1.5]  # capped by max_backoff
     assert len(server.requests) == 3
     assert len(cache.messages) == len(MESSAGES)  # nothing recorded
@@ -124,7 +126,7 @@ async def test_connection_refused_is_retried_then_model_error() -> None:
 
     model.sleep = record
     with pytest.raises(ModelError, match="APIConnectionError"):
-        await model.query(model.start_cache(MESSAGES), TOOLS, PARSER)
+        await model.generate(model.start_cache(MESSAGES))
     assert delays == [0.25, 0.5]
 
 
@@ -149,7 +151,7 @@ async def test_client_errors_are_not_retried(
     server.add(fail)
     model, delays = make_model(server)
     with pytest.raises(error) as info:
-        await model.query(model.start_cache(MESSAGES), TOOLS, PARSER)
+        await model.generate(model.start_cache(MESSAGES))
     assert fragment in str(info.value)
     assert delays == [] and len(server.requests) == 1
 
@@ -158,18 +160,19 @@ async def test_text_reply_is_parsed_by_the_loop(server: ScriptedChatServer) -> N
     server.add(Reply("Let me look.\n" + CALL_LS, reasoning_content="thinking..."))
     model, _ = make_model(server, send_tools=False)
     cache = model.start_cache(MESSAGES, SCHEMAS)
-    response = await model.query(cache, TOOLS, PARSER)
+    response = await model.generate(cache)
     assert "tools" not in server.requests[0]
     assert response.finish_reason == "stop"
-    assert response.tool_calls is None and response.raw_tool_calls is None
+    assert response.raw_tool_calls is None
     assert response.reasoning == "thinking..."
-    assert response.parse(PARSER, TOOLS).content == "Let me look."
-    assert response.parse_tool_calls(PARSER, TOOLS) == [ToolCall("execute_bash", {"command": "ls"})]
+    parsed = parse_turn(response, PARSER, TOOLS)
+    assert parsed.content == "Let me look."
+    assert parsed.tool_calls == [ToolCall("execute_bash", {"command": "ls"})]
     assert cache.messages[-1]["reasoning_content"] == "thinking..."
     # In message mode the reasoning is not sent back (OpenAI rejects unknown fields).
     server.add(Reply("ok"))
     cache.append_messages([{"role": "tool", "content": "a"}])
-    await model.query(cache, TOOLS, PARSER)
+    await model.generate(cache)
     assert "reasoning_content" not in server.requests[1]["messages"][2]
 
 
@@ -182,17 +185,17 @@ async def test_invalid_structured_calls_are_format_errors(server: ScriptedChatSe
     model, _ = make_model(server)
     cache = model.start_cache(MESSAGES, SCHEMAS)
     for kind in ("unknown_tool", "invalid_json"):
-        response = await model.query(cache, TOOLS, PARSER)
-        assert response.tool_calls is None
-        assert response.tool_call_error is not None and response.tool_call_error.kind == kind
+        response = await model.generate(cache)
         with pytest.raises(ToolCallFormatError) as info:
-            response.parse_tool_calls(PARSER, TOOLS)
+            parse_turn(response, PARSER, TOOLS)
         assert info.value.kind == kind
+        # The feedback speaks of function calls, the format the model used, not of text.
+        assert "a function call to" in str(info.value) and "<tool_call>" not in str(info.value)
         cache.append_messages([{"role": "tool", "content": str(info.value)}])
-    response = await model.query(cache, TOOLS, PARSER)
-    assert len(response.tool_calls or []) == 2
+    response = await model.generate(cache)
+    assert len(response.raw_tool_calls or []) == 2
     with pytest.raises(ToolCallFormatError) as info:
-        response.parse_tool_calls(PARSER, TOOLS, max_calls=1)
+        parse_turn(response, PARSER, TOOLS, max_calls=1)
     assert info.value.kind == "too_many_calls"
 
 
@@ -204,7 +207,7 @@ async def test_sampling_params_split_between_body_and_extra_body(
     model, _ = make_model(
         server, sampling_params=params, chat_template_kwargs={"enable_thinking": False}
     )
-    response = await model.query(model.start_cache(MESSAGES), TOOLS, PARSER)
+    response = await model.generate(model.start_cache(MESSAGES))
     body = server.requests[0]
     assert (body["temperature"], body["max_tokens"], body["top_k"], body["min_p"]) == (
         0.6,
@@ -227,17 +230,16 @@ async def test_token_mode_records_vllm_token_ids(tokenizer: Any) -> None:
         model, _ = make_model(server, tokenizer=tokenizer, max_model_len=4096)
         cache = model.start_cache(MESSAGES, SCHEMAS)
         assert cache.mode == "tokens"
-        response = await model.query(cache, TOOLS, PARSER)
+        response = await model.generate(cache)
         body = server.requests[0]
         assert body["logprobs"] is True and body["top_logprobs"] == 0
         assert body["return_token_ids"] is True and body["return_tokens_as_token_ids"] is True
         assert body["max_tokens"] == 4096 - len(cache.prompt_ids)
-        assert response.token_ids == ids1 and response.logprobs == lps1
-        assert response.extra["prompt_ids_match"] is True
+        assert response.prompt_exact is True
         assert cache.response_ids == ids1
         assert cache.response_mask == [1] * len(ids1)
         assert cache.response_logprobs == lps1
-        assert response.parse_tool_calls(PARSER, TOOLS) == [
+        assert parse_turn(response, PARSER, TOOLS).tool_calls == [
             ToolCall("execute_bash", {"command": "ls"})
         ]
 
@@ -245,8 +247,8 @@ async def test_token_mode_records_vllm_token_ids(tokenizer: Any) -> None:
         cache.append_messages([{"role": "tool", "content": "a\nb"}])
         ids2 = [*tokenizer.encode("Done.", add_special_tokens=False), im_end]
         server.add(Reply("Done.", token_ids=ids2))
-        response = await model.query(cache, TOOLS, PARSER)
-        assert response.extra["prompt_ids_match"] is True
+        response = await model.generate(cache)
+        assert response.prompt_exact is True
         assert cache.response_ids[-len(ids2) :] == ids2
         assert cache.check_exactness().ok
 
@@ -255,10 +257,10 @@ async def test_token_mode_records_vllm_token_ids(tokenizer: Any) -> None:
         cache.append_messages([{"role": "user", "content": "again"}])
         ids3 = [*tokenizer.encode("Real text.", add_special_tokens=False), im_end]
         server.add(Reply("Other text.", token_ids=ids3), Reply("x", token_ids=ids3))
-        await model.query(cache, TOOLS, PARSER)
+        await model.generate(cache)
         cache.append_messages([{"role": "user", "content": "more"}])
-        response = await model.query(cache, TOOLS, PARSER)
-        assert response.extra["prompt_ids_match"] is False
+        response = await model.generate(cache)
+        assert response.prompt_exact is False
 
 
 async def test_token_mode_needs_token_ids(server: ScriptedChatServer, tokenizer: Any) -> None:
@@ -266,14 +268,14 @@ async def test_token_mode_needs_token_ids(server: ScriptedChatServer, tokenizer:
     model, _ = make_model(server, tokenizer=tokenizer)
     cache = model.start_cache(MESSAGES, SCHEMAS)
     with pytest.raises(ModelError, match="returned no token ids"):
-        await model.query(cache, TOOLS, PARSER)
+        await model.generate(cache)
     assert cache.response_ids == []
 
 
 async def test_token_mode_context_full(server: ScriptedChatServer, tokenizer: Any) -> None:
     model, _ = make_model(server, tokenizer=tokenizer, max_model_len=10)
     with pytest.raises(ContextLimitError, match="max_model_len=10"):
-        await model.query(model.start_cache(MESSAGES, SCHEMAS), TOOLS, PARSER)
+        await model.generate(model.start_cache(MESSAGES, SCHEMAS))
     assert server.requests == []
 
 

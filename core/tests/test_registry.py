@@ -91,15 +91,38 @@ def test_unknown_name_without_known_provider_points_at_plugins_command():
         Registry(manager).rewards()["my_reward"]
 
 
-def test_wrong_record_type_is_a_clear_error():
+def test_a_plugin_yielding_the_wrong_record_type_fails_alone():
     @hookimpl
     def uniagent_rewards():
         return [ToolSpec(name="x", description="d", arguments=NoArgs)]
 
+    @hookimpl
+    def uniagent_tools():
+        return [ToolSpec(name="kept", description="d", arguments=NoArgs)]
+
     manager = PluginManager()
-    manager.register(types.SimpleNamespace(uniagent_rewards=uniagent_rewards), "confused")
-    with pytest.raises(TypeError, match="confused.*RewardSpec.*ToolSpec"):
-        Registry(manager).rewards()
+    manager.register(types.SimpleNamespace(uniagent_rewards=uniagent_rewards,
+                                           uniagent_tools=uniagent_tools), "confused")
+    manager.register(tools_plugin("grep"), "uniagent-tools-fine")
+    info = manager.plugins["confused"]
+    assert info.status == "failed"
+    assert "uniagent_rewards must yield RewardSpec records, not ToolSpec" in info.error
+    registry = Registry(manager)
+    assert list(registry.tools()) == ["grep"]  # the failed plugin contributes nothing
+    assert list(registry.rewards()) == []
+
+
+def test_a_plugin_whose_hook_raises_or_yields_invalid_records_fails_alone():
+    @hookimpl
+    def uniagent_tools():
+        yield ToolSpec(name="bad name!", description="d", arguments=NoArgs)
+
+    manager = PluginManager()
+    manager.register(types.SimpleNamespace(uniagent_tools=uniagent_tools), "invalid")
+    manager.register(tools_plugin("grep"), "uniagent-tools-fine")
+    assert manager.plugins["invalid"].status == "failed"
+    assert "must be non-empty and use only letters" in manager.plugins["invalid"].error
+    assert list(Registry(manager).tools()) == ["grep"]
 
 
 def test_deployment_union_is_built_from_installed_backends():

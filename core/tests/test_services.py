@@ -16,6 +16,7 @@ from uniagent import ServiceSpec, ToolSpec, hookimpl
 from uniagent.config import AgentConfig
 from uniagent.errors import ConfigError, UnknownPluginNameError
 from uniagent.plugins import load_plugins, reset_plugins
+from uniagent.resolve import resolve
 from uniagent.run.progress import Progress
 from uniagent.run.runner import run
 from uniagent.run.tasks import Task
@@ -108,14 +109,14 @@ def config_for(marker: Path, **settings: object) -> AgentConfig:
 
 def test_an_unknown_service_is_rejected_naming_the_installed_ones(recorder):
     with pytest.raises(UnknownPluginNameError, match="unknown service 'retriever'.*marker"):
-        AgentConfig.from_dict({"tools": ["probe"], "services": {"retriever": {}}})
+        resolve(AgentConfig.from_dict({"tools": ["probe"], "services": {"retriever": {}}}))
 
 
 def test_bad_service_settings_are_rejected_with_their_key_path(recorder, tmp_path):
     with pytest.raises(ConfigError, match=r"services\.marker\.prot: unknown key"):
-        config_for(tmp_path / "m", prot=1)
+        resolve(config_for(tmp_path / "m", prot=1))
     with pytest.raises(ConfigError, match=r"services\.marker\.marker: Field required"):
-        AgentConfig.from_dict({"tools": ["probe"], "services": {"marker": {}}})
+        resolve(AgentConfig.from_dict({"tools": ["probe"], "services": {"marker": {}}}))
 
 
 async def test_run_starts_a_service_once_before_the_first_episode_and_stops_it_at_the_end(

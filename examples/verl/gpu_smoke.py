@@ -117,8 +117,9 @@ def dry_run(out: Path) -> int:
     from verl.protocol import DataProto
     from verl.utils.dataset.rl_dataset import RLHFDataset, collate_fn
 
+    from uniagent.testing import hermes_call
     from uniagent.verl.output import extras_record
-    from uniagent.verl.testing import ScriptedTokenServer, hermes_call
+    from uniagent.verl.testing import ScriptedTokenServer
 
     config = OmegaConf.load(
         Path(__import__("verl").__file__).parent / "trainer/config/_generated_ppo_trainer.yaml"

@@ -110,12 +110,14 @@ def cmd_run(args: argparse.Namespace) -> int:
 
     from uniagent.config import AgentConfig
     from uniagent.models import from_spec
+    from uniagent.resolve import resolve
     from uniagent.run.progress import Progress
     from uniagent.run.runner import exit_status, run_sync
     from uniagent.run.summary import format_summary
     from uniagent.run.tasks import load_tasks
 
     config = AgentConfig.from_yaml(args.config)
+    resolve(config, source=args.config)  # any typo: exit 2 before a sandbox starts
     tasks, bad_rows = load_tasks(args.data)
     check_model_spec(args.model, args.api_key_env)
     options: dict[str, Any] = {"sampling_params": dict(config.sampling)}

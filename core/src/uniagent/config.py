@@ -1,8 +1,10 @@
 """The agent configuration (YAML), with per-task overrides.
 
-A config names plugins (tool parser, tools, deployment, reward) by the names
-they register; validation checks those names against what is installed, so a
-typo fails before any sandbox starts. Unknown keys are rejected with their path.
+A config is plain, strict data: it names plugins (tool parser, tools,
+deployment, reward, services) by the names they register and holds their raw
+settings; unknown keys are rejected everywhere with their path. It never
+consults the registry: :func:`uniagent.resolve.resolve` checks every name and
+every plugin's settings against what is installed, before any sandbox starts.
 """
 
 from __future__ import annotations
@@ -10,19 +12,24 @@ from __future__ import annotations
 import copy
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, ValidationError, field_validator
 
+from uniagent.env.config import EnvConfig
 from uniagent.errors import ConfigError
 from uniagent.grading.settings import GradeIn, IntegritySettings
 from uniagent.interaction.exit import DEFAULT_EXIT_POLICY, ExitReason, Treatment
 
+#: Keys of the exit policy: every exit reason, and ``inexact_tokens`` (a trajectory whose
+#: token ids are not what the model saw; masked by default).
+PolicyKey = ExitReason | Literal["inexact_tokens"]
+
 DEFAULT_SYSTEM_PROMPT = (
     "You are a careful software engineer working in a sandboxed shell. "
     "Use the tools to inspect and change files and to run commands. "
-    "Call exactly one tool per turn. When the task is done, call the submit tool."
+    "Call exactly one tool per turn."
 )
 
 
@@ -46,24 +53,27 @@ class InteractionConfig(_Strict):
     )
 
 
-class EnvSection(_Strict):
-    """The sandbox: a deployment (by ``type``) plus environment settings."""
+class EnvSection(EnvConfig):
+    """The sandbox: a deployment (by ``type``, checked by the resolve step) plus env settings."""
 
-    model_config = ConfigDict(extra="allow", frozen=True)
+    model_config = ConfigDict(extra="forbid", frozen=True)
 
-    deployment: dict[str, Any] = Field(default_factory=lambda: {"type": "host"})
+    deployment: dict[str, Any] = Field(
+        default_factory=lambda: {"type": "host"},
+        description="the sandbox backend: `type` names an installed deployment, the rest is "
+        "its config",
+    )
 
-    @field_validator("deployment")
-    @classmethod
-    def _known_deployment(cls, value: dict[str, Any]) -> dict[str, Any]:
-        from uniagent.registry import validate_deployment_config
+    def settings(self) -> EnvConfig:
+        """The environment settings besides the deployment."""
+        return EnvConfig.model_validate(self.model_dump(exclude={"deployment"}))
 
-        validate_deployment_config(value)
-        return value
 
-    def settings(self) -> dict[str, Any]:
-        """The environment settings besides the deployment (``EnvConfig`` fields)."""
-        return dict(self.model_extra or {})
+class ToolRef(_Strict):
+    """A tool by name, with its settings (validated by the tool's own model at resolve)."""
+
+    name: str
+    settings: dict[str, Any] | None = None
 
 
 class RewardConfig(_Strict):
@@ -84,15 +94,26 @@ class AgentConfig(_Strict):
     """Everything that defines an agent run; loaded from YAML."""
 
     tool_parser: str = "hermes"
-    tools: tuple[str, ...] = ("execute_bash", "str_replace_editor", "submit")
-    system_prompt: str = DEFAULT_SYSTEM_PROMPT
+    tools: tuple[ToolRef, ...] = Field(
+        (),
+        description="the tools, by name (`execute_bash`), or with settings "
+        "(`{name: execute_bash, settings: {...}}`)",
+    )
+    system_prompt: str | None = Field(
+        None,
+        description="the system message; default: a short instruction naming the finishing "
+        "tools that are configured",
+    )
     instance_template: str = Field(
         "{problem_statement}", description="the first user message; task fields in {braces}"
     )
     interaction: InteractionConfig = InteractionConfig()
     env: EnvSection = EnvSection()
     reward: RewardConfig | None = None
-    exit_policy: dict[ExitReason, Treatment] = Field(default_factory=dict)
+    exit_policy: dict[PolicyKey, Treatment] = Field(
+        default_factory=dict,
+        description="exit reason (or inexact_tokens) -> train | mask, over the defaults",
+    )
     sampling: dict[str, Any] = Field(
         default_factory=dict, description="sampling parameters passed to the model backend"
     )
@@ -102,36 +123,46 @@ class AgentConfig(_Strict):
         description="process-wide services to start before the first episode, by name, with "
         "their settings (see uniagent.services)",
     )
-    log_dir: Path | None = None
 
-    @model_validator(mode="after")
-    def _known_plugins(self) -> AgentConfig:
-        from uniagent.registry import get_registry
+    _source: str = PrivateAttr("config")
 
-        registry = get_registry()
-        registry.tool_parsers()[self.tool_parser]
-        tools = registry.tools()
-        for name in self.tools:
-            tools[name]
-        if self.reward is not None:
-            registry.rewards()[self.reward.name]
-        from uniagent.services import resolve_services
+    @field_validator("tools", mode="before")
+    @classmethod
+    def _names_or_refs(cls, value: Any) -> Any:
+        if isinstance(value, str):
+            value = [value]
+        if isinstance(value, list | tuple):
+            return [{"name": v} if isinstance(v, str) else v for v in value]
+        return value
 
-        resolve_services(self.services)  # unknown names and bad settings fail here
-        return self
+    @property
+    def tool_names(self) -> tuple[str, ...]:
+        """The configured tools' names, in order."""
+        return tuple(t.name for t in self.tools)
 
     def treatment(self, reason: ExitReason) -> Treatment:
         """Whether an episode that ended this way is trained on or masked."""
         return self.exit_policy.get(reason, DEFAULT_EXIT_POLICY[reason])
 
+    def inexact_treatment(self) -> Treatment:
+        """Whether a trajectory that is not token-exact is trained on (default: masked)."""
+        return self.exit_policy.get("inexact_tokens", "mask")
+
     # -- loading ---------------------------------------------------------------
     @classmethod
     def from_dict(cls, data: Mapping[str, Any], *, source: str = "config") -> AgentConfig:
-        """Validate a mapping; errors name the path of each bad key."""
+        """Validate a mapping; errors name the path of each bad key (and ``source``)."""
         try:
-            return cls.model_validate(dict(data))
+            config = cls.model_validate(dict(data))
         except ValidationError as exc:
             raise ConfigError(format_validation_error(exc, source)) from None
+        config._source = source
+        return config
+
+    @property
+    def source(self) -> str:
+        """Where the config came from (its file, or the task that overrode it), for errors."""
+        return self._source
 
     @classmethod
     def from_yaml(cls, path: str | Path) -> AgentConfig:
@@ -168,11 +199,11 @@ def deep_merge(base: Mapping[str, Any], override: Mapping[str, Any]) -> dict[str
     return out
 
 
-def format_validation_error(exc: ValidationError, source: str) -> str:
-    """One line per problem: the dotted key path, then what was wrong."""
+def format_validation_error(exc: ValidationError, source: str, *, prefix: str = "") -> str:
+    """One line per problem: the dotted key path (under ``prefix``), then what was wrong."""
     lines = [f"invalid {source}:"]
     for err in exc.errors():
-        path = ".".join(str(p) for p in err["loc"]) or "(top level)"
+        path = ".".join([prefix] * bool(prefix) + [str(p) for p in err["loc"]]) or "(top level)"
         message = str(err["msg"]).removeprefix("Value error, ")
         if err["type"] == "extra_forbidden":
             message = "unknown key"

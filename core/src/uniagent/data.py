@@ -22,6 +22,7 @@ from typing import Any
 from uniagent.config import AgentConfig
 from uniagent.episode import first_messages
 from uniagent.errors import ConfigError
+from uniagent.resolve import resolve
 from uniagent.run.tasks import BadRow, Task, load_tasks
 
 #: ``reward_model.style`` of prepared rows: the reward runs inside the agent loop.
@@ -61,9 +62,10 @@ def prepare_row(
 ) -> dict[str, Any]:
     """One verl row for ``task`` (``config`` supplies the prompt templates)."""
     overrides = task.overrides()
-    task_config = config.with_overrides(overrides, source=f"task {task.id}: tools_kwargs")
+    source = f"task {task.id}: tools_kwargs"
+    task_config = config.with_overrides(overrides, source=source)
     try:
-        messages = first_messages(task_config, task.row)
+        messages = first_messages(resolve(task_config, source=source), task.row)
     except ConfigError as exc:
         raise ConfigError(f"task {task.id}: {exc}") from None
     prompt = [{"role": str(m["role"]), "content": str(m["content"])} for m in messages]

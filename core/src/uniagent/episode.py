@@ -14,10 +14,8 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from pydantic import ValidationError
-
-from uniagent.config import AgentConfig, format_validation_error
-from uniagent.env import AgentEnv, EnvConfig
+from uniagent.config import DEFAULT_SYSTEM_PROMPT, AgentConfig
+from uniagent.env import AgentEnv
 from uniagent.errors import ConfigError
 from uniagent.grading.grader import EpisodeGrader, GradingPlan
 from uniagent.interaction.exit import ExitReason
@@ -26,7 +24,7 @@ from uniagent.interaction.metrics import EpisodeMetrics
 from uniagent.interaction.prompts import tool_instructions
 from uniagent.models.base import ChatModel
 from uniagent.observer import NULL_OBSERVER, EpisodeObserver
-from uniagent.registry import get_registry
+from uniagent.resolve import ResolvedAgent
 from uniagent.rollout import RolloutCache
 
 log = logging.getLogger(__name__)
@@ -66,16 +64,27 @@ class EpisodeResult:
         }
 
 
-def first_messages(config: AgentConfig, task: Mapping[str, Any]) -> list[dict[str, Any]]:
+def system_prompt(agent: ResolvedAgent) -> str:
+    """The config's system prompt, or the default one naming the configured finishing tools."""
+    if agent.config.system_prompt is not None:
+        return agent.config.system_prompt
+    finishing = [t.name for t in agent.tools if t.ends_episode]
+    if not finishing:
+        return DEFAULT_SYSTEM_PROMPT
+    names = " or ".join(f"the {n} tool" for n in finishing)
+    return f"{DEFAULT_SYSTEM_PROMPT} When the task is done, call {names}."
+
+
+def first_messages(agent: ResolvedAgent, task: Mapping[str, Any]) -> list[dict[str, Any]]:
     """The system prompt and the task rendered through ``instance_template``."""
     try:
-        user = config.instance_template.format_map(task)
+        user = agent.config.instance_template.format_map(task)
     except KeyError as exc:
         raise ConfigError(
             f"task has no field {exc.args[0]!r}, which instance_template needs; "
             f"task fields: {', '.join(sorted(task))}"
         ) from None
-    return [{"role": "system", "content": config.system_prompt}, {"role": "user", "content": user}]
+    return [{"role": "system", "content": system_prompt(agent)}, {"role": "user", "content": user}]
 
 
 def describe_tools(prompt: list[dict[str, Any]], instructions: str) -> None:
@@ -88,7 +97,7 @@ def describe_tools(prompt: list[dict[str, Any]], instructions: str) -> None:
 
 
 async def run_episode(
-    config: AgentConfig,
+    agent: ResolvedAgent,
     task: Mapping[str, Any],
     model: ChatModel,
     *,
@@ -98,19 +107,20 @@ async def run_episode(
 ) -> EpisodeResult:
     """Run one task to completion; failures become exit reasons, never exceptions.
 
-    ``messages`` are the first messages when the caller already has them (verl's
-    dataset prompt); by default they are rendered from the config's templates.
-    Only a task or config the episode cannot even begin with (a field missing
-    for ``instance_template``, an unknown plugin name) raises, before any
+    ``agent`` comes from :func:`uniagent.resolve.resolve` (with the task's
+    overrides: ``agent.for_task``). ``messages`` are the first messages when the
+    caller already has them (verl's dataset prompt); by default they are
+    rendered from the config's templates. Only a task the episode cannot even
+    begin with (a field missing for ``instance_template``) raises, before any
     sandbox starts. ``observer`` is told each phase, turn and tool call (progress).
     """
     logger = logger or log
     observer = observer or NULL_OBSERVER
-    grader = make_grader(config, task)
-    registry = get_registry()
-    tools = [registry.tools()[name] for name in config.tools]
-    parser = registry.tool_parsers()[config.tool_parser].factory()
-    prompt = [dict(m) for m in messages] if messages else first_messages(config, task)
+    config = agent.config
+    grader = make_grader(agent, task)
+    tools = list(agent.tools)
+    parser = agent.new_parser()
+    prompt = [dict(m) for m in messages] if messages else first_messages(agent, task)
     if not model.renders_tools():  # the chat template would silently drop the tool schemas
         describe_tools(prompt, tool_instructions(tools, parser))
     metrics = EpisodeMetrics()
@@ -119,7 +129,7 @@ async def run_episode(
     integrity: Mapping[str, Any] = {}
     try:
         observer.phase("setup")
-        env = AgentEnv.from_config(config.env.deployment, config.env.settings())
+        env = agent.new_env()
         await env.start()
         observer.phase("tools")
         await env.install_tools(tools)
@@ -142,9 +152,10 @@ async def run_episode(
         )
         observer.phase("agent")
         outcome = await interaction.run(cache, metrics)
+        inexact = metrics.inexact_turns > 0 and config.inexact_treatment() == "mask"
         result = EpisodeResult(
             exit_reason=outcome.exit_reason,
-            traj_masked=config.treatment(outcome.exit_reason) == "mask",
+            traj_masked=config.treatment(outcome.exit_reason) == "mask" or inexact,
             metrics=metrics,
             cache=cache,
             submission=outcome.submission,
@@ -166,26 +177,19 @@ async def run_episode(
         await env.close()
 
 
-def make_grader(config: AgentConfig, task: Mapping[str, Any]) -> EpisodeGrader | None:
-    """The episode's grader, its reward settings validated before any sandbox starts."""
-    if config.reward is None:
+def make_grader(agent: ResolvedAgent, task: Mapping[str, Any]) -> EpisodeGrader | None:
+    """The episode's grader (``None`` without a reward)."""
+    reward = agent.reward
+    if reward is None:
         return None
-    spec = get_registry().rewards()[config.reward.name]
-    settings = None
-    if spec.config is not None:
-        try:
-            settings = spec.config.model_validate(config.reward.config)
-        except ValidationError as exc:
-            raise ConfigError(format_validation_error(exc, "reward.config")) from None
-    env_settings = config.env.settings()
     plan = GradingPlan(
-        spec=spec,
-        settings=settings,
+        spec=reward.spec,
+        settings=reward.settings,
         task=task,
-        grade_in=config.reward.grade_in,
-        integrity=config.reward.integrity,
-        fresh_env=lambda: AgentEnv.from_config(config.env.deployment, env_settings),
-        session_env=EnvConfig.model_validate(env_settings).session_env(),
+        grade_in=reward.grade_in,
+        integrity=reward.integrity,
+        fresh_env=agent.new_env,
+        session_env=agent.env.session_env(),
     )
     return EpisodeGrader(plan)
 
@@ -213,7 +217,7 @@ async def _grade(
         logger.error("reward %s failed: %s", config.reward.name, exc)
         result.exit_reason = ExitReason.REWARD_ERROR
         result.traj_masked = config.treatment(ExitReason.REWARD_ERROR) == "mask"
-        result.error = _describe(exc)
+        result.error = _traceback_text(exc)
     finally:
         result.metrics.reward_seconds = time.perf_counter() - started
 
@@ -225,9 +229,9 @@ def _failed(
         exit_reason=reason,
         traj_masked=config.treatment(reason) == "mask",
         metrics=metrics,
-        error=_describe(exc),
+        error=_traceback_text(exc),
     )
 
 
-def _describe(exc: BaseException) -> str:
+def _traceback_text(exc: BaseException) -> str:
     return "".join(traceback.format_exception(exc)).rstrip()

@@ -15,9 +15,9 @@ class PluginConflictError(UniAgentError):
     """Two plugins contribute a record of the same kind under the same name."""
 
 
-class UnknownPluginNameError(UniAgentError, LookupError):
-    """A config names a tool, deployment, parser or reward that no plugin provides."""
-
-
 class ConfigError(UniAgentError, ValueError):
     """A configuration is invalid; the message names the offending key."""
+
+
+class UnknownPluginNameError(ConfigError, LookupError):
+    """A config names a tool, deployment, parser or reward that no plugin provides."""

@@ -8,7 +8,10 @@ distribution name::
     [project.entry-points.uniagent]
     uniagent-tools-hello = "uniagent_tools_hello.plugin"
 
-Every hook is optional; implement only what the plugin contributes.
+Every hook is optional; implement only what the plugin contributes. Hooks are
+called through pluggy, with arguments by name, so a later version may give a
+hook an argument without breaking plugins that do not take it. What may change
+between versions is in docs/plugins.md ("Compatibility").
 """
 
 from __future__ import annotations
@@ -38,7 +41,11 @@ def uniagent_tools() -> Iterable[ToolSpec]:
         def uniagent_tools():
             yield ToolSpec(name="hello", description="Greet someone.",
                            arguments=HelloArgs, scripts=(HERE / "bin" / "hello",))
+
+    .. versionadded:: 0.1
+    .. versionchanged:: 0.2 ``ToolSpec.settings`` / ``configure``: settings from the config.
     """
+    raise NotImplementedError  # a specification: plugins implement it
 
 
 @hookspec
@@ -55,7 +62,12 @@ def uniagent_deployments() -> Iterable[DeploymentSpec]:
         def uniagent_deployments():
             yield DeploymentSpec(name="mycloud", config=MyCloudConfig,
                                  factory=MyCloudDeployment)
+
+    .. versionadded:: 0.1
+    .. versionchanged:: 0.2 the :class:`uniagent.Deployment` protocol gained
+       ``sandbox_alive``, ``kill_processes``, ``workdir`` and ``tools_dir``.
     """
+    raise NotImplementedError  # a specification: plugins implement it
 
 
 @hookspec
@@ -67,7 +79,11 @@ def uniagent_tool_parsers() -> Iterable[ParserSpec]:
         @hookimpl
         def uniagent_tool_parsers():
             yield ParserSpec(name="json_lines", factory=JsonLinesParser)
+
+    .. versionadded:: 0.1
+    .. versionchanged:: 0.2 parsers gained ``format_tool_response``.
     """
+    raise NotImplementedError  # a specification: plugins implement it
 
 
 @hookspec
@@ -83,7 +99,12 @@ def uniagent_rewards() -> Iterable[RewardSpec]:
         @hookimpl
         def uniagent_rewards():
             yield RewardSpec(name="tests_pass", fn=tests_pass)
+
+    .. versionadded:: 0.1
+    .. versionchanged:: 0.2 rewards get a grading ``sandbox``, never the agent's session;
+       ``RewardSpec.uses_sandbox`` and ``integrity``.
     """
+    raise NotImplementedError  # a specification: plugins implement it
 
 
 @hookspec
@@ -108,4 +129,7 @@ def uniagent_services() -> Iterable[ServiceSpec]:
         def uniagent_services():
             yield ServiceSpec(name="retriever", start=start_retriever,
                               config=RetrieverSettings)
+
+    .. versionadded:: 0.2
     """
+    raise NotImplementedError  # a specification: plugins implement it

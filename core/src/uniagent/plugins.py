@@ -69,6 +69,8 @@ class PluginInfo:
     error: str | None = None
     hooks: list[str] = field(default_factory=list)
     plugin: Any = field(default=None, repr=False)
+    #: What each hook yielded (validated records), by kind; empty for a failed plugin.
+    records: dict[str, list[Any]] = field(default_factory=dict, repr=False)
 
     @property
     def key(self) -> str:
@@ -124,7 +126,7 @@ class PluginManager:
             _check_hook_names(plugin)
             self.hook_manager.register(plugin, name=key)
         except Exception as exc:
-            info.status, info.error = "failed", _describe(exc)
+            info.status, info.error = "failed", _error_text(exc)
             if _strict():
                 raise PluginLoadError(
                     f"plugin {distribution!r} failed to load: {info.error}"
@@ -138,8 +140,45 @@ class PluginManager:
                     for i in getattr(self.hook_manager.hook, impl_name).get_hookimpls()
                 )
             )
+            self._collect(info)
         self.plugins[key] = info
         return info
+
+    def _collect(self, info: PluginInfo) -> None:
+        """Call each of the plugin's hooks through pluggy and validate what they yield.
+
+        A hook that raises, yields something that is not its record type, or
+        yields a record that does not validate fails this plugin only: it is
+        unregistered, reported with the reason, and contributes nothing.
+        """
+        from uniagent.specs import RECORD_TYPES
+
+        records: dict[str, list[Any]] = {}
+        for hook_name in info.hooks:
+            kind = hook_name.removeprefix(f"{PROJECT}_")
+            expected = RECORD_TYPES[kind]  # type: ignore[index]
+            try:
+                results = self._call_one(hook_name, info.key)
+                found = [r for result in results for r in (result or ())]
+                wrong = next((r for r in found if not isinstance(r, expected)), None)
+                if wrong is not None:
+                    raise PluginLoadError(
+                        f"hook {hook_name} must yield {expected.__name__} records, "
+                        f"not {type(wrong).__name__} ({wrong!r:.80})"
+                    )
+            except Exception as exc:
+                reason = exc if isinstance(exc, PluginLoadError) else None
+                info.status = "failed"
+                raised = f"hook {hook_name} raised {_error_text(exc)}"
+                info.error = str(reason) if reason else raised
+                info.records = {}
+                log.warning("plugin %s: %s", info.distribution, info.error)
+                self.hook_manager.unregister(name=info.key)
+                if _strict():
+                    raise PluginLoadError(f"plugin {info.distribution!r}: {info.error}") from exc
+                return
+            records[kind] = found
+        info.records = records
 
     def load(self, *, builtins: bool = True, entry_points: bool = True) -> PluginManager:
         """Register the built-ins and every selected entry point, once."""
@@ -218,7 +257,7 @@ class PluginManager:
         *,
         builtin: bool = False,
     ) -> None:
-        error = _describe(exc)
+        error = _error_text(exc)
         log.warning("plugin %s (%s) failed to load: %s", dist_name, module, error)
         self.plugins[self._key(dist_name, module, builtin)] = PluginInfo(
             distribution=dist_name,
@@ -238,21 +277,26 @@ class PluginManager:
     def _key(distribution: str, module: str, builtin: bool) -> str:
         return f"{distribution}:{module}" if builtin else distribution
 
+    def _call_one(self, hook_name: str, key: str) -> list[Any]:
+        """One plugin's implementation of ``hook_name``, called through pluggy's machinery.
+
+        pluggy passes each implementation the hook arguments it names, so a hook
+        can gain arguments without breaking plugins written before; calling only
+        this plugin's implementation keeps one plugin's failure from hiding the
+        others' records. (``subset_hook_caller`` would do it too, but needs
+        hashable plugin objects.)
+        """
+        caller = getattr(self.hook_manager.hook, hook_name)
+        impls = [i for i in caller.get_hookimpls() if i.plugin_name == key]
+        results = self.hook_manager._hookexec(hook_name, impls, {}, False)
+        return list(results) if isinstance(results, list) else [results]
+
     # -- queries --------------------------------------------------------------
-    def call_each(self, hook_name: str) -> Iterable[tuple[PluginInfo, Any]]:
-        """Call one hook per plugin, yielding (plugin info, result); broken hooks are recorded."""
-        hook = getattr(self.hook_manager.hook, hook_name)
-        for impl in hook.get_hookimpls():  # registration order
-            info = self.plugins[impl.plugin_name]
-            try:
-                result = list(impl.function() or ())
-            except Exception as exc:
-                info.status, info.error = "failed", f"hook {hook_name} raised {_describe(exc)}"
-                log.warning("plugin %s: %s", info.distribution, info.error)
-                if _strict():
-                    raise PluginLoadError(f"plugin {info.distribution!r}: {info.error}") from exc
-                continue
-            yield info, result
+    def contributions(self, kind: str) -> Iterable[tuple[PluginInfo, list[Any]]]:
+        """(plugin info, its validated records of ``kind``) in registration order."""
+        for info in self.plugins.values():
+            if info.status == "loaded" and kind in info.records:
+                yield info, info.records[kind]
 
     def report(self, *, include_builtins: bool = False) -> list[PluginInfo]:
         """Load records, external plugins first then (optionally) the built-ins."""
@@ -290,7 +334,7 @@ def _module_name(plugin: object) -> str:
     return getattr(plugin, "__name__", None) or type(plugin).__qualname__
 
 
-def _describe(exc: BaseException) -> str:
+def _error_text(exc: BaseException) -> str:
     return f"{type(exc).__name__}: {exc}"
 
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import dataclasses
 import threading
 import warnings
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from typing import Annotated, Any, Generic, TypeVar, Union
 
 from pydantic import BaseModel, BeforeValidator, Field, TypeAdapter, ValidationError
@@ -63,7 +63,7 @@ class Records(Mapping[str, R], Generic[R]):
 
     def __init__(self, kind: Kind, records: dict[str, R]) -> None:
         self.kind = kind
-        self._records = records
+        self._records: dict[str, R] = records
 
     def __getitem__(self, name: str) -> R:
         try:
@@ -76,7 +76,7 @@ class Records(Mapping[str, R], Generic[R]):
     def __contains__(self, name: object) -> bool:
         return name in self._records
 
-    def __iter__(self):  # type: ignore[no-untyped-def]
+    def __iter__(self) -> Iterator[str]:
         return iter(self._records)
 
     def __len__(self) -> int:
@@ -115,17 +115,9 @@ class Registry:
             return self._cache[kind]
 
     def _collect(self, kind: Kind) -> dict[str, Any]:
-        from uniagent.specs import RECORD_TYPES
-
-        expected = RECORD_TYPES[kind]
         found: dict[str, Any] = {}
-        for info, records in self.manager.call_each(f"uniagent_{kind}"):
+        for info, records in self.manager.contributions(kind):
             for record in records:
-                if not isinstance(record, expected):
-                    raise TypeError(
-                        f"plugin {info.distribution!r}: uniagent_{kind} must yield "
-                        f"{expected.__name__} records, got {type(record).__name__}"
-                    )
                 record = dataclasses.replace(
                     record, distribution=info.distribution, builtin=info.builtin
                 )
@@ -174,10 +166,9 @@ class Registry:
         """Per plugin key (distribution, or ``uniagent:<module>`` for built-ins), names per kind."""
         out: dict[str, dict[Kind, list[str]]] = {}
         for kind in KINDS:
-            for info, records in self.manager.call_each(f"uniagent_{kind}"):
-                key = info.key
-                names = out.setdefault(key, {k: [] for k in KINDS})[kind]
-                names.extend(sorted(r.name for r in records if hasattr(r, "name")))
+            for info, records in self.manager.contributions(kind):
+                names = out.setdefault(info.key, {k: [] for k in KINDS})[kind]
+                names.extend(sorted(r.name for r in records))
         return out
 
     # -- deployment configs ---------------------------------------------------

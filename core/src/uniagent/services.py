@@ -46,7 +46,7 @@ def resolve_services(
     from uniagent.registry import get_registry
 
     registry = get_registry().services()
-    resolved = []
+    resolved: list[tuple[ServiceSpec, BaseModel | None]] = []
     for name, raw in services.items():
         spec = registry[name]
         if spec.config is None:

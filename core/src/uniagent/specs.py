@@ -15,14 +15,19 @@ import shlex
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Literal, Protocol, get_args
+from typing import TYPE_CHECKING, Any, Generic, Literal, Protocol, TypeVar, get_args
 
 from pydantic import BaseModel
 
 from uniagent.grading.settings import IntegrityDefaults
 
 if TYPE_CHECKING:  # pragma: no cover - imports for type checkers only
-    from uniagent.env.deployment import Deployment
+    from uniagent.env.runtime import Deployment
+    from uniagent.parsers.base import ToolCallParser
+    from uniagent.reward import RewardContext, RewardResult
+
+#: A plugin's settings model (``None`` where it takes none).
+S = TypeVar("S")
 
 Kind = Literal["tools", "deployments", "tool_parsers", "rewards", "services"]
 KINDS: tuple[Kind, ...] = get_args(Kind)
@@ -65,6 +70,10 @@ class ToolSpec(_Record):
     given, else ``executable --arg value ...`` with every value shell-quoted,
     lists and dicts JSON-encoded and omitted optional arguments left out.
     ``ends_episode`` marks finishing tools (``submit``, ``finish``).
+
+    ``settings`` is the pydantic model of the tool's settings in the agent
+    config (``tools: [{name: ..., settings: {...}}]``), and ``configure(settings)``
+    returns the tool configured by them (a new record of the same name).
     """
 
     description: str
@@ -74,6 +83,8 @@ class ToolSpec(_Record):
     executable: str | None = None
     render: Callable[[Mapping[str, Any]], str] | None = field(default=None, compare=False)
     ends_episode: bool = False
+    settings: type[BaseModel] | None = None
+    configure: Callable[[Any], ToolSpec] | None = field(default=None, compare=False)
 
     def parameters_schema(self) -> dict[str, Any]:
         """The JSON schema of the arguments, as OpenAI function ``parameters`` (a copy)."""
@@ -108,8 +119,11 @@ class ToolSpec(_Record):
         return " ".join(parts)
 
 
+C = TypeVar("C", bound=BaseModel)
+
+
 @dataclass(frozen=True, kw_only=True)
-class DeploymentSpec(_Record):
+class DeploymentSpec(_Record, Generic[C]):
     """A sandbox backend.
 
     ``config`` is a pydantic model whose ``type`` field is ``Literal[name]``;
@@ -117,8 +131,8 @@ class DeploymentSpec(_Record):
     ``factory(config)`` returns a :class:`uniagent.env.deployment.Deployment`.
     """
 
-    config: type[BaseModel]
-    factory: Callable[[Any], Deployment] = field(compare=False)
+    config: type[C]
+    factory: Callable[[C], Deployment] = field(compare=False)
 
     def __post_init__(self) -> None:
         super().__post_init__()
@@ -132,14 +146,14 @@ class DeploymentSpec(_Record):
 
 @dataclass(frozen=True, kw_only=True)
 class ParserSpec(_Record):
-    """A tool-call parser; ``factory()`` returns a ``uniagent.parsers.ToolCallParser``."""
+    """A tool-call parser; ``factory()`` returns a new :class:`uniagent.ToolCallParser`."""
 
-    factory: Callable[[], Any] = field(compare=False)
+    factory: Callable[[], ToolCallParser] = field(compare=False)
     description: str = ""
 
 
 @dataclass(frozen=True, kw_only=True)
-class RewardSpec(_Record):
+class RewardSpec(_Record, Generic[S]):
     """A reward computed at the end of an episode, in a grading sandbox the agent cannot reach.
 
     ``fn(ctx)`` is awaited with a ``uniagent.reward.RewardContext`` and returns a
@@ -152,8 +166,8 @@ class RewardSpec(_Record):
     files); see docs/rewards.md.
     """
 
-    fn: Callable[[Any], Awaitable[Any]] = field(compare=False)
-    config: type[BaseModel] | None = None
+    fn: Callable[[RewardContext[S]], Awaitable[RewardResult | float]] = field(compare=False)
+    config: type[S] | None = None
     description: str = ""
     uses_sandbox: bool = True
     integrity: IntegrityDefaults = field(default_factory=IntegrityDefaults, compare=False)
@@ -168,7 +182,7 @@ class RunningService(Protocol):
 
 
 @dataclass(frozen=True, kw_only=True)
-class ServiceSpec(_Record):
+class ServiceSpec(_Record, Generic[S]):
     """A process-wide helper the tools talk to (e.g. a retrieval server), run beside episodes.
 
     An agent config names it under ``services`` (``services: {NAME: {settings}}``);
@@ -180,8 +194,8 @@ class ServiceSpec(_Record):
     parent), since a training worker may simply exit.
     """
 
-    start: Callable[[Any], Awaitable[RunningService]] = field(compare=False)
-    config: type[BaseModel] | None = None
+    start: Callable[[S], Awaitable[RunningService]] = field(compare=False)
+    config: type[S] | None = None
     description: str = ""
 
 

@@ -122,8 +122,9 @@ def test_script_flags_exist_in_verl_config(
 
 def test_agent_loop_yaml_names_the_loop_and_a_valid_agent_config() -> None:
     """The example agent-loop YAML targets UniAgentLoop; its agent config validates."""
+    from uniagent.config import AgentConfig
     from uniagent.verl.agent_loop import UniAgentLoop
-    from uniagent.verl.settings import LoopSettings, agent_config_for
+    from uniagent.verl.settings import LoopSettings, base_config_dict
 
     (entry,) = yaml.safe_load((EXAMPLES / "agent_loop.yaml").read_text())
     module, _, cls = entry["_target_"].rpartition(".")
@@ -135,7 +136,7 @@ def test_agent_loop_yaml_names_the_loop_and_a_valid_agent_config() -> None:
         agent_loop_config_path=str(EXAMPLES / "agent_loop.yaml"),
     )
     kwargs = {k: v for k, v in entry.items() if k != "_target_"}
-    config = agent_config_for(settings, kwargs)
+    config = AgentConfig.from_dict(base_config_dict(settings, kwargs))
     assert config.reward is not None and config.reward.name == "command"
     assert config.concurrency // settings.num_workers == 8
 
@@ -153,8 +154,9 @@ async def test_example_config_trains_on_the_swe_tiny_tasks(
     from verl_helpers import trainer_config
 
     from uniagent.cli import main
+    from uniagent.testing import hermes_call
     from uniagent.verl.output import extras_record
-    from uniagent.verl.testing import ScriptedTokenServer, hermes_call
+    from uniagent.verl.testing import ScriptedTokenServer
 
     subprocess.run(
         [sys.executable, str(EXAMPLES.parent / "swe_tiny" / "make_tasks.py"), str(tmp_path)],

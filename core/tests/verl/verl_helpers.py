@@ -9,8 +9,9 @@ from typing import Any
 
 import verl
 
+from uniagent.testing import hermes_call
 from uniagent.verl.output import extras_record
-from uniagent.verl.testing import ScriptedTokenServer, hermes_call
+from uniagent.verl.testing import ScriptedTokenServer
 
 #: verl's trainer configs (``_generated_ppo_trainer.yaml`` and friends).
 VERL_CONFIG_DIR = Path(verl.__file__).parent / "trainer" / "config"

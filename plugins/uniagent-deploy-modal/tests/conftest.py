@@ -33,7 +33,7 @@ def fake_modal(monkeypatch: pytest.MonkeyPatch) -> Iterator[FakeModal]:
 @pytest.fixture(autouse=True)
 def _fresh_registry() -> Iterator[None]:
     """Each test sees the plugins as installed now, and leaves no cached registry behind."""
-    from uniagent.plugins import reset_plugins
+    from uniagent import reset_plugins
 
     reset_plugins()
     yield

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from uniagent.env import AgentEnv
+from uniagent import AgentEnv
 
 pytestmark = pytest.mark.asyncio
 

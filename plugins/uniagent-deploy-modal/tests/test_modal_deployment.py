@@ -13,7 +13,7 @@ from swerex.deployment.modal import ModalDeployment as SwerexModalDeployment
 from swerex.runtime.abstract import BashAction, CreateBashSessionRequest
 from uniagent_deploy_modal import ModalDeployment
 
-from uniagent.registry import get_deployments, validate_deployment_config
+from uniagent import get_deployments, validate_deployment_config
 
 pytestmark = pytest.mark.asyncio
 
@@ -65,7 +65,7 @@ async def test_sandbox_is_created_with_the_config(fake_modal) -> None:
 
 
 async def test_commands_use_the_cores_runtime_without_the_300_s_cap(fake_modal) -> None:
-    from uniagent.env.remote import retrying_runtime_class
+    from uniagent import retrying_runtime_class
 
     deployment = make_deployment(runtime_timeout=20, request_margin=5, retries=1)
     await deployment.start()

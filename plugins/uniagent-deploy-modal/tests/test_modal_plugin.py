@@ -5,9 +5,13 @@ from __future__ import annotations
 import pytest
 from uniagent_deploy_modal import ModalDeploymentConfig
 
-from uniagent.errors import ConfigError
-from uniagent.plugins import load_plugins, reset_plugins
-from uniagent.registry import get_deployments, validate_deployment_config
+from uniagent import (
+    ConfigError,
+    get_deployments,
+    load_plugins,
+    reset_plugins,
+    validate_deployment_config,
+)
 
 DIST = "uniagent-deploy-modal"
 

@@ -20,7 +20,7 @@ def calc_repo(tmp_path: Path) -> CalcRepo:
 @pytest_asyncio.fixture
 async def host_env() -> AsyncIterator[Any]:
     """A real host sandbox (uniagent's built-in ``host`` deployment), closed afterwards."""
-    from uniagent.env import AgentEnv
+    from uniagent import AgentEnv
 
     env = AgentEnv.from_config({"type": "host", "isolation": "none"})
     await env.start()
@@ -33,7 +33,7 @@ async def host_env() -> AsyncIterator[Any]:
 @pytest.fixture(autouse=True)
 def _fresh_registry() -> Iterator[None]:
     """Each test sees the plugins as installed now."""
-    from uniagent.plugins import reset_plugins
+    from uniagent import reset_plugins
 
     reset_plugins()
     yield

@@ -16,9 +16,7 @@ from uniagent_reward_swebench import (
     swe_rebench_reward,
 )
 
-from uniagent.errors import UnknownPluginNameError
-from uniagent.plugins import load_plugins, reset_plugins
-from uniagent.registry import get_rewards
+from uniagent import UnknownPluginNameError, get_rewards, load_plugins, reset_plugins
 
 DIST = "uniagent-reward-swebench"
 

@@ -20,9 +20,8 @@ from swebench_helpers import (
 )
 from uniagent_reward_swebench import TaskRowError
 
-from uniagent.grading.grader import EpisodeGrader, Grade
-from uniagent.grading.integrity import GradingSetupError
-from uniagent.testing.grading import grade, prepare_grader
+from uniagent import GradingSetupError
+from uniagent.testing import EpisodeGrader, Grade, grade, prepare_grader
 
 pytestmark = pytest.mark.asyncio
 

@@ -5,10 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-from uniagent.config import AgentConfig
-from uniagent.env import AgentEnv
-from uniagent.errors import ConfigError
-from uniagent.services import running_services
+from uniagent import AgentConfig, AgentEnv, ConfigError, running_services
 
 from uniagent_tools_search.tools import make_search
 

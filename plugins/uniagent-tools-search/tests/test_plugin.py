@@ -8,8 +8,7 @@ from collections.abc import Iterator
 from importlib import metadata
 
 import pytest
-from uniagent.plugins import reset_plugins
-from uniagent.registry import get_rewards, get_services, get_tools
+from uniagent import get_rewards, get_services, get_tools, reset_plugins
 
 from uniagent_tools_search.config import SearchServiceConfig
 from uniagent_tools_search.tools import SCRIPTS_DIR, make_tools
@@ -61,9 +60,9 @@ def test_each_tool_ships_its_script_and_all_three_are_the_same_program() -> None
 def test_uniagent_plugins_lists_the_tools_the_reward_and_the_service(
     fresh_plugins: None, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    from uniagent.cli import main
+    from uniagent.testing import cli
 
-    assert main(["plugins", "--json"]) == 0
+    assert cli(["plugins", "--json"]) == 0
     report = json.loads(capsys.readouterr().out)
     ours = next(p for p in report["plugins"] if p["name"] == DIST)
     assert ours["status"] == "loaded"
@@ -72,7 +71,7 @@ def test_uniagent_plugins_lists_the_tools_the_reward_and_the_service(
     assert ours["contributes"]["services"] == ["search"]
     schemas = {tool["name"]: tool["schema"] for tool in ours["tools"]}
     assert schemas == {spec.name: spec.openai_schema() for spec in make_tools()}
-    assert main(["plugins"]) == 0
+    assert cli(["plugins"]) == 0
     text = capsys.readouterr().out
     assert "tools: fetch_document, search, search_arxiv" in text
     assert "rewards: search_qa" in text and "services: search" in text

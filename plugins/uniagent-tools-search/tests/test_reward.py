@@ -5,10 +5,8 @@ from __future__ import annotations
 from typing import Any
 
 import pytest
-from uniagent.interaction.exit import ExitReason
-from uniagent.registry import get_rewards
-from uniagent.reward import RewardContext, RewardInfraError
-from uniagent.testing.chat_server import Fail, Reply, ScriptedChatServer
+from uniagent import ExitReason, RewardContext, RewardInfraError, get_rewards
+from uniagent.testing import Fail, Reply, ScriptedChatServer
 
 from uniagent_tools_search.judge import JudgeSettings
 from uniagent_tools_search.reward import SearchQARewardConfig, search_qa_reward

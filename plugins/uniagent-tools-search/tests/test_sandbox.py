@@ -10,7 +10,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest_asyncio
-from uniagent.env import AgentEnv, Observation
+from uniagent import AgentEnv, Observation
 from upstream import WEB_KEY, WEB_KEY_VARIABLE
 
 from uniagent_tools_search.tools import make_tools

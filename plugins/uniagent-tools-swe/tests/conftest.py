@@ -9,8 +9,7 @@ from typing import Any
 
 import pytest
 import pytest_asyncio
-from uniagent import ToolSpec
-from uniagent.env import AgentEnv, Observation
+from uniagent import AgentEnv, Observation, ToolSpec
 
 from uniagent_tools_swe import make_tools
 

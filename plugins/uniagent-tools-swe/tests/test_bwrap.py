@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import pytest
-from uniagent.env import AgentEnv
+from uniagent import AgentEnv
 
 from uniagent_tools_swe import make_tools
 

@@ -6,6 +6,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 import pytest
+from uniagent import AgentConfig, ConfigError, resolve
 
 from uniagent_tools_swe import BLOCKED_EXIT_CODE, DEFAULT_BLOCKED, BlockRule, make_execute_bash
 from uniagent_tools_swe.blocking import screen, split_commands
@@ -205,3 +206,26 @@ async def test_a_redirected_background_job_is_allowed(sandbox: Sandbox) -> None:
     assert obs.exit_code == 0, obs.output
     obs = await sandbox.call("execute_bash", command=f"wait; cat {log}")
     assert obs.output.strip() == "from-bg"
+
+
+def test_the_rules_come_from_the_agent_config_as_the_tools_settings() -> None:
+    settings = {
+        "allow": ["background"],
+        "extra": [{"name": "rm-root", "label": "rm -rf /", "pattern": r"^rm\s+-rf\s+/$",
+                   "reason": "Deleting the root would destroy the sandbox."}],
+    }
+    config = AgentConfig.from_dict({"tools": [{"name": "execute_bash", "settings": settings}]})
+    [tool] = resolve(config).tools
+    assert tool.to_command({"command": "sleep 5 &"}) == "sleep 5 &"  # allowed now
+    assert "(exit 126)" in tool.to_command({"command": "rm -rf /"})
+    assert "(exit 126)" in tool.to_command({"command": "vim x"})  # the other defaults stay
+    assert "rm -rf /" in tool.description
+
+
+def test_bad_tool_settings_name_their_key_path() -> None:
+    bad = {"tools": [{"name": "execute_bash", "settings": {"allow": ["nope"], "blokced": []}}]}
+    with pytest.raises(ConfigError) as err:
+        resolve(AgentConfig.from_dict(bad, source="agent.yaml"))
+    message = str(err.value)
+    assert "agent.yaml" in message and "tools.0.settings.blokced: unknown key" in message
+    assert "tools.0.settings.allow: no default rule named 'nope'" in message

@@ -8,8 +8,7 @@ from collections.abc import Iterator
 from importlib import metadata
 
 import pytest
-from uniagent.plugins import reset_plugins
-from uniagent.registry import get_tools
+from uniagent import get_tools, reset_plugins
 
 from uniagent_tools_swe import SCRIPTS_DIR, make_tools
 
@@ -65,9 +64,9 @@ def test_scripts_are_executable() -> None:
 def test_cli_lists_the_tools_with_their_schemas(
     fresh_plugins: None, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    from uniagent.cli import main
+    from uniagent.testing import cli
 
-    assert main(["plugins", "--json"]) == 0
+    assert cli(["plugins", "--json"]) == 0
     report = json.loads(capsys.readouterr().out)
     ours = next(p for p in report["plugins"] if p["name"] == "uniagent-tools-swe")
     assert ours["status"] == "loaded"

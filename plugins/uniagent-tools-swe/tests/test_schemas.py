@@ -105,8 +105,7 @@ def test_calls_validate_against_the_json_schema(name: str, arguments: dict[str, 
 def test_calls_round_trip_through_the_builtin_parsers(
     parser_name: str, name: str, arguments: dict[str, Any]
 ) -> None:
-    from uniagent.parsers import ToolCall
-    from uniagent.registry import get_tool_parsers
+    from uniagent import ToolCall, get_tool_parsers
 
     parser = get_tool_parsers()[parser_name].factory()
     tools = list(specs().values())

@@ -16,7 +16,6 @@ from __future__ import annotations
 from uniagent.env.agent_env import AgentEnv, Observation
 from uniagent.env.aio import use_pidfd_child_watcher
 from uniagent.env.config import DEFAULT_ENV, DEFAULT_TOOLS_DIR, EnvConfig
-from uniagent.env.deployment import Deployment
 from uniagent.env.errors import (
     ActionSyntaxError,
     ActionTimeoutError,
@@ -29,6 +28,7 @@ from uniagent.env.errors import (
 from uniagent.env.host import HostDeployment, HostDeploymentConfig
 from uniagent.env.local import LocalDeployment, LocalDeploymentConfig
 from uniagent.env.remote import RemoteDeployment, RemoteDeploymentConfig, make_runtime
+from uniagent.env.runtime import Deployment
 
 __all__ = [
     "DEFAULT_ENV",

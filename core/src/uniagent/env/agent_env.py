@@ -18,7 +18,6 @@ from pydantic import BaseModel
 
 from uniagent.env.aio import use_pidfd_child_watcher, wait_through_cancellation
 from uniagent.env.config import DEFAULT_TOOLS_DIR, EnvConfig
-from uniagent.env.deployment import Deployment
 from uniagent.env.errors import (
     ActionSyntaxError,
     ActionTimeoutError,
@@ -38,6 +37,7 @@ from uniagent.env.runtime import (
     Command,
     CommandResponse,
     CreateBashSessionRequest,
+    Deployment,
     ReadFileRequest,
     UploadRequest,
     WriteFileRequest,
@@ -119,11 +119,11 @@ class AgentEnv:
         deployment_config: Mapping[str, Any] | BaseModel,
         env_config: EnvConfig | Mapping[str, Any] | None = None,
     ) -> AgentEnv:
-        """Build the deployment named by ``deployment_config['type']`` via the plugin registry."""
-        from uniagent.registry import get_deployments, validate_deployment_config
+        """Build the deployment named by ``deployment_config['type']`` (a convenience for
+        scripts and tests; episodes get theirs from the resolved agent)."""
+        from uniagent.resolve import resolve_deployment
 
-        config = validate_deployment_config(deployment_config)
-        spec = get_deployments()[config.type]  # type: ignore[attr-defined]
+        spec, config = resolve_deployment(deployment_config)
         return cls(spec.factory(config), env_config)
 
     # -- properties -------------------------------------------------------------------
@@ -175,10 +175,10 @@ class AgentEnv:
         await self.runtime.create_session(
             CreateBashSessionRequest(session=SESSION, startup_timeout=self.config.startup_timeout)
         )
-        self._workdir = self.config.workdir or getattr(self.deployment, "workdir", None)
+        self._workdir = self.config.workdir or self.deployment.workdir
         self._tools_dir = (
             self.config.tools_dir
-            or getattr(self.deployment, "tools_dir", None)
+            or self.deployment.tools_dir
             or DEFAULT_TOOLS_DIR
         )
         q = shlex.quote
@@ -242,9 +242,8 @@ class AgentEnv:
         """
         if self._closed or not self._started:
             return False
-        probe = getattr(self.deployment, "sandbox_alive", None) or self.deployment.is_alive
         try:
-            return bool(await probe())
+            return bool(await self.deployment.sandbox_alive())
         except Exception:
             return False
 
@@ -252,9 +251,8 @@ class AgentEnv:
         """End the agent's session and every process it started; the sandbox's files stay.
 
         After this, :meth:`run_action` refuses: grading uses one-off clean shells
-        (:meth:`execute`). Deployments provide ``kill_processes()`` to end processes
-        that left the session's process group (``setsid``, daemons); without it only
-        the session's own processes end.
+        (:meth:`execute`). The deployment's ``kill_processes()`` ends the processes
+        that left the session's process group (``setsid``, daemons).
         """
         if self._agent_stopped or self._closed or not self._started:
             self._agent_stopped = True
@@ -265,9 +263,7 @@ class AgentEnv:
                 self.runtime.close_session(CloseBashSessionRequest(session=SESSION)),
                 self.config.close_timeout,
             )
-        kill = getattr(self.deployment, "kill_processes", None)
-        if kill is not None:
-            await asyncio.wait_for(kill(), self.config.close_timeout)
+        await asyncio.wait_for(self.deployment.kill_processes(), self.config.close_timeout)
 
     async def execute(
         self,

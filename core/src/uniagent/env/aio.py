@@ -39,7 +39,7 @@ class PidfdChildWatcher(asyncio.AbstractChildWatcher):
     def attach_loop(self, loop: asyncio.AbstractEventLoop | None) -> None:
         """Loops are found when a child starts; nothing to attach."""
 
-    def add_child_handler(self, pid: int, callback: Any, *args: Any) -> None:
+    def add_child_handler(self, pid: int, callback: Any, *args: Any) -> None:  # type: ignore[override]
         """Call ``callback(pid, returncode, *args)`` on the running loop when ``pid`` exits."""
         loop = asyncio.get_running_loop()
         pidfd = os.pidfd_open(pid)
@@ -94,7 +94,7 @@ def use_pidfd_child_watcher() -> bool:
             return False
         try:
             policy = asyncio.get_event_loop_policy()
-            current = policy.get_child_watcher()  # type: ignore[attr-defined]
+            current = policy.get_child_watcher()
         except (AttributeError, NotImplementedError):  # a policy without watchers (uvloop)
             return False
         if isinstance(current, PidfdChildWatcher):
@@ -104,7 +104,7 @@ def use_pidfd_child_watcher() -> bool:
                 log.info("keeping the application's child watcher %s", type(current).__name__)
             _checked = True
             return False
-        policy.set_child_watcher(PidfdChildWatcher())  # type: ignore[attr-defined]
+        policy.set_child_watcher(PidfdChildWatcher())
         _checked = True
         return True
 

@@ -2,7 +2,7 @@
 
 - :class:`EnvStartError`, :class:`ToolInstallError`: ``env_error`` (infrastructure;
   the episode ends).
-- :class:`ActionSyntaxError`: ``syntax_error`` (nothing ran; bash's message goes
+- :class:`ActionSyntaxError`: fed back (nothing ran; bash's message goes
   back to the model and the episode goes on).
 - :class:`ActionTimeoutError`: ``timeout_error`` (the command was interrupted, the
   session kept; the episode goes on until its timeout budget is spent).

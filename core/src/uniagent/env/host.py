@@ -242,7 +242,7 @@ class _Layout:
                 Mount(self.tools_dir, str(root / "tools"), True),
             ]
             env.update(HOME=BWRAP_HOME, PATH=DEFAULT_PATH)
-            mounts, stage = self.mounts, []
+            mounts, stage = self.mounts, list[str]()
             if uid is not None:
                 mounts, stage = stage_mounts(self.mounts)
                 # Host files it is given (ro_binds) belong to another uid inside: git must not
@@ -543,7 +543,8 @@ class HostDeployment:
             await runtime.close()
         if root is not None:
             self._root = None
-            await asyncio.to_thread(_remove_episode, root, self._layout.cgroup)
+            cgroup = self._layout.cgroup if self._layout is not None else None
+            await asyncio.to_thread(_remove_episode, root, cgroup)
 
     async def sandbox_alive(self) -> bool:
         """Whether the sandbox (its directory and runtime) is up, whatever its sessions do."""

@@ -159,7 +159,7 @@ def _container_class() -> type:
     from swerex.deployment.docker import DockerDeployment
     from swerex.utils.free_port import find_free_port
 
-    class Container(DockerDeployment):  # type: ignore[misc, valid-type]
+    class Container(DockerDeployment):
         """``DockerDeployment`` with a non-blocking start/stop and a log file."""
 
         def __init__(self, *, options: LocalDeploymentConfig, **kwargs: Any) -> None:
@@ -179,16 +179,16 @@ def _container_class() -> type:
 
         async def start(self) -> None:  # replaces upstream's blocking start
             await asyncio.to_thread(self._pull_image)
-            image = self._config.image
+            image: str = str(self._config.image)
             if self._config.python_standalone_dir:
                 image = await asyncio.to_thread(self._build_image)
             port = self._config.port or find_free_port()
             # Named and labelled after the run, so that `uniagent clean` finds its leftovers.
-            self._container_name = f"{name_prefix()}{uuid.uuid4().hex[:12]}"
+            self._container_name = f"{name_prefix()}{uuid.uuid4().hex[:12]}"  # type: ignore[assignment]
             token = self._get_token()
             platform = ["--platform", self._config.platform] if self._config.platform else []
-            argv = [
-                self._config.container_runtime,
+            argv: list[str] = [
+                str(self._config.container_runtime),
                 "run",
                 "--rm",
                 "-p",
@@ -197,8 +197,8 @@ def _container_class() -> type:
                 *self._config.docker_args,
                 *label_args(),
                 "--name",
-                self._container_name,
-                image,
+                str(self._container_name),
+                str(image),
                 *self._get_swerex_start_cmd(token),
             ]
             log.info("starting container %s: %s", self._container_name, " ".join(argv))
@@ -317,10 +317,24 @@ class LocalDeployment:
             raise EnvError("the local deployment is not started; await start() first")
         return self._container.runtime
 
+    async def sandbox_alive(self) -> bool:
+        """Whether the container and its server run (the agent's shell may be gone)."""
+        return await self.is_alive()
+
     async def kill_processes(self) -> None:
         """End every process in the container except its server (before grading)."""
         if self._container is not None:
             await kill_all_but_ancestors(self.runtime)
+
+    @property
+    def workdir(self) -> str | None:
+        """None: the image's working directory (set ``workdir`` in the env settings)."""
+        return None
+
+    @property
+    def tools_dir(self) -> str | None:
+        """None: ``/usr/local/uniagent/tools`` unless the env settings say otherwise."""
+        return None
 
     @property
     def container_name(self) -> str | None:

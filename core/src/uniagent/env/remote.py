@@ -11,6 +11,7 @@ and a directory upload is zipped on a worker thread, not on the event loop.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import functools
 import logging
 import random
@@ -263,3 +264,26 @@ class RemoteDeployment:
         if self._runtime is None:
             return False
         return bool(await self._runtime.is_alive(timeout=self.config.request_timeout))
+
+    async def sandbox_alive(self) -> bool:
+        """Whether the server answers (the agent's shell may be gone)."""
+        return await self.is_alive()
+
+    async def kill_processes(self) -> None:
+        """Only the episode's session ends: the server may serve others, so nothing else is
+        killed (processes the agent detached survive; see docs/sandboxes.md)."""
+        from uniagent.env.runtime import CloseBashSessionRequest
+
+        if self._runtime is not None:
+            with contextlib.suppress(Exception):
+                await self._runtime.close_session(CloseBashSessionRequest(session="default"))
+
+    @property
+    def workdir(self) -> str | None:
+        """None: the server's working directory (set ``workdir`` in the env settings)."""
+        return None
+
+    @property
+    def tools_dir(self) -> str | None:
+        """None: ``/usr/local/uniagent/tools`` unless the env settings say otherwise."""
+        return None

@@ -1,4 +1,4 @@
-"""The runtime interface: SWE-ReX's ``AbstractRuntime`` calls and request models.
+"""The sandbox protocols: a :class:`Deployment` and its :class:`Runtime` (SWE-ReX's calls).
 
 The models mirror ``swerex.runtime.abstract`` field for field (same names,
 defaults and ``action_type``/``session_type`` discriminators), so they can be
@@ -190,4 +190,54 @@ class Runtime(Protocol):
 
     async def close(self) -> Any:
         """Close the runtime and every session."""
+        ...
+
+
+class Deployment(Protocol):
+    """A sandbox backend, built by ``DeploymentSpec.factory(config)``.
+
+    :class:`uniagent.env.AgentEnv` drives it: :meth:`start`, then the
+    :attr:`runtime` (a :class:`Runtime`), then :meth:`stop`. SWE-ReX
+    deployments provide the first four members; a uniagent deployment adds the
+    rest (``None`` / :meth:`is_alive` / a no-op where a backend cannot do more,
+    said in its docs).
+    """
+
+    async def start(self) -> None:
+        """Create the sandbox and make :attr:`runtime` usable."""
+        ...
+
+    async def stop(self) -> None:
+        """Tear the sandbox down, every process in it too; safe twice and after a failed start."""
+        ...
+
+    @property
+    def runtime(self) -> Runtime:
+        """The runtime (after :meth:`start`)."""
+        ...
+
+    async def is_alive(self) -> bool:
+        """Whether the sandbox runs and its sessions answer."""
+        ...
+
+    async def sandbox_alive(self) -> bool:
+        """Whether the sandbox itself runs, whatever became of its shell sessions.
+
+        Tells a shell the agent's own command ended (the sandbox lives on:
+        ``agent_killed_shell``) from a sandbox that died under it (infrastructure).
+        """
+        ...
+
+    async def kill_processes(self) -> None:
+        """End every process in the sandbox but the runtime serving it; files stay (grading)."""
+        ...
+
+    @property
+    def workdir(self) -> str | None:
+        """The episode's work dir, if the backend chose one (``EnvConfig.workdir`` overrides)."""
+        ...
+
+    @property
+    def tools_dir(self) -> str | None:
+        """Where tool scripts go, if the backend chose (``EnvConfig.tools_dir`` overrides)."""
         ...

@@ -66,7 +66,9 @@ class Tamper:
 
     def to_dict(self) -> dict[str, Any]:
         """JSON-ready."""
-        out = {"kind": self.kind, "path": self.path, "change": self.change, "rule": self.rule}
+        out: dict[str, Any] = {
+            "kind": self.kind, "path": self.path, "change": self.change, "rule": self.rule
+        }
         if self.detail:
             out["detail"] = self.detail
         if not self.scores:

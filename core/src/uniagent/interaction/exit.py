@@ -1,4 +1,4 @@
-"""Exit reasons: every episode ends with exactly one (DESIGN.md §5)."""
+"""Exit reasons: every episode ends with exactly one (docs/config.md, "Exit reasons")."""
 
 from __future__ import annotations
 
@@ -13,7 +13,6 @@ class ExitReason(str, Enum):
     MAX_STEP_LIMIT = "max_step_limit"
     TOKEN_LIMIT = "token_limit"
     FORMAT_ERROR = "format_error"
-    SYNTAX_ERROR = "syntax_error"
     TIMEOUT_ERROR = "timeout_error"
     AGENT_KILLED_SHELL = "agent_killed_shell"
     TERMINAL_NOT_ALIVE = "terminal_not_alive"
@@ -29,9 +28,10 @@ class ExitReason(str, Enum):
 Treatment = Literal["train", "mask"]
 
 #: Infrastructure failures are masked so a broken sandbox never teaches the model
-#: that its answer was wrong; policy outcomes are trained on. ``format_error``,
-#: ``syntax_error`` and ``timeout_error`` only end an episode when their budget
-#: (``max_format_errors`` / ``timeout_budget``) is spent: that is the policy's doing.
+#: that its answer was wrong; policy outcomes are trained on. ``format_error`` and
+#: ``timeout_error`` only end an episode when their budget (``max_format_errors`` /
+#: ``timeout_budget``) is spent: that is the policy's doing. (Syntax errors never end
+#: one: they are fed back.)
 #: ``agent_killed_shell`` (the agent's own command ended or wedged its shell while the
 #: sandbox lives on) is the policy's doing too: trained on, with reward 0.
 DEFAULT_EXIT_POLICY: dict[ExitReason, Treatment] = {
@@ -39,7 +39,6 @@ DEFAULT_EXIT_POLICY: dict[ExitReason, Treatment] = {
     ExitReason.MAX_STEP_LIMIT: "train",
     ExitReason.TOKEN_LIMIT: "train",
     ExitReason.FORMAT_ERROR: "train",
-    ExitReason.SYNTAX_ERROR: "train",
     ExitReason.TIMEOUT_ERROR: "train",
     ExitReason.AGENT_KILLED_SHELL: "train",
     ExitReason.TERMINAL_NOT_ALIVE: "mask",

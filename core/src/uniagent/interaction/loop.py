@@ -22,9 +22,15 @@ from uniagent.env.errors import (
 )
 from uniagent.interaction.exit import ExitReason
 from uniagent.interaction.metrics import EpisodeMetrics
-from uniagent.models.base import ChatModel, ContextLimitError, ModelError, ModelResponse
+from uniagent.models.base import ChatModel, ContextLimitError, ModelError, ModelTurn
 from uniagent.observer import NULL_OBSERVER, EpisodeObserver
-from uniagent.parsers import ToolCallFormatError, ToolCallParser
+from uniagent.parsers import (
+    ParseResult,
+    StructuredCalls,
+    ToolCallFormatError,
+    ToolCallParser,
+    tool_calls_from_openai,
+)
 from uniagent.rollout import RolloutCache
 from uniagent.specs import ToolSpec
 
@@ -91,7 +97,9 @@ class AgentInteraction:
             self.observer.turn(metrics.turns)
             started = time.perf_counter()
             try:
-                response = await self.model.query(cache, self.tools, self.parser)
+                response = await self.model.generate(
+                    cache, stop=self.parser.stop_sequences, call_format=self.parser
+                )
             except ContextLimitError as exc:
                 self.log.info("context full: %s", exc)
                 return InteractionResult(ExitReason.TOKEN_LIMIT, cache, metrics)
@@ -100,8 +108,10 @@ class AgentInteraction:
                 return InteractionResult(ExitReason.MODEL_ERROR, cache, metrics, error=str(exc))
             finally:
                 metrics.model_seconds += time.perf_counter() - started
+            if response.prompt_exact is False:
+                metrics.inexact_turns += 1
 
-            turn = await self._act(response, metrics)
+            turn = await self._act(response, metrics, text_mode=cache.mode == "messages")
             if turn.exit_reason is not None:
                 return InteractionResult(
                     turn.exit_reason, cache, metrics, submission=turn.submission
@@ -109,12 +119,19 @@ class AgentInteraction:
             cache.append_messages(turn.messages)
         return InteractionResult(ExitReason.MAX_STEP_LIMIT, cache, metrics)
 
-    async def _act(self, response: ModelResponse, metrics: EpisodeMetrics) -> _Turn:
+    def parse(self, response: ModelTurn) -> ParseResult:
+        """This turn's validated calls (see :func:`parse_turn`)."""
+        return parse_turn(
+            response, self.parser, self.tools, max_calls=self.config.max_tool_calls_per_turn
+        )
+
+    async def _act(
+        self, response: ModelTurn, metrics: EpisodeMetrics, *, text_mode: bool = False
+    ) -> _Turn:
         """Parse the model's calls and run them; errors the model can fix become messages."""
+        answer = self._answerer(response, text_mode)
         try:
-            calls = response.parse_tool_calls(
-                self.parser, self.tools, max_calls=self.config.max_tool_calls_per_turn
-            )
+            calls = self.parse(response).tool_calls
         except ToolCallFormatError as exc:
             metrics.format_errors += 1
             self.consecutive_format_errors += 1
@@ -123,7 +140,7 @@ class AgentInteraction:
                 return _Turn(exit_reason=ExitReason.FORMAT_ERROR)
             # A chat API rejects the next request unless every structured call gets a reply.
             ids = [c.get("id") for c in response.raw_tool_calls or ()] or [None]
-            return _Turn(messages=[_tool_message(str(exc), None, i) for i in ids])
+            return _Turn(messages=[answer(str(exc), None, i) for i in ids])
         self.consecutive_format_errors = 0
 
         turn = _Turn()
@@ -164,8 +181,49 @@ class AgentInteraction:
                 metrics.env_seconds += time.perf_counter() - started
             if spec.ends_episode:
                 return _Turn(exit_reason=ExitReason.FINISHED, submission=text)
-            turn.messages.append(_tool_message(text, call.name, call.id))
+            turn.messages.append(answer(text, call.name, call.id))
         return turn
+
+    def _answerer(self, response: ModelTurn, text_mode: bool) -> Any:
+        """How this turn's tool results are sent back.
+
+        Structured calls get ``role: tool`` answers with their ids. Calls written
+        as text get ``role: tool`` messages in token mode (the chat template renders
+        them) and, for a chat API in message mode, user messages in the parser's
+        response format: a strict API accepts a tool message only as the answer of
+        a structured call.
+        """
+        if response.raw_tool_calls or not text_mode:
+            return _tool_message
+        wrap = self.parser.format_tool_response
+
+        def user_answer(content: str, name: str | None, call_id: str | None) -> dict[str, Any]:
+            return {"role": "user", "content": wrap(content)}
+
+        return user_answer
+
+
+STRUCTURED = StructuredCalls()
+
+
+def parse_turn(
+    turn: ModelTurn,
+    parser: ToolCallParser,
+    tools: Sequence[ToolSpec],
+    *,
+    max_calls: int | None = None,
+) -> ParseResult:
+    """A turn's validated calls: the API's structured ones if any, else parsed from its text.
+
+    The one place tool calls are parsed. Raises :class:`ToolCallFormatError`,
+    whose message (shaped after the format the model used) goes back to it.
+    """
+    if turn.raw_tool_calls:
+        calls = tool_calls_from_openai(
+            turn.raw_tool_calls, tools, parser=STRUCTURED, max_calls=max_calls, content=turn.text
+        )
+        return ParseResult(content=turn.text, tool_calls=calls)
+    return parser.parse(turn.text, tools, max_calls=max_calls)
 
 
 def _observation_text(output: str, exit_code: int | None) -> str:

@@ -16,6 +16,8 @@ class EpisodeMetrics:
     format_errors: int = 0
     syntax_errors: int = 0
     timeouts: int = 0
+    #: Model turns whose prompt was not exactly the cache's context ids (not token-exact).
+    inexact_turns: int = 0
     setup_seconds: float = 0.0
     model_seconds: float = 0.0
     env_seconds: float = 0.0

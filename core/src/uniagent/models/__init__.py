@@ -16,7 +16,7 @@ from uniagent.models.base import (
     FinishReason,
     Generation,
     ModelError,
-    ModelResponse,
+    ModelTurn,
     TokenChatModel,
     Usage,
 )
@@ -26,7 +26,8 @@ from uniagent.models.verl_server import VerlServerModel
 
 SPEC_FORMS = (
     "hf:PATH (a model folder, hub id or .gguf file; hf:smollm2 for the bundled test model), "
-    "openai:BASE_URL#MODEL (e.g. openai:http://127.0.0.1:8000/v1#Qwen/Qwen3-8B)"
+    "openai:BASE_URL#MODEL (e.g. openai:http://127.0.0.1:8000/v1#Qwen/Qwen3-8B; add "
+    "?tokenizer=PATH to record token ids and log-probs from a vLLM server)"
 )
 
 
@@ -37,6 +38,15 @@ def from_spec(spec: str, **kwargs: Any) -> ChatModel:
         raise ConfigError(f"model spec {spec!r} is not of the form {SPEC_FORMS}")
     if kind == "openai":
         base_url, sep, model = rest.rpartition("#")
+        model, _, query = model.partition("?")
+        options = dict(part.partition("=")[::2] for part in query.split("&") if part)
+        unknown = sorted(set(options) - {"tokenizer"})
+        if unknown:
+            raise ConfigError(
+                f"model spec {spec!r}: unknown option {unknown[0]!r} (known: tokenizer)"
+            )
+        if options.get("tokenizer"):
+            kwargs = {**kwargs, "tokenizer": _load_tokenizer(options["tokenizer"], spec)}
         if not sep or not base_url or not model:
             raise ConfigError(
                 f"model spec {spec!r}: name the model after '#', as in "
@@ -51,6 +61,21 @@ def from_spec(spec: str, **kwargs: Any) -> ChatModel:
     raise ConfigError(f"unknown model kind {kind!r} in {spec!r}; use {SPEC_FORMS}")
 
 
+def _load_tokenizer(name: str, spec: str) -> Any:
+    """The tokenizer (and chat template) the server's model uses: a folder or a hub id."""
+    try:
+        from transformers import AutoTokenizer
+    except ImportError:
+        raise ConfigError(
+            f"model spec {spec!r}: a tokenizer needs transformers: "
+            "pip install 'uniagent[tokenizers]'"
+        ) from None
+    try:
+        return AutoTokenizer.from_pretrained(name)
+    except Exception as exc:
+        raise ConfigError(f"model spec {spec!r}: cannot load tokenizer {name!r}: {exc}") from None
+
+
 __all__ = [
     "ChatModel",
     "ContextLimitError",
@@ -58,7 +83,7 @@ __all__ = [
     "Generation",
     "HFLocalModel",
     "ModelError",
-    "ModelResponse",
+    "ModelTurn",
     "OpenAIChatModel",
     "TokenChatModel",
     "Usage",

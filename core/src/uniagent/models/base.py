@@ -1,20 +1,22 @@
-"""The chat-model protocol used by the interaction loop, its response and its errors.
+"""The chat-model protocol used by the interaction loop, its turn record and its errors.
 
 A backend owns the rollout cache's contents: :meth:`ChatModel.start_cache` builds
 the cache (token mode for token servers, message mode for plain chat APIs) and
-:meth:`ChatModel.query` appends the model's turn to it before returning, so
-token exactness is enforced in one place and the loop stays tiny::
+:meth:`ChatModel.generate` appends the model's turn to it before returning one
+:class:`ModelTurn`, so token exactness is enforced in one place. Backends do not
+parse tool calls: the loop does, once::
 
     cache = model.start_cache(messages, [t.openai_schema() for t in tools])
     while ...:
-        response = await model.query(cache, tools, parser)  # ContextLimitError, ModelError
-        calls = response.parse_tool_calls(parser, tools, max_calls=1)  # ToolCallFormatError
+        turn = await model.generate(cache, stop=parser.stop_sequences)  # ContextLimitError
+        calls = parse_turn(turn, parser, tools)  # ToolCallFormatError
         ...
         cache.append_messages(observations)
 """
 
 from __future__ import annotations
 
+import contextvars
 import uuid
 from abc import ABC, abstractmethod
 from collections.abc import Mapping, Sequence
@@ -22,16 +24,9 @@ from dataclasses import dataclass, field
 from typing import Any, Literal, Protocol, runtime_checkable
 
 from uniagent.errors import UniAgentError
-from uniagent.parsers import (
-    ParseResult,
-    ToolCall,
-    ToolCallFormatError,
-    ToolCallParser,
-    tool_calls_from_openai,
-)
+from uniagent.parsers import ToolCallParser
 from uniagent.rollout import RolloutCache
 from uniagent.rollout.template import decode
-from uniagent.specs import ToolSpec
 
 FinishReason = Literal["stop", "length", "tool_calls"]
 
@@ -58,46 +53,24 @@ class Usage:
 
 
 @dataclass
-class ModelResponse:
+class ModelTurn:
     """One model turn, already appended to the rollout cache by the backend.
 
-    ``text`` is what the model wrote (for a chat API: the message content; for a
-    token backend: the decoded ids without the end-of-turn token). ``tool_calls``
-    holds structured calls a chat API returned, validated against the tools (None
-    when the model wrote its calls as text, or when they failed validation: then
-    ``tool_call_error`` says why). Use :meth:`parse_tool_calls` for either case.
+    ``text`` is what the model wrote (a chat API's message content; a token
+    backend's decoded ids without the end-of-turn token); ``raw_tool_calls`` the
+    structured calls a chat API returned, as it returned them (``None`` when the
+    model wrote its calls as text); ``prompt_exact`` whether the prompt the
+    server generated from was exactly the cache's context ids (``None``: not
+    known, as with a plain chat API in message mode; ``False`` makes the
+    trajectory inexact, recorded and masked by default).
     """
 
     text: str
     finish_reason: FinishReason
-    tool_calls: list[ToolCall] | None = None
-    tool_call_error: ToolCallFormatError | None = None
     raw_tool_calls: list[dict[str, Any]] | None = None
     reasoning: str | None = None
-    token_ids: list[int] | None = None
-    logprobs: list[float] | None = None
     usage: Usage = field(default_factory=Usage)
-    extra: dict[str, Any] = field(default_factory=dict)
-
-    def parse_tool_calls(
-        self, parser: ToolCallParser, tools: Sequence[ToolSpec], *, max_calls: int | None = None
-    ) -> list[ToolCall]:
-        """The validated calls of this turn: structured ones if any, else parsed from the text.
-
-        Raises :class:`~uniagent.parsers.ToolCallFormatError` (message meant for the model).
-        """
-        return self.parse(parser, tools, max_calls=max_calls).tool_calls
-
-    def parse(
-        self, parser: ToolCallParser, tools: Sequence[ToolSpec], *, max_calls: int | None = None
-    ) -> ParseResult:
-        """Like :meth:`parse_tool_calls`, with the text outside the calls as ``content``."""
-        if self.raw_tool_calls:
-            calls = tool_calls_from_openai(
-                self.raw_tool_calls, tools, parser=parser, max_calls=max_calls, content=self.text
-            )
-            return ParseResult(content=self.text, tool_calls=calls)
-        return parser.parse(self.text, tools, max_calls=max_calls)
+    prompt_exact: bool | None = None
 
 
 @runtime_checkable
@@ -116,11 +89,18 @@ class ChatModel(Protocol):
         """Whether the model is shown the tool schemas (else the caller describes them)."""
         ...
 
-    async def query(
-        self, cache: RolloutCache, tools: Sequence[ToolSpec], parser: ToolCallParser
-    ) -> ModelResponse:
+    async def generate(
+        self,
+        cache: RolloutCache,
+        *,
+        stop: Sequence[str] = (),
+        call_format: ToolCallParser | None = None,
+    ) -> ModelTurn:
         """Generate the next assistant turn from ``cache``, append it, and return it.
 
+        Generation ends at any of ``stop`` (the text up to and including it is
+        kept). ``call_format`` is the tool-call format the loop will parse, for
+        backends that constrain decoding to it; the tools are ``cache.tools``.
         Raises :class:`ContextLimitError` when there is no room left and
         :class:`ModelError` when the backend fails after its retries.
         """
@@ -129,7 +109,7 @@ class ChatModel(Protocol):
 
 @dataclass
 class Generation:
-    """Raw output of a token backend: ids (end-of-turn included when produced) and log-probs."""
+    """A token backend's raw output: ids (end-of-turn included when produced) and log-probs."""
 
     token_ids: list[int]
     logprobs: list[float] | None
@@ -166,6 +146,12 @@ class TokenChatModel(ABC):
     @abstractmethod
     async def _generate(self, prompt_ids: list[int], max_tokens: int | None) -> Generation:
         """Generate from ``prompt_ids``; raise :class:`ModelError` on failure."""
+
+    #: The tool-call format of the episode being generated, for backends that constrain
+    #: decoding (set by :meth:`generate` for the duration of one call, per asyncio task).
+    call_format: contextvars.ContextVar[ToolCallParser | None] = contextvars.ContextVar(
+        "call_format", default=None
+    )
 
     def start_cache(
         self,
@@ -212,9 +198,13 @@ class TokenChatModel(ABC):
             limits.append(int(per_turn))
         return min(limits) if limits else None
 
-    async def query(
-        self, cache: RolloutCache, tools: Sequence[ToolSpec], parser: ToolCallParser
-    ) -> ModelResponse:
+    async def generate(
+        self,
+        cache: RolloutCache,
+        *,
+        stop: Sequence[str] = (),
+        call_format: ToolCallParser | None = None,
+    ) -> ModelTurn:
         """Generate from ``cache.context_ids``, append the ids and log-probs as returned."""
         if cache.mode != "tokens":
             raise ModelError(f"{type(self).__name__} needs a token-mode cache (use start_cache)")
@@ -222,7 +212,13 @@ class TokenChatModel(ABC):
         if budget is not None and budget <= 0:
             raise ContextLimitError(self._limit_message(cache))
         prompt_len = cache.context_length
-        out = await self._generate(cache.context_ids, budget)
+        reset = TokenChatModel.call_format.set(call_format)
+        try:
+            out = await self._generate(cache.context_ids, budget)
+        finally:
+            TokenChatModel.call_format.reset(reset)
+        if stop:
+            out = cut_at_stop(self.tokenizer, out, stop)
         if not out.token_ids:
             raise ModelError(f"{type(self).__name__} returned no tokens ({out.extra or 'no info'})")
         if out.logprobs is not None and len(out.logprobs) != len(out.token_ids):
@@ -243,18 +239,16 @@ class TokenChatModel(ABC):
         continuing = bool(cache.messages) and cache.messages[-1].get("role") == "assistant"
         message = None if continuing else {"role": "assistant", "content": text}
         cache.append_generation(out.token_ids, out.logprobs, message=message)
-        response = ModelResponse(
+        turn = ModelTurn(
             text=text,
             finish_reason=finish,
-            token_ids=list(out.token_ids),
-            logprobs=None if out.logprobs is None else list(out.logprobs),
             usage=Usage(prompt_tokens=prompt_len, completion_tokens=len(out.token_ids)),
-            extra=dict(out.extra),
+            prompt_exact=True,  # the cache's own context ids are what was sent
         )
         remaining = self.remaining_tokens(cache)
         if finish == "length" and remaining is not None and remaining <= 0:
             raise ContextLimitError(self._limit_message(cache))
-        return response
+        return turn
 
     def _stop_ids(self) -> set[int]:
         eos = getattr(self.tokenizer, "eos_token_id", None)
@@ -267,6 +261,23 @@ class TokenChatModel(ABC):
             f"{cache.context_length - len(cache.prompt_ids)} tokens "
             f"(response_length={self.response_length})"
         )
+
+
+def cut_at_stop(tokenizer: Any, out: Generation, stop: Sequence[str]) -> Generation:
+    """``out`` up to the token that completes the first of ``stop`` (ids as generated).
+
+    For backends without native stop strings: the ids kept are a prefix of
+    what the model produced, never re-tokenized.
+    """
+    text = ""
+    for i, token in enumerate(out.token_ids):
+        text += decode(tokenizer, [token])
+        if any(s in text for s in stop):
+            if i + 1 == len(out.token_ids):
+                return out
+            logprobs = out.logprobs[: i + 1] if out.logprobs is not None else None
+            return Generation(out.token_ids[: i + 1], logprobs, "stop", dict(out.extra))
+    return out
 
 
 def new_request_id() -> str:

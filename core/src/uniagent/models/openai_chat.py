@@ -11,14 +11,18 @@ Two modes, chosen by whether a ``tokenizer`` is given:
   (tokens arrive as ``"token_id:123"``). The ids and log-probs are appended to
   the cache as returned. The server renders the prompt itself from the messages,
   so when it reports ``prompt_token_ids`` they are compared with the cache's
-  context: a mismatch is logged and flagged in ``ModelResponse.extra``
-  (``prompt_ids_match``), because then the trajectory is not token-exact.
+  context: a mismatch is logged and recorded (``ModelTurn.prompt_exact``), because
+  then the trajectory is not token-exact (masked by default).
 
-Structured ``tool_calls`` are used when the server returns them, text parsing
-otherwise. 429, 5xx, 408/409 and connection errors are retried with exponential
-backoff (a ``Retry-After`` header in seconds is honoured, capped at
-``max_backoff``), then :class:`ModelError`; a context-length 400 becomes
-:class:`ContextLimitError`.
+Structured ``tool_calls`` the server returns are handed to the loop as they
+came (``ModelTurn.raw_tool_calls``); the loop validates them, or parses the
+text when there are none. Messages go out the way strict chat APIs accept: a
+tool message answers a call of the assistant message before it (the loop
+answers text-parsed calls with user messages in message mode).
+
+429, 5xx, 408/409 and connection errors are retried with exponential backoff (a
+``Retry-After`` header in seconds is honoured, capped at ``max_backoff``), then
+:class:`ModelError`; a context-length 400 becomes :class:`ContextLimitError`.
 
 The API key is ``api_key``, else the environment variable named by ``api_key_env``,
 else ``OPENAI_API_KEY``, else ``"EMPTY"`` (for servers without authentication).
@@ -38,12 +42,11 @@ from uniagent.models.base import (
     ContextLimitError,
     FinishReason,
     ModelError,
-    ModelResponse,
+    ModelTurn,
     Usage,
 )
-from uniagent.parsers import ToolCallFormatError, ToolCallParser, tool_calls_from_openai
+from uniagent.parsers import ToolCallParser
 from uniagent.rollout import RolloutCache
-from uniagent.specs import ToolSpec
 
 log = logging.getLogger(__name__)
 
@@ -129,12 +132,16 @@ class OpenAIChatModel:
         await self.client.close()
 
     # -- the call -----------------------------------------------------------------------
-    async def query(
-        self, cache: RolloutCache, tools: Sequence[ToolSpec], parser: ToolCallParser
-    ) -> ModelResponse:
+    async def generate(
+        self,
+        cache: RolloutCache,
+        *,
+        stop: Sequence[str] = (),
+        call_format: ToolCallParser | None = None,
+    ) -> ModelTurn:
         """Send the conversation, append the reply to ``cache`` and return it."""
         token_mode = cache.mode == "tokens"
-        request = self._request(cache, tools, parser, token_mode)
+        request = self._request(cache, stop, token_mode)
         data = await self._create(request)
         try:
             choice = data["choices"][0]
@@ -151,7 +158,7 @@ class OpenAIChatModel:
             record["tool_calls"] = raw_calls
         if reasoning:
             record["reasoning_content"] = reasoning
-        response = ModelResponse(
+        turn = ModelTurn(
             text=content,
             finish_reason=_finish_reason(choice.get("finish_reason"), raw_calls),
             raw_tool_calls=raw_calls,
@@ -169,7 +176,7 @@ class OpenAIChatModel:
             prompt_ids = data.get("prompt_token_ids")
             if prompt_ids is not None:
                 match = list(prompt_ids) == cache.context_ids
-                response.extra["prompt_ids_match"] = match
+                turn.prompt_exact = match
                 if not match:
                     log.warning(
                         "server-rendered prompt (%d ids) differs from the rollout context "
@@ -180,18 +187,10 @@ class OpenAIChatModel:
             cache.append_generation(token_ids, logprobs, message=record)
         else:
             cache.append_assistant_message(record)
-        response.token_ids, response.logprobs = token_ids, logprobs
-        if raw_calls:
-            try:
-                response.tool_calls = tool_calls_from_openai(
-                    raw_calls, tools, parser=parser, content=content
-                )
-            except ToolCallFormatError as exc:
-                response.tool_call_error = exc
-        return response
+        return turn
 
     def _request(
-        self, cache: RolloutCache, tools: Sequence[ToolSpec], parser: ToolCallParser, tokens: bool
+        self, cache: RolloutCache, stop: Sequence[str], tokens: bool
     ) -> dict[str, Any]:
         keep = (_SEND_KEYS | {"reasoning_content"}) if tokens else _SEND_KEYS
         params = dict(self.sampling_params)
@@ -204,10 +203,11 @@ class OpenAIChatModel:
             "messages": [_outgoing(m, keep, tokens) for m in cache.messages],
             **params,
         }
+        tools = cache.tools
         if self.send_tools and tools:
-            request["tools"] = [t.openai_schema() for t in tools]
-        if parser.stop_sequences and "stop" not in request:
-            request["stop"] = list(parser.stop_sequences)
+            request["tools"] = tools
+        if stop and "stop" not in request:
+            request["stop"] = list(stop)
         if self.chat_template_kwargs:
             extra.setdefault("chat_template_kwargs", dict(self.chat_template_kwargs))
         if tokens:
@@ -236,19 +236,21 @@ class OpenAIChatModel:
                 return completion.model_dump() if hasattr(completion, "model_dump") else completion
             except openai.BadRequestError as exc:
                 if _is_context_error(exc):
-                    raise ContextLimitError(f"{self.base_url}: {_describe(exc)}") from exc
-                raise ModelError(f"{self.base_url} rejected the request: {_describe(exc)}") from exc
+                    raise ContextLimitError(f"{self.base_url}: {_api_error_text(exc)}") from exc
+                problem = _api_error_text(exc)
+                raise ModelError(f"{self.base_url} rejected the request: {problem}") from exc
             except (openai.APIConnectionError, openai.APIStatusError) as exc:
                 status = getattr(exc, "status_code", None)
                 retryable = status is None or status in _RETRY_STATUS or status >= 500
                 if not retryable or attempt >= self.max_retries:
                     tries = f" after {attempt + 1} attempts" if retryable else ""
-                    raise ModelError(f"{self.base_url} failed{tries}: {_describe(exc)}") from exc
+                    problem = _api_error_text(exc)
+                    raise ModelError(f"{self.base_url} failed{tries}: {problem}") from exc
                 delay = self._delay(exc, attempt)
                 log.warning(
                     "%s: %s; retry %d/%d in %.1f s",
                     self.base_url,
-                    _describe(exc),
+                    _api_error_text(exc),
                     attempt + 1,
                     self.max_retries,
                     delay,
@@ -359,7 +361,7 @@ def _is_context_error(exc: Exception) -> bool:
     return any(marker in text for marker in _CONTEXT_MARKERS)
 
 
-def _describe(exc: Exception) -> str:
+def _api_error_text(exc: Exception) -> str:
     status = getattr(exc, "status_code", None)
     body = getattr(exc, "body", None)
     message = body.get("message") if isinstance(body, Mapping) else None

@@ -10,6 +10,7 @@ from __future__ import annotations
 from uniagent.parsers.base import (
     ErrorKind,
     ParseResult,
+    StructuredCalls,
     ToolCall,
     ToolCallFormatError,
     ToolCallParser,
@@ -33,6 +34,7 @@ __all__ = [
     "HermesParser",
     "ParseResult",
     "Qwen3CoderParser",
+    "StructuredCalls",
     "TaggedToolCallParser",
     "ToolCall",
     "ToolCallFormatError",

@@ -91,6 +91,50 @@ class ToolCallParser(Protocol):
         """An example call of one of ``tools`` in this format, for error messages."""
         ...
 
+    def format_tool_response(self, content: str) -> str:
+        """A tool's output as the model expects to read it in a user message.
+
+        Used when a chat API is sent the conversation (message mode) and the model
+        wrote its calls as text: a strict API accepts ``role: tool`` only as the
+        answer of a structured call, so the output goes in a user message, the way
+        the model's chat template renders tool results (``versionadded:: 0.2``).
+        """
+        ...
+
+
+class StructuredCalls:
+    """The "format" of calls a chat API returned as structured ``tool_calls``.
+
+    It parses nothing (the API did); it shapes error messages and examples as
+    function calls, not as text the model should write.
+    """
+
+    name = "structured"
+    stop_sequences: tuple[str, ...] = ()
+
+    def parse(
+        self, text: str, tools: Sequence[ToolSpec], *, max_calls: int | None = None
+    ) -> ParseResult:
+        """Structured calls are not in the text."""
+        raise format_error("no tool call found; call one of the tools.", "no_tool_call", self,
+                           tools, content=text)
+
+    def format_tool_call(self, call: ToolCall) -> str:
+        """The call as a function call with JSON arguments."""
+        args = json.dumps(dict(call.arguments), ensure_ascii=False)
+        return f"a function call to {call.name} with arguments {args}"
+
+    def format_example(self, tools: Sequence[ToolSpec]) -> str:
+        """An example function call (through the API's tool calling, not as text)."""
+        return (
+            f"{self.format_tool_call(example_call(tools))} (use the API's tool calling; do not "
+            "write the call as text)"
+        )
+
+    def format_tool_response(self, content: str) -> str:
+        """Structured calls are answered with tool messages; the content as it is."""
+        return content
+
 
 # -- schema helpers ------------------------------------------------------------------
 def schema_types(prop: Mapping[str, Any], defs: Mapping[str, Any]) -> set[str]:
@@ -311,12 +355,11 @@ def tool_calls_from_openai(
     """Validate structured chat-API ``tool_calls`` (JSON-string arguments) as parsers do.
 
     Accepts OpenAI SDK objects or plain dicts. ``parser`` only shapes the example
-    in error messages (defaults to the hermes JSON format).
+    in error messages (default: function calls through the API, see
+    :class:`StructuredCalls`).
     """
     if parser is None:
-        from uniagent.parsers.hermes import HermesParser
-
-        parser = HermesParser()
+        parser = StructuredCalls()
     raw_calls = list(message_tool_calls or ())
     if not raw_calls:
         raise format_error(

@@ -38,7 +38,7 @@ class HermesParser(TaggedToolCallParser):
             if not text[pos:close].strip():
                 raise BlockError(f"the {self.open_tag} block is empty.", "malformed") from None
             raise BlockError(
-                f"the text inside {self.open_tag} is not valid JSON ({_describe(exc, start)}).",
+                f"the text inside {self.open_tag} is not valid JSON ({_json_problem(exc, start)}).",
                 "invalid_json",
             ) from None
         after = skip_ws(text, end)
@@ -71,14 +71,14 @@ class HermesParser(TaggedToolCallParser):
                 arguments = json.loads(arguments) if arguments.strip() else {}
             except (ValueError, RecursionError) as exc:
                 raise BlockError(
-                    f'"arguments" is a string that is not valid JSON ({_describe(exc, 0)}).',
+                    f'"arguments" is a string that is not valid JSON ({_json_problem(exc, 0)}).',
                     "invalid_json",
                     tool=name if isinstance(name, str) else None,
                 ) from None
         return RawCall(name=name, arguments=arguments)
 
 
-def _describe(exc: BaseException, start: int) -> str:
+def _json_problem(exc: BaseException, start: int) -> str:
     if isinstance(exc, json.JSONDecodeError):
         return f"{exc.msg} at character {exc.pos - start + 1}"
     if isinstance(exc, RecursionError):

@@ -83,6 +83,10 @@ class TaggedToolCallParser(ABC):
         """An example call of the first of ``tools``, for error messages."""
         return self.format_tool_call(example_call(tools))
 
+    def format_tool_response(self, content: str) -> str:
+        """``<tool_response>`` around the output, as Qwen/Hermes chat templates render it."""
+        return f"<tool_response>\n{content}\n</tool_response>"
+
     def parse(
         self, text: str, tools: Sequence[ToolSpec], *, max_calls: int | None = None
     ) -> ParseResult:

@@ -87,7 +87,7 @@ async def ray_attempts(
         ray.init(address=address, ignore_reinit_error=True, log_to_driver=False)
     workers = num_workers or max(1, min(int(ray.available_resources().get("CPU", 1)), concurrency))
     per_worker = max(1, concurrency // workers)
-    actor_cls = ray.remote(num_cpus=0)(EpisodeWorker)
+    actor_cls: Any = ray.remote(num_cpus=0)(EpisodeWorker)
     # One slot more than episodes, so close_sandboxes gets through when every slot is busy.
     actors = [
         actor_cls.options(max_concurrency=per_worker + 1).remote(config, model_factory, run_id)

@@ -35,6 +35,7 @@ from uniagent.env.containers import RUN_ID_ENV
 from uniagent.episode import EpisodeResult, run_episode
 from uniagent.errors import ConfigError, UniAgentError
 from uniagent.observer import EpisodeObserver
+from uniagent.resolve import resolve
 from uniagent.run import manifest as manifests
 from uniagent.run.folder import (
     LOG,
@@ -158,9 +159,10 @@ async def execute_job(
         source = f"task {job.task.id}"
         episode_config = config.with_overrides(job.task.overrides(), source=source)
         check_task_services(config, episode_config, source)
+        agent = resolve(episode_config, source=source)
         logger.info("task %s sample %d: start", job.task.id, job.sample)
         result = await run_episode(
-            episode_config,
+            agent,
             job.task.row,
             model,
             messages=job.task.messages,
@@ -342,6 +344,7 @@ async def run(
     """
     if n < 1:
         raise ConfigError("--n must be at least 1")
+    resolve(config)  # every name and setting checked before any sandbox starts
     concurrency = concurrency or config.concurrency
     if concurrency < 1:
         raise ConfigError("--concurrency must be at least 1")

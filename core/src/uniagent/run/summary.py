@@ -29,12 +29,12 @@ def summarize(
     for r in records:
         by_task[r["task_id"]].append(r)
     tool_calls: Counter[str] = Counter()
-    times: Counter[str] = Counter()
+    times: dict[str, float] = {}
     for r in records:
         metrics = r.get("metrics") or {}
         tool_calls.update(metrics.get("tool_calls") or {})
         for key in TIME_KEYS:
-            times[key] += float(metrics.get(key) or 0.0)
+            times[key] = times.get(key, 0.0) + float(metrics.get(key) or 0.0)
     summary: dict[str, Any] = {
         "episodes": len(records),
         "tasks": len(by_task),

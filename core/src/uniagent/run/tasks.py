@@ -10,7 +10,7 @@ what verl trains on.
 from __future__ import annotations
 
 import json
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -136,7 +136,7 @@ def _json_field(value: Any, name: str) -> Any:
     return value
 
 
-def _jsonl_rows(path: Path):  # type: ignore[no-untyped-def]
+def _jsonl_rows(path: Path) -> Iterator[tuple[int, Any]]:
     with path.open(encoding="utf-8") as handle:
         for number, text in enumerate(handle, 1):
             if not text.strip():
@@ -147,7 +147,7 @@ def _jsonl_rows(path: Path):  # type: ignore[no-untyped-def]
                 yield number, BadRow(number, f"not valid JSON: {exc.msg} (column {exc.colno})")
 
 
-def _parquet_rows(path: Path):  # type: ignore[no-untyped-def]
+def _parquet_rows(path: Path) -> Iterator[tuple[int, Any]]:
     try:
         import pyarrow.parquet as pq
     except ImportError:

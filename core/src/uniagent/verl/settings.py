@@ -19,7 +19,7 @@ from typing import Any
 
 import yaml
 
-from uniagent.config import AgentConfig, deep_merge
+from uniagent.config import deep_merge
 from uniagent.errors import ConfigError
 from uniagent.run.tasks import Task
 
@@ -139,13 +139,6 @@ def base_config_dict(settings: LoopSettings, loop_kwargs: Mapping[str, Any]) -> 
         data = deep_merge(data, loaded)
     inline = {k: v for k, v in kwargs.items() if k not in VERL_KWARGS and k != AGENT_CONFIG_KEY}
     return deep_merge(data, inline)
-
-
-def agent_config_for(settings: LoopSettings, loop_kwargs: Mapping[str, Any]) -> AgentConfig:
-    """The validated base agent config (verl defaults, then the agent-loop YAML entry)."""
-    return AgentConfig.from_dict(
-        base_config_dict(settings, loop_kwargs), source="agent-loop config (uniagent)"
-    )
 
 
 def _extra_info(kwargs: Mapping[str, Any]) -> dict[str, Any]:

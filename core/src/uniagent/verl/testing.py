@@ -15,17 +15,9 @@ as the ``llm_client`` of verl's Ray ``AgentLoopManager``.
 from __future__ import annotations
 
 import asyncio
-import json
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
-
-
-def hermes_call(name: str, arguments: Mapping[str, Any], *, thought: str = "") -> str:
-    """An assistant reply calling one tool in the hermes format (``<tool_call>`` JSON)."""
-    call = json.dumps({"name": name, "arguments": dict(arguments)}, ensure_ascii=False)
-    prefix = f"{thought}\n" if thought else ""
-    return f"{prefix}<tool_call>\n{call}\n</tool_call>"
 
 
 @dataclass

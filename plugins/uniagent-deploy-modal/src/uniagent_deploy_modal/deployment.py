@@ -30,8 +30,7 @@ from typing import Any
 from swerex.deployment.modal import ModalDeployment as SwerexModalDeployment
 from swerex.runtime.abstract import AbstractRuntime, IsAliveResponse
 
-from uniagent.env.remote import make_runtime
-from uniagent.errors import UniAgentError
+from uniagent import UniAgentError, kill_all_but_ancestors, make_runtime
 from uniagent_deploy_modal.config import ModalDeploymentConfig
 
 log = logging.getLogger(__name__)
@@ -129,7 +128,7 @@ class PatchedModalDeployment(SwerexModalDeployment):
 
 
 class ModalDeployment:
-    """A Modal sandbox per episode; satisfies ``uniagent.env.deployment.Deployment``."""
+    """A Modal sandbox per episode; satisfies ``uniagent.Deployment``."""
 
     def __init__(self, config: ModalDeploymentConfig) -> None:
         self.config = config
@@ -199,3 +198,22 @@ class ModalDeployment:
             log.debug("Modal sandbox is not alive: %s", exc)
             return False
         return bool(response)
+
+    async def sandbox_alive(self) -> bool:
+        """Whether the sandbox and its server run (the agent's shell may be gone)."""
+        return await self.is_alive()
+
+    async def kill_processes(self) -> None:
+        """End every process in the sandbox except its server (before grading)."""
+        if self._deployment is not None:
+            await kill_all_but_ancestors(self.runtime)
+
+    @property
+    def workdir(self) -> str | None:
+        """None: the image's working directory (set ``workdir`` in the env settings)."""
+        return None
+
+    @property
+    def tools_dir(self) -> str | None:
+        """None: ``/usr/local/uniagent/tools`` unless the env settings say otherwise."""
+        return None

@@ -6,7 +6,7 @@ longer applies and tests past ``eval_timeout`` score 0.0 instead.
 
 from __future__ import annotations
 
-from uniagent.reward import RewardInfraError
+from uniagent import RewardInfraError
 
 
 class SweBenchRewardError(RewardInfraError):

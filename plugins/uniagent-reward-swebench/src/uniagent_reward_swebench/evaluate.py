@@ -15,7 +15,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from uniagent.reward import RewardContext, RewardResult
+from uniagent import RewardContext, RewardResult
 from uniagent_reward_swebench.config import SweBenchRewardConfig
 from uniagent_reward_swebench.errors import EvaluationInfraError
 from uniagent_reward_swebench.rows import EvalSpec

@@ -7,9 +7,7 @@ from typing import Any
 
 from pydantic import BaseModel, ValidationError
 
-from uniagent.errors import ConfigError
-from uniagent.grading.settings import IntegrityDefaults, Workspace
-from uniagent.reward import RewardContext, RewardResult
+from uniagent import ConfigError, IntegrityDefaults, RewardContext, RewardResult, Workspace
 from uniagent_reward_swebench.config import (
     R2EGymRewardConfig,
     SweBenchRewardConfig,

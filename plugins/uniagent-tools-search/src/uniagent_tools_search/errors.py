@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from uniagent.errors import ConfigError, UniAgentError
+from uniagent import ConfigError, UniAgentError
 
 
 class SearchError(UniAgentError):

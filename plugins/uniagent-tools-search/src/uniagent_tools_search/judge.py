@@ -16,7 +16,7 @@ import re
 from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
-from uniagent.reward import RewardInfraError
+from uniagent import RewardInfraError
 
 
 class JudgeError(RewardInfraError):

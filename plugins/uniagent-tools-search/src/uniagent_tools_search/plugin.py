@@ -4,8 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 
-from uniagent import RewardSpec, ServiceSpec, ToolSpec, hookimpl
-from uniagent.specs import RunningService
+from uniagent import RewardSpec, RunningService, ServiceSpec, ToolSpec, hookimpl
 
 from uniagent_tools_search.config import SearchServiceConfig
 from uniagent_tools_search.reward import SearchQARewardConfig, search_qa_reward

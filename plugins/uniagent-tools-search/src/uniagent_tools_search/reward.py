@@ -12,7 +12,7 @@ from __future__ import annotations
 from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field
-from uniagent.reward import RewardContext, RewardInfraError, RewardResult
+from uniagent import RewardContext, RewardInfraError, RewardResult
 
 from uniagent_tools_search.errors import SearchError
 from uniagent_tools_search.judge import JudgeSettings, ask_judge, judge_prompt

@@ -6,6 +6,7 @@ from uniagent_tools_swe.blocking import DEFAULT_BLOCKED, BlockRule, screen
 from uniagent_tools_swe.tools import (
     BLOCKED_EXIT_CODE,
     SCRIPTS_DIR,
+    ExecuteBashSettings,
     make_execute_bash,
     make_finish,
     make_str_replace_editor,
@@ -18,6 +19,7 @@ __all__ = [
     "DEFAULT_BLOCKED",
     "SCRIPTS_DIR",
     "BlockRule",
+    "ExecuteBashSettings",
     "make_execute_bash",
     "make_finish",
     "make_str_replace_editor",

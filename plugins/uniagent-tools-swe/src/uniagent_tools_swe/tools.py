@@ -22,7 +22,7 @@ from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, field_validator
 from uniagent import ToolSpec
 
 from uniagent_tools_swe.blocking import DEFAULT_BLOCKED, BlockRule, coerce_rules, screen
@@ -106,6 +106,40 @@ def render_execute_bash(
     return command
 
 
+class ExecuteBashSettings(BaseModel):
+    """Settings of ``execute_bash`` in the agent config (``tools: [{name, settings}]``)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    blocked: list[BlockRule] | None = Field(
+        None,
+        description="the rules of refused commands, replacing the defaults ([] refuses nothing); "
+        "null: the defaults",
+    )
+    allow: list[str] = Field(
+        default_factory=list,
+        description="names of default rules to drop (editor, git-interactive, pager, monitor, "
+        "follow, watch, repl, background, session)",
+    )
+    extra: list[BlockRule] = Field(
+        default_factory=list, description="rules refused besides the defaults (or `blocked`)"
+    )
+
+    @field_validator("allow")
+    @classmethod
+    def _known_rules(cls, names: list[str]) -> list[str]:
+        known = [r.name for r in DEFAULT_BLOCKED]
+        unknown = [n for n in names if n not in known]
+        if unknown:
+            raise ValueError(f"no default rule named {unknown[0]!r}; they are: {', '.join(known)}")
+        return names
+
+    def rules(self) -> tuple[BlockRule, ...]:
+        """The rules in force."""
+        base = DEFAULT_BLOCKED if self.blocked is None else tuple(self.blocked)
+        return (*(r for r in base if r.name not in self.allow), *self.extra)
+
+
 def make_execute_bash(
     blocked: Iterable[BlockRule | Mapping[str, Any]] | None = None,
 ) -> ToolSpec:
@@ -131,7 +165,13 @@ def make_execute_bash(
         description=description,
         arguments=ExecuteBashArguments,
         render=render,
+        settings=ExecuteBashSettings,
+        configure=_configure_execute_bash,
     )
+
+
+def _configure_execute_bash(settings: ExecuteBashSettings) -> ToolSpec:
+    return make_execute_bash(settings.rules())
 
 
 # -- str_replace_editor ----------------------------------------------------------------

@@ -4,8 +4,7 @@ from __future__ import annotations
 
 import os
 
-from uniagent.env import AgentEnv
-from uniagent.registry import get_deployments, validate_deployment_config
+from uniagent import AgentEnv, get_deployments, validate_deployment_config
 
 DEPLOYMENT = "{{ cookiecutter.__record_name }}"
 
@@ -33,7 +32,8 @@ async def test_sandbox_starts_with_the_files_in_its_work_dir() -> None:
 async def test_stop_ends_the_sandbox_and_removes_its_directory() -> None:
     """A ``Deployment`` that is alive after ``start`` and gone after ``stop``."""
     spec = get_deployments()[DEPLOYMENT]
-    deployment = spec.factory(spec.config())
+    # Without isolation the work dir is a host path, so the test can see it go.
+    deployment = spec.factory(spec.config(host={"isolation": "none"}))
     await deployment.start()
     try:
         assert deployment.runtime is not None  # the Deployment protocol, once started

@@ -4,9 +4,14 @@ from __future__ import annotations
 
 import pytest
 from pydantic import BaseModel, Field
-from uniagent import ToolSpec
-from uniagent.parsers import ToolCall, ToolCallFormatError, ToolCallParser, get_parser
-from uniagent.registry import get_tool_parsers
+from uniagent import (
+    ToolCall,
+    ToolCallFormatError,
+    ToolCallParser,
+    ToolSpec,
+    get_parser,
+    get_tool_parsers,
+)
 
 PARSER = "{{ cookiecutter.__record_name }}"
 

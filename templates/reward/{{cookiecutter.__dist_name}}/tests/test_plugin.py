@@ -5,9 +5,8 @@ from __future__ import annotations
 from collections.abc import AsyncIterator
 
 import pytest
-from uniagent.env import AgentEnv
-from uniagent.registry import get_rewards
-from uniagent.testing.grading import grade, prepare_grader
+from uniagent import AgentEnv, get_rewards
+from uniagent.testing import grade, prepare_grader
 
 REWARD = "{{ cookiecutter.__record_name }}"
 

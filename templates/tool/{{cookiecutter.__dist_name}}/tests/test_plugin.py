@@ -2,8 +2,7 @@
 
 from __future__ import annotations
 
-from uniagent.env import AgentEnv
-from uniagent.registry import get_tools
+from uniagent import AgentEnv, get_tools
 
 TOOL = "{{ cookiecutter.__record_name }}"
 

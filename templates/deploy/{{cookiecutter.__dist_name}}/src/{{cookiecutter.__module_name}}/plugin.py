@@ -6,23 +6,29 @@ A deployment is a sandbox backend, chosen in the agent config by ``type``::
       deployment: {type: {{ cookiecutter.__record_name }}, files: {README.md: "Fix the bug."}}
 
 It is a :class:`uniagent.DeploymentSpec`: a pydantic config model whose
-``type`` is ``Literal["{{ cookiecutter.__record_name }}"]`` and a factory that turns a validated config into
-a :class:`uniagent.env.Deployment` (``start``, ``stop``, ``runtime``,
-``is_alive``). The example wraps the built-in host deployment and writes the
-configured files into the sandbox's work dir when it starts; a real backend
-would create a container or cloud sandbox in ``start`` instead.
+``type`` is ``Literal["{{ cookiecutter.__record_name }}"]`` and a factory that turns a
+validated config into a :class:`uniagent.Deployment` (``start``, ``stop``, ``runtime``,
+``is_alive``, ``sandbox_alive``, ``kill_processes``, ``workdir``, ``tools_dir``). The
+example wraps the built-in host deployment and writes the configured files into the
+sandbox's work dir when it starts; a real backend would create a container or cloud
+sandbox in ``start`` instead.
 """
 
 from __future__ import annotations
 
 import posixpath
 from collections.abc import Iterator
-from typing import Any, Literal
+from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field
-from uniagent import DeploymentSpec, hookimpl
-from uniagent.env import HostDeployment, HostDeploymentConfig
-from uniagent.env.runtime import WriteFileRequest
+from uniagent import (
+    DeploymentSpec,
+    HostDeployment,
+    HostDeploymentConfig,
+    Runtime,
+    WriteFileRequest,
+    hookimpl,
+)
 
 
 class {{ cookiecutter.__class_name }}Config(BaseModel):
@@ -65,13 +71,21 @@ class {{ cookiecutter.__class_name }}Deployment:
         await self._host.stop()
 
     @property
-    def runtime(self) -> Any:
+    def runtime(self) -> Runtime:
         """The runtime uniagent runs commands through (after :meth:`start`)."""
         return self._host.runtime
 
     async def is_alive(self) -> bool:
         """Whether the sandbox is started and its shell answers."""
         return await self._host.is_alive()
+
+    async def sandbox_alive(self) -> bool:
+        """Whether the sandbox itself runs, even if the agent's shell ended (not infra)."""
+        return await self._host.sandbox_alive()
+
+    async def kill_processes(self) -> None:
+        """End every process in the sandbox, files kept: the grader calls it after the agent."""
+        await self._host.kill_processes()
 
     @property
     def workdir(self) -> str | None:
@@ -85,7 +99,7 @@ class {{ cookiecutter.__class_name }}Deployment:
 
 
 @hookimpl
-def uniagent_deployments() -> Iterator[DeploymentSpec]:
+def uniagent_deployments() -> Iterator[DeploymentSpec[{{ cookiecutter.__class_name }}Config]]:
     """The ``{{ cookiecutter.__record_name }}`` deployment."""
     yield DeploymentSpec(
         name="{{ cookiecutter.__record_name }}",

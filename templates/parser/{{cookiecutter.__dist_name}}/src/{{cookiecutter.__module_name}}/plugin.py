@@ -18,9 +18,17 @@ import json
 import re
 from collections.abc import Iterator, Sequence
 
-from uniagent import ParserSpec, ToolSpec, hookimpl
-from uniagent.parsers import ParseResult, ToolCall, validate_call
-from uniagent.parsers.base import check_count, example_call, format_error
+from uniagent import (
+    ParseResult,
+    ParserSpec,
+    ToolCall,
+    ToolSpec,
+    check_count,
+    example_call,
+    format_error,
+    hookimpl,
+    validate_call,
+)
 
 _ACTION = re.compile(r"^Action:[ \t]*(?P<name>[^\n]*?)[ \t]*$", re.MULTILINE)
 _INPUT = re.compile(r"\s*Action Input:[ \t]*")
@@ -84,6 +92,10 @@ class {{ cookiecutter.__class_name }}Parser:
     def format_example(self, tools: Sequence[ToolSpec]) -> str:
         """An example call of the first of ``tools``, for error messages."""
         return self.format_tool_call(example_call(tools))
+
+    def format_tool_response(self, content: str) -> str:
+        """A tool's output as a ReAct model reads it (sent as a user message to chat APIs)."""
+        return f"Observation: {content}"
 
 
 @hookimpl

@@ -18,8 +18,7 @@ import shlex
 from collections.abc import Iterator
 
 from pydantic import BaseModel, ConfigDict, Field
-from uniagent import RewardSpec, hookimpl
-from uniagent.reward import RewardContext, RewardInfraError, RewardResult
+from uniagent import RewardContext, RewardInfraError, RewardResult, RewardSpec, hookimpl
 
 
 class {{ cookiecutter.__class_name }}Config(BaseModel):

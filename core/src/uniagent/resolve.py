@@ -1,0 +1,168 @@
+"""The one resolve step: config + registry → a resolved agent, before any sandbox starts.
+
+An :class:`~uniagent.config.AgentConfig` is plain, strict data: names of plugins
+and their raw settings. :func:`resolve` is the only place that consults the
+registry: it looks every name up, validates every plugin's settings with the
+plugin's own model, and returns a :class:`ResolvedAgent` whose parts
+(``run_episode``, ``AgentEnv``, the grader, the verl adapter) never look
+anything up again. Every problem is a :class:`~uniagent.errors.ConfigError`
+naming the key path and the source (file, or task)::
+
+    agent = resolve(AgentConfig.from_yaml("agent.yaml"), source="agent.yaml")
+    per_task = agent.for_task(row["tools_kwargs"], source="task django-123")
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from pydantic import BaseModel, ValidationError
+
+from uniagent.config import AgentConfig, ToolRef, format_validation_error
+from uniagent.env.agent_env import AgentEnv
+from uniagent.env.config import EnvConfig
+from uniagent.errors import ConfigError, UnknownPluginNameError
+from uniagent.parsers.base import ToolCallParser
+from uniagent.registry import Registry, get_registry
+from uniagent.specs import DeploymentSpec, ParserSpec, RewardSpec, ServiceSpec, ToolSpec
+
+
+@dataclass(frozen=True)
+class ResolvedReward:
+    """The reward of an agent: its record, its validated settings, how it is graded."""
+
+    spec: RewardSpec[Any]
+    settings: Any
+    grade_in: str
+    integrity: Any
+
+
+@dataclass(frozen=True)
+class ResolvedAgent:
+    """An agent config with every name resolved and every setting validated."""
+
+    config: AgentConfig
+    tools: tuple[ToolSpec, ...]
+    parser: ParserSpec
+    deployment: DeploymentSpec[Any]
+    deployment_config: BaseModel
+    env: EnvConfig
+    reward: ResolvedReward | None
+    services: tuple[tuple[ServiceSpec[Any], Any], ...] = ()
+    source: str = "config"
+    registry: Registry | None = field(default=None, compare=False, repr=False)
+
+    def new_parser(self) -> ToolCallParser:
+        """A fresh tool-call parser (parsers may keep per-episode state)."""
+        return self.parser.factory()
+
+    def new_env(self) -> AgentEnv:
+        """A new, unstarted sandbox for one episode."""
+        return AgentEnv(self.deployment.factory(self.deployment_config), self.env)
+
+    def for_task(self, overrides: Mapping[str, Any] | None, *, source: str) -> ResolvedAgent:
+        """This agent with a task's overrides (``tools_kwargs``) merged in and resolved again."""
+        if not overrides:
+            return self
+        return resolve(self.config.with_overrides(overrides, source=source), self.registry,
+                       source=source)
+
+
+def resolve(
+    config: AgentConfig, registry: Registry | None = None, *, source: str | None = None
+) -> ResolvedAgent:
+    """Resolve ``config`` against ``registry`` (default: the installed plugins).
+
+    Errors name ``source`` (default: where the config was loaded from).
+    """
+    registry = registry or get_registry()
+    source = source or config.source
+    tools = tuple(
+        _tool(registry, ref, f"tools.{i}", source) for i, ref in enumerate(config.tools)
+    )
+    names = [t.name for t in tools]
+    duplicate = next((n for n in names if names.count(n) > 1), None)
+    if duplicate is not None:
+        raise ConfigError(f"invalid {source}:\n  tools: {duplicate!r} is listed twice")
+    parser = _lookup(registry.tool_parsers(), config.tool_parser, "tool_parser", source)
+    deployment_config = _deployment_config(registry, config.env.deployment, source)
+    deployment = registry.deployments()[deployment_config.type]  # type: ignore[attr-defined]
+    reward = None
+    if config.reward is not None:
+        spec = _lookup(registry.rewards(), config.reward.name, "reward.name", source)
+        settings = _settings(spec.config, config.reward.config, "reward.config", source,
+                             what=f"reward {spec.name!r}")
+        reward = ResolvedReward(spec, settings, config.reward.grade_in, config.reward.integrity)
+    services = tuple(
+        (
+            spec := _lookup(registry.services(), name, f"services.{name}", source),
+            _settings(spec.config, raw, f"services.{name}", source, what=f"service {name!r}"),
+        )
+        for name, raw in config.services.items()
+    )
+    return ResolvedAgent(
+        config=config,
+        tools=tools,
+        parser=parser,
+        deployment=deployment,
+        deployment_config=deployment_config,
+        env=config.env.settings(),
+        reward=reward,
+        services=services,
+        source=source,
+        registry=registry,
+    )
+
+
+def _lookup(records: Mapping[str, Any], name: str, path: str, source: str) -> Any:
+    try:
+        return records[name]
+    except UnknownPluginNameError as exc:
+        raise UnknownPluginNameError(f"invalid {source}:\n  {path}: {exc}") from None
+
+
+def _tool(registry: Registry, ref: ToolRef, path: str, source: str) -> ToolSpec:
+    spec: ToolSpec = _lookup(registry.tools(), ref.name, f"{path}.name", source)
+    if ref.settings is None:
+        return spec
+    if spec.settings is None or spec.configure is None:
+        raise ConfigError(
+            f"invalid {source}:\n  {path}.settings: tool {spec.name!r} takes no settings"
+        )
+    settings = _settings(spec.settings, ref.settings, f"{path}.settings", source,
+                         what=f"tool {spec.name!r}")
+    configured = spec.configure(settings)
+    if configured.name != spec.name:
+        raise ConfigError(f"tool {spec.name!r}: its configure() renamed it {configured.name!r}")
+    return configured
+
+
+def _settings(
+    model: type[BaseModel] | None, raw: Mapping[str, Any] | None, path: str, source: str,
+    *, what: str,
+) -> Any:
+    if model is None:
+        if raw:
+            raise ConfigError(f"invalid {source}:\n  {path}: {what} takes no settings")
+        return None
+    try:
+        return model.model_validate(dict(raw or {}))
+    except ValidationError as exc:
+        message = format_validation_error(exc, source, prefix=path)
+        raise ConfigError(message) from None
+
+
+def _deployment_config(registry: Registry, data: Mapping[str, Any], source: str) -> BaseModel:
+    try:
+        return registry.validate_deployment_config(data)
+    except ConfigError as exc:
+        raise ConfigError(f"invalid {source}:\n  env.deployment: {exc}") from None
+
+
+def resolve_deployment(data: Mapping[str, Any] | BaseModel) -> tuple[DeploymentSpec[Any], Any]:
+    """The installed backend for a deployment config, and the config validated by it."""
+    registry = get_registry()
+    config = registry.validate_deployment_config(data)
+    return registry.deployments()[config.type], config  # type: ignore[attr-defined]
