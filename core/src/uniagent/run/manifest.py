@@ -88,6 +88,7 @@ def build(
     The task file's digest is of its bytes; without a file (tasks given in-process),
     of the tasks' ids and rows.
     """
+    task_info: dict[str, str | None]
     if tasks_path is not None:
         task_info = {"path": str(tasks_path), "sha256": file_digest(tasks_path)}
     else:

@@ -45,7 +45,7 @@ def summarize(
         "infrastructure_failures": sum(1 for r in records if is_infra_failure(r)),
         "exit_reasons": dict(Counter(r["exit_reason"] for r in records).most_common()),
         "tool_calls": dict(tool_calls.most_common()),
-        "time_seconds": {k: round(times[k], 3) for k in TIME_KEYS},
+        "time_seconds": {k: round(times.get(k, 0.0), 3) for k in TIME_KEYS},
         "wall_seconds": round(wall_seconds, 3),
     }
     if n > 1:
