@@ -119,3 +119,43 @@ def test_the_containers_of_a_killed_run_are_removed_by_uniagent_clean(engine, wo
     for name in names:
         assert f"removed {engine} container {name}" in clean.stdout
     assert containers(engine, run_id) == []
+
+
+def test_swe_bench_verified_recipe_stops_at_once_when_the_images_are_missing(engine, tmp_path):
+    """The recipe on real Verified rows: uniagent loads every task and starts each one's own
+    image; none can be pulled here, so the circuit breaker stops the run after the first
+    three, naming the cause, and nothing more starts."""
+    from uniagent.testing import swe_bench_verified_rows
+
+    rows = tmp_path / "verified.jsonl"
+    rows.write_text("".join(json.dumps(r) + "\n" for r in swe_bench_verified_rows(tmp_path)))
+    tasks = tmp_path / "tasks.jsonl"
+    made = subprocess.run(
+        [sys.executable, "-m", "uniagent_reward_swebench.tasks", str(rows), str(tasks),
+         "--namespace", "docker.io/swebench"],
+        capture_output=True, text=True, timeout=300,
+    )  # fmt: skip
+    assert made.returncode == 0, made.stderr
+    root = Path(__file__).resolve().parents[1]
+    config = tmp_path / "config.yaml"
+    recipe = (root / "examples" / "swe_bench_verified" / "config.yaml").read_text()
+    local = f"    type: local\n    engine: {engine}\n"
+    config.write_text(recipe.replace("    type: local\n", local))
+    with ScriptedChatServer(default=lambda body: Reply("")) as server:
+        proc = subprocess.run(
+            [sys.executable, "-m", "uniagent.cli", "run", str(config), "--data", str(tasks),
+             "--model", f"openai:{server.base_url}#m", "--out", str(tmp_path / "out"),
+             "--concurrency", "1", "--retries", "0"],
+            capture_output=True, text=True, timeout=600,
+            env={**os.environ, "OPENAI_API_KEY": "test"},
+        )  # fmt: skip
+        assert server.requests == []
+    assert proc.returncode == 1, proc.stderr
+    assert "skipping" not in proc.stderr, "every row is a task uniagent accepts"
+    stop = proc.stderr.strip().splitlines()[-1]
+    assert stop.startswith("uniagent: stopped: the first 3 attempts all failed with env_error")
+    assert "docker.io/swebench/sweb.eval.x86_64." in stop
+    started = [json.loads(line)["task_id"] for line in (tmp_path / "out" / "results.jsonl")
+               .read_text().splitlines()]  # fmt: skip
+    expected = [json.loads(line)["instance_id"] for line in tasks.read_text().splitlines()][:3]
+    assert started == expected
