@@ -32,10 +32,11 @@ from __future__ import annotations
 
 import asyncio
 import inspect
+import json
 import logging
 import os
 from collections.abc import Callable, Mapping, Sequence
-from typing import Any
+from typing import Any, cast
 
 from uniagent.errors import ConfigError
 from uniagent.models.base import (
@@ -229,11 +230,20 @@ class OpenAIChatModel:
 
     async def _create(self, request: dict[str, Any]) -> dict[str, Any]:
         openai = self._openai
+        # The request is plain JSON already: posted as it is, it skips the SDK's typed
+        # transform of every message (most of the client's CPU per turn) and the parse
+        # into pydantic models; errors, auth and the connection pool are the SDK's.
+        body = {k: v for k, v in request.items() if k != "extra_body"}
+        body.update(request.get("extra_body") or {})  # what the SDK's extra_body would add
         attempt = 0
         while True:
             try:
-                completion = await self.client.chat.completions.create(**request)
-                return completion.model_dump() if hasattr(completion, "model_dump") else completion
+                raw = await self.client.post("/chat/completions", body=body, cast_to=bytes)
+                try:
+                    return cast(dict[str, Any], json.loads(raw))
+                except ValueError:
+                    text = f"{raw!r:.300}"
+                    raise ModelError(f"{self.base_url} answered with no JSON: {text}") from None
             except openai.BadRequestError as exc:
                 if _is_context_error(exc):
                     raise ContextLimitError(f"{self.base_url}: {_api_error_text(exc)}") from exc

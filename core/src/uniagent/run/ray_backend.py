@@ -24,6 +24,7 @@ from uniagent.config import AgentConfig
 from uniagent.env.aio import wait_through_cancellation
 from uniagent.env.containers import RUN_ID_ENV
 from uniagent.errors import ConfigError, UniAgentError
+from uniagent.resolve import resolve
 from uniagent.run.folder import LOG
 from uniagent.run.progress import EpisodeState
 from uniagent.run.runner import Attempt, Job, attempt_extra, episode_dir, execute_job, write_payload
@@ -42,6 +43,7 @@ class EpisodeWorker:
         use_pidfd_child_watcher()
         os.environ[RUN_ID_ENV] = run_id  # the actor's sandboxes carry the run's id
         self.config = config
+        self.agent = resolve(config)
         self.model = model_factory()
 
     async def run(self, job: Job) -> dict[str, Any]:
@@ -51,7 +53,7 @@ class EpisodeWorker:
             log_path = Path(tmp) / LOG
             try:
                 await ensure_services(self.config)  # once per actor process
-                payload = await execute_job(self.config, job, self.model, log_path, observer=state)
+                payload = await execute_job(self.agent, job, self.model, log_path, observer=state)
             except UniAgentError as exc:
                 return {"error": str(exc)}
             return {

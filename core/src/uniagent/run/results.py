@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import os
+import threading
 from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any
@@ -57,6 +58,7 @@ class ResultsFile:
 
     def __init__(self, path: Path) -> None:
         self.path = path
+        self._lock = threading.Lock()  # appends come from worker threads
 
     def load(self) -> list[dict[str, Any]]:
         """Every record; a line cut short by a crash is ignored (that episode reruns)."""
@@ -81,8 +83,8 @@ class ResultsFile:
             self.path.write_bytes(data[: data.rfind(b"\n") + 1])
 
     def append(self, record: Mapping[str, Any]) -> None:
-        """Append one line and make it durable before returning."""
-        with self.path.open("a", encoding="utf-8") as handle:
+        """Append one line and make it durable before returning (thread-safe)."""
+        with self._lock, self.path.open("a", encoding="utf-8") as handle:
             handle.write(json.dumps(record, ensure_ascii=False) + "\n")
             handle.flush()
             os.fsync(handle.fileno())

@@ -35,7 +35,7 @@ from uniagent.env.containers import RUN_ID_ENV
 from uniagent.episode import EpisodeResult, run_episode
 from uniagent.errors import ConfigError, UniAgentError
 from uniagent.observer import EpisodeObserver
-from uniagent.resolve import resolve
+from uniagent.resolve import ResolvedAgent, resolve
 from uniagent.run import manifest as manifests
 from uniagent.run.folder import (
     LOG,
@@ -143,7 +143,7 @@ def write_payload(
 
 
 async def execute_job(
-    config: AgentConfig,
+    base: ResolvedAgent,
     job: Job,
     model: Any,
     log_path: Path,
@@ -151,15 +151,17 @@ async def execute_job(
     observer: EpisodeObserver | None = None,
     stream: logging.Handler | None = None,
 ) -> dict[str, Any]:
-    """Run one attempt of a job, logging to ``log_path`` (and ``stream``); return its payload."""
+    """Run one attempt of a job, logging to ``log_path`` (and ``stream``); return its payload.
+
+    ``base`` is the run's resolved agent; a task with overrides is resolved again.
+    """
     logger, handler = episode_logger(log_path, f"episode.{job.task.id}.{job.sample}")
     if stream is not None:
         logger.addHandler(stream)
     try:
         source = f"task {job.task.id}"
-        episode_config = config.with_overrides(job.task.overrides(), source=source)
-        check_task_services(config, episode_config, source)
-        agent = resolve(episode_config, source=source)
+        agent = base.for_task(job.task.overrides(), source=source)
+        check_task_services(base.config, agent.config, source)
         logger.info("task %s sample %d: start", job.task.id, job.sample)
         result = await run_episode(
             agent,
@@ -209,12 +211,13 @@ def attempt_extra(
 
 def local_attempt(config: AgentConfig, model: Any, out: Path, progress: Progress) -> Attempt:
     """Attempts run on this event loop: each writes its episode directory."""
+    base = resolve(config)
 
     async def attempt_job(job: Job, attempt: int, state: EpisodeState) -> dict[str, Any]:
         directory = episode_dir(out, job)
         started = time.monotonic()
         payload = await execute_job(
-            config, job, model, directory / LOG, observer=state, stream=progress.log_handler(job)
+            base, job, model, directory / LOG, observer=state, stream=progress.log_handler(job)
         )
         extra = attempt_extra(directory, attempt, state, started, payload["record"])
         return write_payload(directory, payload, extra=extra)
@@ -256,7 +259,8 @@ async def run_jobs(
                 tripped = breaker.observe(record)
                 last = retry == policy.retries or breaker.tripped
                 if not is_infra_failure(record) or last:
-                    results.append(record)
+                    # fsync off the event loop: it would stall every other episode.
+                    await asyncio.to_thread(results.append, record)
                     progress.finished(job, record)
                     if tripped:
                         stopped.append(breaker.message())
