@@ -6,6 +6,9 @@ installed (non-editable), so a hidden dependency between plugins fails.
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
 from pathlib import Path
 
 import nox
@@ -18,7 +21,7 @@ TORCH = "torch==2.13.0"  # the CPU wheel on these machines; an unpinned torch pu
 TRANSFER_QUEUE = "TransferQueue==0.1.11"
 VERL_CONSTRAINTS = (TORCH, "tensordict==0.10.0")
 
-nox.options.sessions = ["lint", "tests"]
+nox.options.sessions = ["lint", "tests", "stress"]
 nox.options.reuse_existing_virtualenvs = False
 nox.options.error_on_missing_interpreters = True
 
@@ -73,6 +76,42 @@ def tests(session: nox.Session, suite: str) -> None:
         session.install("./core[test,tokenizers,swerex,openai,data,ray]", "build", "cookiecutter")
         session.install(*(f"./plugins/{p}" for p in PLUGINS))
         pytest(session, "tests")
+
+
+#: The sandbox tests the stress session repeats on a saturated machine.
+SANDBOX_TESTS = [
+    f"core/tests/{name}.py"
+    for name in (
+        "test_env_host",
+        "test_env_hostile",
+        "test_env_interactive",
+        "test_env_bwrap",
+        "test_env_scale",
+    )
+]
+
+
+@nox.session(python="3.11")
+def stress(session: nox.Session) -> None:
+    """The sandbox tests three times in a row with every CPU busy (two busy loops per core).
+
+    The loops are started and stopped here; any failure in any round fails the session.
+    """
+    session.install("./core[test]")
+    burners = [
+        subprocess.Popen([sys.executable, "-c", "while True: pass"])
+        for _ in range(2 * (os.cpu_count() or 1))
+    ]
+    session.log(f"{len(burners)} busy loops on {os.cpu_count()} CPUs")
+    try:
+        for round_ in range(1, 4):
+            session.log(f"stress round {round_} of 3")
+            pytest(session, *SANDBOX_TESTS)
+    finally:
+        for burner in burners:
+            burner.kill()
+        for burner in burners:
+            burner.wait()
 
 
 @nox.session(python="3.11")

@@ -12,7 +12,8 @@ on the same kind of sandbox. Printed: medians in ms of sandbox start, baseline,
 grading in the episode's sandbox, grading in a fresh one, and the extra cost
 of ``fresh`` against ``episode`` (difference and ratio), all in one run.
 
-The figures measured on our machines are in docs/rewards.md ("Cost").
+The figures measured on our machines, and how to read them, are in
+docs/rewards.md ("Cost").
 """
 
 from __future__ import annotations
@@ -125,7 +126,9 @@ async def measure(name: str, make_env: Callable[[], AgentEnv], row: dict[str, An
 def host_env(repo: Path, isolation: str, python_dirs: list[str]) -> Callable[[], AgentEnv]:
     deployment: dict[str, Any] = {"type": "host", "isolation": isolation}
     if isolation == "bwrap":
-        deployment["ro_binds"] = [str(repo.parent), *python_dirs]
+        # This Python may live under /work (the sandbox's default work dir): move that.
+        deployment.update(ro_binds=[str(repo.parent), *python_dirs],
+                          sandbox_workdir="/sandbox/work")
     settings = {"post_setup": [f"git clone -q {repo} . && git fetch -q origin fix"]}
     return lambda: AgentEnv.from_config(deployment, settings)
 

@@ -203,7 +203,7 @@ async def concurrent(n: int, commands: int) -> dict[str, float]:
 
 def raise_fd_limit(sessions: int) -> str:
     soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
-    need = 4 * sessions + 200  # per session: 2 pipes, a pidfd; plus headroom
+    need = 6 * sessions + 200  # per session: 2 sockets, a pipe, a pty, a pidfd; plus headroom
     if soft < need:
         resource.setrlimit(resource.RLIMIT_NOFILE, (min(hard, max(need, soft)), hard))
     new = resource.getrlimit(resource.RLIMIT_NOFILE)[0]

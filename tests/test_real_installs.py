@@ -101,7 +101,7 @@ def test_installed_plugin_is_listed_with_its_contributions_and_gone_after_uninst
     try:
         entry = by_name(env.plugins())[plugin]
         assert entry["status"] == "loaded", entry["error"]
-        assert entry["version"] == "0.1.0"
+        assert entry["version"] == "0.2.0"
         assert entry["hooks"] == sorted(f"uniagent_{kind}" for kind in contributes)
         assert {k: set(v) for k, v in entry["contributes"].items() if v} == contributes
         if "tools" in contributes:

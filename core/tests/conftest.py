@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+import shutil
+from collections.abc import AsyncIterator
 from typing import Any
 
 import pytest
+import pytest_asyncio
 
 
 @pytest.fixture(scope="session")
@@ -21,3 +24,23 @@ def llama3_tokenizer() -> Any:
     from uniagent.testing.tokenizers import load_llama3_tokenizer
 
     return load_llama3_tokenizer()
+
+
+ISOLATIONS = [
+    "none",
+    pytest.param(
+        "bwrap",
+        marks=pytest.mark.skipif(
+            shutil.which("bwrap") is None, reason="needs bubblewrap (apt-get install bubblewrap)"
+        ),
+    ),
+]
+
+
+@pytest_asyncio.fixture(params=ISOLATIONS)
+async def env(request: pytest.FixtureRequest) -> AsyncIterator[Any]:
+    """A started host AgentEnv, once without isolation and once under bubblewrap."""
+    from uniagent.env import AgentEnv
+
+    async with AgentEnv.from_config({"type": "host", "isolation": request.param}) as sandbox:
+        yield sandbox

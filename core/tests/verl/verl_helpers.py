@@ -66,7 +66,8 @@ AGENT = {
     "system_prompt": "You are a test agent in a sandbox. Use the tools.",
     "instance_template": "{problem_statement}",
     "interaction": {"max_turns": 3, "action_timeout": 30, "max_format_errors": 2},
-    "env": {"deployment": {"type": "host"}},
+    # These tests share host paths with their sandboxes (markers, repositories).
+    "env": {"deployment": {"type": "host", "isolation": "none"}},
     "reward": {"name": "command", "config": {"timeout": 30}},
     "concurrency": 8,
 }

@@ -37,7 +37,7 @@ def test_plugin_is_discovered() -> None:
         assert spec.description
     info = next(i for i in load_plugins().report() if i.distribution == DIST)
     assert info.status == "loaded"
-    assert info.version == "0.1.0"
+    assert info.version == "0.2.0"
     assert info.hooks == ["uniagent_rewards"]
 
 

@@ -1,83 +1,71 @@
-"""A persistent bash session driven over asyncio pipes with an end-marker protocol.
+"""A persistent bash session driven from asyncio, with a control channel commands cannot touch.
 
 Why not SWE-ReX's ``LocalRuntime``: it drives bash through pexpect, which
 blocks the event loop and waits 2 x 50 ms per command (REFERENCES.md). Here
-bash's pipes are asyncio pipe transports and its exit is watched through a
-pidfd: output arrives through callbacks, so one event loop drives thousands
-of sessions and a command costs one pipe round trip. bash is spawned on a
-worker thread: a fork/exec on the loop, times hundreds of sessions starting
-together, would stall every other coroutine for seconds.
+bash's descriptors are non-blocking and watched by the event loop, its exit
+through a pidfd, so one loop drives thousands of sessions and a command costs
+one round trip. bash is spawned on a worker thread: a fork/exec on the loop,
+times hundreds of sessions starting together, would stall every coroutine.
 
-Protocol. bash runs interactive (``-i``) but without readline (``--noediting``)
-and without prompts, so it behaves like a terminal where it matters: SIGINT
-aborts the whole command line (a loop, a list) and returns to the prompt with
-the working directory and variables intact, and bash itself ignores SIGTERM,
-so SIGTERM to the process group stops only the command. Each command is sent
-as ``eval '<command>' </dev/null; printf '\\036TOKEN:SEQ:%d\\036\\n' $?``: the
-single-quoted ``eval`` keeps a malformed command from swallowing the marker,
-``</dev/null`` keeps commands from reading the protocol's input, and the
-marker (built by ``printf`` from pieces, so echoing the input never forges it)
-carries the exit code. stdout and stderr share one pipe, in order.
+bash runs interactive (``-i``) without readline or job control: SIGINT aborts
+the whole command line and returns to the prompt with the working directory
+and variables intact. What goes over the wire is in
+:mod:`uniagent.env.bash_protocol` (commands cannot read, forge or take over
+the control channel; what cannot be prevented inside one bash process is
+detected and reported as :class:`~uniagent.env.errors.SessionProtocolError`),
+the descriptors in :mod:`uniagent.env.bash_wire`, interrupts in
+:mod:`uniagent.env.bash_stop`.
 
-Syntax check: a command that :func:`uniagent.env.syntax.obviously_valid`
-cannot vouch for is first given to ``bash -n`` by the session itself, in the
-same round trip (``if err=$("$BASH" -n <<<'<command>' 2>&1); then eval ...;
-else report; fi``): the fork happens in the sandbox, never in this process.
+A command never runs after its caller has given up on it: a caller cancelled
+before the line is written sends nothing; one cancelled later has its command
+interrupted (in the background, before the next command starts), so no output
+leaks into the next command. A command that timed out keeps running until
+:meth:`BashSession.interrupt` (SWE-ReX's semantics).
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
-import itertools
 import logging
 import os
 import re
-import secrets
-import signal
-import subprocess
-import threading
+import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
-from uniagent.env.aio import pidfd_supported
+from uniagent.env import bash_stop
+from uniagent.env.bash_protocol import (
+    Marker,
+    OutputBuffer,
+    command_prefix,
+    init_line,
+    quote,
+    trailer,
+)
+from uniagent.env.bash_wire import BashWire, Line
 from uniagent.env.errors import (
     ActionSyntaxError,
     CommandTimeoutError,
+    EnvError,
     EnvStartError,
+    SessionProtocolError,
+    ShellKilledError,
     TerminalNotAliveError,
+    check_encodable,
 )
-from uniagent.env.output import RUNTIME_DROP_NOTE
+from uniagent.env.output import clean_output, render_output
 from uniagent.env.syntax import obviously_valid
 
 log = logging.getLogger(__name__)
 
 #: bash flags: no startup files, no readline (no echo), interactive signal handling.
 BASH_FLAGS = ("--norc", "--noprofile", "--noediting", "-i")
-#: Sent once at start: no history (nor ``!`` expansion), no prompts.
-_INIT = "set +o history +H; PS1=''; PS2=''; PS0=''; unset PROMPT_COMMAND\n"
-#: Time between a signal and the line that asks bash whether it is back. Writing
-#: it at once could let an interactive bash's SIGINT handler discard half of it.
-_SIGNAL_SETTLE_S = 0.05
-_MAX_MARKER = 64
-# Printed by an interactive bash without a terminal when a job dies of a signal.
-#: The exit code a marker carries when ``bash -n`` rejected the command (real ones are 0-255).
-_SYNTAX_ERROR = 1000
+#: Commands longer than this are checked and quoted on a worker thread.
+_THREAD_CHARS = 256 * 1024
+#: Outputs longer than this many bytes are decoded on a worker thread.
+_THREAD_DECODE = 1 << 20
 _BASH_PATH_PREFIX = re.compile(r"^\S*/bash: ", re.M)
-_TTY_NOISE = re.compile(rb"bash: \[\d+: \d+ \(\d+\)\] tcsetattr: Inappropriate ioctl for device\n")
-
-
-@dataclass
-class _Capture:
-    head: bytes | None
-    dropped: int
-    tail: bytes
-    exit_code: int
-    seq: int
-
-
-def _quote(text: str) -> str:
-    return "'" + text.replace("'", "'\\''") + "'"
 
 
 class BashSession:
@@ -94,382 +82,396 @@ class BashSession:
         self.argv = list(argv)
         self.cwd = cwd
         self.env = dict(env) if env is not None else None
-        self.buffer_limit = max(buffer_limit, 4 * _MAX_MARKER)
-        self._token_text = secrets.token_hex(8)
-        self._token = self._token_text.encode()
-        self._prefix = b"\x1e" + self._token + b":"
-        self._marker = re.compile(rb"\x1e" + self._token + rb":(\d+):(\d+)\x1e\n?")
-        self._seq = itertools.count(1)
+        self.buffer_limit = max(buffer_limit, 1024)
         self._lock = asyncio.Lock()
-        self._proc: subprocess.Popen[bytes] | None = None
-        self._stdin: asyncio.WriteTransport | None = None
-        self._stdout: asyncio.ReadTransport | None = None
-        self._pidfd: int | None = None
-        self._exited = asyncio.Event()
-        self._buf = bytearray()
-        self._head: bytes | None = None
-        self._dropped = 0
-        self._scan = 0
-        self._want: set[int] = set()
-        self._fut: asyncio.Future[_Capture] | None = None
-        self._eof = False
-        self._busy = False  # a command timed out and was not interrupted yet
-        self._closed = False
-        self.pid: int | None = None  # bash itself
-        self.pgid: int | None = None  # bash's process group (the commands run in it)
-        self._protected: set[int] = set()  # bash and its wrappers: never signalled singly
+        self._wire: BashWire | None = None
+        self._timed_out: Line | None = None  # until interrupt()
+        self._interactive: Line | None = None  # a program on the terminal
+        self._cleanup: asyncio.Future[None] | None = None
+
+    @property
+    def wire(self) -> BashWire:
+        """The descriptors and lines in flight (after :meth:`start`)."""
+        if self._wire is None:
+            raise EnvError("the bash session is not started")
+        return self._wire
+
+    @property
+    def pid(self) -> int | None:
+        """bash's pid (below any wrapper)."""
+        return self._wire.pid if self._wire else None
+
+    @property
+    def pgid(self) -> int | None:
+        """bash's process group (its commands run in it)."""
+        return self._wire.pgid if self._wire else None
+
+    @property
+    def alive(self) -> bool:
+        """Whether bash still runs, answers, and the session was not closed."""
+        wire = self._wire
+        return wire is not None and not (wire.closed or wire.exited.is_set() or wire.broken)
 
     # -- life cycle -------------------------------------------------------------------
     async def start(self, timeout: float = 10.0) -> str:
         """Spawn bash and wait until it answers; returns what it printed on the way."""
         env = dict(self.env if self.env is not None else os.environ)
-        env.update(PS1="", PS2="", PS0="")
-        loop = asyncio.get_running_loop()
+        # No prompts until ours; no history file (it would show the host's history and
+        # receive the session's).
+        env.update(PS1="", PS2="", PS0="", HISTFILE="")
+        wire = self._wire = BashWire(
+            self.argv,
+            cwd=self.cwd,
+            env=env,
+            buffer_limit=self.buffer_limit,
+            on_orphan_prompt=self._orphan_prompt,
+        )
         try:
-            self._proc = await asyncio.to_thread(self._spawn, env)
+            await wire.spawn()
         except OSError as exc:
             raise EnvStartError(f"could not start {self.argv[0]!r}: {exc}") from exc
-        assert self._proc.stdin is not None and self._proc.stdout is not None
-        self._stdin, _ = await loop.connect_write_pipe(asyncio.BaseProtocol, self._proc.stdin)
-        self._stdout, _ = await loop.connect_read_pipe(lambda: _Reader(self), self._proc.stdout)
-        self._watch_exit(loop)
-        fut = self._expect({0})
-        self._write(_INIT + self._marker_line(0, "0"))
+        nonce, generation = wire.new_ids()
+        line = wire.send_line(
+            "init", nonce, generation, init_line(nonce, generation).encode(), None
+        )
         try:
-            capture = await asyncio.wait_for(asyncio.shield(fut), timeout)
+            await asyncio.wait_for(asyncio.shield(line.done), timeout)
         except (asyncio.TimeoutError, TerminalNotAliveError) as exc:
-            output = self._decode(self._head, self._dropped, bytes(self._buf))
+            junk = wire.parser.take_junk()
+            output = self._render_now(line.output)
             await self.close()
             reason = f"did not answer within {timeout:g} s"
             if isinstance(exc, TerminalNotAliveError):
                 reason = "exited at start"
             raise EnvStartError(
-                f"the bash session ({' '.join(self.argv[:3])} ...) {reason}; its output:\n{output}"
+                f"the bash session ({' '.join(self.argv[:3])} ...) {reason}; its output:\n"
+                f"{output}{junk}"
             ) from None
-        self._resolve_pids()
-        return self._decode(capture.head, capture.dropped, capture.tail)
-
-    def _spawn(self, env: dict[str, str]) -> subprocess.Popen[bytes]:
-        return subprocess.Popen(
-            self.argv,
-            stdin=subprocess.PIPE,
-            stdout=subprocess.PIPE,
-            stderr=subprocess.STDOUT,
-            cwd=self.cwd,
-            env=env,
-            start_new_session=True,  # its own process group: signals reach all it runs
-        )
-
-    def _watch_exit(self, loop: asyncio.AbstractEventLoop) -> None:
-        assert self._proc is not None
-        if pidfd_supported():
-            self._pidfd = os.pidfd_open(self._proc.pid)
-            loop.add_reader(self._pidfd, self._reap, loop)
-            return
-        # No pidfds (Linux < 5.3): one waiting thread per session, like asyncio's default.
-        proc = self._proc
-        thread = threading.Thread(
-            target=lambda: (proc.wait(), loop.call_soon_threadsafe(self._on_exit)), daemon=True
-        )
-        thread.start()
-
-    def _reap(self, loop: asyncio.AbstractEventLoop) -> None:
-        assert self._proc is not None and self._pidfd is not None
-        loop.remove_reader(self._pidfd)
-        os.close(self._pidfd)
-        self._pidfd = None
-        try:
-            _, status = os.waitpid(self._proc.pid, 0)
-            self._proc.returncode = os.waitstatus_to_exitcode(status)
-        except ChildProcessError:  # reaped elsewhere
-            self._proc.returncode = 255
-        self._on_exit()
-
-    def _resolve_pids(self) -> None:
-        assert self._proc is not None
-        pid = self._proc.pid
-        chain = [pid]
-        # A wrapper (bwrap) runs bash as a descendant: follow the first child until bash.
-        while _comm(chain[-1]) not in ("bash", "sh") and len(chain) < 5:
-            children = _children(chain[-1])
-            if not children:
-                break
-            chain.append(children[0])
-        self.pid = chain[-1]
-        self._protected = set(chain)
-        try:
-            self.pgid = os.getpgid(self.pid)
-        except ProcessLookupError:
-            self.pgid = pid
-
-    @property
-    def alive(self) -> bool:
-        """Whether bash still runs and the session was not closed."""
-        return not self._closed and not self._exited.is_set()
+        await asyncio.to_thread(wire.resolve_pids)
+        wire.parser.take_junk()  # bash's notes about job control
+        return self._render_now(line.output)
 
     async def close(self) -> None:
         """Kill bash and everything in its process group; safe to call twice."""
-        if self._closed:
-            return
-        self._closed = True
-        self._fail_pending("the bash session was closed")
-        proc = self._proc
-        if proc is None:
-            return
-        # The spawned process leads its own group (start_new_session), so killing the
-        # group kills it (bash, or bwrap, whose sandbox dies with it).
-        for pgid in {self.pgid, proc.pid} - {None}:
-            with contextlib.suppress(ProcessLookupError, PermissionError):
-                os.killpg(pgid, signal.SIGKILL)  # type: ignore[arg-type]
-        try:
-            await asyncio.wait_for(self._exited.wait(), 10)
-        except asyncio.TimeoutError:
-            log.warning("bash session pid %s did not exit after SIGKILL", proc.pid)
-        for transport in (self._stdin, self._stdout):
-            if transport is not None:
-                transport.close()
+        if self._wire is not None:
+            await self._wire.close()
 
     # -- commands ---------------------------------------------------------------------
     async def run(self, command: str, timeout: float | None = None) -> tuple[str, int]:
         """Run ``command``; its output (stdout and stderr merged) and exit code.
 
-        On timeout raises :class:`CommandTimeoutError` and leaves the command
-        running; call :meth:`interrupt` next. Raises
-        :class:`TerminalNotAliveError` when bash has exited.
+        Raises :class:`CommandEncodingError` (nothing sent) for text bash cannot
+        receive, :class:`ActionSyntaxError` (nothing ran), :class:`CommandTimeoutError`
+        (the command still runs: call :meth:`interrupt`), :class:`SessionProtocolError`
+        when the command interfered with the control channel, and
+        :class:`TerminalNotAliveError` when bash is gone (its subclass
+        :class:`ShellKilledError` when the command ended or disabled the shell).
         """
-        if "\x00" in command:
-            raise ValueError("a command cannot contain NUL bytes")
+        prepared = await _prepare(command)
         async with self._lock:
-            self._check_usable()
-            seq = next(self._seq)
-            fut = self._expect({seq})
-            self._write(self._command_line(command, seq))
+            await self._settle()
+            if self._interactive is not None:
+                raise EnvError(
+                    "an interactive program is running in this session; send it input "
+                    "(is_interactive_command), end it (is_interactive_quit) or interrupt it"
+                )
+            line = self._send_command(prepared, interactive=False)
             try:
-                capture = await asyncio.wait_for(asyncio.shield(fut), timeout)
+                result = await asyncio.wait_for(asyncio.shield(line.done), timeout)
             except asyncio.TimeoutError:
-                self._busy = True
+                self._timed_out = line
                 raise CommandTimeoutError(
                     f"timeout after {timeout:g} s while running {command[:200]!r}; the command "
                     "still runs: send BashInterruptAction"
                 ) from None
-        output = self._decode(capture.head, capture.dropped, capture.tail)
-        if capture.exit_code == _SYNTAX_ERROR:
+            except asyncio.CancelledError:
+                self._abandon(line)
+                raise
+        return await self._finish(line, result, command)
+
+    async def run_interactive(
+        self,
+        text: str,
+        expect: Sequence[str] = (),
+        timeout: float | None = None,
+        *,
+        quit: bool = False,
+    ) -> tuple[str, int | None, str]:
+        """Start an interactive program, or type a line to the running one.
+
+        The program runs on a pseudo-terminal. Returns when its output matches
+        one of ``expect`` (regular expressions, as pexpect's): (output before
+        the match, 0, the matched text); or when it ends: (its output, its exit
+        code, ""). ``quit``: ``text`` ends the program; wait for that.
+        """
+        patterns = [re.compile(p.encode("utf-8")) for p in expect]
+        prepared = await _prepare(text)
+        async with self._lock:
+            await self._settle()
+            line = self._interactive
+            typed = line is not None  # input to a running program may be echoed back
+            if line is None:
+                if quit:
+                    raise EnvError("no interactive program is running in this session")
+                if self.wire.pty_slave is None:
+                    raise EnvError("this machine has no pseudo-terminals for interactive programs")
+                line = self._send_command(prepared, interactive=True)
+                self._interactive = line
+            else:
+                self.wire.write_pty(prepared.raw + b"\n")
+            line.expect = [] if quit else patterns
+            try:
+                matched = await self._await_expect(line, timeout, text)
+            except asyncio.CancelledError:
+                self._abandon(line)
+                raise
+        if matched is None:  # the program ended
+            self._interactive = None
+            output, code = await self._finish(line, line.done.result(), text)
+            return clean_output(output), code, ""
+        before, found = matched
+        out = clean_output(before.decode("utf-8", "backslashreplace"))
+        if typed and out.lstrip().startswith(text):
+            out = out.lstrip()[len(text) :].lstrip("\n")
+        return out, 0, found.decode("utf-8", "backslashreplace")
+
+    async def _await_expect(
+        self, line: Line, timeout: float | None, text: str
+    ) -> tuple[bytes, bytes] | None:
+        deadline = None if timeout is None else time.monotonic() + timeout
+        while not line.done.done():
+            matched = self._take_match(line)
+            if matched is not None:
+                return matched
+            left = 3600.0 if deadline is None else deadline - time.monotonic()
+            if left <= 0:
+                self._timed_out = line
+                raise CommandTimeoutError(
+                    f"timeout after {timeout:g} s while running {text[:200]!r} interactively; "
+                    "it still runs: send BashInterruptAction"
+                )
+            await line.wait_change(left)
+        return None
+
+    @staticmethod
+    def _take_match(line: Line) -> tuple[bytes, bytes] | None:
+        """(output before, matched text) of the first expect pattern found; keeps what follows."""
+        for pattern in line.expect:
+            match = line.output.find(pattern)
+            if match is not None:
+                head, _, tail = line.output.take()
+                data = head + tail
+                line.output.feed(data[match.end() :])  # pexpect keeps what follows the match
+                return data[: match.start()], match.group()
+        return None
+
+    async def _finish(
+        self, line: Line, result: tuple[Marker, bool], command: str
+    ) -> tuple[str, int]:
+        end, cut_short = result
+        code, ran, trailer_ran = _status(line, end, cut_short)
+        output = await self._render(line.output, code)
+        if line.tamper:
+            raise SessionProtocolError(line.tamper, partial_output=output)
+        if trailer_ran is False:
+            raise SessionProtocolError(
+                "the command kept the session from recording its end (it disabled or "
+                "shadowed a shell builtin, e.g. `enable -n read` or a function named "
+                "`command`, which the session restored; or a DEBUG trap with extdebug); "
+                f"its exit status was {code}",
+                partial_output=output,
+            )
+        if not ran:
             raise ActionSyntaxError(_BASH_PATH_PREFIX.sub("bash: ", output).strip(), command)
-        return output, capture.exit_code
+        if code is None:
+            raise SessionProtocolError(
+                f"the session received no exit status for the command ({end.raw!r})",
+                partial_output=output,
+            )
+        return output, code
 
-    def _command_line(self, command: str, seq: int) -> str:
-        quoted = _quote(command)
-        run = f"eval {quoted} </dev/null; " + self._marker_line(seq, '"$?"', end="")
-        if obviously_valid(command):
-            return run + "\n"
-        rejected = self._marker_line(seq, str(_SYNTAX_ERROR), end="")
-        return (
-            f'if __uniagent_err=$("$BASH" -n 2>&1 <<<{quoted}); then {run}; '
-            f"else printf '%s\\n' \"$__uniagent_err\"; {rejected}; fi\n"
-        )
-
-    async def interrupt(self, timeout: float = 1.0, n_retry: int = 2) -> str:
+    async def interrupt(
+        self, timeout: float = 1.0, n_retry: int = 2, expect: Sequence[str] = ()
+    ) -> str:
         """Stop what runs and get the prompt back; returns the output since the command began.
 
-        SIGINT to the process group (``n_retry`` times), then SIGTERM to it,
-        then SIGKILL to every process of the group but bash; after each, bash
-        must answer within ``timeout`` s. If it never does, the session is
-        closed and :class:`TerminalNotAliveError` raised.
+        ``timeout`` is the escalation window (see :mod:`uniagent.env.bash_stop`):
+        how long a signalled program may sleep without exiting, or use CPU,
+        before the next signal (SIGINT ``n_retry`` times, SIGTERM, SIGKILL of
+        the foreground programs). While the machine shows progress the window
+        stretches, up to ``max(30, 20 * timeout)`` s overall. If bash cannot be
+        brought back, the session is closed and :class:`TerminalNotAliveError`
+        raised. ``expect``: see :meth:`interrupt_expecting`.
         """
+        return (await self.interrupt_expecting(timeout, n_retry, expect))[0]
+
+    async def interrupt_expecting(
+        self, timeout: float = 1.0, n_retry: int = 2, expect: Sequence[str] = ()
+    ) -> tuple[str, str]:
+        """:meth:`interrupt`, leaving an interactive program running once its output matches
+        one of ``expect`` (a REPL back at its prompt after Ctrl-C).
+
+        Returns (the output before the match, the matched text), or (all the
+        output, "") when the program was stopped.
+        """
+        patterns = [re.compile(p.encode("utf-8")) for p in expect]
         async with self._lock:
-            self._check_usable(allow_busy=True)
-            wanted: set[int] = set()
-            fut = self._expect(wanted)
-            stages = [signal.SIGINT] * max(1, n_retry) + [signal.SIGTERM, signal.SIGKILL]
-            for sig in stages:
-                await self._signal(sig)
-                await asyncio.sleep(_SIGNAL_SETTLE_S)
-                seq = next(self._seq)
-                wanted.add(seq)
-                self._write(self._marker_line(seq, "0"))
-                try:
-                    capture = await asyncio.wait_for(asyncio.shield(fut), timeout)
-                except asyncio.TimeoutError:
-                    continue
-                self._busy = False
-                return self._decode(capture.head, capture.dropped, capture.tail)
-            partial = self._decode(self._head, self._dropped, bytes(self._buf))
-        await self.close()
-        raise TerminalNotAliveError(
-            f"the bash session did not come back after SIGINT, SIGTERM and SIGKILL of its "
-            f"commands ({timeout:g} s each); it was closed",
-            partial_output=partial,
-        )
+            if self._cleanup is not None:
+                with contextlib.suppress(Exception):
+                    await asyncio.shield(self._cleanup)
+                self._cleanup = None
+            self._check_usable()
+            line = self._timed_out or self._interactive
+            if line is None:
+                return "", ""
+            self._timed_out = None
+            line.expect = patterns
+            task = asyncio.ensure_future(self._stop(line, max(timeout, 0.05), n_retry))
+            self._cleanup = task
+            try:
+                await asyncio.shield(task)
+            finally:
+                if task.done():
+                    self._cleanup = None
+            if not line.done.done():  # an expect pattern showed up: the program runs on
+                matched = self._take_match(line)
+                if matched is not None:
+                    before, found = matched
+                    out = clean_output(before.decode("utf-8", "backslashreplace"))
+                    return out, found.decode("utf-8", "backslashreplace")
+        end, cut_short = line.done.result()
+        return await self._render(line.output, _status(line, end, cut_short)[0]), ""
 
-    async def _signal(self, sig: int) -> None:
-        if self.pgid is None:
-            return
-        if sig != signal.SIGKILL:
-            with contextlib.suppress(ProcessLookupError, PermissionError):
-                os.killpg(self.pgid, sig)
-            return
-        # SIGKILL would take bash with it: kill the group's other members one by one.
-        members = await asyncio.to_thread(_group_members, self.pgid)
-        for pid in set(members) - self._protected:
-            with contextlib.suppress(ProcessLookupError, PermissionError):
-                os.kill(pid, signal.SIGKILL)
+    async def _stop(self, line: Line, window: float, n_retry: int) -> None:
+        try:
+            await bash_stop.stop(self.wire, line, window, n_retry)
+        except TerminalNotAliveError:
+            raise
+        except Exception as exc:  # never leave a half-stopped session behind
+            partial = self._render_now(line.output)
+            await self.close()
+            raise TerminalNotAliveError(
+                f"stopping the command failed ({type(exc).__name__}: {exc}); the session was "
+                "closed",
+                partial_output=partial,
+            ) from exc
+        finally:
+            if line is self._interactive and line.done.done():
+                self._interactive = None
 
-    def _check_usable(self, *, allow_busy: bool = False) -> None:
-        if self._closed or self._exited.is_set():
-            raise TerminalNotAliveError(self._death_message())
-        if self._busy and not allow_busy:
+    def _abandon(self, line: Line) -> None:
+        """The caller gave up on ``line``: stop it in the background, before anything else."""
+        if line is self._interactive:
+            self._interactive = None
+        elif line.done.done():
+            return
+        self._timed_out = None
+        line.expect = []
+        task = asyncio.ensure_future(self._stop(line, 1.0, 1))
+        task.add_done_callback(lambda t: t.cancelled() or t.exception())
+        self._cleanup = task
+
+    def _orphan_prompt(self, line: Line) -> None:
+        """bash is back at its prompt without the line's trailer and nobody stops it."""
+        bash_stop.start_resync(self.wire, line, time.monotonic() + 30)
+
+    async def _settle(self) -> None:
+        """Before a command: finish stopping an abandoned one, let every line in flight (a
+        resync) end, so that output is never attributed to the wrong line; report a
+        violation seen since."""
+        if self._cleanup is not None:
+            task, self._cleanup = self._cleanup, None
+            with contextlib.suppress(Exception):
+                await asyncio.shield(task)
+        if self._timed_out is None and self._interactive is None:
+            for line in list(self.wire.lines):
+                with contextlib.suppress(Exception):
+                    await asyncio.shield(line.done)
+        self._check_usable()
+        if self._timed_out is not None:
             raise CommandTimeoutError(
                 "the previous command timed out and still runs; send BashInterruptAction first"
             )
-
-    def _death_message(self) -> str:
-        if self._closed:
-            return "the bash session was closed"
-        code = self._proc.returncode if self._proc else None
-        how = f"exit status {code}" if code is None or code >= 0 else f"signal {-code}"
-        return (
-            f"the bash session ended ({how}): a command ran `exit`, `exec` or killed the shell; "
-            "the environment cannot run more commands"
-        )
-
-    # -- protocol plumbing ------------------------------------------------------------
-    def _marker_line(self, seq: int, status: str, end: str = "\n") -> str:
-        return f"printf '\\036%s:%s:%s\\036\\n' {self._token_text} {seq} {status}{end}"
-
-    def _write(self, text: str) -> None:
-        if self._stdin is None or self._stdin.is_closing():
-            self._fail_pending(self._death_message())
-            return
-        self._stdin.write(text.encode("utf-8", "surrogateescape"))
-
-    def _expect(self, seqs: set[int]) -> asyncio.Future[_Capture]:
-        if self._fut is not None and not self._fut.done():
-            self._fut.cancel()
-        self._want = seqs
-        self._fut = asyncio.get_running_loop().create_future()
-        if self._exited.is_set():
-            self._fail_pending(self._death_message())
-        return self._fut
-
-    def _feed(self, data: bytes) -> None:
-        buf = self._buf
-        buf += data
-        while True:
-            start = buf.find(self._prefix, self._scan)
-            if start < 0:
-                self._scan = max(0, len(buf) - len(self._prefix) + 1)
-                break
-            match = self._marker.match(buf, start)
-            if match is None:
-                if len(buf) - start < _MAX_MARKER and b"\n" not in buf[start:]:
-                    self._scan = start  # a marker cut in two: wait for the rest
-                    break
-                self._scan = start + 1
-                continue
-            seq, code = int(match.group(1)), int(match.group(2))
-            fut = self._fut
-            if fut is not None and not fut.done() and seq in self._want:
-                tail, rest = bytes(buf[:start]), buf[match.end() :]
-                fut.set_result(_Capture(self._head, self._dropped, tail, code, seq))
-                self._fut, self._head, self._dropped, self._scan = None, None, 0, 0
-                self._buf = buf = bytearray(rest)
-            else:  # a marker of an interrupted command or of an earlier retry
-                del buf[start : match.end()]
-                self._scan = start
-        self._enforce_limit()
-
-    def _enforce_limit(self) -> None:
-        # Keep the first and last buffer_limit/2 bytes; trim only when twice over
-        # the budget so a flood of output costs linear, not quadratic, copying.
-        half = self.buffer_limit // 2
-        buf = self._buf
-        if self._head is None and len(buf) > self.buffer_limit and self._scan >= half:
-            self._head = bytes(buf[:half])
-            del buf[:half]
-            self._scan -= half
-        if self._head is not None and len(buf) > 2 * half:
-            cut = min(len(buf) - half, self._scan)
-            if cut > 0:
-                del buf[:cut]
-                self._dropped += cut
-                self._scan -= cut
-
-    def _decode(self, head: bytes | None, dropped: int, tail: bytes) -> str:
-        if b"tcsetattr" in tail:
-            tail = _TTY_NOISE.sub(b"", tail)
-        text = tail.decode("utf-8", "backslashreplace")
-        if head is None:
-            return text
-        note = RUNTIME_DROP_NOTE.format(n=dropped, limit=self.buffer_limit)
-        return head.decode("utf-8", "backslashreplace") + note + text
-
-    def _fail_pending(self, message: str) -> None:
-        fut = self._fut
-        if fut is not None and not fut.done():
-            partial = self._decode(self._head, self._dropped, bytes(self._buf))
-            fut.set_exception(TerminalNotAliveError(message, partial_output=partial))
-            fut.exception()  # retrieved: nobody may be waiting any more
-        self._fut = None
-
-    def _on_eof(self) -> None:
-        self._eof = True
-        if self._exited.is_set():
-            self._fail_pending(self._death_message())
-
-    def _on_exit(self) -> None:
-        self._exited.set()
-        if self._eof:
-            self._fail_pending(self._death_message())
-        else:
-            # A background job may hold the pipe open; let the last output arrive first.
-            asyncio.get_running_loop().call_later(
-                0.2, lambda: self._fail_pending(self._death_message())
+        wire = self.wire
+        if wire.tampered is not None:
+            reason, wire.tampered = wire.tampered, None
+            raise SessionProtocolError(
+                f"{reason}; the previous command's output and exit code were unreliable. "
+                "This command was not run; send it again"
             )
 
+    def _check_usable(self) -> None:
+        wire = self.wire
+        if wire.closed or wire.exited.is_set():
+            raise TerminalNotAliveError(wire.death_message())
+        if wire.broken is not None:
+            raise ShellKilledError(wire.broken)
 
-class _Reader(asyncio.Protocol):
-    def __init__(self, session: BashSession) -> None:
-        self.session = session
+    def _send_command(self, prepared: _Prepared, *, interactive: bool) -> Line:
+        wire = self.wire
+        before, after = command_prefix(
+            check=prepared.check, pty_fd=wire.pty_slave, interactive=interactive
+        )
+        nonce, generation = wire.new_ids()
+        data = b"".join(
+            (before.encode(), prepared.quoted, after.encode(), trailer(nonce, generation).encode())
+        )
+        return wire.send_line(
+            "interactive" if interactive else "run", nonce, generation, data, None
+        )
 
-    def data_received(self, data: bytes) -> None:
-        self.session._feed(data)
+    # -- output -----------------------------------------------------------------------
+    async def _render(self, buffer: OutputBuffer, exit_code: int | None) -> str:
+        head, dropped, tail = buffer.take()
+        return await self._render_parts(head, dropped, tail, exit_code)
 
-    def eof_received(self) -> bool | None:
-        self.session._on_eof()
-        return None
+    async def _render_parts(
+        self, head: bytes, dropped: int, tail: bytes, exit_code: int | None
+    ) -> str:
+        if len(head) + len(tail) > _THREAD_DECODE:  # megabytes: not on the event loop
+            return await asyncio.to_thread(
+                render_output, head, dropped, tail, self.buffer_limit, exit_code
+            )
+        return render_output(head, dropped, tail, self.buffer_limit, exit_code)
 
-    def connection_lost(self, exc: Exception | None) -> None:
-        self.session._on_eof()
-
-
-def _children(pid: int) -> list[int]:
-    try:
-        with open(f"/proc/{pid}/task/{pid}/children") as f:
-            return [int(p) for p in f.read().split()]
-    except OSError:
-        return []
-
-
-def _comm(pid: int) -> str:
-    try:
-        with open(f"/proc/{pid}/comm") as f:
-            return f.read().strip()
-    except OSError:
-        return ""
+    def _render_now(self, buffer: OutputBuffer) -> str:
+        head, dropped, tail = buffer.take()
+        return render_output(head, dropped, tail, self.buffer_limit, None)
 
 
-def _group_members(pgid: int) -> list[int]:
-    """PIDs whose process group is ``pgid`` (a /proc scan: only on the rare SIGKILL path)."""
-    members = []
-    for entry in os.scandir("/proc"):
-        if not entry.name.isdigit():
-            continue
-        try:
-            with open(f"/proc/{entry.name}/stat", "rb") as f:
-                stat = f.read()
-        except OSError:
-            continue
-        fields = stat[stat.rfind(b")") + 2 :].split()
-        if len(fields) > 2 and int(fields[2]) == pgid:
-            members.append(int(entry.name))
-    return members
+def _status(line: Line, end: Marker, cut_short: bool) -> tuple[int | None, bool, bool | None]:
+    """(exit status, whether the command ran, whether its trailer ran) from ``line``'s end.
+
+    A cut-short line ends with its resync's marker: the status is ``$?`` after the
+    abort (130), unless the line's own trailer saved one before failing (then
+    "trailer ran" is False: the command disabled part of the protocol).
+    """
+    if not cut_short:
+        if end.generation != line.generation:  # the save was skipped, the read was not
+            return None, True, False
+        return end.exit_code, end.ran, None
+    if end.previous is not None and end.previous[2] == line.generation:
+        return end.previous[0], end.previous[1], False
+    return end.exit_code, True, None
+
+
+@dataclass(frozen=True)
+class _Prepared:
+    """A command checked and quoted for the wire."""
+
+    raw: bytes
+    quoted: bytes
+    check: bool  # whether bash -n must vouch for it first
+
+
+async def _prepare(command: str) -> _Prepared:
+    """``command`` ready to send, or :class:`CommandEncodingError` (nothing is sent)."""
+    if len(command) > _THREAD_CHARS:  # quoting megabytes would stall the event loop
+        return await asyncio.to_thread(_prepare_sync, command)
+    return _prepare_sync(command)
+
+
+def _prepare_sync(command: str) -> _Prepared:
+    check_encodable(command)
+    raw = command.encode("utf-8")
+    return _Prepared(raw, quote(command).encode("utf-8"), not obviously_valid(command))

@@ -10,6 +10,9 @@
   its subclass :class:`ShellKilledError`: ``agent_killed_shell`` (the agent's own
   command ended the shell; trained on).
 - :class:`CommandEncodingError`: nothing ran; fed back to the model.
+- :class:`SessionProtocolError`: the command interfered with the session's control
+  channel; its output and exit code are unreliable, the session was resynchronised
+  and the message goes back to the model.
 """
 
 from __future__ import annotations
@@ -108,6 +111,18 @@ def check_encodable(command: str) -> None:
             "nothing was run. Use plain UTF-8 text.",
             command,
         ) from None
+
+
+class SessionProtocolError(EnvError):
+    """The command forged or suppressed the session's control messages.
+
+    Its output (``partial_output``) and exit code cannot be trusted; the
+    session was resynchronised and stays usable.
+    """
+
+    def __init__(self, message: str, partial_output: str = "") -> None:
+        self.partial_output = partial_output
+        super().__init__(message)
 
 
 class NonZeroExitError(EnvError):

@@ -20,7 +20,6 @@ import shutil
 import signal
 import tempfile
 import threading
-from collections.abc import Iterable
 from pathlib import Path
 from typing import Any, Literal
 
@@ -39,7 +38,6 @@ from uniagent.env.bwrap import (
     system_mounts,
 )
 from uniagent.env.cgroups import SandboxCgroup
-from uniagent.env.containers import RUN_ID_ENV
 from uniagent.env.errors import (
     CommandTimeoutError,
     EnvError,
@@ -344,14 +342,28 @@ class HostRuntime:
             raise EnvError(f"no session named {name!r}; call create_session first") from None
 
     async def run_in_session(self, action: Any) -> BashObservation:
-        """Run a ``BashAction`` (``bash -n`` checked first) or a ``BashInterruptAction``."""
+        """Run a ``BashAction`` (``bash -n`` checked first) or a ``BashInterruptAction``.
+
+        SWE-ReX's semantics: ``is_interactive_command`` starts a program on a
+        terminal, or sends a line to the running one, and returns at one of the
+        ``expect`` patterns (``expect_string`` says which) or when it ends;
+        ``is_interactive_quit`` sends the line and waits for the program to end.
+        """
         session = self._session(action.session)
+        expect = list(getattr(action, "expect", None) or [])
         if getattr(action, "action_type", "bash") == "bash_interrupt":
-            output = await session.interrupt(timeout=action.timeout, n_retry=action.n_retry)
-            return BashObservation(output=output, exit_code=0)
+            output, matched = await session.interrupt_expecting(
+                timeout=action.timeout, n_retry=action.n_retry, expect=expect
+            )
+            return BashObservation(output=output, exit_code=0, expect_string=matched)
         if action.is_interactive_command or action.is_interactive_quit:
+            output, code, matched = await session.run_interactive(
+                action.command, expect, action.timeout, quit=action.is_interactive_quit
+            )
+            return BashObservation(output=output, exit_code=code, expect_string=matched)
+        if expect:
             raise EnvError(
-                "the host runtime does not support interactive commands (expect strings)"
+                "expect strings need is_interactive_command=True (a program that prompts)"
             )
         # The session checks the syntax itself (ActionSyntaxError), see bash_session.
         output, code = await session.run(action.command, timeout=action.timeout)
@@ -360,10 +372,11 @@ class HostRuntime:
         return BashObservation(output=output, exit_code=None if action.check == "ignore" else code)
 
     async def close_session(self, request: Any) -> CloseBashSessionResponse:
-        """Close one session (kills its process group)."""
+        """Close one session (kills its process group); an unknown name is an error."""
         session = self.sessions.pop(request.session, None)
-        if session is not None:
-            await session.close()
+        if session is None:
+            raise EnvError(f"no session named {request.session!r} to close")
+        await session.close()
         return CloseBashSessionResponse()
 
     async def execute(self, command: Any) -> CommandResponse:
@@ -501,14 +514,14 @@ class HostDeployment:
             raise EnvStartError(f"{self.config.bash!r} is not on PATH; install bash")
         if self.config.base_dir:
             os.makedirs(self.config.base_dir, exist_ok=True)
-        root = Path(tempfile.mkdtemp(prefix=EPISODE_PREFIX, dir=self.config.base_dir))
+        # The owner's pid is in the name: a run killed at any point leaves findable leftovers.
+        root = Path(tempfile.mkdtemp(prefix=f"{EPISODE_PREFIX}{os.getpid()}-",
+                                     dir=self.config.base_dir))
         limits = self.config.limits
         cgroup = None
         try:
             if limits.disk is not None:
                 _mount_tmpfs(root, limits.disk)
-            run_id = os.environ.get(RUN_ID_ENV, "")
-            (root / OWNER_FILE).write_text(f"{os.getpid()}\n{run_id}\n")
             cgroup = cgroups.create(pids=limits.pids, memory=limits.memory)
             return _Layout(self.config, root, bwrap, cgroup, uid)
         except BaseException:
@@ -588,8 +601,6 @@ EPISODE_PREFIX = "uniagent-"
 #: The host uid (and gid) a bwrap sandbox's root maps to when uniagent runs as root.
 SANDBOX_UID = 65534
 _fallback_warned = False
-#: In each episode directory: the pid of the process that owns it (for leftover clean-up).
-OWNER_FILE = ".uniagent-owner"
 _mount_warned = False
 
 
@@ -638,27 +649,20 @@ def _discard_layout(made: asyncio.Future[_Layout]) -> None:
     threading.Thread(target=_remove_episode, args=(layout.root, layout.cgroup)).start()
 
 
-def cleanup_leftovers(base_dir: str | None = None, run_ids: Iterable[str] = ()) -> list[str]:
+def cleanup_leftovers(base_dir: str | None = None) -> list[str]:
     """Remove what killed runs left: episode directories and cgroups of dead owners.
 
     Returns what was removed. Safe while other runs are going: only entries whose
-    owner process no longer exists are touched, and those of ``run_ids`` (runs the
-    caller knows are over: it holds their folder's lock).
+    owner process no longer exists are touched.
     """
-    over = set(run_ids)
     removed = []
     for group in cgroups.leftovers():
         group.remove()
         removed.append(f"cgroup {group.name}")
     parent = Path(base_dir or tempfile.gettempdir())
-    for entry in parent.glob(f"{EPISODE_PREFIX}*"):
-        owner = entry / OWNER_FILE
-        try:
-            fields = owner.read_text().split()
-            pid = int(fields[0])
-        except (OSError, ValueError, IndexError):
-            continue
-        if cgroups._alive(pid) and not (len(fields) > 1 and fields[1] in over):
+    for entry in parent.glob(f"{EPISODE_PREFIX}*-*"):
+        owner = entry.name[len(EPISODE_PREFIX) :].split("-", 1)[0]
+        if not owner.isdigit() or cgroups._alive(int(owner)):
             continue
         _remove_episode(entry, None)
         removed.append(str(entry))

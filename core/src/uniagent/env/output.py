@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import re
+import signal
 
 # CSI (colours, cursor moves), OSC (titles, hyperlinks) and two-byte escapes.
 _ANSI = re.compile(
@@ -74,3 +75,63 @@ def truncate_output(text: str, limit: int) -> tuple[str, int]:
         f"{limit} characters ...]\n\n"
     )
     return text[:head] + note + text[len(text) - tail :], dropped
+
+
+# What an interactive bash without a terminal prints where a terminal's bash would
+# report a foreground program killed by a signal (it fails to restore the tty).
+_SIGNAL_NOTE = re.compile(r"bash: \[\d+: \d+ \(\d+\)\] tcsetattr: Inappropriate ioctl for device\n")
+# Deaths a terminal does not report (bash's DONT_REPORT_SIGPIPE, and Ctrl-C's SIGINT).
+_SILENT_SIGNALS = {signal.SIGINT, signal.SIGPIPE}
+
+
+def signal_messages(text: str, exit_code: int | None) -> str:
+    """Show fatal signals the way a terminal does ("Killed", "Segmentation fault").
+
+    bash leaves a note where a foreground program died of a signal. The note
+    of the command line's last program becomes the terminal's message for the
+    signal in ``exit_code`` (128 + N); notes that cannot be attributed to a
+    signal are removed rather than guessed.
+    """
+    if "tcsetattr" not in text:
+        return text
+    notes = list(_SIGNAL_NOTE.finditer(text))
+    if not notes:
+        return text
+    last = notes[-1]
+    message = ""
+    if exit_code is not None and exit_code > 128:
+        try:
+            sig = signal.Signals(exit_code - 128)
+        except ValueError:
+            sig = None
+        if sig is not None and sig not in _SILENT_SIGNALS:
+            message = (signal.strsignal(sig) or sig.name) + "\n"
+    return _SIGNAL_NOTE.sub("", text[: last.start()]) + message + text[last.end() :]
+
+
+def render_output(head: bytes, dropped: int, tail: bytes, limit: int, exit_code: int | None) -> str:
+    """Decode a runtime's kept output (invalid UTF-8 escaped) within ``limit`` characters.
+
+    ``head``/``tail`` are the kept first and last bytes, ``dropped`` the count
+    of bytes between them; escaping can lengthen text, so the result is cut
+    again to ``limit`` characters (plus the note saying what was dropped).
+    """
+    text = tail.decode("utf-8", "backslashreplace")
+    if head or dropped:
+        first = head.decode("utf-8", "backslashreplace")
+        half = limit // 2
+        if len(first) > half:
+            dropped += len(first) - half
+            first = first[:half]
+        if len(text) > limit - half:
+            dropped += len(text) - (limit - half)
+            text = text[len(text) - (limit - half) :]
+        if dropped:
+            text = first + RUNTIME_DROP_NOTE.format(n=dropped, limit=limit) + text
+        else:
+            text = first + text
+    elif len(text) > limit:
+        cut = len(text) - limit
+        half = limit // 2
+        text = text[:half] + RUNTIME_DROP_NOTE.format(n=cut, limit=limit) + text[half + cut :]
+    return signal_messages(text, exit_code)

@@ -7,12 +7,18 @@ provably well-formed, so :func:`obviously_valid` accepts those; anything it
 is not sure about is checked by ``bash -n`` in the session (see
 :mod:`uniagent.env.bash_session`). The property that matters (tested against
 real ``bash -n``, also by hypothesis): it never accepts a command that
-``bash -n`` rejects.
+``bash -n`` rejects. Long commands (over :data:`MAX_CHARS`) always go to
+``bash -n``: tokenizing megabytes in Python would cost seconds of CPU (holding
+the GIL, so a worker thread would stall the event loop too) and gigabytes of
+memory, against a few milliseconds for the real parser.
 """
 
 from __future__ import annotations
 
 import re
+
+#: Longer commands are left to ``bash -n``.
+MAX_CHARS = 4096
 
 # Words at command position that start or end a compound command: a command
 # beginning with one of them needs the real parser.
@@ -42,7 +48,7 @@ _TOKEN = re.compile(
 def obviously_valid(command: str) -> bool:
     """True only for one-line commands whose syntax is certainly valid (words, simple quotes
     and ``$NAME``, pipes, lists, simple redirections); False means "ask ``bash -n``"."""
-    if not command.strip() or ";&" in command:
+    if len(command) > MAX_CHARS or "\n" in command or ";&" in command or not command.strip():
         return False  # (";&" is bash's case fall-through operator, one token)
     tokens = []
     position = 0

@@ -163,7 +163,7 @@ class EpisodeGrader:
             return self._zero(info, "tampered", "protected files, code or tools were changed")
         if mode == "episode":
             return await self._run_reward(sandbox, context, info, env=env)
-        kept = [p for p in parts if not integrity._protected(baseline.rules, p.path)]
+        kept = [p for p in parts if not integrity.is_protected(baseline.rules, p.path)]
         return await self._grade_fresh(env, integrity.join_patch(kept), context, info)
 
     async def _grade_fresh(

@@ -15,7 +15,6 @@ import io
 import logging
 import posixpath
 import re
-import shlex
 import tarfile
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -131,24 +130,32 @@ async def capture(
         return baseline
     sandbox = await GradingSandbox.open(env, environment, workdir=None)
     try:
-        found = await sandbox.run(f"test -d {shlex.quote(repo)}", timeout=60, cwd="/")
-        if found.exit_code != 0:
+        # One call for the checks, the scrub, the base and the listing (each call to a
+        # sandbox costs a process start, under bubblewrap a namespace set-up too).
+        scrub = settings.scrub_history
+        scrub = scrub if scrub is not None else defaults.scrub_history
+        out = f"{sandbox.scratch}/list"
+        variables = {"REPO": repo, "BASE": workspace.base_commit or "", "OUT": out,
+                     "SCRUB": "1" if scrub else "0"}
+        report = _key_values(
+            await run_script(sandbox, scripts.PREPARE, variables, what="taking the baseline")
+        )
+        if report.get("missing"):
             raise GradingSetupError(
                 f"the repository to grade, {repo!r}, does not exist in the sandbox; set the "
                 "reward's workdir (or reward.integrity.repo) to the checkout"
             )
-        scrub = settings.scrub_history
-        if scrub if scrub is not None else defaults.scrub_history:
-            baseline.scrub = await scrub_history(sandbox, repo, workspace.base_commit)
-        head = (await run_script(sandbox, scripts.HEAD, {"REPO": repo}, what="git rev-parse"))
-        head = head.strip().splitlines()[-1] if head.strip() else ""
+        if scrub:
+            baseline.scrub = {k: v for k, v in report.items() if k not in ("head", "tree")}
+            baseline.scrub["head_is_base"] = bool(baseline.scrub.get("head_is_base"))
+        head = str(report.get("head", ""))
         baseline.base = workspace.base_commit or (head if re.fullmatch(r"[0-9a-f]{40,64}", head)
                                                   else None)
         if baseline.base is not None:
-            baseline.base_tree = await tree_of(sandbox, repo, baseline.base)
-        baseline.listing = await list_tree(sandbox, repo)
+            baseline.base_tree = str(report.get("tree")) if report.get("tree") else None
+        baseline.listing = _parse_listing(await sandbox.read_bytes(out))
         protected = [p for p, kind in baseline.listing.items()
-                     if kind in "fl" and _protected(rules, p)]
+                     if kind in "fl" and is_protected(rules, p)]
         baseline.snapshot = await pack(sandbox, repo, protected, settings.snapshot_max_bytes)
         if settings.verify_toolchain:
             baseline.toolchain = await toolchain(sandbox)
@@ -184,7 +191,8 @@ async def tree_of(sandbox: GradingSandbox, repo: str, commit: str = "HEAD") -> s
     return lines[-1] if lines else None
 
 
-def _protected(rules: RuleSet, path: str) -> bool:
+def is_protected(rules: RuleSet, path: str) -> bool:
+    """Whether the grader protects ``path`` (a whole file, or its test section)."""
     if rules.purges(path):
         return False
     return rules.protects(path) or rules.protects_section(path)
@@ -196,12 +204,18 @@ async def scrub_history(
     """Remove what could reveal the fix from the repository's git data (see ``SCRUB``)."""
     variables = {"REPO": repo, "BASE": base or ""}
     output = await run_script(sandbox, scripts.SCRUB, variables, what="the history scrub")
+    report = _key_values(output)
+    report["head_is_base"] = bool(report.get("head_is_base"))
+    return report
+
+
+def _key_values(output: str) -> dict[str, Any]:
+    """``key=value`` lines (numbers as ints)."""
     report: dict[str, Any] = {}
     for line in output.splitlines():
         key, sep, value = line.partition("=")
-        if sep:
+        if sep and key.strip().isidentifier():
             report[key.strip()] = int(value) if value.strip().isdigit() else value.strip()
-    report["head_is_base"] = bool(report.get("head_is_base"))
     return report
 
 
@@ -209,7 +223,11 @@ async def list_tree(sandbox: GradingSandbox, repo: str) -> dict[str, str]:
     """Every entry under ``repo``: path -> ``f`` / ``l`` / ``d`` (git's bulk skipped)."""
     out = f"{sandbox.scratch}/list"
     await run_script(sandbox, scripts.LIST, {"REPO": repo, "OUT": out}, what="listing the repo")
-    text = (await sandbox.read_bytes(out)).decode("utf-8", "surrogateescape")
+    return _parse_listing(await sandbox.read_bytes(out))
+
+
+def _parse_listing(data: bytes) -> dict[str, str]:
+    text = data.decode("utf-8", "surrogateescape")
     listing = {}
     for item in text.split("\0"):
         kind, _, path = item.partition(" ")
@@ -226,8 +244,7 @@ async def pack(
         return {}
     names = f"{sandbox.scratch}/names"
     out = f"{sandbox.scratch}/pack"
-    await sandbox.write_bytes(names, b"".join(p.encode("utf-8", "surrogateescape") + b"\0"
-                                              for p in paths))
+    await sandbox.write_file(names, "".join(f"{p}\0" for p in paths))
     await run_script(
         sandbox, scripts.PACK, {"REPO": repo, "LIST": names, "OUT": out}, what="packing files"
     )
@@ -287,7 +304,7 @@ async def screen(
         return []
     listing = await list_tree(sandbox, repo)
     purged = [p for p in listing if rules.purges(p) and not rules.purges(posixpath.dirname(p))]
-    current_paths = [p for p, k in listing.items() if k in "fl" and _protected(rules, p)]
+    current_paths = [p for p, k in listing.items() if k in "fl" and is_protected(rules, p)]
     current = await pack(sandbox, repo, current_paths, 1 << 62)
     tampered: list[Tamper] = []
     remove: set[str] = set()
@@ -410,15 +427,15 @@ async def extract_patch(sandbox: GradingSandbox, baseline: Baseline, limit: int)
     if baseline.repo is None or baseline.base is None:
         return None
     out = f"{sandbox.scratch}/agent.patch"
-    await run_script(
+    size = await run_script(
         sandbox,
         scripts.DIFF,
         {"REPO": baseline.repo, "BASE": baseline.base, "OUT": out},
         what="taking the agent's patch",
     )
-    size = await sandbox.run(f"wc -c < {out}", timeout=60, cwd="/")
-    if size.exit_code == 0 and size.output.strip().isdigit() and int(size.output) > limit:
-        raise PatchTooLarge(int(size.output), limit)
+    lines = size.strip().splitlines()
+    if lines and lines[-1].strip().isdigit() and int(lines[-1]) > limit:
+        raise PatchTooLarge(int(lines[-1]), limit)
     return await sandbox.read_bytes(out)
 
 
@@ -475,7 +492,7 @@ def content_hits(parts: list[FilePatch], rules: RuleSet) -> list[Tamper]:
     """Content-rule matches in what the agent added outside protected files."""
     hits = []
     for part in parts:
-        if _protected(rules, part.path):
+        if is_protected(rules, part.path):
             continue
         for hit in rules.content_hits(part.path, part.added_lines()):
             hits.append(Tamper("content", part.path, "hit", hit["rule"], True, hit["line"]))

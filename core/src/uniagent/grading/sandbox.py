@@ -117,18 +117,16 @@ class GradingSandbox:
         base = {**environment, "HOME": "/", "TMPDIR": "/tmp"}
         made = await env.execute(
             ["/bin/sh", "-c", "umask 077; d=$(mktemp -d /tmp/uniagent-grade.XXXXXXXX) && "
-             'mkdir "$d/home" "$d/tmp" && printf %s "$d"'],
+             'mkdir "$d/home" "$d/tmp" && printf "%s\\n" "$d" && { command -v timeout || :; }'],
             env=base,
             timeout=60,
         )
-        scratch = made.stdout.strip()
+        lines = made.stdout.strip().splitlines()
+        scratch = lines[0] if lines else ""
         if made.exit_code != 0 or not scratch.startswith("/tmp/uniagent-grade."):
             raise EnvError(f"could not make a grading scratch directory: {made.stdout[-500:]}")
         environment = {**environment, "HOME": f"{scratch}/home", "TMPDIR": f"{scratch}/tmp"}
-        found = await env.execute(
-            ["/bin/sh", "-c", "command -v timeout || true"], env=environment, timeout=60
-        )
-        timeout_bin = found.stdout.strip().splitlines()[-1] if found.stdout.strip() else None
+        timeout_bin = lines[1] if len(lines) > 1 and lines[1].startswith("/") else None
         return cls(env, environment, workdir=workdir, scratch=scratch, timeout_bin=timeout_bin)
 
     async def run(

@@ -157,6 +157,7 @@ gitc add -A . >/dev/null 2>"$OUT.err" || exit 5
 gitc diff --cached --binary --full-index --no-color --no-ext-diff --no-textconv --no-renames \
   "$BASE" > "$OUT" 2>>"$OUT.err" || exit 6
 rm -f "$idx"
+wc -c < "$OUT"
 exit 0
 """
 
@@ -166,6 +167,20 @@ cd "$REPO" || exit 3
 [ -s "$PATCH" ] || exit 0
 base64 -d "$PATCH" > "$PATCH.diff" || exit 4
 gitc apply --binary --whitespace=nowarn "$PATCH.diff" || exit 7
+exit 0
+"""
+
+#: Everything the baseline reads in one call: ``missing=1`` when $REPO is not there; the
+#: history scrub when $SCRUB is 1; ``head=`` and ``tree=`` (of $BASE, default HEAD); the
+#: listing of the tree into $OUT (as :data:`LIST`).
+PREPARE = r"""
+cd "$REPO" 2>/dev/null || { echo "missing=1"; exit 0; }
+if [ "$SCRUB" = 1 ]; then
+  ( __SCRUB__ ) || exit $?
+fi
+head=$(gitc rev-parse -q --verify HEAD 2>/dev/null) && echo "head=$head"
+tree=$(gitc rev-parse -q --verify "${BASE:-HEAD}^{tree}" 2>/dev/null) && echo "tree=$tree"
+( __LIST__ ) || exit $?
 exit 0
 """
 
@@ -182,3 +197,7 @@ cd "$REPO" || exit 3
 gitc rev-parse -q --verify HEAD 2>/dev/null || true
 exit 0
 """
+
+PREPARE = PREPARE.replace("__SCRUB__", SCRUB.replace("exit 0\n", "true\n")).replace(
+    "__LIST__", LIST.replace("exit 0\n", "true\n")
+)

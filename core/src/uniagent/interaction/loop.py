@@ -17,6 +17,7 @@ from uniagent.env.errors import (
     ActionSyntaxError,
     ActionTimeoutError,
     CommandEncodingError,
+    SessionProtocolError,
     ShellKilledError,
     TerminalNotAliveError,
 )
@@ -160,6 +161,10 @@ class AgentInteraction:
             except CommandEncodingError as exc:
                 metrics.syntax_errors += 1
                 text = f"Your command was not run: {exc}"
+            except SessionProtocolError as exc:
+                # The command tampered with the shell's control channel (its own doing): the
+                # session was resynchronised; the model sees its output and what went wrong.
+                text = f"{exc.partial_output.rstrip()}\n[the shell reports: {exc}]".lstrip("\n")
             except ActionTimeoutError as exc:
                 metrics.timeouts += 1
                 self.timeout_left -= self.config.action_timeout

@@ -309,7 +309,7 @@ def remove_leftovers(config: AgentConfig, run_ids: Iterable[str]) -> list[str]:
 
     deployment = config.env.deployment
     base_dir = deployment.get("base_dir") if deployment.get("type") == "host" else None
-    removed = cleanup_leftovers(base_dir, run_ids)
+    removed = cleanup_leftovers(base_dir)
     if deployment.get("type") == "local":
         engine = deployment.get("engine", "auto")
         removed += remove_containers(None if engine == "auto" else [engine], run_ids=run_ids)
