@@ -26,8 +26,8 @@ from uniagent.env.containers import RUN_ID_ENV
 from uniagent.errors import ConfigError, UniAgentError
 from uniagent.resolve import resolve
 from uniagent.run.folder import LOG
+from uniagent.run.jobs import Attempt, Job, attempt_extra, episode_dir, execute_job, write_payload
 from uniagent.run.progress import EpisodeState
-from uniagent.run.runner import Attempt, Job, attempt_extra, episode_dir, execute_job, write_payload
 from uniagent.services import ensure_services
 
 #: Seconds the actors get to close their sandboxes when the run is interrupted.

@@ -18,13 +18,11 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import json
 import logging
 import os
 import signal
 import time
-from collections.abc import Awaitable, Callable, Iterable, Mapping
-from dataclasses import dataclass
+from collections.abc import Callable, Iterable, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -32,27 +30,26 @@ from uniagent.config import AgentConfig
 from uniagent.env.agent_env import close_open_envs
 from uniagent.env.aio import wait_through_cancellation
 from uniagent.env.containers import RUN_ID_ENV
-from uniagent.episode import EpisodeResult, run_episode
 from uniagent.errors import ConfigError, UniAgentError
-from uniagent.observer import EpisodeObserver
-from uniagent.resolve import ResolvedAgent, resolve
+from uniagent.resolve import resolve
 from uniagent.run import manifest as manifests
-from uniagent.run.folder import (
-    LOG,
-    FolderLock,
-    safe_name,
-    start_attempt,
-    write_episode,
-    write_json,
+from uniagent.run.folder import FolderLock, start_attempt, write_json
+from uniagent.run.jobs import (
+    Attempt,
+    Job,
+    episode_dir,
+    episode_payload,
+    local_attempt,
+    write_payload,
 )
 from uniagent.run.preflight import check_model
-from uniagent.run.progress import EpisodeState, Progress
+from uniagent.run.progress import Progress
 from uniagent.run.results import ResultsFile, done_keys, is_infra_failure, latest
-from uniagent.run.retry import CircuitBreaker, RetryPolicy, cause_of, default_window
+from uniagent.run.retry import CircuitBreaker, RetryPolicy, default_window
 from uniagent.run.shutdown import Interrupted, SignalGuard
 from uniagent.run.summary import summarize
 from uniagent.run.tasks import BadRow, Task
-from uniagent.services import check_task_services, running_services
+from uniagent.services import running_services
 
 log = logging.getLogger(__name__)
 
@@ -77,152 +74,12 @@ class RunStopped(UniAgentError):
     """The circuit breaker stopped the run (infrastructure: exit status 1)."""
 
 
-@dataclass(frozen=True)
-class Job:
-    """One (task, sample) pair to run."""
-
-    task: Task
-    sample: int
-
-    @property
-    def key(self) -> tuple[str, int]:
-        """The identity used for resuming."""
-        return (self.task.id, self.sample)
-
-
-#: Runs one attempt of a job and returns its results record.
-Attempt = Callable[[Job, int, EpisodeState], Awaitable[dict[str, Any]]]
-
-
-def episode_dir(out: Path, job: Job) -> Path:
-    """Where a job's files go: one directory per task id (see :func:`safe_name`)."""
-    return out / "episodes" / safe_name(job.task.id) / str(job.sample)
-
-
 def plan_jobs(
     tasks: Iterable[Task], n: int, limit: int | None, done: set[tuple[str, int]]
 ) -> list[Job]:
     """Every (task, sample) not yet done, for the first ``limit`` tasks."""
     selected = list(tasks)[:limit] if limit is not None else list(tasks)
     return [Job(t, s) for t in selected for s in range(n) if (t.id, s) not in done]
-
-
-def episode_logger(path: Path, name: str) -> tuple[logging.Logger, logging.Handler]:
-    """A logger writing to one episode's log file, not kept in logging's global registry.
-
-    ``logging.getLogger`` would keep one logger per episode alive forever; a bare
-    ``Logger`` is freed with the episode, and its handler is closed explicitly.
-    """
-    logger = logging.Logger(name, level=logging.INFO)
-    handler = logging.FileHandler(path, encoding="utf-8")
-    handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(message)s"))
-    logger.addHandler(handler)
-    return logger, handler
-
-
-def episode_payload(job: Job, result: EpisodeResult) -> dict[str, Any]:
-    """What an episode leaves behind, JSON-ready (it may cross processes under Ray)."""
-    return {
-        "record": {"task_id": job.task.id, "sample": job.sample, **result.summary()},
-        "messages": result.messages,
-        "rollout": result.cache.to_dict() if result.cache is not None else None,
-    }
-
-
-def write_payload(
-    directory: Path,
-    payload: Mapping[str, Any],
-    log_text: str | None = None,
-    extra: Mapping[str, Any] | None = None,
-) -> dict[str, Any]:
-    """Save messages, rollout cache, log and result; return the results-file record."""
-    directory.mkdir(parents=True, exist_ok=True)
-    if log_text is not None:
-        (directory / LOG).write_text(log_text, encoding="utf-8")
-    return write_episode(directory, payload, {"log": LOG, **(extra or {})})
-
-
-async def execute_job(
-    base: ResolvedAgent,
-    job: Job,
-    model: Any,
-    log_path: Path,
-    *,
-    observer: EpisodeObserver | None = None,
-    stream: logging.Handler | None = None,
-) -> dict[str, Any]:
-    """Run one attempt of a job, logging to ``log_path`` (and ``stream``); return its payload.
-
-    ``base`` is the run's resolved agent; a task with overrides is resolved again.
-    """
-    logger, handler = episode_logger(log_path, f"episode.{job.task.id}.{job.sample}")
-    if stream is not None:
-        logger.addHandler(stream)
-    try:
-        source = f"task {job.task.id}"
-        agent = base.for_task(job.task.overrides(), source=source)
-        check_task_services(base.config, agent.config, source)
-        logger.info("task %s sample %d: start", job.task.id, job.sample)
-        result = await run_episode(
-            agent,
-            job.task.row,
-            model,
-            messages=job.task.messages,
-            logger=logger,
-            observer=observer,
-        )
-        logger.info("finished: %s reward=%s", result.exit_reason.value, result.reward)
-        return episode_payload(job, result)
-    finally:
-        for item in (handler, stream):
-            if item is not None:
-                logger.removeHandler(item)
-        handler.close()
-
-
-def attempt_extra(
-    directory: Path,
-    attempt: int,
-    state: EpisodeState,
-    started: float,
-    record: Mapping[str, Any],
-) -> dict[str, Any]:
-    """What the runner adds to an attempt's record: attempt number, history, timings."""
-    previous: list[dict[str, Any]] = []
-    with contextlib.suppress(OSError, ValueError):
-        before = json.loads((directory / "result.json").read_text(encoding="utf-8"))
-        previous = [
-            *before.get("previous_attempts", []),
-            {
-                "attempt": before.get("attempt", attempt - 1),
-                "exit_reason": before.get("exit_reason"),
-                "cause": cause_of(before) if before.get("error") else None,
-                "log": f"attempt-{before.get('attempt', attempt - 1)}.log",
-            },
-        ]
-    return {
-        "attempt": attempt,
-        "previous_attempts": previous,
-        "outcome": "infrastructure" if is_infra_failure(record) else "policy",
-        "timings": state.timings(),
-        "wall_seconds": round(time.monotonic() - started, 6),
-    }
-
-
-def local_attempt(config: AgentConfig, model: Any, out: Path, progress: Progress) -> Attempt:
-    """Attempts run on this event loop: each writes its episode directory."""
-    base = resolve(config)
-
-    async def attempt_job(job: Job, attempt: int, state: EpisodeState) -> dict[str, Any]:
-        directory = episode_dir(out, job)
-        started = time.monotonic()
-        payload = await execute_job(
-            base, job, model, directory / LOG, observer=state, stream=progress.log_handler(job)
-        )
-        extra = attempt_extra(directory, attempt, state, started, payload["record"])
-        return write_payload(directory, payload, extra=extra)
-
-    return attempt_job
 
 
 async def run_jobs(
