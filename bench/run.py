@@ -332,13 +332,14 @@ def main() -> None:
             for concurrency in (int(c) for c in args.concurrency.split(",")):
                 tasks = args.serial_tasks if concurrency == 1 else args.tasks
                 write_inputs(work, tasks)
-                for runner in runners:
-                    runs = [measure(runner, work, url, concurrency, tasks)
-                            for _ in range(args.repeats)]  # fmt: skip
-                    rows.append(median_row(runs))
-                    r = rows[-1]
-                    print(f"{runner} at {concurrency}: {r['ok']}/{tasks} ok, "
-                          f"{r['eps']:.2f} ep/s, {r['total_ms']:.1f} ms CPU/ep", flush=True)
+                runs: dict[str, list[dict[str, Any]]] = {runner: [] for runner in runners}
+                for _ in range(args.repeats):  # runners alternate: machine noise hits all
+                    for runner in runners:
+                        r = measure(runner, work, url, concurrency, tasks)
+                        runs[runner].append(r)
+                        print(f"{runner} at {concurrency}: {r['ok']}/{tasks} ok, "
+                              f"{r['eps']:.2f} ep/s, {r['total_ms']:.1f} ms CPU/ep", flush=True)
+                rows.extend(median_row(runs[runner]) for runner in runners)
         finally:
             server.terminate()
             server.wait()
