@@ -62,6 +62,18 @@ def public_model_spec(spec: str) -> str:
     return f"openai:{clean}" + (f"#{name}" if hash_sign else "")
 
 
+def public_argv(argv: Sequence[str]) -> list[str]:
+    """The command line with every ``--model`` spec made public (:func:`public_model_spec`)."""
+    out: list[str] = []
+    for arg in argv:
+        if out and out[-1] == "--model":
+            arg = public_model_spec(arg)
+        elif arg.startswith("--model="):
+            arg = "--model=" + public_model_spec(arg.removeprefix("--model="))
+        out.append(arg)
+    return out
+
+
 def plugin_versions() -> dict[str, str]:
     """Every installed distribution with a ``uniagent`` entry point, with its version."""
     found: dict[str, str] = {}
@@ -110,7 +122,7 @@ def build(
             "plugins": plugin_versions(),
         },
         "host": socket.gethostname(),
-        "argv": [Path(sys.argv[0]).name, *sys.argv[1:]],
+        "argv": public_argv([Path(sys.argv[0]).name, *sys.argv[1:]]),
     }
 
 
