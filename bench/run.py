@@ -306,7 +306,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--concurrency", default="1,16,64,256")
     parser.add_argument("--tasks", type=int, default=256, help="tasks per concurrency")
-    parser.add_argument("--serial-tasks", type=int, default=32,
+    parser.add_argument("--serial-tasks", type=int, default=128,
                         help="tasks at concurrency 1 (one at a time is slow for the slow runners)")
     parser.add_argument("--repeats", type=int, default=1)
     parser.add_argument("--runners", default="floor,uniagent,uniagent+reward,mini-swe-agent")
