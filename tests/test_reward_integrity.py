@@ -302,8 +302,7 @@ def write_config(path: Path, reward: dict[str, Any], isolation: str, repos: Path
     deployment: dict[str, Any] = {"type": "host", "isolation": isolation,
                                   "limits": {"pids": 512, "memory": "1g", "disk": "256m"}}
     if isolation == "bwrap":
-        # The work dir inside is /work by default, where this machine may keep these paths.
-        deployment.update(ro_binds=bwrap_binds(repos), sandbox_workdir="/sandbox/work")
+        deployment.update(ro_binds=bwrap_binds(repos))
     config = {
         "tool_parser": "hermes",
         "tools": ["execute_bash", "str_replace_editor", "submit"],

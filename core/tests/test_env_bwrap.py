@@ -59,11 +59,11 @@ def connect_probe(port: int) -> str:
 
 
 async def test_the_sandbox_sees_its_own_dirs(sandbox: AgentEnv) -> None:
-    assert sandbox.workdir == "/work"
-    assert (await sandbox.run_action("pwd")).output == "/work\n"
-    obs = await sandbox.run_action("echo $HOME; ls /")
+    assert sandbox.workdir == "/uniagent/work"
+    assert (await sandbox.run_action("pwd")).output == "/uniagent/work\n"
+    obs = await sandbox.run_action("echo $HOME; ls /; ls /uniagent")
     assert obs.output.split("\n")[0] == "/root"
-    assert "work" in obs.output.split() and "usr" in obs.output.split()
+    assert {"uniagent", "usr", "work", "tools"} <= set(obs.output.split())
 
 
 async def test_writes_outside_its_dirs_fail_or_stay_inside(sandbox: AgentEnv) -> None:
@@ -124,16 +124,16 @@ async def test_tools_work_inside(sandbox: AgentEnv, tmp_path: Path) -> None:
     tool = ToolSpec(name="whereami", description="d", arguments=_NoArgs, scripts=(script,))
     await sandbox.install_tools([tool])
     assert sandbox.tools_dir == "/uniagent/tools"
-    assert (await sandbox.run_action("whereami")).output.startswith("tool in /work as ")
+    assert (await sandbox.run_action("whereami")).output.startswith("tool in /uniagent/work as ")
 
 
 async def test_file_operations_go_through_the_mounts(sandbox: AgentEnv, tmp_path: Path) -> None:
     await sandbox.write_file("src/main.py", "print('hi')\n")
-    assert (await sandbox.run_action("cat /work/src/main.py")).output == "print('hi')\n"
+    assert (await sandbox.run_action("cat /uniagent/work/src/main.py")).output == "print('hi')\n"
     tree = tmp_path / "tree"
     (tree / "a").mkdir(parents=True)
     (tree / "a" / "b.txt").write_text("b\n")
-    await sandbox.upload(tree, "/work/repo")
+    await sandbox.upload(tree, "/uniagent/work/repo")
     assert (await sandbox.run_action("cat repo/a/b.txt")).output == "b\n"
     assert "root:" in await sandbox.read_file("/etc/passwd")
     with pytest.raises(EnvError, match="read-only"):
@@ -141,9 +141,9 @@ async def test_file_operations_go_through_the_mounts(sandbox: AgentEnv, tmp_path
     with pytest.raises(EnvError, match="outside"):
         await sandbox.read_file("/proc/self/status")
     # A link made inside the sandbox must not make host-side reads escape it.
-    await sandbox.run_action("ln -s /root/.bashrc /work/escape")
+    await sandbox.run_action("ln -s /root/.bashrc /uniagent/work/escape")
     with pytest.raises(EnvError, match="symlink"):
-        await sandbox.read_file("/work/escape")
+        await sandbox.read_file("/uniagent/work/escape")
 
 
 async def test_timeouts_recover_inside(sandbox: AgentEnv) -> None:

@@ -148,14 +148,23 @@ async def test_every_process_ends_at_close_setsid_and_daemons_too(isolation):
 
 async def test_the_default_is_bubblewrap_where_it_works():
     async with AgentEnv.from_config({"type": "host"}) as env:
-        assert env.workdir == "/work"
+        assert env.workdir == "/uniagent/work"
         assert (await env.run_action("hostname", timeout=30)).output == "sandbox\n"
+
+
+@pytest.mark.parametrize("isolation", ["auto", "bwrap"])
+def test_a_bind_into_the_sandboxs_own_dirs_is_refused_when_the_config_loads(isolation):
+    for inside in ("/uniagent/work", "/uniagent/work/repo", "/uniagent/tools/x"):
+        with pytest.raises(ValueError, match="would appear inside the sandbox's"):
+            HostDeploymentConfig(isolation=isolation, ro_binds=[f"/srv:{inside}"])
+    # Plain host paths, wherever the host keeps its checkouts (/work, /tmp), are fine.
+    HostDeploymentConfig(isolation=isolation, ro_binds=["/work/repo", "/tmp/repo"])
 
 
 async def test_without_bubblewrap_the_default_runs_unisolated_with_a_warning(caplog):
     cfg = {"type": "host", "bwrap": "no-such-bwrap-here"}
     async with AgentEnv.from_config(cfg) as env:
-        assert env.workdir != "/work"
+        assert env.workdir != "/uniagent/work"
     assert "WITHOUT isolation" in caplog.text
     with pytest.raises(Exception, match="no-such-bwrap-here"):
         async with AgentEnv.from_config({**cfg, "isolation": "bwrap"}):

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import io
+import json
 import logging
 import os
 import types
@@ -78,6 +79,32 @@ async def test_many_episodes_leak_no_file_handles_or_loggers(config, qwen3_token
     assert stream.getvalue().count(": finished, reward") == 60
     logs = list((tmp_path / "out" / "episodes").glob("*/0/log.txt"))
     assert len(logs) == 60 and all("finished: finished" in p.read_text() for p in logs)
+
+
+async def test_the_manifest_plans_every_job_before_any_starts(config, qwen3_tokenizer, tmp_path):
+    out = tmp_path / "out"
+    seen: list[dict] = []
+
+    def policy(cache):
+        seen.append(json.loads((out / "manifest.json").read_text()))
+        return hermes_call("done")
+
+    tasks = [Task(f"t{i}", {"q": f"task {i}", "test_command": "true"}) for i in range(3)]
+    model = ScriptedTokenModel(qwen3_tokenizer, policy=policy)
+    quiet = Progress(io.StringIO(), live=False)
+    await run(config, tasks, [], lambda: model, out, n=2, limit=2, progress=quiet)
+    first = seen[0]
+    assert first["jobs"] == [["t0", 0], ["t0", 1], ["t1", 0], ["t1", 1]]
+    assert first["n"] == 2 and first["pid"] == os.getpid() and first["host"]
+    assert first["started_at"].endswith("+00:00") and len(first["run_id"]) == 12
+
+    # A resume plans the same jobs (finished ones too), runs none, and stays the same run:
+    # its sandboxes carry the run id, by which a resume finds a killed run's leftovers.
+    await run(config, tasks, [], lambda: model, out, n=2, limit=2, progress=quiet)
+    again = json.loads((out / "manifest.json").read_text())
+    assert again["jobs"] == first["jobs"] and again["run_id"] == first["run_id"]
+    assert again["started_at"] == first["started_at"] and len(again["resumed_at"]) == 1
+    assert len(seen) == 4
 
 
 def test_live_progress_shows_each_running_episode_and_the_failures():

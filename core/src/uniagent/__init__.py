@@ -26,6 +26,7 @@ from uniagent.env.errors import (
     TerminalNotAliveError,
     ToolInstallError,
 )
+from uniagent.env.host import SANDBOX_UID
 from uniagent.env.killall import kill_all_but_ancestors
 from uniagent.env.remote import make_runtime, retrying_runtime_class
 from uniagent.env.runtime import (
@@ -94,6 +95,7 @@ except PackageNotFoundError:  # running from a source tree without an install
     __version__ = "0.0.0+unknown"
 
 __all__ = [
+    "SANDBOX_UID",
     "ActionSyntaxError",
     "ActionTimeoutError",
     "AgentConfig",

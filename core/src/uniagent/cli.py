@@ -155,6 +155,57 @@ def cmd_run(args: argparse.Namespace) -> int:
     return status
 
 
+def cmd_view(args: argparse.Namespace) -> int:
+    """Serve the read-only web viewer over run folders."""
+    from pathlib import Path
+
+    from uniagent.view import serve
+
+    serve(
+        [Path(p) for p in args.run_dirs],
+        host=args.host,
+        port=args.port,
+        tokenizer=args.tokenizer,
+        poll_interval=args.poll,
+    )
+    return 0
+
+
+def add_view_parser(sub: Any) -> None:
+    """The ``uniagent view`` sub-command."""
+    view = sub.add_parser(
+        "view",
+        help="browse run folders in a local web app (live while a run goes on)",
+        description="Serve a read-only web app over run folders written by `uniagent run` "
+        "(or any folder of episode folders): the runs table, a summary, every episode's "
+        "conversation, tokens and log, and an A/B comparison of two runs. "
+        "Needs pip install 'uniagent[view]'.",
+    )
+    view.add_argument(
+        "run_dirs",
+        nargs="+",
+        metavar="RUN_DIR",
+        help="run folder(s); a folder holding run folders shows each of them",
+    )
+    view.add_argument(
+        "--port", type=int, default=None, help="port (default 8765, or the next free one; 0: any)"
+    )
+    view.add_argument(
+        "--host", default="127.0.0.1", help="address to listen on (default 127.0.0.1: this machine)"
+    )
+    view.add_argument(
+        "--tokenizer",
+        default=None,
+        metavar="PATH",
+        help="tokenizer folder for the token view (default: the one the rollout names, "
+        "if it loads from local files)",
+    )
+    view.add_argument(
+        "--poll", type=float, default=0.5, help="seconds between checks for new results"
+    )
+    view.set_defaults(func=cmd_view)
+
+
 def cmd_data_prepare(args: argparse.Namespace) -> int:
     """Turn a task set into the Parquet file verl trains on."""
     from uniagent.config import AgentConfig
@@ -351,6 +402,7 @@ def build_parser() -> argparse.ArgumentParser:
     clean.set_defaults(func=cmd_clean)
 
     add_data_parser(sub)
+    add_view_parser(sub)
     return parser
 
 

@@ -40,40 +40,57 @@ async def test_greedy_generation_appends_ids_and_true_logprobs(model: HFLocalMod
     assert im_end in model.stop_token_ids()
     cache = model.start_cache(SHORT)
     prompt = cache.prompt_ids
-    response = await model.query(cache, [], PARSER)
+    response = await model.generate(cache, call_format=PARSER)
 
-    ids = response.token_ids
+    ids = cache.response_ids
     assert ids and len(ids) <= 24
     assert response.finish_reason == "stop" and ids[-1] == im_end  # stopped at <|im_end|>
     assert im_end not in ids[:-1]
     assert "4" in response.text
     assert response.text == decode(model.tokenizer, ids[:-1])
-    assert cache.response_ids == ids
     assert cache.response_mask == [1] * len(ids)
-    assert cache.response_logprobs == response.logprobs
+    logprobs = cache.response_logprobs
     assert response.usage.prompt_tokens == len(prompt)
+    assert response.usage.completion_tokens == len(ids)
 
     # The log-probs are the model's own: recompute them with one forward pass.
     with torch.no_grad():
         logits = model.model(torch.tensor([prompt + ids])).logits[0].float()
     expected = torch.log_softmax(logits[len(prompt) - 1 : -1], dim=-1)
-    for step, (token, lp) in enumerate(zip(ids, response.logprobs or [], strict=True)):
+    for step, (token, lp) in enumerate(zip(ids, logprobs, strict=True)):
         assert math.isclose(lp, float(expected[step, token]), abs_tol=2e-3), step
         assert lp <= 0.0
 
     # Greedy is deterministic.
-    again = await model.query(model.start_cache(SHORT), [], PARSER)
-    assert again.token_ids == ids
+    again = model.start_cache(SHORT)
+    await model.generate(again)
+    assert again.response_ids == ids
+
+
+async def test_the_viewer_decodes_this_models_tokens_with_the_tokenizer_it_recorded(
+    model: HFLocalModel,
+) -> None:
+    # What `uniagent view runs/quickstart` does with the quickstart's rollouts.
+    from uniagent.view.tokens import Tokenizers, token_page
+
+    cache = model.start_cache(SHORT)
+    await model.query(cache, [], PARSER)
+    rollout = cache.to_dict()
+    decoder, why = Tokenizers().get(rollout["tokenizer"])
+    assert decoder is not None, why
+    page = token_page(rollout, decoder, offset=0, limit=10_000)
+    assert page["decoded"] and page["counts"]["model"] == len(cache.response_ids)
+    assert "".join(page["text"]) == decode(model.tokenizer, cache.context_ids)
 
 
 async def test_second_turn_continues_the_context(model: HFLocalModel) -> None:
     cache = model.start_cache(SHORT)
-    await model.query(cache, [], PARSER)
+    await model.generate(cache)
     cache.append_messages([{"role": "user", "content": "Is the sky blue? Answer yes or no."}])
     before = cache.context_ids
-    response = await model.query(cache, [], PARSER)
+    response = await model.generate(cache)
     assert cache.context_ids[: len(before)] == before
-    assert cache.response_ids[-len(response.token_ids or []) :] == response.token_ids
+    assert len(cache.context_ids) == len(before) + response.usage.completion_tokens
     assert cache.turn_context_lengths[-1] == len(before)
     report = cache.check_exactness()
     assert report.prefix_ok and report.ok, report.summary()
@@ -84,11 +101,11 @@ async def test_length_cut_and_budget(model: HFLocalModel) -> None:
         model.model, model.tokenizer, sampling_params={"max_tokens": 3}, response_length=10
     )
     cache = limited.start_cache([{"role": "user", "content": "Tell me a long story."}])
-    response = await limited.query(cache, [], PARSER)
-    assert response.finish_reason == "length" and len(response.token_ids or []) == 3
+    response = await limited.generate(cache)
+    assert response.finish_reason == "length" and len(cache.response_ids) == 3
     cache.append_messages([{"role": "user", "content": "Go on, please continue the story."}])
     with pytest.raises(ContextLimitError, match="response_length=10"):
-        await limited.query(cache, [], PARSER)
+        await limited.generate(cache)
 
 
 async def test_sampling_with_seed_is_repeatable_and_loop_not_blocked(model: HFLocalModel) -> None:
@@ -107,13 +124,15 @@ async def test_sampling_with_seed_is_repeatable_and_loop_not_blocked(model: HFLo
 
     task = asyncio.create_task(ticker())
     try:
-        first = await sampled.query(sampled.start_cache(SHORT), [], PARSER)
+        first = sampled.start_cache(SHORT)
+        await sampled.generate(first)
     finally:
         task.cancel()
     assert ticks > 10  # the event loop kept running while the model generated
-    second = await sampled.query(sampled.start_cache(SHORT), [], PARSER)
-    assert first.token_ids == second.token_ids
-    assert all(lp <= 0.0 for lp in first.logprobs or [])
+    second = sampled.start_cache(SHORT)
+    await sampled.generate(second)
+    assert first.response_ids == second.response_ids
+    assert all(lp <= 0.0 for lp in first.response_logprobs)
 
 
 def test_from_spec_hf(model: HFLocalModel) -> None:
@@ -123,5 +142,3 @@ def test_from_spec_hf(model: HFLocalModel) -> None:
     assert built.tokenizer.get_vocab() == model.tokenizer.get_vocab()
     path_built = from_spec(f"hf:{smollm2_gguf_path()}")
     assert isinstance(path_built, HFLocalModel) and path_built.gguf_file == built.gguf_file
-
-

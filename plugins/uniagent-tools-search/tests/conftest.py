@@ -18,8 +18,7 @@ from uniagent_tools_search.example_data import write_example
 from uniagent_tools_search.index import build_index
 from uniagent_tools_search.service import SearchServiceProcess, start_search_service
 
-#: Sockets live outside /tmp and the home directory: the host deployment's bubblewrap
-#: sandbox mounts a private /tmp and home over whatever is bound below them.
+#: Sockets live outside /tmp, where other tests' directories come and go.
 SOCKET_PARENT = "/var/tmp"
 
 
@@ -38,7 +37,7 @@ def index_dir(example: dict[str, Any], tmp_path_factory: pytest.TempPathFactory)
 
 
 def private_dir() -> Path:
-    """A fresh 0700 directory for a Unix socket, outside /tmp and the home directory."""
+    """A fresh 0700 directory for a Unix socket, outside /tmp."""
     return Path(tempfile.mkdtemp(prefix="uniagent-search-test-", dir=SOCKET_PARENT))
 
 

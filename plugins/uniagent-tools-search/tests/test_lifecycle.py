@@ -5,7 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-from uniagent import AgentConfig, AgentEnv, ConfigError, running_services
+from uniagent import AgentConfig, AgentEnv, ConfigError, resolve, running_services
 
 from uniagent_tools_search.tools import make_search
 
@@ -41,8 +41,10 @@ async def test_a_run_starts_the_service_its_sandboxes_use_and_stops_it(index_dir
     assert not socket.exists()
 
 
-def test_bad_service_settings_fail_when_the_config_loads(index_dir, socket_dir) -> None:
+def test_bad_service_settings_fail_when_the_config_is_resolved(index_dir, socket_dir) -> None:
+    # resolve() is where a run checks plugin settings, before any service or sandbox starts.
     with pytest.raises(ConfigError, match=r"services\.search\.cache_sise: unknown key"):
-        agent_config(index_dir, socket_dir / "s.sock", cache_sise=10)
+        resolve(agent_config(index_dir, socket_dir / "s.sock", cache_sise=10))
     with pytest.raises(ConfigError, match=r"services\.search\.host: .*loopback only"):
-        agent_config(index_dir, socket_dir / "s.sock", host="0.0.0.0", port=8080)
+        resolve(agent_config(index_dir, socket_dir / "s.sock", host="0.0.0.0", port=8080))
+    assert not (socket_dir / "s.sock").exists()

@@ -31,7 +31,7 @@ class Sandbox:
 
 def deployment(isolation: str, socket_dir: Path) -> dict[str, Any]:
     if isolation == "none":
-        return {"type": "host"}
+        return {"type": "host", "isolation": "none"}
     # The socket's directory, read-only: connecting to a socket needs no write access.
     return {"type": "host", "isolation": "bwrap", "ro_binds": [str(socket_dir)]}
 

@@ -140,6 +140,32 @@ async def test_stop_ends_the_child_and_removes_its_socket(index_dir, socket_dir)
     assert not (socket_dir / "s.sock").exists()
 
 
+#: A group to hand the socket to: any as root, else one of ours.
+OTHER_GROUP = 4242 if os.geteuid() == 0 else os.getgid()
+
+
+@pytest.mark.parametrize("group", [None, OTHER_GROUP])
+async def test_only_the_owner_and_the_socket_group_may_connect(index_dir, socket_dir, group):
+    config = SearchServiceConfig(
+        index=str(index_dir), unix_socket=str(socket_dir / "s.sock"), socket_group=group
+    )
+    handle = await start_search_service(config)
+    try:
+        sock, folder = (socket_dir / "s.sock").stat(), socket_dir.stat()
+        if group is None:
+            assert (oct(sock.st_mode & 0o777), oct(folder.st_mode & 0o777)) == ("0o600", "0o700")
+        else:
+            assert (oct(sock.st_mode & 0o777), oct(folder.st_mode & 0o777)) == ("0o660", "0o710")
+            assert sock.st_gid == folder.st_gid == group
+    finally:
+        await handle.stop()
+
+
+def test_as_root_the_socket_group_defaults_to_the_sandboxes_group() -> None:
+    config = SearchServiceConfig(index="/nonexistent", unix_socket="/var/tmp/x/s.sock")
+    assert config.socket_group == (65534 if os.geteuid() == 0 else None)
+
+
 def test_the_service_dies_with_the_process_that_started_it(index_dir, socket_dir) -> None:
     starter = textwrap.dedent(
         f"""

@@ -61,7 +61,9 @@ log = logging.getLogger(__name__)
 DEFAULT_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
 #: This process's variables every sandbox gets (no secrets): the rest only through ``pass_env``.
 PASS_ENV = ("PATH", "LANG", "LANGUAGE", "LC_ALL", "LC_CTYPE", "LC_MESSAGES", "TZ")
-#: Where the sandbox sees its tools dir and home under bubblewrap.
+#: Where the sandbox sees its work dir, tools dir and home under bubblewrap (the first two
+#: below a top-level name of ours, so that a bound host path never lands in them).
+BWRAP_WORKDIR = "/uniagent/work"
 BWRAP_TOOLS_DIR = "/uniagent/tools"
 BWRAP_HOME = "/root"
 
@@ -127,7 +129,8 @@ class HostDeploymentConfig(BaseModel):
         None, description="bwrap only: share the host's network (default: no network)"
     )
     sandbox_workdir: str | None = Field(
-        None, description="bwrap only: where the work dir appears inside (default /work)"
+        None,
+        description=f"bwrap only: where the work dir appears inside (default {BWRAP_WORKDIR})",
     )
     ro_binds: list[str] = Field(
         default_factory=list,
@@ -164,9 +167,9 @@ class HostDeploymentConfig(BaseModel):
 
     @model_validator(mode="after")
     def _binds_outside_the_sandbox_dirs(self) -> HostDeploymentConfig:
-        if self.isolation != "bwrap":
+        if self.isolation == "none":
             return self
-        own = {"work dir": self.sandbox_workdir or "/work", "tools dir": BWRAP_TOOLS_DIR}
+        own = {"work dir": self.sandbox_workdir or BWRAP_WORKDIR, "tools dir": BWRAP_TOOLS_DIR}
         for spec in (*self.ro_binds, *self.binds):
             inside = os.path.normpath(spec.partition(":")[2] or os.path.abspath(spec))
             for what, path in own.items():
@@ -228,7 +231,7 @@ class _Layout:
             self.prefix: list[str] = []
             env.update(HOME=str(root / "home"), TMPDIR=str(root / "tmp"))
         else:
-            self.workdir = config.sandbox_workdir or "/work"
+            self.workdir = config.sandbox_workdir or BWRAP_WORKDIR
             self.tools_dir = BWRAP_TOOLS_DIR
             self.mounts = [
                 *system_mounts(),

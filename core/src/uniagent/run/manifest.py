@@ -1,7 +1,8 @@
 """``OUT/manifest.json``: what a run is, so that a resume continues the same run.
 
 Written when a run starts in a folder and updated at every resume. It holds the
-run's id (sandboxes carry it), the resolved agent config, the model (its spec
+run's id (sandboxes carry it), this invocation's pid and every planned job
+(``uniagent view`` reads them), the resolved agent config, the model (its spec
 without credentials and where its API key came from, never the key), the
 versions of Python, uniagent and every installed plugin, and the task file's
 path and SHA-256. A resume whose config, model or task file differ is refused
@@ -12,12 +13,13 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
 import platform
 import socket
 import sys
-import time
 import uuid
 from collections.abc import Mapping, Sequence
+from datetime import datetime, timezone
 from importlib import metadata
 from pathlib import Path
 from typing import Any
@@ -93,7 +95,7 @@ def build(
     tasks_path: Path | None,
     tasks: Sequence[Any] = (),
     n: int,
-    jobs: int,
+    jobs: Sequence[tuple[str, int]],
 ) -> dict[str, Any]:
     """A manifest for a run starting now (``run_id`` None: a new id).
 
@@ -111,7 +113,8 @@ def build(
         "run_id": run_id or uuid.uuid4().hex[:12],
         "started_at": _now(),
         "n": n,
-        "jobs": jobs,
+        "pid": os.getpid(),  # this invocation's: uniagent view tells a live run by it
+        "jobs": [[task_id, sample] for task_id, sample in jobs],  # every planned job
         "config_file": config_path,
         "config": json.loads(config.model_dump_json()),
         "model": dict(model),
@@ -205,4 +208,4 @@ def _short(value: Any) -> str:
 
 
 def _now() -> str:
-    return time.strftime("%Y-%m-%dT%H:%M:%S%z")
+    return datetime.now(timezone.utc).isoformat(timespec="seconds")

@@ -33,7 +33,7 @@ from uniagent.env.containers import RUN_ID_ENV
 from uniagent.errors import ConfigError, UniAgentError
 from uniagent.resolve import resolve
 from uniagent.run import manifest as manifests
-from uniagent.run.folder import FolderLock, start_attempt, write_json
+from uniagent.run.folder import FolderLock, safe_name, start_attempt, write_json
 from uniagent.run.jobs import (
     Attempt,
     Job,
@@ -53,10 +53,14 @@ from uniagent.services import running_services
 
 log = logging.getLogger(__name__)
 
+MANIFEST = manifests.MANIFEST
 RESULTS = "results.jsonl"
 SUMMARY = "summary.json"
+#: The folder name of a task's episodes (``OUT/episodes/<this>/<sample>``); the viewer's too.
+task_dirname = safe_name
 
 __all__ = [
+    "MANIFEST",
     "RESULTS",
     "SUMMARY",
     "Job",
@@ -66,6 +70,7 @@ __all__ = [
     "episode_payload",
     "run",
     "run_sync",
+    "task_dirname",
     "write_payload",
 ]
 
@@ -254,11 +259,12 @@ async def _run_locked(
     results.repair()
     records = latest(results.load())
     selected = list(tasks)[:limit] if limit is not None else list(tasks)
-    keys = {(t.id, s) for t in selected for s in range(n)}
+    planned = [(t.id, s) for t in selected for s in range(n)]
+    keys = set(planned)
     done = done_keys(records, keep_failures=keep_failures)
     jobs = plan_jobs(selected, n, None, done)
     run_manifest = _manifest(
-        out, config, config_path, model_info, tasks, tasks_path, n, len(keys), force_resume,
+        out, config, config_path, model_info, tasks, tasks_path, n, planned, force_resume,
         has_results=bool(records), progress=progress,
     )  # fmt: skip
     run_id = run_manifest["run_id"]
@@ -273,7 +279,7 @@ async def _run_locked(
             if jobs:
                 await check_model(model)
         # Written once the model is known to load: a typo in --model leaves no manifest.
-        write_json(out / manifests.MANIFEST, run_manifest)
+        write_json(out / manifests.MANIFEST, run_manifest, indent=None)  # one line, 100k jobs
         os.environ[RUN_ID_ENV] = run_id  # every sandbox started from here on carries it
         leftovers = await asyncio.to_thread(remove_leftovers, config, [run_id])
         if leftovers:
@@ -326,7 +332,7 @@ def _manifest(
     tasks: list[Task],
     tasks_path: Path | None,
     n: int,
-    jobs: int,
+    jobs: list[tuple[str, int]],
     force_resume: bool,
     *,
     has_results: bool,

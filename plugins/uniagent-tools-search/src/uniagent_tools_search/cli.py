@@ -50,9 +50,11 @@ def _service_config(args: argparse.Namespace) -> SearchServiceConfig:
         else:
             data = yaml.safe_load(Path(args.config).read_text(encoding="utf-8")) or {}
         return SearchServiceConfig.model_validate(data)
+    group = {} if args.socket_group is None else {"socket_group": args.socket_group}
     return SearchServiceConfig(
         index=args.index,
         unix_socket=args.unix_socket,
+        **group,
         port=args.port,
         arxiv=ArxivSettings(url=args.arxiv_url) if args.arxiv_url else None,
         web=WebSearchSettings(url=args.web_url, api_key_env=args.web_key_env or None)
@@ -155,6 +157,12 @@ def build_parser() -> argparse.ArgumentParser:
     serve.add_argument("--parent-pid", type=int, help=argparse.SUPPRESS)
     serve.add_argument("--index", help="index directory (the local backend)")
     serve.add_argument("--unix-socket", help="listen on this Unix socket")
+    serve.add_argument(
+        "--socket-group",
+        type=int,
+        help="gid that may also connect to the socket (default: 65534 as root, the "
+        "bubblewrap sandboxes' group; else none)",
+    )
     serve.add_argument("--port", type=int, help="listen on 127.0.0.1:PORT (0: any free port)")
     serve.add_argument("--arxiv-url", help="serve the arxiv backend from this API URL")
     serve.add_argument("--web-url", help="serve the web backend from this search API URL")

@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 import ipaddress
+import os
 from pathlib import Path
 from typing import Any, Literal
 from urllib.parse import urlparse
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from uniagent import SANDBOX_UID
 
 DEFAULT_ARXIV_URL = "https://export.arxiv.org/api/query"
 
@@ -79,7 +81,15 @@ class SearchServiceConfig(_Strict):
     unix_socket: str | None = Field(
         None,
         description="listen on this Unix socket (what bubblewrap sandboxes reach); its "
-        "directory is created with mode 0700",
+        "directory is created with mode 0700 (0710 with socket_group)",
+    )
+    socket_group: int | None = Field(
+        default_factory=lambda: SANDBOX_UID if os.geteuid() == 0 else None,
+        ge=0,
+        description="gid that may connect to the Unix socket besides this user (the socket "
+        "0660, its directory 0710, both of that group). Default: when the service runs as "
+        "root, the group bubblewrap sandboxes started by root run as (the host deployment's "
+        "sandbox_uid, 65534 unless set); otherwise none: sandboxes run as this user",
     )
     host: str = Field("127.0.0.1", description="TCP address (loopback only)")
     port: int | None = Field(

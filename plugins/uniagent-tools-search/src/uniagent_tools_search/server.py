@@ -221,18 +221,31 @@ class SearchService:
         )
 
 
-def prepare_socket_dir(path: Path) -> None:
-    """Create the socket's directory (0700) or check that it is ours and private."""
+def prepare_socket_dir(path: Path, group: int | None = None) -> None:
+    """Create the socket's directory (0700; 0710 of ``group``) or check that it is ours and
+    private, then let ``group`` (the sandboxes' gid) through it."""
     folder = path.parent
     if not folder.exists():
         folder.mkdir(mode=0o700, parents=True)
-        return
-    info = folder.stat()
-    if info.st_uid != os.getuid() or info.st_mode & (stat.S_IWGRP | stat.S_IWOTH):
-        raise SearchError(
-            f"{folder} (the Unix socket's directory) must belong to this user and not be "
-            "writable by others, or someone else could put a socket there; pick another path"
-        )
+    else:
+        info = folder.stat()
+        if info.st_uid != os.getuid() or info.st_mode & (stat.S_IWGRP | stat.S_IWOTH):
+            raise SearchError(
+                f"{folder} (the Unix socket's directory) must belong to this user and not be "
+                "writable by others, or someone else could put a socket there; pick another path"
+            )
+    if group is not None:
+        os.chown(folder, -1, group)
+        folder.chmod(stat.S_IMODE(folder.stat().st_mode) | stat.S_IXGRP)
+
+
+def open_socket(path: Path, group: int | None) -> None:
+    """The socket's mode once it exists: 0600, or 0660 of ``group``."""
+    if group is None:
+        path.chmod(0o600)
+    else:
+        os.chown(path, -1, group)
+        path.chmod(0o660)
 
 
 def remove_stale_socket(path: Path) -> None:
@@ -275,10 +288,10 @@ async def serve(
     socket_path = Path(config.unix_socket) if config.unix_socket else None
     try:
         if socket_path is not None:
-            prepare_socket_dir(socket_path)
+            prepare_socket_dir(socket_path, config.socket_group)
             remove_stale_socket(socket_path)
             await web.UnixSite(runner, str(socket_path)).start()
-            socket_path.chmod(0o600)
+            open_socket(socket_path, config.socket_group)
             addresses["unix_socket"] = str(socket_path)
             addresses["url"] = f"unix://{socket_path}"
         if config.port is not None:

@@ -1,0 +1,299 @@
+// One episode: header, then tabs for the conversation, the tokens, the result and the log.
+import {
+  add, api, badge, clear, debounced, exitBadge, fmtSeconds, h, looksLikeDiff, num, rewardCell,
+  statusBadge, tamperBadge, textBlock,
+} from "./dom.js";
+import { replaceParams } from "./router.js";
+import { renderTokens } from "./tokens.js";
+
+const TABS = [
+  ["conversation", "Conversation"],
+  ["tokens", "Tokens"],
+  ["result", "Result"],
+  ["log", "Log"],
+];
+
+export async function renderEpisode(main, runId, params) {
+  const key = params.get("key");
+  let tab = params.get("tab") || "conversation";
+  let data = await api(`/api/runs/${runId}/episode`, { key });
+  const head = h("section", { class: "card episode-head", id: "episode-head" });
+  const tabs = h("div", { class: "tabs", role: "tablist" });
+  const body = h("div", { class: "tab-body", id: "tab-body" });
+  main.append(head, tabs, body);
+  let panel = null;
+
+  function drawHead() {
+    const r = data.row;
+    const m = data.record && data.record.metrics ? data.record.metrics : {};
+    const calls = Object.entries(r.tool_calls || {});
+    add(clear(head),
+      h("a", { class: "back", href: `#/r/${runId}` }, "← Episodes"),
+      h("div", { class: "title-row" },
+        h("h2", { id: "episode-title" }, r.task_id, h("span", { class: "sample" }, ` · sample ${r.sample ?? "–"}`)),
+        h("div", { class: "title-badges" }, statusBadge(r.status), exitBadge(r.exit_reason),
+          r.masked ? badge("masked", "masked", "kept out of training") : null,
+          tamperBadge(r),
+          h("span", { class: "reward-big", title: "reward" }, rewardCell(r.reward)))),
+      h("div", { class: "facts" },
+        fact("turns", r.turns ?? "–"),
+        fact("tool calls", calls.length ? calls.map(([n, c]) => `${n} ×${c}`).join(", ") : "–"),
+        fact("format errors", m.format_errors ?? r.format_errors),
+        fact("timeouts", m.timeouts ?? r.timeouts),
+        r.inexact_turns ? fact("inexact turns", h("span", { class: "reward-zero", title: "the server's prompt differed from the rollout's ids: not token-exact (masked by default)" }, r.inexact_turns)) : null,
+        fact("setup", fmtSeconds(r.setup_seconds)),
+        fact("model", fmtSeconds(r.model_seconds)),
+        fact("env", fmtSeconds(r.env_seconds)),
+        fact("grading", fmtSeconds(r.reward_seconds)),
+        fact("folder", r.key, "mono")),
+      r.error ? h("div", { class: "error" }, r.error) : null,
+    );
+  }
+
+  function drawTabs() {
+    clear(tabs);
+    for (const [id, label] of TABS) {
+      tabs.append(h("button", {
+        type: "button", role: "tab", class: id === tab ? "tab active" : "tab", id: `tab-${id}`,
+        "aria-selected": String(id === tab),
+        onclick: () => { tab = id; replaceParams(`/r/${runId}/e`, { key, tab }); drawTabs(); show(); },
+      }, label));
+    }
+  }
+
+  async function show() {
+    if (panel && panel.dispose) panel.dispose();
+    clear(body);
+    if (tab === "conversation") panel = conversation(body, data);
+    else if (tab === "tokens") panel = await renderTokens(body, runId, key);
+    else if (tab === "result") panel = result(body, data);
+    else panel = await logView(body, runId, key, data);
+  }
+
+  const refresh = debounced(async () => {
+    const before = data.row.status;
+    data = await api(`/api/runs/${runId}/episode`, { key });
+    drawHead();
+    if (data.row.status !== before) await show();
+    else if (panel && panel.update) await panel.update();
+  });
+
+  drawHead();
+  drawTabs();
+  await show();
+  document.title = `${data.row.task_id} #${data.row.sample ?? ""} · ${data.run.name} · uniagent view`;
+  return {
+    // Only this episode's own changes reload it; the event lists the rows that changed.
+    update: (info) => {
+      if (info && Array.isArray(info.changed) && !info.changed.includes(key)) return;
+      refresh();
+    },
+    dispose: () => panel && panel.dispose && panel.dispose(),
+  };
+}
+
+function fact(label, value, cls) {
+  return h("div", { class: "fact" }, h("span", { class: "fact-label" }, label), h("span", { class: `fact-value ${cls || ""}` }, value));
+}
+
+// ------------------------------------------------------------------ conversation
+
+function conversation(body, data) {
+  const messages = data.messages;
+  if (!messages) {
+    body.append(h("p", { class: "card muted" }, data.row.status === "running"
+      ? "The conversation is saved when the episode ends; its log (Log tab) grows meanwhile."
+      : "This episode saved no conversation (messages.json)."));
+    return null;
+  }
+  const list = h("div", { class: "conversation", id: "conversation" });
+  let turn = 0;
+  messages.forEach((m, i) => {
+    if (m.role === "assistant") turn += 1;
+    list.append(message(m, i, turn));
+  });
+  body.append(list);
+  return null;
+}
+
+function message(m, index, turn) {
+  const role = m.role || "unknown";
+  const content = typeof m.content === "string" ? m.content : m.content == null ? "" : JSON.stringify(m.content, null, 2);
+  if (role === "system") {
+    return h("details", { class: "msg msg-system" },
+      h("summary", {}, h("span", { class: "role" }, "system prompt"), h("span", { class: "preview" }, content.split("\n")[0].slice(0, 140))),
+      textBlock(content, { lines: 400, chars: 40000, cls: "prose" }));
+  }
+  const titles = { user: "user", assistant: `assistant · turn ${turn}`, tool: `observation${m.name ? " · " + m.name : ""}` };
+  const card = h("div", { class: `msg msg-${role}`, dataset: { index } },
+    h("div", { class: "msg-head" }, h("span", { class: "role" }, titles[role] || role)));
+  if (m.reasoning_content) {
+    card.append(h("details", { class: "reasoning" }, h("summary", {}, "reasoning"), textBlock(m.reasoning_content, { cls: "prose" })));
+  }
+  if (role === "tool") card.append(textBlock(content, { lines: 24 }));
+  else if (content.trim()) card.append(textBlock(content, { lines: 60, chars: 8000, cls: "prose" }));
+  for (const call of m.tool_calls || []) card.append(toolCall(call));
+  return card;
+}
+
+function toolCall(call) {
+  const fn = call.function || call;
+  let args = fn.arguments;
+  if (typeof args === "string") {
+    try { args = JSON.parse(args); } catch { /* shown as the raw text below */ }
+  }
+  const box = h("div", { class: "tool-call" }, h("div", { class: "tool-name" }, "→ ", h("b", {}, fn.name || "?")));
+  if (args && typeof args === "object" && !Array.isArray(args)) {
+    const entries = Object.entries(args);
+    if (entries.length === 1 && entries[0][0] === "command" && typeof entries[0][1] === "string") {
+      box.append(h("pre", { class: "block shell" }, entries[0][1]));
+    } else if ("old_str" in args || "new_str" in args) {
+      const rest = entries.filter(([k]) => k !== "old_str" && k !== "new_str");
+      add(box, argTable(rest), editDiff(args.old_str || "", args.new_str || ""));
+    } else {
+      add(box, argTable(entries));
+    }
+  } else if (args !== undefined && args !== null && args !== "") {
+    box.append(h("pre", { class: "block" }, String(args)));
+  }
+  return box;
+}
+
+function argTable(entries) {
+  if (!entries.length) return null;
+  return h("table", { class: "args" }, entries.map(([k, v]) => h("tr", {},
+    h("th", {}, k),
+    h("td", {}, typeof v === "string" && (v.includes("\n") || v.length > 120) ? textBlock(v, { lines: 30 }) : h("code", {}, typeof v === "string" ? v : JSON.stringify(v))))));
+}
+
+// An editor replacement shown as removed and added lines.
+function editDiff(oldStr, newStr) {
+  const pre = h("pre", { class: "block diff" });
+  for (const line of oldStr.split("\n")) if (oldStr) pre.append(h("span", { class: "dl dl-del" }, "-" + line + "\n"));
+  for (const line of newStr.split("\n")) if (newStr) pre.append(h("span", { class: "dl dl-add" }, "+" + line + "\n"));
+  return pre;
+}
+
+// ------------------------------------------------------------------ result
+
+function result(body, data) {
+  const rec = data.record;
+  if (!rec) {
+    body.append(h("p", { class: "card muted" }, "No result yet: the episode has not finished."));
+    return null;
+  }
+  const submission = rec.submission;
+  body.append(
+    h("section", { class: "card" }, h("h3", {}, "Outcome"),
+      h("div", { class: "facts" },
+        fact("reward", rewardCell(rec.reward)),
+        fact("exit reason", exitBadge(rec.exit_reason)),
+        fact("masked in training", rec.traj_masked ? "yes" : "no")),
+      forced(rec.reward_info || {}),
+      rec.error ? h("div", { class: "error" }, h("b", {}, "error: "), rec.error) : null),
+    h("section", { class: "card", id: "submission" }, h("h3", {}, "Submission"),
+      submission ? textBlock(submission, { lines: 80, chars: 20000, cls: looksLikeDiff(submission) ? "diff" : "" }) : h("p", { class: "muted" }, "No submission.")),
+    h("section", { class: "card", id: "integrity" }, h("h3", {}, "Grading integrity"),
+      integrity((rec.reward_info || {}).integrity || rec.integrity)),
+    h("section", { class: "card", id: "reward-info" }, h("h3", {}, "Reward details"), rewardInfo(rec.reward_info || {})),
+  );
+  return null;
+}
+
+function forced(info) {
+  if (!info.score_reason) return null;
+  return h("div", { class: "error", id: "score-forced" }, h("b", {}, `Score forced: ${String(info.score_reason).replace(/_/g, " ")}`),
+    info.detail ? ` — ${String(info.detail).slice(0, 400)}` : "");
+}
+
+// What the grader protected, what it found changed, and whether that forced the score.
+function integrity(report) {
+  if (!report || typeof report !== "object") return h("p", { class: "muted" }, "The grader recorded no integrity report.");
+  const tampered = Array.isArray(report.tampered) ? report.tampered : null;
+  const parts = [];
+  parts.push(h("div", { class: "facts" },
+    report.grade_in ? fact("graded in", report.grade_in === "fresh" ? "a fresh sandbox" : "the episode's sandbox") : null,
+    report.protected_files !== undefined ? fact("protected files", num(report.protected_files)) : null,
+    report.toolchain_files !== undefined ? fact("toolchain files", num(report.toolchain_files)) : null,
+    report.base_commit ? fact("base commit", String(report.base_commit).slice(0, 12), "mono") : null,
+    Array.isArray(report.patch_files) ? fact("files in the patch", report.patch_files.length ? report.patch_files.join(", ") : "none", "mono") : null,
+    fact("history scrub", report.history_scrub ? JSON.stringify(report.history_scrub) : "–")));
+  if (tampered === null) {
+    parts.push(h("p", { class: "muted small" }, "Baseline only: the episode was not graded."));
+  } else if (!tampered.length) {
+    parts.push(h("p", {}, badge("no tampering found", "yes", "protected files, code and tools were as before the first turn")));
+  } else {
+    parts.push(h("table", { class: "mini tamper", id: "tampered" },
+      h("thead", {}, h("tr", {}, ["kind", "path", "change", "rule", "detail"].map((t) => h("th", {}, t)))),
+      h("tbody", {}, tampered.map((t) => h("tr", { class: t.scores === false ? "noted" : "scored" },
+        h("td", {}, String(t.kind || "")), h("td", { class: "mono" }, String(t.path || "")),
+        h("td", {}, String(t.change || "")), h("td", {}, String(t.rule || "")),
+        h("td", { class: "small" }, t.scores === false ? `noted, not scored${t.detail ? ": " + t.detail : ""}` : String(t.detail || "")))))));
+  }
+  return h("div", {}, parts);
+}
+
+// Shown elsewhere on the tab: the test lists above, the integrity report, the forced score.
+const OWN_PLACE = ["tests_status", "integrity", "score_reason", "detail"];
+
+function rewardInfo(info) {
+  const entries = Object.entries(info).filter(([k]) => !OWN_PLACE.includes(k));
+  const parts = [];
+  if (info.tests_status) parts.push(testsStatus(info.tests_status));
+  if (!entries.length && !parts.length) return h("p", { class: "muted" }, "The reward reported no other details.");
+  const table = h("table", { class: "args info" });
+  for (const [k, v] of entries) {
+    const warn = /tamper|infra_failure$|mismatch/i.test(k) && v && (typeof v !== "object" || Object.keys(v).length);
+    table.append(h("tr", { class: warn ? "warn" : "" }, h("th", {}, k), h("td", {}, value(v))));
+  }
+  parts.push(table);
+  return h("div", {}, parts);
+}
+
+function value(v) {
+  if (v === null || v === undefined) return h("span", { class: "muted" }, "–");
+  if (typeof v === "boolean") return badge(v ? "yes" : "no", v ? "yes" : "no");
+  if (typeof v === "string") return v.includes("\n") || v.length > 160 ? textBlock(v, { lines: 20 }) : h("code", {}, v);
+  if (typeof v === "number") return h("code", {}, String(v));
+  return textBlock(JSON.stringify(v, null, 2), { lines: 20 });
+}
+
+// SWE-bench style: {FAIL_TO_PASS: {success: [...], failure: [...]}, PASS_TO_PASS: {...}}.
+function testsStatus(status) {
+  const box = h("div", { class: "tests", id: "tests-status" });
+  for (const [group, result] of Object.entries(status)) {
+    if (!result || typeof result !== "object") continue;
+    const rows = [];
+    for (const [outcome, tests] of Object.entries(result)) {
+      for (const test of tests || []) rows.push([outcome, test]);
+    }
+    const ok = rows.filter(([o]) => o === "success").length;
+    box.append(h("details", { class: "test-group", open: rows.length <= 40 },
+      h("summary", {}, h("b", {}, group), ` ${num(ok)}/${num(rows.length)} passing`),
+      h("ul", {}, rows.map(([outcome, test]) => h("li", { class: `test test-${outcome}` }, h("span", { class: "mark" }, outcome === "success" ? "✓" : "✗"), test)))));
+  }
+  return box;
+}
+
+// ------------------------------------------------------------------ log
+
+async function logView(body, runId, key, data) {
+  const logs = (data.files || []).filter((f) => /^log(\..+)?\.txt$/.test(f.name)).map((f) => f.name);
+  let name = logs.includes("log.txt") ? "log.txt" : logs[0] || "log.txt";
+  const picker = logs.length > 1 ? h("div", { class: "log-picker" }) : null;
+  const pre = h("pre", { class: "block log", id: "log-text" });
+  const note = h("div", { class: "muted small" });
+  body.append(h("section", { class: "card" }, picker, note, pre));
+  async function load() {
+    const log = await api(`/api/runs/${runId}/episode/log`, { key, name });
+    pre.textContent = log.text || "(empty)";
+    note.textContent = `${name} · ${num(log.size)} bytes${log.truncated ? " · showing the end" : ""}`;
+  }
+  if (picker) {
+    for (const n of logs) picker.append(h("button", { type: "button", class: "ghost", onclick: () => { name = n; load(); } }, n));
+  }
+  await load();
+  // A running episode's log grows without any row changing: follow it every 2 s.
+  const timer = data.row.status === "running" ? setInterval(load, 2000) : null;
+  return { update: load, dispose: () => clearInterval(timer) };
+}
