@@ -7,6 +7,7 @@ installed (non-editable), so a hidden dependency between plugins fails.
 from __future__ import annotations
 
 import os
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -21,7 +22,7 @@ TORCH = "torch==2.13.0"  # the CPU wheel on these machines; an unpinned torch pu
 TRANSFER_QUEUE = "TransferQueue==0.1.11"
 VERL_CONSTRAINTS = (TORCH, "tensordict==0.10.0")
 
-nox.options.sessions = ["lint", "tests", "stress"]
+nox.options.sessions = ["lint", "tests", "stress", "build"]
 nox.options.reuse_existing_virtualenvs = False
 nox.options.error_on_missing_interpreters = True
 
@@ -145,3 +146,18 @@ def lint(session: nox.Session) -> None:
         for p in PLUGINS
     ]
     session.run("mypy", *sources)
+
+
+@nox.session(python="3.11")
+def build(session: nox.Session) -> None:
+    """Wheels and sdists of the core and every plugin in dist/, checked by twine."""
+    session.install("build", "twine")
+    out = ROOT / "dist"
+    shutil.rmtree(out, ignore_errors=True)
+    for package in ["core", *(f"plugins/{p}" for p in PLUGINS)]:
+        session.run("python", "-m", "build", "--outdir", str(out), str(ROOT / package))
+    built = sorted(str(p) for p in out.iterdir())
+    expected = 2 * (1 + len(PLUGINS))  # a wheel and an sdist each
+    if len(built) != expected:
+        session.error(f"expected {expected} files in dist/, found {len(built)}: {built}")
+    session.run("twine", "check", "--strict", *built)

@@ -10,8 +10,6 @@ are skipped and the reason is printed.
 
 from __future__ import annotations
 
-import os
-import subprocess
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -21,31 +19,16 @@ from pydantic import BaseModel
 from uniagent import ToolSpec
 from uniagent.env import ActionTimeoutError, AgentEnv, EnvStartError, LocalDeployment
 from uniagent.env.local import LocalDeploymentConfig
-from uniagent.testing.images import build_image, container_engine, engine_args, image_exists, run
+from uniagent.testing.images import TEST_IMAGE, engine_with_test_image, run
 
-IMAGE = os.environ.get("UNIAGENT_TEST_IMAGE", "localhost/uniagent-swerex:bookworm")
+IMAGE = TEST_IMAGE
 
 pytestmark = pytest.mark.slow
 
 
 @pytest.fixture(scope="module")
 def engine() -> Iterator[str]:
-    engine, reason = container_engine()
-    if engine is None:
-        print(f"\nSKIP local deployment: no container engine works here: {reason}")
-        pytest.skip(f"no container engine works here: {reason}")
-    if not image_exists(engine, IMAGE):
-        try:
-            build_image(engine, IMAGE)
-        except (RuntimeError, OSError, subprocess.TimeoutExpired) as exc:
-            print(f"\nSKIP local deployment: cannot build the test image {IMAGE}: {exc}")
-            pytest.skip(f"cannot build the test image {IMAGE}: {exc}")
-    probe = run([engine, "run", "--rm", *engine_args(engine), IMAGE, "swerex-remote", "-v"])
-    if probe.returncode != 0:
-        reason = f"`{engine} run {IMAGE}` fails: {probe.stderr.strip()[-500:]}"
-        print(f"\nSKIP local deployment: {reason}")
-        pytest.skip(reason)
-    yield engine
+    yield engine_with_test_image(IMAGE)
 
 
 def _containers(engine: str, name: str) -> str:

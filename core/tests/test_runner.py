@@ -98,14 +98,18 @@ async def test_the_manifest_plans_every_job_before_any_starts(config, qwen3_toke
     assert first["n"] == 2 and first["pid"] == os.getpid() and first["host"]
     assert first["started_at"].endswith("+00:00") and len(first["run_id"]) == 12
 
-    # A resume plans the same jobs (finished ones too) under a new run id, runs none.
+    # A resume plans the same jobs (finished ones too), runs none, and stays the same run:
+    # its sandboxes carry the run id, by which a resume finds a killed run's leftovers.
     await run(config, tasks, [], lambda: model, out, n=2, limit=2, progress=quiet)
     again = json.loads((out / "manifest.json").read_text())
-    assert again["jobs"] == first["jobs"] and again["run_id"] != first["run_id"]
+    assert again["jobs"] == first["jobs"] and again["run_id"] == first["run_id"]
+    assert again["started_at"] == first["started_at"] and len(again["resumed_at"]) == 1
     assert len(seen) == 4
 
 
-def test_live_progress_rewrites_one_status_line():
+def test_live_progress_shows_each_running_episode_and_the_failures():
+    from rich.console import Console
+
     class Terminal(io.StringIO):
         def isatty(self) -> bool:
             return True
@@ -113,16 +117,44 @@ def test_live_progress_rewrites_one_status_line():
     stream = Terminal()
     progress = Progress.for_stream(stream)
     assert progress.live
-    progress.interval = 0.01
-    job = types.SimpleNamespace(task=types.SimpleNamespace(id="a"), sample=0)
-    progress.begin(total=2)
-    progress.started(job)
-    progress.finished(job, {"exit_reason": "finished", "reward": 1.0}, None)
+
+    def job(task: str) -> types.SimpleNamespace:
+        return types.SimpleNamespace(task=types.SimpleNamespace(id=task), sample=0)
+
+    progress.begin(total=3)
+    busy = progress.started(job("busy"), 2)
+    busy.phase("setup")
+    busy.phase("agent")
+    busy.turn(3)
+    busy.tool("execute_bash")
+    waiting = progress.started(job("waiting"), 1)
+    waiting.turn(1)
+    progress.finished(job("done"), {"exit_reason": "finished", "reward": 1.0, "metrics": {}})
+    broken = {"exit_reason": "env_error", "error": "EnvStartError: no image", "attempt": 1}
+    progress.retrying(job("broken"), broken, 10.0, 2)
+    screen = Console(width=120, record=True, file=io.StringIO())
+    screen.print(progress.view())
+    text = screen.export_text()
+    assert "done 1/3  running 2  infra failures 0  mean reward 1.000" in text and "ETA" in text
+    assert "busy#0" in text and "turn 3 · execute_bash" in text
+    assert "waiting#0" in text and "turn 1 · waiting for the model" in text
+    assert "broken#0: attempt 1 failed, env_error: EnvStartError: no image" in text
     progress.end()
-    text = stream.getvalue()
-    assert "\r\x1b[2K" in text
-    assert "done 1/2  running 0  failed 0  mean reward 1.000  [finished=1]" in text
-    assert "[1/2]" not in text, "no per-episode lines on a terminal"
+    printed = stream.getvalue()
+    assert "retrying in 10 s" in printed, "failures stay in the scroll-back"
+    assert "done#0" not in printed, "no line per successful episode on a terminal"
+    last = printed.strip().splitlines()[-1]
+    assert "\x1b[2Kdone 1/3  running 2" in last, "the view is erased, the final counts stay"
+
+
+def test_phase_times_add_up_in_order():
+    from uniagent.run.progress import EpisodeState
+
+    state = EpisodeState("t#0", 1)
+    for phase in ("setup", "tools", "agent", "close"):
+        state.phase(phase)
+    assert list(state.timings()) == ["setup", "tools", "agent", "close"]
+    assert all(v >= 0 for v in state.timings().values())
 
 
 def test_results_file_drops_a_line_cut_short_by_a_crash(tmp_path: Path):

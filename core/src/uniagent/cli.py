@@ -6,7 +6,7 @@ import argparse
 import json
 import sys
 from collections.abc import Sequence
-from typing import Any
+from typing import Any, NoReturn
 
 from uniagent import __version__
 from uniagent.errors import UniAgentError
@@ -78,6 +78,31 @@ def cmd_plugins(args: argparse.Namespace) -> int:
     return 1 if report["errors"] else 0
 
 
+def model_info(spec: str, api_key_env: str | None) -> dict[str, Any]:
+    """What the manifest records of the model: its spec without credentials, the key's source."""
+    from uniagent.run.manifest import public_model_spec
+
+    info: dict[str, Any] = {"spec": public_model_spec(spec)}
+    if spec.startswith("openai:"):
+        info["api_key_env"] = api_key_env or "OPENAI_API_KEY"
+    return info
+
+
+def check_model_spec(spec: str, api_key_env: str | None) -> None:
+    """Reject a model spec that cannot work before anything starts (one line)."""
+    from pathlib import Path
+
+    from uniagent.errors import ConfigError
+
+    kind, _, rest = spec.partition(":")
+    if kind == "hf" and rest and rest != "smollm2":
+        looks_like_path = rest.startswith(("/", ".", "~")) or rest.endswith(".gguf")
+        if looks_like_path and not Path(rest).expanduser().exists():
+            raise ConfigError(f"--model {spec}: {rest} does not exist")
+    if api_key_env is not None and kind != "openai":
+        raise ConfigError("--api-key-env applies only to openai: models")
+
+
 def cmd_run(args: argparse.Namespace) -> int:
     """Run (and score) an agent over a task set."""
     import functools
@@ -86,15 +111,21 @@ def cmd_run(args: argparse.Namespace) -> int:
     from uniagent.config import AgentConfig
     from uniagent.models import from_spec
     from uniagent.resolve import resolve
-    from uniagent.run.runner import run_sync
+    from uniagent.run.progress import Progress
+    from uniagent.run.runner import exit_status, run_sync
     from uniagent.run.summary import format_summary
     from uniagent.run.tasks import load_tasks
 
     config = AgentConfig.from_yaml(args.config)
     resolve(config, source=args.config)  # any typo: exit 2 before a sandbox starts
     tasks, bad_rows = load_tasks(args.data)
-    factory = functools.partial(from_spec, args.model, sampling_params=dict(config.sampling))
+    check_model_spec(args.model, args.api_key_env)
+    options: dict[str, Any] = {"sampling_params": dict(config.sampling)}
+    if args.api_key_env:
+        options["api_key_env"] = args.api_key_env
+    factory = functools.partial(from_spec, args.model, **options)
     out = Path(args.out)
+    progress = Progress.for_stream(verbose=args.verbose)
     summary = run_sync(
         config,
         tasks,
@@ -104,12 +135,24 @@ def cmd_run(args: argparse.Namespace) -> int:
         concurrency=args.concurrency,
         n=args.n,
         limit=args.limit,
+        retries=args.retries,
+        retry_delay=args.retry_delay,
+        breaker=args.breaker,
+        keep_failures=args.keep_failures,
+        force_resume=args.force_resume,
+        model_info=model_info(args.model, args.api_key_env),
+        tasks_path=Path(args.data),
+        config_path=str(args.config),
         ray_address=args.ray,
         ray_workers=args.workers,
+        progress=progress,
     )
     print(format_summary(summary))
     print(f"results: {out / 'results.jsonl'}; summary: {out / 'summary.json'}")
-    return 0
+    status = exit_status(summary)
+    if summary.get("stopped"):
+        print(f"uniagent: {summary['stopped']}", file=sys.stderr)
+    return status
 
 
 def cmd_view(args: argparse.Namespace) -> int:
@@ -184,10 +227,13 @@ def cmd_data_prepare(args: argparse.Namespace) -> int:
 
 
 def cmd_clean(args: argparse.Namespace) -> int:
-    """Remove what killed runs left behind: host sandboxes of dead owners."""
+    """Remove what killed runs left behind: host sandboxes and containers of dead owners."""
+    from uniagent.env.containers import remove_leftovers
     from uniagent.env.host import cleanup_leftovers
 
     removed = cleanup_leftovers(args.base_dir)
+    if not args.no_containers:
+        removed += remove_leftovers()
     for item in removed:
         print(f"removed {item}")
     if not removed:
@@ -215,18 +261,45 @@ def add_data_parser(sub: Any) -> None:
     prepare.add_argument(
         "--data-source", default=None, help="data_source column (default: the task file's stem)"
     )
-    prepare.add_argument("--limit", type=int, default=None, help="only the first M tasks")
+    prepare.add_argument("--limit", type=positive, default=None, help="only the first M tasks")
     prepare.set_defaults(func=cmd_data_prepare)
+
+
+class Parser(argparse.ArgumentParser):
+    """argparse with one-line errors (the usage block is in ``--help``)."""
+
+    def error(self, message: str) -> NoReturn:
+        """Print ``PROG: error: MESSAGE`` and exit 2."""
+        self.exit(2, f"{self.prog}: error: {message} (see {self.prog} --help)\n")
+
+
+def _number(kind: type, low: float, what: str) -> Any:
+    def parse(text: str) -> Any:
+        try:
+            value = kind(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"{text!r} is not a number") from None
+        if value < low:
+            raise argparse.ArgumentTypeError(f"must be {what}, got {text}")
+        return value
+
+    parse.__name__ = kind.__name__
+    return parse
+
+
+positive = _number(int, 1, "at least 1")
+non_negative = _number(int, 0, "0 or more")
+non_negative_float = _number(float, 0.0, "0 or more")
 
 
 def build_parser() -> argparse.ArgumentParser:
     """The argument parser with every sub-command."""
-    parser = argparse.ArgumentParser(
+    parser = Parser(
         prog="uniagent",
         description="Build, run and train tool-using LLM agents.",
     )
     parser.add_argument("--version", action="version", version=f"uniagent {__version__}")
-    sub = parser.add_subparsers(dest="command", metavar="COMMAND")
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=Parser)
 
     plugins = sub.add_parser("plugins", help="list installed plugins and what they provide")
     plugins.add_argument("--json", action="store_true", help="print JSON")
@@ -237,7 +310,13 @@ def build_parser() -> argparse.ArgumentParser:
         "run",
         help="run an agent over a task set (resumable)",
         description="Run an agent over a task set. Re-running the same command resumes: "
-        "finished (task, sample) pairs in OUT/results.jsonl are skipped.",
+        "(task, sample) pairs that ended with a policy outcome are skipped; infrastructure "
+        "failures are run again.",
+        epilog="exit status: 0 every episode ended with a policy outcome; 1 infrastructure "
+        "failures remain, or the run stopped (model endpoint down, circuit breaker); 2 bad "
+        "input (config, task file, option values, an output folder in use or holding another "
+        "run), or task rows skipped; 130 / 143 interrupted by SIGINT / SIGTERM (sandboxes "
+        "closed; run again to resume). See docs/running.md.",
     )
     run.add_argument("config", help="agent config YAML")
     run.add_argument("--data", required=True, help="tasks: .jsonl or .parquet")
@@ -247,15 +326,58 @@ def build_parser() -> argparse.ArgumentParser:
         help="hf:PATH_OR_GGUF (in-process transformers) or openai:BASE_URL#MODEL",
     )
     run.add_argument("--out", required=True, help="output directory (results, episodes, summary)")
-    run.add_argument("--concurrency", type=int, default=None, help="episodes at once (config)")
-    run.add_argument("--n", type=int, default=1, help="samples per task (pass@k when > 1)")
-    run.add_argument("--limit", type=int, default=None, help="only the first M tasks")
+    run.add_argument(
+        "--concurrency", type=positive, default=None, help="episodes at once (default: config)"
+    )
+    run.add_argument("--n", type=positive, default=1, help="samples per task (pass@k when > 1)")
+    run.add_argument("--limit", type=positive, default=None, help="only the first M tasks")
+    run.add_argument(
+        "--retries",
+        type=non_negative,
+        default=2,
+        help="tries again of an episode that failed for infrastructure reasons (default 2)",
+    )
+    run.add_argument(
+        "--retry-delay",
+        type=non_negative_float,
+        default=10.0,
+        metavar="SECONDS",
+        help="wait before the first retry, doubled for each further one (default 10)",
+    )
+    run.add_argument(
+        "--breaker",
+        type=non_negative,
+        default=None,
+        metavar="N",
+        help="stop when the first N attempts all fail the same infrastructure way "
+        "(default: the concurrency, within 3..10; 0: never)",
+    )
+    run.add_argument(
+        "--keep-failures",
+        action="store_true",
+        help="on resume, keep recorded infrastructure failures instead of running them again",
+    )
+    run.add_argument(
+        "--force-resume",
+        action="store_true",
+        help="resume although the config, model or task file differ from the folder's manifest",
+    )
+    run.add_argument(
+        "--api-key-env",
+        metavar="NAME",
+        default=None,
+        help="openai: models: the environment variable holding the API key "
+        "(default OPENAI_API_KEY)",
+    )
+    run.add_argument(
+        "-v", "--verbose", action="store_true", help="stream every episode's log lines"
+    )
     run.add_argument(
         "--ray", metavar="ADDRESS", default=None, help="run on Ray: an address or auto"
     )
     run.add_argument(
         "--workers",
-        type=int,
+        type=positive,
         default=None,
         help="with --ray: worker actors (default: cluster CPUs)",
     )
@@ -263,14 +385,19 @@ def build_parser() -> argparse.ArgumentParser:
 
     clean = sub.add_parser(
         "clean",
-        help="remove host sandboxes (directories, cgroups, processes) of killed runs",
-        description="Find host sandboxes whose owning process is gone (a run killed with "
-        "SIGKILL, a crashed machine session) and remove them: their processes are killed, "
-        "their tmpfs unmounted, their directories and cgroups removed. Sandboxes of running "
-        "processes are never touched. `uniagent run` does this at start too.",
+        help="remove sandboxes (host directories, cgroups, containers) of killed runs",
+        description="Find sandboxes whose owning process is gone (a run killed with "
+        "SIGKILL, a crashed machine session) and remove them: host sandboxes' processes are "
+        "killed, their tmpfs unmounted, their directories and cgroups removed; `local` "
+        "containers (labelled uniagent.owner by the process that started them, on this host) "
+        "are removed with docker or podman. Sandboxes of running processes are never "
+        "touched. `uniagent run` does this at start too.",
     )
     clean.add_argument(
         "--base-dir", default=None, help="the host deployment's base_dir (default: the temp dir)"
+    )
+    clean.add_argument(
+        "--no-containers", action="store_true", help="leave containers alone (host only)"
     )
     clean.set_defaults(func=cmd_clean)
 
@@ -286,8 +413,17 @@ def main(argv: Sequence[str] | None = None) -> int:
     if not getattr(args, "func", None):
         parser.print_help()
         return 2
+    from uniagent.run.preflight import EndpointError
+    from uniagent.run.shutdown import Interrupted
+
     try:
         return int(args.func(args) or 0)
+    except Interrupted as exc:
+        print(f"uniagent: {exc}", file=sys.stderr)
+        return exc.exit_status
+    except EndpointError as exc:  # infrastructure, not the user's input
+        print(f"uniagent: error: {exc}", file=sys.stderr)
+        return 1
     except UniAgentError as exc:
         print(f"uniagent: error: {exc}", file=sys.stderr)
         return 2

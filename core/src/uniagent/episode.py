@@ -23,6 +23,7 @@ from uniagent.interaction.loop import AgentInteraction
 from uniagent.interaction.metrics import EpisodeMetrics
 from uniagent.interaction.prompts import tool_instructions
 from uniagent.models.base import ChatModel
+from uniagent.observer import NULL_OBSERVER, EpisodeObserver
 from uniagent.resolve import ResolvedAgent
 from uniagent.rollout import RolloutCache
 
@@ -102,6 +103,7 @@ async def run_episode(
     *,
     messages: Sequence[Mapping[str, Any]] | None = None,
     logger: logging.Logger | None = None,
+    observer: EpisodeObserver | None = None,
 ) -> EpisodeResult:
     """Run one task to completion; failures become exit reasons, never exceptions.
 
@@ -110,9 +112,10 @@ async def run_episode(
     caller already has them (verl's dataset prompt); by default they are
     rendered from the config's templates. Only a task the episode cannot even
     begin with (a field missing for ``instance_template``) raises, before any
-    sandbox starts.
+    sandbox starts. ``observer`` is told each phase, turn and tool call (progress).
     """
     logger = logger or log
+    observer = observer or NULL_OBSERVER
     config = agent.config
     grader = make_grader(agent, task)
     tools = list(agent.tools)
@@ -125,14 +128,18 @@ async def run_episode(
     env: AgentEnv | None = None
     integrity: Mapping[str, Any] = {}
     try:
+        observer.phase("setup")
         env = agent.new_env()
         await env.start()
+        observer.phase("tools")
         await env.install_tools(tools)
         if grader is not None:
+            observer.phase("baseline")
             integrity = await grader.prepare(env)
     except Exception as exc:
         logger.error("sandbox setup failed: %s", exc)
         if env is not None:
+            observer.phase("close")
             await env.close()
         return _failed(config, ExitReason.ENV_ERROR, metrics, exc)
     finally:
@@ -140,7 +147,10 @@ async def run_episode(
 
     try:
         cache = model.start_cache(prompt, [t.openai_schema() for t in tools])
-        interaction = AgentInteraction(model, env, tools, parser, config.interaction, logger=logger)
+        interaction = AgentInteraction(
+            model, env, tools, parser, config.interaction, logger=logger, observer=observer
+        )
+        observer.phase("agent")
         outcome = await interaction.run(cache, metrics)
         inexact = metrics.inexact_turns > 0 and config.inexact_treatment() == "mask"
         result = EpisodeResult(
@@ -156,12 +166,14 @@ async def run_episode(
             # The agent's own command ended its shell: a policy outcome worth nothing.
             result.reward, result.reward_info = 0.0, {"score_reason": "agent_killed_shell"}
         elif grader is not None and not result.traj_masked:
+            observer.phase("grading")
             await _grade(config, grader, env, result, logger)
         return result
     except Exception as exc:
         logger.exception("episode failed")
         return _failed(config, ExitReason.UNKNOWN_ERROR, metrics, exc)
     finally:
+        observer.phase("close")
         await env.close()
 
 

@@ -16,7 +16,7 @@ from typing import Any
 
 from pydantic import BaseModel
 
-from uniagent.env.aio import use_pidfd_child_watcher
+from uniagent.env.aio import use_pidfd_child_watcher, wait_through_cancellation
 from uniagent.env.config import DEFAULT_TOOLS_DIR, EnvConfig
 from uniagent.env.errors import (
     ActionSyntaxError,
@@ -47,6 +47,8 @@ from uniagent.specs import ToolSpec
 log = logging.getLogger(__name__)
 
 SESSION = "default"
+#: Every sandbox started and not yet stopped, so that an interrupted run can close them all.
+_OPEN: set[AgentEnv] = set()
 #: Outputs longer than this are cleaned on a worker thread, not on the event loop.
 _THREAD_CLEAN_CHARS = 1_000_000
 
@@ -151,6 +153,7 @@ class AgentEnv:
         if self._started:
             raise EnvError("this AgentEnv was already started; make a new one per episode")
         self._started = True
+        _OPEN.add(self)
         use_pidfd_child_watcher()  # no thread per subprocess on Python 3.11 (safe, idempotent)
         try:
             await asyncio.wait_for(self._start(), self.config.startup_timeout)
@@ -180,11 +183,14 @@ class AgentEnv:
         )
         q = shlex.quote
         exports = " ".join(f"{k}={q(v)}" for k, v in self.config.session_env().items())
-        setup = f'mkdir -p {q(self._tools_dir)} && export PATH={q(self._tools_dir)}:"$PATH"'
+        # `[ -d ] ||`: no mkdir process when the directory is there (the host backend's are).
+        tools = q(self._tools_dir)
+        setup = f'{{ [ -d {tools} ] || mkdir -p {tools}; }} && export PATH={tools}:"$PATH"'
         if exports:
             setup += f" && export {exports}"
         if self._workdir:
-            setup += f" && mkdir -p {q(self._workdir)} && cd {q(self._workdir)}"
+            work = q(self._workdir)
+            setup += f" && {{ [ -d {work} ] || mkdir -p {work}; }} && cd {work}"
         for command in (setup, *self.config.post_setup):
             obs = await self.run_action(command, timeout=self.config.setup_timeout)
             if obs.exit_code != 0:
@@ -205,6 +211,8 @@ class AgentEnv:
             await asyncio.wait_for(self.deployment.stop(), self.config.close_timeout)
         except Exception as exc:
             log.warning("stopping the sandbox failed: %s: %s", type(exc).__name__, exc)
+        finally:
+            _OPEN.discard(self)
 
     async def __aenter__(self) -> AgentEnv:
         await self.start()
@@ -450,38 +458,72 @@ class AgentEnv:
                         f"its script {Path(script).name!r} has the same name as one of "
                         f"tool {other!r}; rename one of them",
                     )
-        for tool in tools:
-            if tool.name in self._installed:
-                continue
+        pending = [tool for tool in tools if tool.name not in self._installed]
+        await self._upload_scripts(pending)
+        for tool in pending:
             await self._install(tool)
             self._installed.add(tool.name)
 
-    async def _install(self, tool: ToolSpec) -> None:
-        q = shlex.quote
+    async def _upload_scripts(self, tools: Sequence[ToolSpec]) -> None:
+        """Every tool's scripts into the tools dir, made executable by one ``chmod``."""
+        targets: list[str] = []
+        current = tools[0].name if tools else ""
         try:
-            targets = []
-            for script in tool.scripts:
-                if not Path(script).is_file():
-                    raise ToolInstallError(
-                        tool.name, f"script {str(script)!r} does not exist locally"
-                    )
-                target = posixpath.join(self._tools_dir, Path(script).name)
-                await self.upload(script, target)
-                targets.append(target)
+            for tool in tools:
+                current = tool.name
+                for script in tool.scripts:
+                    if not Path(script).is_file():
+                        raise ToolInstallError(
+                            tool.name, f"script {str(script)!r} does not exist locally"
+                        )
+                    target = posixpath.join(self._tools_dir, Path(script).name)
+                    await self.upload(script, target)
+                    targets.append(target)
             if targets:
-                await self.communicate("chmod +x " + " ".join(q(t) for t in targets), check=True)
-            if tool.install:
-                # In a subshell: an `exit` or `set -e` in it must not end the session.
-                await self.communicate(
-                    f"(\n{tool.install}\n)", timeout=self.config.setup_timeout, check=True
-                )
+                paths = " ".join(map(shlex.quote, targets))
+                await self.communicate(f"chmod +x {paths}", check=True)
         except ToolInstallError:
             raise
-        except NonZeroExitError as exc:
-            raise ToolInstallError(
-                tool.name, f"{exc.command!r} exited with {exc.exit_code}", exc.output
-            ) from exc
-        except (ActionTimeoutError, ActionSyntaxError, TerminalNotAliveError) as exc:
-            raise ToolInstallError(tool.name, str(exc), getattr(exc, "partial_output", "")) from exc
         except Exception as exc:
-            raise ToolInstallError(tool.name, f"{type(exc).__name__}: {exc}") from exc
+            raise _install_error(current, exc) from exc
+
+    async def _install(self, tool: ToolSpec) -> None:
+        if not tool.install:
+            return
+        try:
+            # In a subshell: an `exit` or `set -e` in it must not end the session.
+            await self.communicate(
+                f"(\n{tool.install}\n)", timeout=self.config.setup_timeout, check=True
+            )
+        except ToolInstallError:
+            raise
+        except Exception as exc:
+            raise _install_error(tool.name, exc) from exc
+
+
+def _install_error(tool: str, exc: Exception) -> ToolInstallError:
+    """A failure while installing ``tool``, as the :class:`ToolInstallError` it means."""
+    if isinstance(exc, NonZeroExitError):
+        return ToolInstallError(tool, f"{exc.command!r} exited with {exc.exit_code}", exc.output)
+    if isinstance(exc, ActionTimeoutError | ActionSyntaxError | TerminalNotAliveError):
+        return ToolInstallError(tool, str(exc), getattr(exc, "partial_output", ""))
+    return ToolInstallError(tool, f"{type(exc).__name__}: {exc}")
+
+
+async def close_open_envs() -> int:
+    """Close every sandbox of this process that is started and not yet stopped.
+
+    For shutdown: cancelled episodes close their sandboxes themselves, but a task
+    cancelled again while closing (as anyio's cancel scopes do) stops waiting
+    before the sandbox is gone. This waits for every pending close, whatever
+    cancels the caller meanwhile, and returns how many sandboxes it waited for.
+    """
+    count = 0
+    while _OPEN:  # a close may race a start that registers a new sandbox
+        envs = list(_OPEN)
+        count += len(envs)
+        await wait_through_cancellation(
+            asyncio.gather(*(env.close() for env in envs), return_exceptions=True)
+        )
+        _OPEN.difference_update(envs)
+    return count

@@ -107,3 +107,24 @@ def use_pidfd_child_watcher() -> bool:
         policy.set_child_watcher(PidfdChildWatcher())
         _checked = True
         return True
+
+
+async def wait_through_cancellation(awaitable: Any) -> Any:
+    """Await ``awaitable`` to the end even if the caller is cancelled meanwhile (cleanup).
+
+    ``asyncio.shield`` alone returns to a cancelled caller at once; anyio's cancel
+    scopes (httpx, openai) cancel their host task again and again. This keeps
+    waiting; the caller's cancellation is delivered by its next await.
+    """
+    future = asyncio.ensure_future(awaitable)
+    cancelled = False
+    while not future.done():
+        try:
+            await asyncio.shield(future)
+        except asyncio.CancelledError:
+            cancelled = True
+    if cancelled:
+        task = asyncio.current_task()
+        if task is not None:  # keep the cancellation pending for the caller's next await
+            task.cancel()
+    return future.result()

@@ -11,13 +11,13 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import ctypes
 import fnmatch
 import logging
 import os
 import shlex
 import shutil
 import signal
-import subprocess
 import tempfile
 import threading
 from pathlib import Path
@@ -610,34 +610,37 @@ _mount_warned = False
 def _mount_tmpfs(root: Path, size: int) -> None:
     """Make ``root`` a tmpfs of ``size`` bytes (the disk limit); warn once where not allowed."""
     global _mount_warned
-    done = subprocess.run(
-        ["mount", "-t", "tmpfs", "-o", f"size={size},mode=0755", "uniagent-episode", str(root)],
-        capture_output=True,
-        text=True,
-        check=False,
-    )
-    if done.returncode != 0 and not _mount_warned:
+    problem = _libc_call("mount", b"uniagent-episode", os.fsencode(root), b"tmpfs", 0,
+                         f"size={size},mode=0755".encode())  # fmt: skip
+    if problem is not None and not _mount_warned:
         _mount_warned = True
         log.warning(
             "no disk limit for host sandboxes: mounting a tmpfs failed (%s); run as root or set "
-            "limits.disk: null", (done.stderr or done.stdout).strip()[:200]
+            "limits.disk: null", problem
         )
 
 
-def _is_mount(path: Path) -> bool:
-    try:
-        return any(line.split()[4] == str(path) for line in
-                   Path("/proc/self/mountinfo").read_text().splitlines())
-    except OSError:
-        return False
+def _libc_call(name: str, *args: Any) -> str | None:
+    """Call mount(2)/umount2(2) directly (no mount process per sandbox); the error, if any."""
+    global _libc
+    if _libc is None:
+        _libc = ctypes.CDLL(None, use_errno=True)
+    if getattr(_libc, name)(*args) == 0:
+        return None
+    return os.strerror(ctypes.get_errno())
+
+
+_libc: Any = None
+#: umount2(2) flag: detach now, clean up when no longer busy (``umount -l``).
+_MNT_DETACH = 2
 
 
 def _remove_episode(root: Path, cgroup: SandboxCgroup | None) -> None:
     """End the sandbox's processes, unmount and remove its directory (blocking)."""
     if cgroup is not None:
         cgroup.remove()
-    if _is_mount(root):
-        subprocess.run(["umount", "-l", str(root)], capture_output=True, check=False)
+    if os.path.ismount(root):
+        _libc_call("umount2", os.fsencode(root), _MNT_DETACH)
     shutil.rmtree(root, ignore_errors=True)
 
 
@@ -645,8 +648,8 @@ def _discard_layout(made: asyncio.Future[_Layout]) -> None:
     if made.cancelled() or made.exception() is not None:
         return
     layout = made.result()
-    threading.Thread(target=_remove_episode, args=(layout.root, layout.cgroup),
-                     daemon=True).start()
+    # Not a daemon: an interrupted run's exit waits until the directory is gone.
+    threading.Thread(target=_remove_episode, args=(layout.root, layout.cgroup)).start()
 
 
 def cleanup_leftovers(base_dir: str | None = None) -> list[str]:

@@ -22,11 +22,13 @@ import logging
 import resource
 import shutil
 import tempfile
+import uuid
 from pathlib import Path
 from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from uniagent.env.containers import label_args, name_prefix
 from uniagent.env.errors import EnvError, EnvStartError
 from uniagent.env.host import SandboxLimits
 from uniagent.env.killall import kill_all_but_ancestors
@@ -181,8 +183,8 @@ def _container_class() -> type:
             if self._config.python_standalone_dir:
                 image = await asyncio.to_thread(self._build_image)
             port = self._config.port or find_free_port()
-            # SWE-ReX declares the attribute as None only.
-            self._container_name = self._get_container_name()  # type: ignore[assignment]
+            # Named and labelled after the run, so that `uniagent clean` finds its leftovers.
+            self._container_name = f"{name_prefix()}{uuid.uuid4().hex[:12]}"  # type: ignore[assignment]
             token = self._get_token()
             platform = ["--platform", self._config.platform] if self._config.platform else []
             argv: list[str] = [
@@ -193,6 +195,7 @@ def _container_class() -> type:
                 f"127.0.0.1:{port}:8000",
                 *platform,
                 *self._config.docker_args,
+                *label_args(),
                 "--name",
                 str(self._container_name),
                 str(image),

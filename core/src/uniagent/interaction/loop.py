@@ -24,6 +24,7 @@ from uniagent.env.errors import (
 from uniagent.interaction.exit import ExitReason
 from uniagent.interaction.metrics import EpisodeMetrics
 from uniagent.models.base import ChatModel, ContextLimitError, ModelError, ModelTurn
+from uniagent.observer import NULL_OBSERVER, EpisodeObserver
 from uniagent.parsers import (
     ParseResult,
     StructuredCalls,
@@ -74,8 +75,10 @@ class AgentInteraction:
         config: InteractionConfig,
         *,
         logger: logging.Logger | None = None,
+        observer: EpisodeObserver | None = None,
     ) -> None:
         self.model = model
+        self.observer = observer or NULL_OBSERVER
         self.env = env
         self.tools = list(tools)
         self.tools_by_name = {t.name: t for t in self.tools}
@@ -92,6 +95,7 @@ class AgentInteraction:
         metrics = metrics or EpisodeMetrics()
         for _ in range(self.config.max_turns):
             metrics.turns += 1
+            self.observer.turn(metrics.turns)
             started = time.perf_counter()
             try:
                 response = await self.model.generate(
@@ -144,6 +148,7 @@ class AgentInteraction:
         for call in calls:
             metrics.tool_calls[call.name] += 1
             spec = self.tools_by_name[call.name]
+            self.observer.tool(call.name)
             started = time.perf_counter()
             try:
                 observation = await self.env.run_action(

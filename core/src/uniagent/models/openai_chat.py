@@ -23,16 +23,22 @@ answers text-parsed calls with user messages in message mode).
 429, 5xx, 408/409 and connection errors are retried with exponential backoff (a
 ``Retry-After`` header in seconds is honoured, capped at ``max_backoff``), then
 :class:`ModelError`; a context-length 400 becomes :class:`ContextLimitError`.
+
+The API key is ``api_key``, else the environment variable named by ``api_key_env``,
+else ``OPENAI_API_KEY``, else ``"EMPTY"`` (for servers without authentication).
 """
 
 from __future__ import annotations
 
 import asyncio
 import inspect
+import json
 import logging
+import os
 from collections.abc import Callable, Mapping, Sequence
-from typing import Any
+from typing import Any, cast
 
+from uniagent.errors import ConfigError
 from uniagent.models.base import (
     ContextLimitError,
     FinishReason,
@@ -65,6 +71,7 @@ class OpenAIChatModel:
         model: str,
         api_key: str | None = None,
         *,
+        api_key_env: str | None = None,
         sampling_params: Mapping[str, Any] | None = None,
         max_retries: int = 4,
         backoff: float = 1.0,
@@ -93,7 +100,7 @@ class OpenAIChatModel:
         self._openai = _import_openai()
         self.client = client or self._openai.AsyncOpenAI(
             base_url=base_url,
-            api_key=api_key or "EMPTY",
+            api_key=api_key or _key_from_env(api_key_env) or "EMPTY",
             timeout=timeout,
             max_retries=0,  # retries are ours: counted, logged, then ModelError
         )
@@ -221,11 +228,20 @@ class OpenAIChatModel:
 
     async def _create(self, request: dict[str, Any]) -> dict[str, Any]:
         openai = self._openai
+        # The request is plain JSON already: posted as it is, it skips the SDK's typed
+        # transform of every message (most of the client's CPU per turn) and the parse
+        # into pydantic models; errors, auth and the connection pool are the SDK's.
+        body = {k: v for k, v in request.items() if k != "extra_body"}
+        body.update(request.get("extra_body") or {})  # what the SDK's extra_body would add
         attempt = 0
         while True:
             try:
-                completion = await self.client.chat.completions.create(**request)
-                return completion.model_dump() if hasattr(completion, "model_dump") else completion
+                raw = await self.client.post("/chat/completions", body=body, cast_to=bytes)
+                try:
+                    return cast(dict[str, Any], json.loads(raw))
+                except ValueError:
+                    text = f"{raw!r:.300}"
+                    raise ModelError(f"{self.base_url} answered with no JSON: {text}") from None
             except openai.BadRequestError as exc:
                 if _is_context_error(exc):
                     raise ContextLimitError(f"{self.base_url}: {_api_error_text(exc)}") from exc
@@ -267,6 +283,16 @@ def _outgoing(message: Mapping[str, Any], keep: frozenset[str], tokens: bool) ->
     if not tokens and out.get("role") == "tool":
         out.pop("name", None)
     return out
+
+
+def _key_from_env(name: str | None) -> str | None:
+    """The key in variable ``name`` (which must be set), else in ``OPENAI_API_KEY``."""
+    if name is None:
+        return os.environ.get("OPENAI_API_KEY") or None
+    value = os.environ.get(name)
+    if not value:
+        raise ConfigError(f"api_key_env: the environment variable {name} is not set")
+    return value
 
 
 def _import_openai() -> Any:

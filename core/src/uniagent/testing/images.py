@@ -101,3 +101,34 @@ def engine_args(engine: str) -> list[str]:
     from uniagent.env.local import podman_args
 
     return podman_args([]) if engine == "podman" else []
+
+
+#: The image the local-backend tests use: Debian bookworm with ``swerex-remote``.
+TEST_IMAGE = os.environ.get("UNIAGENT_TEST_IMAGE", "localhost/uniagent-swerex:bookworm")
+
+
+def engine_with_test_image(image: str = TEST_IMAGE) -> str:
+    """The engine that runs ``image`` here, building the image first if needed.
+
+    For pytest fixtures: skips the test (printing why) where no engine works or the
+    image cannot be built or run.
+    """
+    import pytest
+
+    def skip(reason: str) -> None:
+        print(f"\nSKIP local deployment: {reason}")
+        pytest.skip(reason)
+
+    engine, reason = container_engine()
+    if engine is None:
+        skip(f"no container engine works here: {reason}")
+    assert engine is not None
+    if not image_exists(engine, image):
+        try:
+            build_image(engine, image)
+        except (RuntimeError, OSError, subprocess.TimeoutExpired) as exc:
+            skip(f"cannot build the test image {image}: {exc}")
+    probe = run([engine, "run", "--rm", *engine_args(engine), image, "swerex-remote", "-v"])
+    if probe.returncode != 0:
+        skip(f"`{engine} run {image}` fails: {probe.stderr.strip()[-500:]}")
+    return engine

@@ -1,0 +1,350 @@
+# ruff: noqa: E402 - imports follow the sys.path fix below
+"""End-to-end episodes: ``uniagent run`` beside mini-swe-agent's runner and a bare floor.
+
+    python bench/run.py                                   # 1, 16, 64, 256 at once; 256 tasks
+    python bench/run.py --concurrency 16,64 --tasks 128 --repeats 3
+
+One scripted OpenAI-compatible server on 127.0.0.1 (``ScriptedChatServer`` in its
+own process, instant replies) plays a fixed 6-turn script per task: five shell
+commands, then the finish (uniagent's ``submit`` tool; for the others a command
+printing ``COMPLETE_TASK_AND_SUBMIT_FINAL_OUTPUT``, mini-swe-agent's convention).
+The same tasks and server serve, at each concurrency, in turn:
+
+- ``floor``: ``bench/floor.py``, a minimal asyncio loop (HTTP call, ``bash -c`` per
+  command, nothing else);
+- ``uniagent``: ``uniagent run`` on the host backend without isolation (as the
+  floor runs), with its defaults otherwise (per-sandbox cgroup and tmpfs where root
+  allows, tools installed, results and episode files written, no reward);
+- ``uniagent+reward``: the same with the built-in ``command`` reward graded in the
+  episode's sandbox (the grader's baseline before the first turn, grading after);
+- ``mini-swe-agent``: its batch runner (``mini-extra swebench`` 2.4.6, local
+  environment: ``bash -c`` per command, one thread per worker) in a venv the bench
+  makes (``bench/.venv-mini``, ``pip install mini-swe-agent==2.4.6``).
+
+Each runner is its own process, started through a small wrapper that records at
+exit its own CPU (``RUSAGE_SELF``), the CPU of the processes it started and waited
+for (``RUSAGE_CHILDREN``: sandboxes, commands), its peak RSS, and for asyncio
+runners the event-loop lag (a 10 ms ticker's lateness: p99 and worst). Printed
+per concurrency: episodes/s, runner CPU per episode, started processes' CPU per
+episode, their total, peak memory, loop lag, and the ratios to the floor; then
+uniagent's per-episode split (medians over episodes, from its results:
+setup, tools, baseline, agent loop, of which model wait and env, grading, close).
+"""
+
+from __future__ import annotations
+
+import sys
+
+# Running `python bench/run.py` puts bench/ first on sys.path, where a sibling
+# script named like a stdlib module (bench/tokenize.py) would shadow it.
+sys.path[:] = [p for p in sys.path if not p or not p.rstrip("/").endswith("bench")]
+
+import argparse
+import json
+import os
+import shutil
+import statistics
+import subprocess
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+BENCH = Path(__file__).resolve().parent
+MINI_VENV = BENCH / ".venv-mini"
+MINI = "mini-swe-agent==2.4.6"
+TURNS = 6
+COMMANDS = (
+    "ls -la",
+    "echo hello > note.txt && cat note.txt",
+    "grep -c root /etc/passwd",
+    "printf '%s\\n' delta alpha charlie bravo | sort",
+    "wc -c note.txt",
+)
+DONE = "echo COMPLETE_TASK_AND_SUBMIT_FINAL_OUTPUT"
+
+#: Runs a module or script in this process and writes its resource use at exit.
+WRAPPER = r"""
+import asyncio, atexit, json, os, resource, runpy, sys, time
+out, target, args = sys.argv[1], sys.argv[2], sys.argv[3:]
+lags, started = [], time.monotonic()
+def dump():
+    me = resource.getrusage(resource.RUSAGE_SELF)
+    kids = resource.getrusage(resource.RUSAGE_CHILDREN)
+    with open(out, "w") as f:
+        json.dump({"self_cpu": me.ru_utime + me.ru_stime,
+                   "children_cpu": kids.ru_utime + kids.ru_stime,
+                   "self_maxrss_kb": me.ru_maxrss, "wall": time.monotonic() - started,
+                   "lags": sorted(lags)}, f)
+atexit.register(dump)
+real_run = asyncio.run
+def run_with_probe(main, **kwargs):
+    async def probe():
+        loop = asyncio.get_running_loop()
+        while True:
+            due = loop.time() + 0.01
+            await asyncio.sleep(0.01)
+            lags.append(loop.time() - due)
+    async def wrapped():
+        ticker = asyncio.ensure_future(probe())
+        try:
+            return await main
+        finally:
+            ticker.cancel()
+    return real_run(wrapped(), **kwargs)
+asyncio.run = run_with_probe
+sys.argv = [target, *args]
+try:
+    if target.endswith(".py"):
+        runpy.run_path(target, run_name="__main__")
+    else:
+        runpy.run_module(target, run_name="__main__", alter_sys=True)
+except SystemExit as exc:
+    if exc.code not in (None, 0):
+        raise
+"""
+
+
+def script(body: dict[str, Any]) -> Any:
+    """The server's reply: turn k (from the history) of the fixed script, in the asker's tools."""
+    from uniagent.testing import Reply, tool_call
+
+    turn = sum(1 for m in body["messages"] if m.get("role") == "assistant")
+    names = {t["function"]["name"] for t in body.get("tools") or []}
+    bash = "execute_bash" if "execute_bash" in names else "bash"
+    if turn < TURNS - 1:
+        return Reply("", tool_calls=[tool_call(bash, {"command": COMMANDS[turn]}, f"call_{turn}")])
+    if "submit" in names:
+        return Reply("", tool_calls=[tool_call("submit", {}, "call_submit")])
+    return Reply("", tool_calls=[tool_call(bash, {"command": DONE}, "call_done")])
+
+
+def serve(url_file: Path) -> None:
+    """Run the scripted server until killed; its URL goes to ``url_file``."""
+    from uniagent.testing import ScriptedChatServer
+
+    with ScriptedChatServer(default=script, model="scripted") as server:
+        url_file.write_text(server.base_url)
+        while True:
+            time.sleep(3600)
+
+
+def mini_python() -> Path:
+    """The interpreter of the venv holding mini-swe-agent (made on first use)."""
+    python = MINI_VENV / "bin" / "python"
+    if not python.exists():
+        print(f"making {MINI_VENV} with {MINI} (once) ...", flush=True)
+        subprocess.run([sys.executable, "-m", "venv", str(MINI_VENV)], check=True)
+        subprocess.run([str(python), "-m", "pip", "install", "-q", MINI], check=True)
+    return python
+
+
+def write_inputs(work: Path, tasks: int) -> dict[str, Path]:
+    """Tasks (JSONL, and a dataset folder for mini-swe-agent) and uniagent's two configs."""
+    rows = [
+        {"instance_id": f"task-{i:04d}", "problem_statement": f"Task {i}: look around, then stop.",
+         "test_command": "test -s note.txt"}
+        for i in range(tasks)
+    ]  # fmt: skip
+    text = "".join(json.dumps(r) + "\n" for r in rows)
+    (work / "tasks.jsonl").write_text(text)
+    (work / "dataset").mkdir(exist_ok=True)
+    (work / "dataset" / "train.jsonl").write_text(text)
+    base = (
+        "tool_parser: hermes\n"
+        "tools: [execute_bash, submit]\n"
+        "instance_template: '{problem_statement}'\n"
+        "interaction: {max_turns: 10}\n"
+        "env:\n  deployment: {type: host, isolation: none}\n"
+    )
+    (work / "uniagent.yaml").write_text(base)
+    (work / "uniagent-reward.yaml").write_text(base + "reward: {name: command}\n")
+    return {"tasks": work / "tasks.jsonl", "dataset": work / "dataset"}
+
+
+def command(runner: str, work: Path, url: str, concurrency: int, out: Path) -> list[str]:
+    """The command line of one runner."""
+    if runner.startswith("uniagent"):
+        config = work / ("uniagent-reward.yaml" if runner.endswith("reward") else "uniagent.yaml")
+        return [sys.executable, "-c", WRAPPER, str(out / "usage.json"), "uniagent.cli", "run",
+                str(config), "--data", str(work / "tasks.jsonl"), "--model",
+                f"openai:{url}#scripted", "--out", str(out), "--concurrency", str(concurrency)]
+    if runner == "floor":
+        return [sys.executable, "-c", WRAPPER, str(out / "usage.json"), str(BENCH / "floor.py"),
+                str(work / "tasks.jsonl"), url, "scripted", str(concurrency)]
+    cwd = out / "cwd"
+    cwd.mkdir(parents=True, exist_ok=True)
+    return [str(mini_python()), "-c", WRAPPER, str(out / "usage.json"),
+            "minisweagent.run.utilities.mini_extra", "swebench",
+            "--subset", str(work / "dataset"), "--split", "train", "-o", str(out / "mini"),
+            "-w", str(concurrency), "-m", "openai/scripted",
+            "-c", "swebench.yaml", "-c", "environment.environment_class=local",
+            "-c", f"environment.cwd={cwd}", "-c", f"model.model_kwargs.api_base={url}",
+            "-c", "model.cost_tracking=ignore_errors", "-c", "agent.cost_limit=0"]  # fmt: skip
+
+
+def finished(runner: str, out: Path, tasks: int, stdout: str) -> int:
+    """How many episodes ended as the script intends (all six turns, then the finish)."""
+    if runner.startswith("uniagent"):
+        records = [json.loads(x) for x in (out / "results.jsonl").read_text().splitlines()]
+        return sum(1 for r in records
+                   if r["exit_reason"] == "finished" and r["metrics"]["turns"] == TURNS)
+    if runner == "floor":
+        report = json.loads(stdout.strip().splitlines()[-1])
+        return report["episodes"] if report["turns"] == TURNS * report["episodes"] else 0
+    statuses = list((out / "mini").glob("exit_statuses_*.yaml"))
+    text = statuses[0].read_text() if statuses else ""
+    return text.count("- task-")  # listed under `Submitted:` (the only status they reach)
+
+
+def uniagent_split(out: Path) -> dict[str, float]:
+    """Medians per episode (ms) of uniagent's phases and of model wait and env in the loop."""
+    records = [json.loads(x) for x in (out / "results.jsonl").read_text().splitlines()]
+    keys = ("setup", "tools", "baseline", "agent", "grading", "close")
+    split = {k: statistics.median([r["timings"].get(k, 0.0) for r in records]) * 1000
+             for k in keys}  # fmt: skip
+    for name, key in (("model wait", "model_seconds"), ("env", "env_seconds")):
+        split[name] = statistics.median([r["metrics"][key] for r in records]) * 1000
+    split["episode"] = statistics.median([r["wall_seconds"] for r in records]) * 1000
+    return split
+
+
+def measure(runner: str, work: Path, url: str, concurrency: int, tasks: int) -> dict[str, Any]:
+    """Run one runner once; its figures."""
+    out = Path(tempfile.mkdtemp(prefix=f"{runner}-{concurrency}-", dir=work))
+    env = {**os.environ, "OPENAI_API_KEY": "bench", "MSWEA_COST_TRACKING": "ignore_errors",
+           "MSWEA_CONFIGURED": "true", "TMPDIR": str(out)}  # fmt: skip
+    started = time.monotonic()
+    done = subprocess.run(command(runner, work, url, concurrency, out), capture_output=True,
+                          text=True, env=env, cwd=out, timeout=3600)  # fmt: skip
+    wall = time.monotonic() - started
+    if done.returncode != 0:
+        raise RuntimeError(f"{runner} at {concurrency} failed:\n{done.stderr[-3000:]}")
+    usage = json.loads((out / "usage.json").read_text())
+    lags = usage["lags"]
+    row = {
+        "runner": runner,
+        "concurrency": concurrency,
+        "tasks": tasks,
+        "ok": finished(runner, out, tasks, done.stdout),
+        "eps": tasks / wall,
+        "self_ms": usage["self_cpu"] / tasks * 1000,
+        "children_ms": usage["children_cpu"] / tasks * 1000,
+        "rss_mb": usage["self_maxrss_kb"] / 1024,
+        "lag_p99": lags[int(0.99 * (len(lags) - 1))] * 1000 if lags else None,
+        "lag_max": lags[-1] * 1000 if lags else None,
+    }
+    row["total_ms"] = row["self_ms"] + row["children_ms"]
+    if runner.startswith("uniagent"):
+        row["split"] = uniagent_split(out)
+    shutil.rmtree(out, ignore_errors=True)
+    return row
+
+
+def median_row(rows: list[dict[str, Any]]) -> dict[str, Any]:
+    """The median of each figure over repeats (the first row's labels)."""
+    merged = dict(rows[0])
+    for key, value in rows[0].items():
+        if isinstance(value, float):
+            merged[key] = statistics.median(r[key] for r in rows)
+        elif isinstance(value, dict):
+            merged[key] = {k: statistics.median(r[key][k] for r in rows) for k in value}
+    merged["ok"] = min(r["ok"] for r in rows)
+    return merged
+
+
+COLUMNS = (  # header, width, figure of a row (with its floor row), format
+    ("conc", 5, lambda r, f: r["concurrency"], "d"),
+    ("runner", 16, lambda r, f: r["runner"], "<"),
+    ("tasks", 5, lambda r, f: r["tasks"], "d"),
+    ("ok", 5, lambda r, f: r["ok"], "d"),
+    ("ep/s", 7, lambda r, f: r["eps"], ".2f"),
+    ("x floor", 7, lambda r, f: r["eps"] / f["eps"] if f else None, ".2f"),
+    ("self ms", 8, lambda r, f: r["self_ms"], ".1f"),
+    ("child ms", 8, lambda r, f: r["children_ms"], ".1f"),
+    ("total ms", 8, lambda r, f: r["total_ms"], ".1f"),
+    ("x floor", 7, lambda r, f: r["total_ms"] / f["total_ms"] if f else None, ".2f"),
+    ("RSS MB", 7, lambda r, f: r["rss_mb"], ".0f"),
+    ("lag p99", 8, lambda r, f: r["lag_p99"], ".1f"),
+    ("lag max", 8, lambda r, f: r["lag_max"], ".1f"),
+)
+
+
+def report(rows: list[dict[str, Any]]) -> None:
+    """The table, the ratios to the floor and uniagent's split."""
+    print(f"\nepisodes of {TURNS} turns; ok: those that ran the whole script; CPU (ms) and "
+          "lag (ms) per episode; medians over repeats")
+    head = " ".join(f"{name:{'<' if spec == '<' else '>'}{width}}"
+                    for name, width, _, spec in COLUMNS)  # fmt: skip
+    print(head)
+    print("-" * len(head))
+    for r in rows:
+        floor = next((x for x in rows if x["concurrency"] == r["concurrency"]
+                      and x["runner"] == "floor"), None)  # fmt: skip
+        cells = []
+        for _, width, figure, spec in COLUMNS:
+            value = figure(r, floor)
+            if value is None:
+                cells.append(f"{'-':>{width}}")
+            elif spec == "<":
+                cells.append(f"{value:<{width}}")
+            else:
+                cells.append(f"{value:>{width}{spec}}")
+        print(" ".join(cells))
+    print("\nuniagent per episode (median ms): setup, tools, baseline, agent loop "
+          "(model wait, env), grading, close; the whole episode")
+    for r in rows:
+        if "split" in r:
+            s = r["split"]
+            print(f"{r['concurrency']:>5} {r['runner']:<16} setup {s['setup']:.1f}  tools "
+                  f"{s['tools']:.1f}  baseline {s['baseline']:.1f}  agent {s['agent']:.1f} "
+                  f"(model {s['model wait']:.1f}, env {s['env']:.1f})  grading "
+                  f"{s['grading']:.1f}  close {s['close']:.1f}  episode {s['episode']:.1f}")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--concurrency", default="1,16,64,256")
+    parser.add_argument("--tasks", type=int, default=256, help="tasks per concurrency")
+    parser.add_argument("--serial-tasks", type=int, default=128,
+                        help="tasks at concurrency 1 (one at a time is slow for the slow runners)")
+    parser.add_argument("--repeats", type=int, default=1)
+    parser.add_argument("--runners", default="floor,uniagent,uniagent+reward,mini-swe-agent")
+    parser.add_argument("--serve", type=Path, help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    if args.serve:
+        serve(args.serve)
+        return
+    runners = args.runners.split(",")
+    if "mini-swe-agent" in runners:
+        mini_python()
+    with tempfile.TemporaryDirectory(prefix="uniagent-bench-run-") as tmp:
+        work = Path(tmp)
+        url_file = work / "url"
+        server = subprocess.Popen([sys.executable, __file__, "--serve", str(url_file)])
+        try:
+            while not url_file.exists():
+                if server.poll() is not None:
+                    raise RuntimeError("the scripted server did not start")
+                time.sleep(0.05)
+            url = url_file.read_text()
+            rows = []
+            for concurrency in (int(c) for c in args.concurrency.split(",")):
+                tasks = args.serial_tasks if concurrency == 1 else args.tasks
+                write_inputs(work, tasks)
+                runs: dict[str, list[dict[str, Any]]] = {runner: [] for runner in runners}
+                for _ in range(args.repeats):  # runners alternate: machine noise hits all
+                    for runner in runners:
+                        r = measure(runner, work, url, concurrency, tasks)
+                        runs[runner].append(r)
+                        print(f"{runner} at {concurrency}: {r['ok']}/{tasks} ok, "
+                              f"{r['eps']:.2f} ep/s, {r['total_ms']:.1f} ms CPU/ep", flush=True)
+                rows.extend(median_row(runs[runner]) for runner in runners)
+        finally:
+            server.terminate()
+            server.wait()
+    report(rows)
+
+
+if __name__ == "__main__":
+    main()

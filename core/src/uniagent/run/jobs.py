@@ -1,0 +1,168 @@
+"""One job of a run: a (task, sample) pair, its attempts and the files each writes.
+
+The runner (:mod:`uniagent.run.runner`) schedules jobs; this module runs one
+attempt of one: the episode with its own log file (and observer), then its
+directory's files and the record the results file gets.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import logging
+import time
+from collections.abc import Awaitable, Callable, Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from uniagent.config import AgentConfig
+from uniagent.episode import EpisodeResult, run_episode
+from uniagent.observer import EpisodeObserver
+from uniagent.resolve import ResolvedAgent, resolve
+from uniagent.run.folder import LOG, safe_name, write_episode
+from uniagent.run.progress import EpisodeState, Progress
+from uniagent.run.results import is_infra_failure
+from uniagent.run.retry import cause_of
+from uniagent.run.tasks import Task
+from uniagent.services import check_task_services
+
+
+@dataclass(frozen=True)
+class Job:
+    """One (task, sample) pair to run."""
+
+    task: Task
+    sample: int
+
+    @property
+    def key(self) -> tuple[str, int]:
+        """The identity used for resuming."""
+        return (self.task.id, self.sample)
+
+
+#: Runs one attempt of a job and returns its results record.
+Attempt = Callable[[Job, int, EpisodeState], Awaitable[dict[str, Any]]]
+
+
+def episode_dir(out: Path, job: Job) -> Path:
+    """Where a job's files go: one directory per task id (see :func:`safe_name`)."""
+    return out / "episodes" / safe_name(job.task.id) / str(job.sample)
+
+
+def episode_logger(path: Path, name: str) -> tuple[logging.Logger, logging.Handler]:
+    """A logger writing to one episode's log file, not kept in logging's global registry.
+
+    ``logging.getLogger`` would keep one logger per episode alive forever; a bare
+    ``Logger`` is freed with the episode, and its handler is closed explicitly.
+    """
+    logger = logging.Logger(name, level=logging.INFO)
+    handler = logging.FileHandler(path, encoding="utf-8")
+    handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(message)s"))
+    logger.addHandler(handler)
+    return logger, handler
+
+
+def episode_payload(job: Job, result: EpisodeResult) -> dict[str, Any]:
+    """What an episode leaves behind, JSON-ready (it may cross processes under Ray)."""
+    return {
+        "record": {"task_id": job.task.id, "sample": job.sample, **result.summary()},
+        "messages": result.messages,
+        "rollout": result.cache.to_dict() if result.cache is not None else None,
+    }
+
+
+def write_payload(
+    directory: Path,
+    payload: Mapping[str, Any],
+    log_text: str | None = None,
+    extra: Mapping[str, Any] | None = None,
+) -> dict[str, Any]:
+    """Save messages, rollout cache, log and result; return the results-file record."""
+    directory.mkdir(parents=True, exist_ok=True)
+    if log_text is not None:
+        (directory / LOG).write_text(log_text, encoding="utf-8")
+    return write_episode(directory, payload, {"log": LOG, **(extra or {})})
+
+
+async def execute_job(
+    base: ResolvedAgent,
+    job: Job,
+    model: Any,
+    log_path: Path,
+    *,
+    observer: EpisodeObserver | None = None,
+    stream: logging.Handler | None = None,
+) -> dict[str, Any]:
+    """Run one attempt of a job, logging to ``log_path`` (and ``stream``); return its payload.
+
+    ``base`` is the run's resolved agent; a task with overrides is resolved again.
+    """
+    logger, handler = episode_logger(log_path, f"episode.{job.task.id}.{job.sample}")
+    if stream is not None:
+        logger.addHandler(stream)
+    try:
+        source = f"task {job.task.id}"
+        agent = base.for_task(job.task.overrides(), source=source)
+        check_task_services(base.config, agent.config, source)
+        logger.info("task %s sample %d: start", job.task.id, job.sample)
+        result = await run_episode(
+            agent,
+            job.task.row,
+            model,
+            messages=job.task.messages,
+            logger=logger,
+            observer=observer,
+        )
+        logger.info("finished: %s reward=%s", result.exit_reason.value, result.reward)
+        return episode_payload(job, result)
+    finally:
+        for item in (handler, stream):
+            if item is not None:
+                logger.removeHandler(item)
+        handler.close()
+
+
+def attempt_extra(
+    directory: Path,
+    attempt: int,
+    state: EpisodeState,
+    started: float,
+    record: Mapping[str, Any],
+) -> dict[str, Any]:
+    """What the runner adds to an attempt's record: attempt number, history, timings."""
+    previous: list[dict[str, Any]] = []
+    with contextlib.suppress(OSError, ValueError):
+        before = json.loads((directory / "result.json").read_text(encoding="utf-8"))
+        previous = [
+            *before.get("previous_attempts", []),
+            {
+                "attempt": before.get("attempt", attempt - 1),
+                "exit_reason": before.get("exit_reason"),
+                "cause": cause_of(before) if before.get("error") else None,
+                "log": f"attempt-{before.get('attempt', attempt - 1)}.log",
+            },
+        ]
+    return {
+        "attempt": attempt,
+        "previous_attempts": previous,
+        "outcome": "infrastructure" if is_infra_failure(record) else "policy",
+        "timings": state.timings(),
+        "wall_seconds": round(time.monotonic() - started, 6),
+    }
+
+
+def local_attempt(config: AgentConfig, model: Any, out: Path, progress: Progress) -> Attempt:
+    """Attempts run on this event loop: each writes its episode directory."""
+    base = resolve(config)
+
+    async def attempt_job(job: Job, attempt: int, state: EpisodeState) -> dict[str, Any]:
+        directory = episode_dir(out, job)
+        started = time.monotonic()
+        payload = await execute_job(
+            base, job, model, directory / LOG, observer=state, stream=progress.log_handler(job)
+        )
+        extra = attempt_extra(directory, attempt, state, started, payload["record"])
+        return write_payload(directory, payload, extra=extra)
+
+    return attempt_job

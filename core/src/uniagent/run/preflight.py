@@ -1,0 +1,67 @@
+"""Checks before the first sandbox starts: can the model endpoint be used at all?
+
+An endpoint that is down or refuses the API key would fail every episode, each
+after its sandbox has started; one request first (``GET /models``) tells at
+once. A server without that route (404, 405) passes: the episodes will tell.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+from uniagent.errors import ConfigError, UniAgentError
+
+PROBE_TIMEOUT = 30.0
+
+
+class EndpointError(UniAgentError):
+    """The model endpoint cannot be used (infrastructure: the run stops, status 1)."""
+
+
+async def check_model(model: Any, *, timeout: float = PROBE_TIMEOUT) -> None:
+    """Raise if ``model`` is an OpenAI-compatible endpoint that is down or refuses the key.
+
+    :class:`EndpointError` when the server cannot be reached or fails;
+    :class:`ConfigError` when it refuses the credentials (401, 403).
+    """
+    from uniagent.models.openai_chat import OpenAIChatModel
+
+    if not isinstance(model, OpenAIChatModel):
+        return
+    import openai
+
+    where = model.base_url
+    try:
+        await asyncio.wait_for(model.client.models.list(), timeout)
+    except (openai.AuthenticationError, openai.PermissionDeniedError) as exc:
+        raise ConfigError(
+            f"the model endpoint {where} refused the API key ({exc.status_code}: "
+            f"{_message(exc)}); set OPENAI_API_KEY, or name the variable that holds the key "
+            "with --api-key-env"
+        ) from None
+    except openai.APIStatusError as exc:
+        if exc.status_code in (404, 405, 501):
+            return  # no model list on this server: not a reason to stop
+        raise EndpointError(
+            f"the model endpoint {where} fails ({exc.status_code}: {_message(exc)}); "
+            "no episode was started"
+        ) from None
+    except (openai.APIConnectionError, asyncio.TimeoutError) as exc:
+        timed_out = isinstance(exc, asyncio.TimeoutError)
+        cause = f"no answer within {timeout:g} s" if timed_out else _message(exc)
+        raise EndpointError(
+            f"cannot reach the model endpoint {where} ({cause}); is the server running? "
+            "No episode was started"
+        ) from None
+
+
+def _message(exc: BaseException) -> str:
+    body = getattr(exc, "body", None)
+    if isinstance(body, dict) and body.get("message"):
+        text = str(body["message"])
+    else:
+        cause = exc.__cause__ or exc.__context__
+        text = f"{exc}" + (f": {cause}" if cause is not None and str(cause) not in str(exc) else "")
+    text = " ".join(text.split())
+    return text if len(text) <= 200 else text[:197] + "..."
