@@ -3,16 +3,22 @@
 from __future__ import annotations
 
 import json
+import os
 import shutil
+import socket
 import subprocess
 import sys
+import time
 from collections import Counter
 from collections.abc import Iterator
+from datetime import datetime, timezone
 from pathlib import Path
 
 import httpx
 import pytest
 
+from uniagent.run.folder import start_attempt
+from uniagent.run.manifest import pid_start
 from uniagent.view.rundir import RunFolder
 
 
@@ -27,8 +33,11 @@ def runner_process() -> Iterator[subprocess.Popen[bytes]]:
     proc.wait()
 
 
-def half_done(messages_run: Path, tmp_path: Path, pid: int) -> Path:
-    """A copy of a finished run turned back into one in progress, owned by ``pid``.
+def half_done(
+    messages_run: Path, tmp_path: Path, pid: int, *, start: int | str | None = "pid's"
+) -> Path:
+    """A copy of a finished run turned back into one in progress, owned by ``pid`` (and
+    its start time, as `uniagent run` records it; else ``start``).
 
     Of its 12 jobs, 6 have results, 2 have a folder but no result (running), 4 have
     nothing yet (queued).
@@ -38,6 +47,7 @@ def half_done(messages_run: Path, tmp_path: Path, pid: int) -> Path:
     (run / "summary.json").unlink()
     manifest = json.loads((run / "manifest.json").read_text())
     manifest["pid"] = pid
+    manifest["pid_start"] = pid_start(pid) if start == "pid's" else start
     (run / "manifest.json").write_text(json.dumps(manifest))
     lines = (run / "results.jsonl").read_text().splitlines(keepends=True)
     records = [json.loads(line) for line in lines]
@@ -112,7 +122,8 @@ def test_a_process_that_is_not_uniagent_does_not_keep_a_run_live(messages_run, t
         [sys.executable, "-c", "import sys; sys.stdin.read()"], stdin=subprocess.PIPE
     )
     try:
-        folder = RunFolder(half_done(messages_run, tmp_path, other.pid))
+        # A manifest without the start time (an older uniagent): the command line decides.
+        folder = RunFolder(half_done(messages_run, tmp_path, other.pid, start=None))
         assert folder.state == "interrupted"
     finally:
         other.kill()
@@ -205,3 +216,186 @@ def test_the_summary_of_a_run_with_nothing_finished_yet_is_empty_not_an_error():
     summary = stats([Row(key="episodes/t/0", task_id="t", sample=0, order=0)], n=1)
     assert summary["episodes"] == 0 and summary["mean_reward"] is None
     assert summary["status"]["queued"] == 1 and summary["time_seconds"]["model_seconds"] == 0.0
+
+
+def append_record(run: Path, record: dict) -> None:
+    with (run / "results.jsonl").open("a") as handle:
+        handle.write(json.dumps(record) + "\n")
+
+
+def test_an_empty_run_is_indexed_once_and_picks_up_episodes_as_they_appear(tmp_path):
+    run = tmp_path / "run"
+    (run / "episodes").mkdir(parents=True)
+    (run / "results.jsonl").write_text("")
+    folder = RunFolder(run)
+    assert folder.kind == "run" and folder.rows == {}
+    version = folder.version
+    assert not folder.refresh() and not folder.refresh()
+    assert folder.version == version, "nothing changed: no new version, no live event"
+    (run / "episodes" / "t" / "0").mkdir(parents=True)
+    assert folder.refresh() and folder.rows["episodes/t/0"].status == "running"
+    assert not folder.refresh()
+    append_record(run, {"task_id": "t", "sample": 0, "reward": 1.0, "exit_reason": "finished"})
+    assert folder.refresh() and folder.rows["episodes/t/0"].status == "finished"
+
+
+def test_an_empty_folder_becomes_a_run_when_a_run_starts_writing_into_it(tmp_path, runner_process):
+    run = tmp_path / "run"
+    run.mkdir()
+    folder = RunFolder(run)
+    assert folder.kind == "tree" and folder.rows == {}
+    manifest = {"pid": runner_process.pid, "pid_start": pid_start(runner_process.pid)}
+    manifest |= {"host": socket.gethostname(), "jobs": [["t", 0], ["t", 1]], "n": 2}
+    (run / "manifest.json").write_text(json.dumps(manifest))
+    assert folder.refresh()
+    assert folder.kind == "run" and folder.state == "live"
+    assert statuses(folder) == {"queued": 2}
+
+
+def test_a_reused_pid_does_not_keep_a_run_live(messages_run, tmp_path, runner_process):
+    """The manifest's pid now belongs to another process (its start time differs), even
+    one whose command line names uniagent."""
+    start = pid_start(runner_process.pid)
+    assert start is not None
+    run = half_done(messages_run, tmp_path, runner_process.pid, start=start - 1)
+    folder = RunFolder(run)
+    assert folder.state == "interrupted"
+    assert statuses(folder) == {"finished": 6, "interrupted": 2, "queued": 4}
+
+
+def _iso(moment: float) -> str:
+    return datetime.fromtimestamp(moment, timezone.utc).isoformat(timespec="seconds")
+
+
+def resumed(messages_run: Path, tmp_path: Path, pid: int) -> Path:
+    """A half-done run whose first invocation ended an hour ago (its summary and episode
+    folders are that old), resumed just now by ``pid``."""
+    run = half_done(messages_run, tmp_path, pid)
+    now = time.time()
+    earlier = now - 3600
+    (run / "summary.json").write_text(json.dumps({"episodes": 6}))
+    for path in [*(run / "episodes").rglob("*"), run / "summary.json", run / "results.jsonl"]:
+        os.utime(path, (earlier, earlier))
+    manifest = json.loads((run / "manifest.json").read_text())
+    manifest["started_at"] = _iso(earlier - 600)
+    manifest["resumed_at"] = [_iso(earlier - 300), _iso(now)]
+    (run / "manifest.json").write_text(json.dumps(manifest))  # as the resume writes it
+    return run
+
+
+def test_a_resumed_run_is_live_and_runs_what_it_starts_again(
+    messages_run, tmp_path, runner_process
+):
+    run = resumed(messages_run, tmp_path, runner_process.pid)
+    folder = RunFolder(run)
+    assert folder.state == "live", "an earlier invocation's summary does not end the run"
+    assert (
+        folder.info()["resumed_at"] == json.loads((run / "manifest.json").read_text())["resumed_at"]
+    )
+    # The interrupted invocation's folders wait to be run again: queued, not running.
+    assert statuses(folder) == {"finished": 6, "queued": 6}
+    key = next(
+        k for k, r in folder.rows.items() if r.status == "queued" and (run / k / "log.txt").exists()
+    )
+    start_attempt(run / key)  # what the resumed run does first in the folder
+    assert folder.refresh()
+    assert folder.rows[key].status == "running"
+    assert statuses(folder) == {"finished": 6, "running": 1, "queued": 5}
+
+
+def with_failure(run: Path, exit_reason: str) -> tuple[str, dict]:
+    """Make the first results record of ``run`` an infrastructure failure of attempt 1;
+    returns its key and the original record."""
+    lines = (run / "results.jsonl").read_text().splitlines()
+    first = json.loads(lines[0])
+    failed = {**first, "exit_reason": exit_reason, "reward": None, "attempt": 1}
+    (run / "results.jsonl").write_text("\n".join([json.dumps(failed), *lines[1:]]) + "\n")
+    return f"episodes/{first['task_id']}/{first['sample']}", first
+
+
+def test_an_infrastructure_failure_run_again_shows_as_running(
+    messages_run, tmp_path, runner_process
+):
+    run = half_done(messages_run, tmp_path, runner_process.pid)
+    key, first = with_failure(run, "env_error")
+    folder = RunFolder(run)
+    assert folder.rows[key].status == "failed"
+    start_attempt(run / key)  # a resume (or retry) tries it again: attempt 2
+    assert folder.refresh() and folder.rows[key].status == "running"
+    append_record(run, {**first, "attempt": 2})
+    assert folder.refresh() and folder.rows[key].status == "finished"
+
+
+def test_the_rerun_of_a_failure_in_a_run_that_stopped_shows_the_failure(
+    messages_run, tmp_path, runner_process
+):
+    run = half_done(messages_run, tmp_path, runner_process.pid)
+    key, _ = with_failure(run, "model_error")
+    start_attempt(run / key)
+    folder = RunFolder(run)
+    assert folder.rows[key].status == "running"
+    runner_process.kill()
+    runner_process.wait()
+    assert folder.refresh() and folder.state == "interrupted"
+    assert folder.rows[key].status == "failed", "its latest result is still the failure"
+
+
+def test_top_files_that_link_out_of_the_run_folder_are_not_read(messages_run, tmp_path):
+    run = tmp_path / "run"
+    shutil.copytree(messages_run, run)
+    outside = tmp_path / "outside"
+    outside.mkdir()
+    for name in ("manifest.json", "summary.json", "results.jsonl"):
+        (run / name).rename(outside / name)
+        (run / name).symlink_to(outside / name)
+    folder = RunFolder(run)
+    assert folder.manifest is None and folder.summary is None
+    assert "finished" not in statuses(folder), "results.jsonl outside was not read"
+    assert folder.info()["run_id"] is None
+    # A link that stays inside the run folder is followed.
+    (run / "kept").mkdir()
+    (outside / "results.jsonl").rename(run / "kept" / "results.jsonl")
+    (run / "results.jsonl").unlink()
+    (run / "results.jsonl").symlink_to(Path("kept") / "results.jsonl")
+    assert folder.refresh() and statuses(folder)["finished"] == 12
+
+
+def test_a_results_file_rewritten_in_place_is_read_again(messages_run, tmp_path):
+    """Same file, same size, two lines swapped: their offsets moved, and the index follows."""
+    run = tmp_path / "run"
+    shutil.copytree(messages_run, run)
+    for folder_path in (run / "episodes").glob("*/*"):
+        (folder_path / "result.json").unlink()  # the record comes from results.jsonl
+    folder = RunFolder(run)
+    lines = (run / "results.jsonl").read_bytes().splitlines(keepends=True)
+    assert len(lines[0]) != len(lines[1])
+    swapped = b"".join([lines[1], lines[0], *lines[2:]])
+    with (run / "results.jsonl").open("r+b") as handle:  # in place: the inode stays
+        handle.write(swapped)
+    folder.refresh()
+    for line in lines[:2]:
+        record = json.loads(line)
+        key = f"episodes/{record['task_id']}/{record['sample']}"
+        assert folder.results_record(key) == record
+    assert statuses(folder) == {"finished": 12}
+
+
+def test_a_record_of_the_wrong_shape_is_a_row_not_an_error(messages_run, tmp_path):
+    run = tmp_path / "run"
+    shutil.copytree(messages_run, run)
+    odd = {
+        "task_id": "odd",
+        "sample": "²",  # a digit to str.isdigit, not to int()
+        "reward": 10**400,  # no float holds it
+        "metrics": {"turns": "²", "model_seconds": float("nan")},
+        "exit_reason": "finished",
+        "episode_dir": "episodes/odd/0",
+    }
+    with (run / "results.jsonl").open("a") as handle:
+        handle.write(json.dumps(odd) + "\n" + "{not json\n")
+    folder = RunFolder(run)
+    row = folder.rows["episodes/odd/0"]
+    assert row.status == "finished" and row.reward is None and row.sample is None
+    assert row.turns is None and row.model_seconds is None
+    assert statuses(folder)["finished"] == 13
+    assert folder.info()["unreadable_lines"] == 1

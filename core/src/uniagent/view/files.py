@@ -18,6 +18,10 @@ from pathlib import Path
 from typing import Any, BinaryIO
 
 CHUNK_BYTES = 1 << 20  # how much of the results file is read at a time
+#: The largest JSON file (messages, rollout, result) the viewer parses: a bigger one is
+#: reported as such instead of taking the server's memory.
+MAX_JSON_BYTES = 256 << 20
+MAX_LINE_BYTES = 64 << 20  # the longest results line read back for one episode
 _CHECK_BYTES = 256  # the bytes before the read position, kept to notice an in-place rewrite
 
 
@@ -30,7 +34,10 @@ def inside(root: Path, relative: str) -> Path:
     it leaves the folder, through ``..``, an absolute path or a symlink on the way."""
     if "\x00" in relative or relative.startswith(("/", "\\")) or Path(relative).is_absolute():
         raise OutsideFolder(f"{relative!r} is not a path inside the run folder")
-    resolved = (root / relative).resolve()
+    try:
+        resolved = (root / relative).resolve()
+    except (RuntimeError, OSError):  # a symlink loop, a name too long
+        raise OutsideFolder(f"{relative!r} cannot be resolved inside the run folder") from None
     if resolved != root and not resolved.is_relative_to(root):
         raise OutsideFolder(f"{relative!r} leads outside the run folder")
     return resolved
@@ -64,26 +71,49 @@ def open_regular(path: Path) -> BinaryIO | None:
         return None
 
 
-def read_bytes(path: Path) -> bytes | None:
-    """The content of a regular file, or None."""
+class Unreadable(ValueError):
+    """A file that is there but cannot be shown: not JSON, too large, unreadable."""
+
+
+def read_bytes(path: Path, limit: int | None = None) -> bytes | None:
+    """The content of a regular file, or None when there is none.
+
+    Raises :class:`Unreadable` for a file over ``limit`` bytes (default
+    :data:`MAX_JSON_BYTES`) or a read error.
+    """
+    limit = MAX_JSON_BYTES if limit is None else limit
     handle = open_regular(path)
     if handle is None:
         return None
     with handle:
         try:
-            return handle.read()
-        except OSError:
-            return None
+            data = handle.read(limit + 1)
+        except OSError as exc:
+            raise Unreadable(f"{path.name} could not be read: {exc.strerror}") from None
+    if len(data) > limit:
+        raise Unreadable(f"{path.name} is over {limit >> 20} MB: too large to show")
+    return data
 
 
-def read_json(path: Path) -> Any:
-    """The JSON value in a regular file, or None when it is missing or not JSON."""
+def load_json(path: Path) -> Any:
+    """The JSON value in a regular file, None when there is no such file.
+
+    Raises :class:`Unreadable` (saying where the JSON breaks) for a file that is not JSON.
+    """
     data = read_bytes(path)
     if data is None:
         return None
     try:
         return json.loads(data)
-    except ValueError:
+    except ValueError as exc:  # json's message names the line and column
+        raise Unreadable(f"{path.name} is not valid JSON: {exc}") from None
+
+
+def read_json(path: Path) -> Any:
+    """The JSON value in a regular file, or None when it is missing or not JSON."""
+    try:
+        return load_json(path)
+    except Unreadable:
         return None
 
 
@@ -106,15 +136,16 @@ def signature(path: Path | None) -> tuple[int, ...] | None:
     return (st.st_ino, st.st_size, st.st_mtime_ns)
 
 
-def line_at(path: Path, offset: int) -> bytes | None:
-    """The line that starts at byte ``offset`` of a regular file, or None."""
+def line_at(path: Path, offset: int, limit: int = MAX_LINE_BYTES) -> bytes | None:
+    """The line that starts at byte ``offset`` of a regular file (at most ``limit``
+    bytes of it), or None."""
     handle = open_regular(path)
     if handle is None:
         return None
     with handle:
         try:
             handle.seek(offset)
-            return handle.readline()
+            return handle.readline(limit)
         except OSError:
             return None
 
@@ -133,7 +164,8 @@ class ResultsTail:
     since the last one, with their offsets; a line still being written waits for its end.
 
     Replacement (a new inode), truncation and an in-place rewrite (the bytes before the
-    read position changed) all start it over from the top.
+    read position changed, or the file was written without growing: an append always
+    grows it) all start it over from the top.
     """
 
     def __init__(self) -> None:
@@ -158,7 +190,14 @@ class ResultsTail:
             self.pos, self._check = 0, b""
             return Batch(reset=True)
         reset = False
-        if old is None or sig[0] != old[0] or sig[1] < self.pos or not self._same_before(handle):
+        rewritten = old is not None and sig[1] == old[1] and sig[1] == self.pos  # not grown
+        if (
+            old is None
+            or sig[0] != old[0]
+            or sig[1] < self.pos
+            or rewritten
+            or not self._same_before(handle)
+        ):
             reset = self.pos > 0 or old is not None
             self.pos, self._check = 0, b""
         return Batch(reset=reset, lines=self._lines(handle))

@@ -37,6 +37,7 @@ class Row:
     score_reason: str | None = None  # why the grader forced the score (e.g. "tampered")
     tampered: int = 0  # changes to protected files, code or tools the grader found
     offset: int | None = None  # where its line starts in results.jsonl
+    attempt: int | None = None  # the attempt the result is of (a retry or resume: > 1)
 
     @property
     def total_seconds(self) -> float | None:
@@ -65,6 +66,7 @@ class Row:
             "error": self.error,
             "score_reason": self.score_reason,
             "tampered": self.tampered,
+            "attempt": self.attempt,
         }
 
     def as_record(self) -> dict[str, Any]:

@@ -2,10 +2,12 @@
 
 What ``uniagent run`` writes (see ``uniagent.run.runner``)::
 
-    manifest.json   at start: run_id, started_at, n, pid, host, jobs [[task_id, sample], ...]
+    manifest.json   at each start: run_id, started_at (resumed_at: later starts), n,
+                    pid and pid_start, host, jobs [[task_id, sample], ...]
     results.jsonl   one record per finished episode, appended as it finishes
     summary.json    written at the end of each invocation
-    episodes/<task>/<sample>/  messages.json, rollout.json, log[.<attempt>].txt, result.json
+    episodes/<task>/<sample>/  messages.json, rollout.json, result.json, log.txt (the
+                    latest attempt's), attempt-<n>.log (earlier attempts')
 
 Everything is optional and read tolerantly: a folder without a manifest (an older run),
 unknown files and fields, a half-written last line. A folder with none of these is read
@@ -19,7 +21,9 @@ resolved (see :mod:`uniagent.view.files`).
 
 from __future__ import annotations
 
+import dataclasses
 import json
+import math
 import os
 import re
 import socket
@@ -35,14 +39,23 @@ from uniagent.errors import UniAgentError
 from uniagent.interaction.exit import DEFAULT_EXIT_POLICY
 from uniagent.run.runner import MANIFEST, RESULTS, SUMMARY, task_dirname
 from uniagent.view import files
-from uniagent.view.files import OutsideFolder, ResultsTail, contained, read_json_object, signature
+from uniagent.view.files import (
+    OutsideFolder,
+    ResultsTail,
+    contained,
+    read_json_object,
+    signature,
+)
 from uniagent.view.row import TIME_KEYS, Row
 
 try:  # twice as fast on a results file of many megabytes; json does the same job
     import orjson
 
     def _loads(data: bytes) -> Any:
-        return orjson.loads(data)
+        try:
+            return orjson.loads(data)
+        except orjson.JSONDecodeError:  # NaN, integers past 64 bits: json takes them
+            return json.loads(data)
 
 except ImportError:  # pragma: no cover - orjson comes with the view extra
 
@@ -61,7 +74,9 @@ RESULT = "result.json"
 MESSAGES = "messages.json"
 ROLLOUT = "rollout.json"
 EPISODE_MARKERS = (RESULT, MESSAGES, ROLLOUT)
-_LOG = re.compile(r"log(\.[A-Za-z0-9_-]{1,64})?\.txt")
+# log.txt is the latest attempt's; attempt-<n>.log earlier ones (log.<name>.txt: older runs)
+_LOG = re.compile(r"log(\.[A-Za-z0-9_-]{1,64})?\.txt|attempt-[0-9]{1,9}\.log")
+_SINCE_WINDOW_NS = 60 * 10**9  # a manifest written this long after its start is its own
 _TREE_DEPTH = 8  # how deep a tree of episode folders is searched
 _TREE_RESCAN_S = 2.0  # a tree has no results file to tail: rescan it at most this often
 _ERROR_CHARS = 300
@@ -114,6 +129,7 @@ def row_from_record(record: dict[str, Any], key: str, order: int, offset: int | 
         score_reason=_str(info.get("score_reason")),
         tampered=len(tampered) if isinstance(tampered, list) else 0,
         offset=offset,
+        attempt=_int(record.get("attempt")),
     )
 
 
@@ -155,6 +171,8 @@ class RunFolder:
         self._dirs: set[str] = set()
         self._jobs: list[tuple[str, int, str]] = []
         self._since_ns: int | None = None  # when the invocation that wrote the manifest began
+        self._reruns_seen: set[str] = set()
+        self.unreadable_lines = 0  # results lines that are not a JSON record
         self._tree_scanned = 0.0
         self._changes: dict[int, list[str]] = {}
         self.refresh()
@@ -166,6 +184,8 @@ class RunFolder:
         with self._lock:
             self.refreshed_at = time.monotonic()
             old = self.rows
+            if self.kind == "tree" and not self.rows and is_run_folder(self.root):
+                self.kind = "run"  # an empty folder a run has started writing into
             changed = self._refresh_tree() if self.kind == "tree" else self._refresh_run()
             if changed:
                 keys = [k for k, r in self.rows.items() if _differs(old.get(k), r)]
@@ -214,15 +234,37 @@ class RunFolder:
         dirty = dirty or state != self.state
         self.state = state
         if self.manifest is None:
-            if dirty:  # an older run folder: its episode folders are the plan
-                self._dirs |= set(self._scan_episode_dirs())
+            # Without a manifest (an older run folder, or one whose manifest is not
+            # written yet) the episode folders are the plan; new ones may still appear.
+            if dirty or state == "unknown":
+                found = set(self._scan_episode_dirs()) - self._dirs
+                dirty = dirty or bool(found)
+                self._dirs |= found
         elif dirty or state in ("live", "unknown"):
             started = self._started_jobs()
             dirty = dirty or bool(started)
             self._dirs |= started
+            reruns = self._reruns() if state in ("live", "unknown") else set()
+            dirty = dirty or reruns != self._reruns_seen
+            self._reruns_seen = reruns
+        elif self._reruns_seen:  # the run ended: its rows are the results again
+            self._reruns_seen = set()
+            dirty = True
         if dirty:
             self._merge()
         return dirty
+
+    def _reruns(self) -> set[str]:
+        """Planned jobs with an infrastructure failure on record that a later attempt is
+        running (a retry or a resume): their recorded attempt's log was moved aside."""
+        found = set()
+        for _, _, key in self._jobs:
+            row = self._done.get(key)
+            if row is not None and row.status == "failed" and row.attempt is not None:
+                log = self.root / key / f"attempt-{row.attempt}.log"
+                if os.path.lexists(log):
+                    found.add(key)
+        return found
 
     def _started_jobs(self) -> set[str]:
         """Planned jobs that this invocation started since the last look (queued -> running).
@@ -261,14 +303,30 @@ class RunFolder:
             return False
         if batch.reset:
             self._done = {}
+            self.unreadable_lines = 0
         for offset, line in batch.lines:
             try:
                 record = _loads(line)
             except ValueError:
+                self.unreadable_lines += 1  # no key to show it under: counted instead
                 continue
             if isinstance(record, dict) and "task_id" in record:
                 key = record_key(record)
-                self._done[key] = row_from_record(record, key, len(self._done), offset)
+                try:
+                    row = row_from_record(record, key, len(self._done), offset)
+                except Exception as exc:  # a record of the wrong shape: its row says so
+                    row = Row(
+                        key=key,
+                        task_id=str(record.get("task_id")),
+                        sample=_int(record.get("sample")),
+                        order=len(self._done),
+                        status="failed",
+                        error=f"its results record could not be read: {type(exc).__name__}",
+                        offset=offset,
+                    )
+                self._done[key] = row
+            elif line.strip():
+                self.unreadable_lines += 1
         return True
 
     def _run_state(self) -> RunState:
@@ -309,6 +367,8 @@ class RunFolder:
             if key in rows:
                 continue
             row = self._done.get(key)
+            if row is not None and key in self._reruns_seen:
+                row = dataclasses.replace(row, status="running")
             if row is None:
                 row = Row(key=key, task_id=task_id, sample=sample, order=0)
                 if key in failed:
@@ -405,6 +465,14 @@ class RunFolder:
         """An episode's JSON file, or None when it does not exist (yet) or is not JSON."""
         return files.read_json(self.path(key, name))
 
+    def load_json(self, key: str, name: str) -> Any:
+        """An episode's JSON file, or None when it does not exist (yet).
+
+        Raises :class:`~uniagent.view.files.Unreadable` for one that is not JSON (or too
+        large), so the page can say so about that file.
+        """
+        return files.load_json(self.path(key, name))
+
     def read_text(self, key: str, name: str, *, tail: int) -> tuple[str, int]:
         """The last ``tail`` bytes of an episode's text file and its full size."""
         handle = files.open_regular(self.path(key, name))
@@ -424,10 +492,15 @@ class RunFolder:
         Raises :class:`StaleIndex` when the results file no longer holds that line where
         the index saw it (it was removed or replaced): refresh, then ask again.
         """
-        row = self.row(key)
         record = self.read_json(key, RESULT)
-        if isinstance(record, dict):
-            return record
+        return record if isinstance(record, dict) else self.results_record(key)
+
+    def results_record(self, key: str) -> dict[str, Any] | None:
+        """The episode's line of results.jsonl as the index saw it, None if it has none.
+
+        Raises :class:`StaleIndex` when the file no longer holds that line there.
+        """
+        row = self.row(key)
         if row.offset is None:
             return None
         path = self._top(RESULTS)
@@ -459,10 +532,12 @@ class RunFolder:
             "state": self.state,
             "run_id": manifest.get("run_id"),
             "started_at": manifest.get("started_at"),
+            "resumed_at": [str(t) for t in _list(manifest.get("resumed_at"))],
             "n": self.samples_per_task,
             "episodes": len(self.rows),
             "wall_seconds": (self.summary or {}).get("wall_seconds"),
             "version": self.version,
+            "unreadable_lines": self.unreadable_lines,
         }
 
 
@@ -551,10 +626,14 @@ def _started_ns(manifest: dict[str, Any] | None, sig: tuple[int, ...] | None) ->
     used when it agrees with ``started_at`` (a copied or edited manifest does not).
     """
     mtime = sig[2] if sig else None
-    started = _epoch_ns((manifest or {}).get("started_at"))
-    if started is None:
+    manifest = manifest or {}
+    # A resumed run keeps its first start; this invocation's is the last resume.
+    starts = [manifest.get("started_at"), *_list(manifest.get("resumed_at"))]
+    known = [t for t in (_epoch_ns(s) for s in starts) if t is not None]
+    if not known:
         return mtime
-    if mtime is not None and started <= mtime < started + 2 * 10**9:
+    started = max(known)
+    if mtime is not None and started <= mtime < started + _SINCE_WINDOW_NS:
         return mtime
     return started
 
@@ -613,6 +692,10 @@ def _mapping(value: Any) -> dict[str, Any]:
     return value if isinstance(value, dict) else {}
 
 
+def _list(value: Any) -> list[Any]:
+    return value if isinstance(value, list) else []
+
+
 def _str(value: Any) -> str | None:
     return None if value is None else str(value)
 
@@ -622,8 +705,8 @@ def _int(value: Any) -> int | None:
         return None
     if isinstance(value, int):
         return value
-    if isinstance(value, str) and value.isdigit():
-        return int(value)
+    if isinstance(value, str) and value.isascii() and value.isdigit():
+        return int(value)  # not "²", which isdigit() admits and int() refuses
     return None
 
 
@@ -631,5 +714,9 @@ def _float(value: Any) -> float | None:
     if isinstance(value, bool):
         return float(value)
     if isinstance(value, int | float):
-        return float(value)
+        try:
+            number = float(value)
+        except OverflowError:  # an integer of hundreds of digits
+            return None
+        return number if math.isfinite(number) else None  # NaN sorts nowhere
     return None
