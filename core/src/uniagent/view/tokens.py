@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import codecs
 import threading
+from collections import OrderedDict
 from dataclasses import asdict
 from pathlib import Path
 from typing import Any
@@ -68,12 +69,20 @@ class TokenDecoder:
 
 
 class Tokenizers:
-    """Loads tokenizers on demand from local files, once each; thread-safe."""
+    """Loads tokenizers on demand from local files; thread-safe.
 
-    def __init__(self, explicit: str | None = None) -> None:
+    The last :data:`KEPT` are kept (a tokenizer is tens of MB, and every rollout of a run
+    folder may name another one). Code shipped with a tokenizer is never run
+    (``trust_remote_code=False``): the name comes from a run folder, which is untrusted.
+    """
+
+    KEPT = 4
+
+    def __init__(self, explicit: str | None = None, kept: int = KEPT) -> None:
         """``explicit``: a tokenizer folder (or cached hub id) used for every rollout."""
         self.explicit = explicit
-        self._loaded: dict[str, tuple[TokenDecoder | None, str]] = {}
+        self.kept = kept
+        self._loaded: OrderedDict[str, tuple[TokenDecoder | None, str]] = OrderedDict()
         self._lock = threading.Lock()
 
     def get(self, recorded: str | None) -> tuple[TokenDecoder | None, str]:
@@ -83,10 +92,19 @@ class Tokenizers:
             return None, (
                 "the rollout does not name its tokenizer: start the viewer with --tokenizer PATH"
             )
-        with self._lock:
-            if name not in self._loaded:
+        with self._lock:  # held while loading: two requests never load one tokenizer twice
+            if name in self._loaded:
+                self._loaded.move_to_end(name)
+            else:
                 self._loaded[name] = self._load(name)
+                while len(self._loaded) > self.kept:
+                    self._loaded.popitem(last=False)
             return self._loaded[name]
+
+    def cached(self) -> list[str]:
+        """The names kept now, least recently used first."""
+        with self._lock:
+            return list(self._loaded)
 
     @staticmethod
     def _load(name: str) -> tuple[TokenDecoder | None, str]:
@@ -96,7 +114,9 @@ class Tokenizers:
             return None, "token text needs transformers: pip install 'uniagent[tokenizers]'"
         source, kwargs = gguf_source(name)
         try:
-            tokenizer = AutoTokenizer.from_pretrained(source, local_files_only=True, **kwargs)
+            tokenizer = AutoTokenizer.from_pretrained(
+                source, local_files_only=True, trust_remote_code=False, **kwargs
+            )
         except Exception as exc:  # any loader failure is a reason to show, not a crash
             return None, (
                 f"tokenizer {name!r} did not load from local files ({type(exc).__name__}: "
