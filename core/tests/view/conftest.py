@@ -46,6 +46,17 @@ def token_run(workdir: Path, qwen3_tokenizer: Any) -> Path:
     return view_runs.token_run(workdir / "b", qwen3_tokenizer)
 
 
+@pytest.fixture
+def runner_process() -> Iterator[subprocess.Popen[bytes]]:
+    """A live process that looks like `uniagent run` (its command line names uniagent)."""
+    proc = subprocess.Popen(
+        [sys.executable, "-c", "import sys; sys.stdin.read()", "uniagent"], stdin=subprocess.PIPE
+    )
+    yield proc
+    proc.kill()
+    proc.wait()
+
+
 @dataclass
 class Viewer:
     """A running `uniagent view` process and its address."""

@@ -248,3 +248,61 @@ def test_an_old_run_folder_without_a_manifest_still_shows(viewer_of, messages_ru
     status = {r["key"]: r["status"] for r in page["rows"]}
     assert status["episodes/extra-task/0"] == "interrupted"
     assert sum(1 for s in status.values() if s == "finished") == 12
+
+
+@pytest.mark.parametrize(
+    ("path", "params", "status", "message"),
+    [
+        ("/api/runs/0/episodes", {"offset": "²"}, 400, "offset: expected a whole number"),
+        ("/api/runs/0/episodes", {"limit": "--5"}, 400, "limit: expected a whole number"),
+        ("/api/runs/0/episodes", {"limit": "1e3"}, 400, "limit: expected a whole number"),
+        ("/api/runs/²/episodes", {}, 404, "no run '²'"),
+        ("/api/runs/0/summary", {"status": "done,queued"}, 400, "status: unknown value"),
+        ("/api/runs/0/episode", {}, 400, "key: the episode folder"),
+        ("/api/runs/0/episode", {"key": "episodes/mean-empty/0\x00"}, 404, "no episode"),
+        ("/api/runs/1/episode/tokens", {"key": "episodes/mean-empty/0", "offset": "x"}, 400, ""),
+        ("/api/runs/0/episode/log", {"key": "episodes/mean-empty/0", "name": "x.txt"}, 404, ""),
+        ("/api/compare", {"a": "0", "b": "٣"}, 404, "b: no run"),
+        ("/api/compare", {"a": "0", "b": "1", "limit": "ten"}, 400, "limit: expected"),
+    ],
+)
+def test_malformed_parameters_are_a_clear_error_not_a_500(viewer, path, params, status, message):
+    response = viewer.get(path, **params)
+    assert response.status_code == status, response.text
+    assert message in response.json()["error"]
+
+
+@pytest.fixture
+def damaged(tmp_path: Path, token_run: Path) -> Path:
+    """A token run whose files are damaged in the ways a crash or a bad disk leaves them."""
+    run = tmp_path / "run"
+    shutil.copytree(token_run, run)
+    broken = run / "episodes" / "mean-empty" / "0"
+    (broken / "messages.json").write_text('[{"role": "system", "content": "cut sh')
+    (broken / "rollout.json").write_text("{")
+    (broken / "result.json").write_text("not json")
+    odd = run / "episodes" / "fahrenheit" / "0"
+    rollout = json.loads((odd / "rollout.json").read_text())
+    rollout["prompt_ids"] = "not a list"
+    (odd / "rollout.json").write_text(json.dumps(rollout))
+    record = json.loads((odd / "result.json").read_text())
+    record["reward"] = float("nan")
+    (odd / "result.json").write_text(json.dumps(record))  # NaN: json writes it, JSON has none
+    return run
+
+
+def test_a_damaged_file_is_reported_for_its_episode_and_the_rest_still_shows(viewer_of, damaged):
+    viewer = viewer_of(str(damaged))
+    assert viewer.json("/api/runs/0/episodes")["total"] == 6
+    episode = viewer.json("/api/runs/0/episode", key="episodes/mean-empty/0")
+    assert "messages.json is not valid JSON" in episode["errors"]["messages.json"]
+    assert "rollout.json is not valid JSON" in episode["errors"]["rollout.json"]
+    assert "result.json is not valid JSON" in episode["errors"]["result.json"]
+    assert episode["messages"] is None
+    assert episode["record"]["task_id"] == "mean-empty", "the results line stands in"
+    tokens = viewer.json("/api/runs/0/episode/tokens", key="episodes/mean-empty/0")
+    assert tokens["available"] is False and "not valid JSON" in tokens["reason"]
+    odd = viewer.json("/api/runs/0/episode", key="episodes/fahrenheit/0")
+    assert odd["record"]["reward"] is None and odd["errors"] == {}
+    tokens = viewer.json("/api/runs/0/episode/tokens", key="episodes/fahrenheit/0")
+    assert tokens["available"] is False and "rollout.json is malformed" in tokens["reason"]

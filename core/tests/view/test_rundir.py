@@ -10,27 +10,14 @@ import subprocess
 import sys
 import time
 from collections import Counter
-from collections.abc import Iterator
 from datetime import datetime, timezone
 from pathlib import Path
 
 import httpx
-import pytest
 
 from uniagent.run.folder import start_attempt
 from uniagent.run.manifest import pid_start
 from uniagent.view.rundir import RunFolder
-
-
-@pytest.fixture
-def runner_process() -> Iterator[subprocess.Popen[bytes]]:
-    """A live process that looks like `uniagent run` (its command line names uniagent)."""
-    proc = subprocess.Popen(
-        [sys.executable, "-c", "import sys; sys.stdin.read()", "uniagent"], stdin=subprocess.PIPE
-    )
-    yield proc
-    proc.kill()
-    proc.wait()
 
 
 def half_done(

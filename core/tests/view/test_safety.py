@@ -156,3 +156,75 @@ def test_a_port_in_use_is_a_clear_error(viewer, messages_run):
         timeout=120,
     )
     assert proc.returncode == 2 and f"port {port} on 127.0.0.1 is in use" in proc.stderr
+
+
+def test_a_loopback_address_given_with_host_is_answered(viewer_of, messages_run):
+    viewer = viewer_of(str(messages_run), "--host", "127.0.0.2")
+    assert httpx.URL(viewer.url).host == "127.0.0.2"
+    assert viewer.get("/api/runs").status_code == 200  # Host: 127.0.0.2:PORT
+    for name in ("localhost", "127.0.0.1"):
+        response = httpx.get(viewer.url + "api/runs", headers={"Host": name}, timeout=30)
+        assert response.status_code == 200, name
+    response = httpx.get(viewer.url + "api/runs", headers={"Host": "evil.example"}, timeout=30)
+    assert response.status_code == 400 and "Invalid host header" in response.text
+
+
+def test_a_shared_address_is_answered_by_address_and_name_but_not_for_other_names(
+    messages_run,
+):
+    """Bound to a LAN address (192.0.2.10 stands for one; the app is driven in process)."""
+    from starlette.testclient import TestClient
+
+    from uniagent.view.app import create_app
+    from uniagent.view.rundir import RunFolder
+
+    app = create_app([RunFolder(messages_run)], host="192.0.2.10")
+    with TestClient(app, base_url="http://192.0.2.10:8765") as client:
+        assert client.get("/api/runs").status_code == 200
+        for host in (socket.gethostname(), "localhost:8765", "[2001:db8::1]:8765"):
+            assert client.get("/api/runs", headers={"Host": host}).status_code == 200, host
+        for host in ("evil.example", "evil.example:8765", "192.0.2.10.evil.example", ""):
+            assert client.get("/api/runs", headers={"Host": host}).status_code == 400, host
+
+
+@pytest.mark.parametrize(
+    ("header", "answered"),
+    [
+        ("127.0.0.1:8765", True),
+        ("127.0.0.2", True),
+        ("[::1]:8765", True),
+        ("::1", True),
+        ("LOCALHOST:80", True),
+        ("localhost.", True),
+        ("10.1.2.3:8765", True),  # an address: a rebinding page always sends its name
+        ("evil.example", False),
+        ("localhost.evil.example", False),
+        ("127.0.0.1.nip.io", False),
+        ("127.0.0.1:port", False),
+        ("[::1", False),
+        ("", False),
+    ],
+)
+def test_the_host_check(header, answered):
+    from uniagent.view.security import host_allowed, host_names
+
+    assert host_allowed(header, host_names("127.0.0.1")) is answered
+
+
+def test_the_host_names_follow_the_address_bound_to():
+    from uniagent.view.security import host_names
+
+    assert host_names("127.0.0.1") == {"localhost"}
+    assert host_names("viewer.example") >= {"localhost", "viewer.example"}
+    shared = host_names("0.0.0.0")
+    assert socket.gethostname().lower() in shared and "0.0.0.0" not in shared
+
+
+def test_every_response_has_a_content_security_policy_without_inline_script(viewer):
+    for path in ("/", "/static/js/app.js", "/api/runs", "/api/runs/9/episodes"):
+        response = viewer.get(path)
+        policy = response.headers["content-security-policy"]
+        assert "script-src 'self'" in policy and "default-src 'none'" in policy, path
+        assert "unsafe-inline" not in policy and "unsafe-eval" not in policy
+        assert response.headers["x-content-type-options"] == "nosniff"
+    assert "<script>" not in viewer.get("/").text, "no inline script in the page"

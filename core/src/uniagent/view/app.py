@@ -9,6 +9,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
+import math
 import threading
 import time
 from collections import OrderedDict
@@ -20,23 +21,31 @@ from sse_starlette.sse import EventSourceResponse
 from starlette.applications import Starlette
 from starlette.concurrency import run_in_threadpool
 from starlette.middleware import Middleware
-from starlette.middleware.trustedhost import TrustedHostMiddleware
 from starlette.requests import Request
-from starlette.responses import FileResponse, JSONResponse, Response
+from starlette.responses import FileResponse, Response
 from starlette.routing import Mount, Route
 from starlette.staticfiles import StaticFiles
 
 from uniagent.errors import ConfigError
 from uniagent.view import index
+from uniagent.view.files import Unreadable
 from uniagent.view.rundir import (
     INFRA_EXITS,
     MESSAGES,
+    RESULT,
     ROLLOUT,
     NotFound,
     OutsideRunFolder,
     RunFolder,
+    StaleIndex,
 )
+from uniagent.view.security import Guard, host_names
 from uniagent.view.tokens import Tokenizers, exactness, token_page
+
+try:  # NaN-safe and faster; the view extra brings it
+    import orjson
+except ImportError:  # pragma: no cover
+    orjson = None  # type: ignore[assignment]
 
 STATIC = Path(__file__).parent / "static"
 LOG_TAIL_BYTES = 512 * 1024
@@ -47,7 +56,9 @@ class Watcher:
     """Polls the run folders while someone listens and wakes the event streams on a change.
 
     Polling, not inotify: it works on network filesystems (a cluster's shared disk), costs
-    a few ``stat`` calls per run per tick, and needs no watch per episode folder.
+    a few ``stat`` calls per run per tick, and needs no watch per episode folder. Runs are
+    refreshed in worker threads (their file reads never block the event loop); the wake-up
+    comes back to the loop.
     """
 
     def __init__(self, runs: list[RunFolder], interval: float) -> None:
@@ -55,37 +66,65 @@ class Watcher:
         self.runs = runs
         self.interval = interval
         self.listeners = 0
-        self.changed = asyncio.Event()
+        self._changed = asyncio.Event()  # set, then replaced, at every change
+        self._loop: asyncio.AbstractEventLoop | None = None
 
     async def loop(self) -> None:
         """Refresh every run each tick while a stream is open."""
+        self._loop = asyncio.get_running_loop()
         while True:
             await asyncio.sleep(self.interval)
             if self.listeners:
                 for run in self.runs:
-                    self.refresh(run)
+                    await run_in_threadpool(self.refresh, run)
 
-    def refresh(self, run: RunFolder) -> None:
-        """Refresh ``run`` (for a tick or a request) and wake the streams if it changed."""
-        if run.refresh():
-            self.changed.set()
-            self.changed = asyncio.Event()
+    def refresh(self, run: RunFolder) -> bool:
+        """Refresh ``run`` (from any thread) and wake the streams if it changed."""
+        changed = run.refresh()
+        if changed:
+            self._wake_soon()
+        return changed
+
+    def _wake_soon(self) -> None:
+        loop = self._loop
+        if loop is None:
+            return  # no stream has started: none is waiting
+        try:
+            running = asyncio.get_running_loop()
+        except RuntimeError:
+            running = None
+        if running is loop:
+            self._wake()
+        else:
+            with contextlib.suppress(RuntimeError):  # the loop is closed: nobody waits
+                loop.call_soon_threadsafe(self._wake)
+
+    def _wake(self) -> None:
+        self._changed.set()
+        self._changed = asyncio.Event()
 
     async def stream(self, run: RunFolder) -> AsyncIterator[dict[str, Any]]:
         """Server-sent events for one run: ``update`` whenever its rows change, with the
         keys of the rows that changed (``null``: too many versions ago to list)."""
+        self._loop = asyncio.get_running_loop()
         self.listeners += 1
         try:
             seen: int | None = None
             while True:
-                if run.version != seen:
+                # Taken before the version is read, and nothing is awaited in between: a
+                # change after the read wakes this very event, so none is missed (also
+                # one made while the last update was being sent).
+                waiter = self._changed
+                current = run.version
+                if current != seen:
                     changed = None if seen is None else run.changes_since(seen)
-                    seen = run.version
+                    seen = current
                     yield {
                         "event": "update",
                         "data": json.dumps({**_brief(run), "changed": changed}),
                     }
-                await self.changed.wait()
+                    continue
+                await waiter.wait()
         finally:
             self.listeners -= 1
 
@@ -99,19 +138,20 @@ def _brief(run: RunFolder) -> dict[str, Any]:
 
 
 class _FileCache:
-    """The last few values computed from files, keyed by path and modification time
-    (a rewritten file is read again); used from worker threads."""
+    """The last few values computed from files, keyed by path, inode, size and modification
+    time (a file rewritten in place is read again); used from worker threads."""
 
     def __init__(self, size: int) -> None:
         self.size = size
-        self._items: OrderedDict[tuple[str, int], Any] = OrderedDict()
+        self._items: OrderedDict[tuple[str, int, int, int], Any] = OrderedDict()
         self._lock = threading.Lock()
 
     def get(self, path: Path, compute: Callable[[], Any]) -> Any:
         try:
-            key = (str(path), path.stat().st_mtime_ns)
+            st = path.stat()
         except OSError:
-            return None
+            return compute()  # gone: let the reader say what is (not) there
+        key = (str(path), st.st_ino, st.st_size, st.st_mtime_ns)
         with self._lock:
             if key in self._items:
                 self._items.move_to_end(key)
@@ -124,14 +164,44 @@ class _FileCache:
         return value
 
 
+class JSON(Response):
+    """A JSON response, by orjson where it is installed: NaN and infinities (which a
+    results file may hold) become ``null`` instead of failing the request."""
+
+    media_type = "application/json"
+
+    def render(self, content: Any) -> bytes:
+        """``content`` as JSON bytes."""
+        if orjson is not None:
+            return orjson.dumps(content, option=orjson.OPT_NON_STR_KEYS, default=str)
+        return json.dumps(
+            _finite(content), ensure_ascii=False, separators=(",", ":"), default=str
+        ).encode("utf-8")
+
+
+def _finite(value: Any) -> Any:
+    if isinstance(value, float) and not math.isfinite(value):
+        return None
+    if isinstance(value, dict):
+        return {str(k): _finite(v) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [_finite(v) for v in value]
+    return value
+
+
 def create_app(
     runs: list[RunFolder],
     *,
     tokenizer: str | None = None,
     poll_interval: float = 0.5,
-    allowed_hosts: list[str] | None = None,
+    host: str = "127.0.0.1",
 ) -> Starlette:
-    """The Starlette app serving ``runs`` (their order gives their ids: 0, 1, ...)."""
+    """The Starlette app serving ``runs`` (their order gives their ids: 0, 1, ...), bound
+    to ``host`` (which decides the ``Host`` names it answers, see :mod:`.security`).
+
+    The handlers that read files are plain functions: Starlette runs them in its thread
+    pool, so a large file or a slow disk never holds up the event loop.
+    """
     if not runs:
         raise ConfigError("uniagent view needs at least one run folder")
     watcher = Watcher(runs, poll_interval)
@@ -139,11 +209,16 @@ def create_app(
     rollouts = _FileCache(8)
     reports = _FileCache(64)
 
+    def run_by_id(value: Any, name: str = "run") -> RunFolder:
+        text = str(value)
+        if not (text.isascii() and text.isdigit()) or int(text) >= len(runs):
+            raise NotFound(
+                f"{name}: no run {value!r}; there are {len(runs)} (ids 0 to {len(runs) - 1})"
+            )
+        return runs[int(text)]
+
     def get_run(request: Request) -> RunFolder:
-        value = request.path_params.get("run", request.query_params.get("run", "0"))
-        if not str(value).isdigit() or int(value) >= len(runs):
-            raise NotFound(f"no run {value!r}; there are {len(runs)} (ids 0 to {len(runs) - 1})")
-        run = runs[int(value)]
+        run = run_by_id(request.path_params.get("run", request.query_params.get("run", "0")))
         if _stale(run):
             watcher.refresh(run)
         return run
@@ -152,9 +227,12 @@ def create_app(
         value = request.query_params.get(name)
         if value is None or value == "":
             return default
-        if not value.lstrip("-").isdigit():
-            raise ConfigError(f"{name}: expected a whole number, got {value!r}")
-        return int(value)
+        try:
+            if not value.isascii():
+                raise ValueError(value)
+            return int(value)
+        except ValueError:
+            raise ConfigError(f"{name}: expected a whole number, got {value!r}") from None
 
     def key_of(request: Request) -> str:
         key = request.query_params.get("key")
@@ -162,26 +240,38 @@ def create_app(
             raise ConfigError("key: the episode folder, as the runs table gives it")
         return key
 
-    def load_rollout(run: RunFolder, key: str) -> dict[str, Any] | None:
+    def load_rollout(run: RunFolder, key: str) -> tuple[dict[str, Any] | None, str]:
+        """The episode's rollout, or None and why there is none."""
         path = run.path(key, ROLLOUT)
-        value = rollouts.get(path, lambda: run.read_json(key, ROLLOUT))
-        return value if isinstance(value, dict) else None
+
+        def load() -> tuple[dict[str, Any] | None, str]:
+            try:
+                value = run.load_json(key, ROLLOUT)
+            except Unreadable as exc:
+                return None, str(exc)
+            if value is None:
+                return None, "this episode has no rollout.json"
+            if not isinstance(value, dict):
+                return None, "rollout.json does not hold an object"
+            return value, ""
+
+        return rollouts.get(path, load)
 
     async def home(request: Request) -> Response:
         return FileResponse(STATIC / "index.html", headers={"Cache-Control": "no-cache"})
 
-    async def list_runs(request: Request) -> Response:
+    def list_runs(request: Request) -> Response:
         for run in runs:
             if _stale(run):
                 watcher.refresh(run)
-        return JSONResponse(
+        return JSON(
             {
                 "runs": [{"id": i, **_brief(run)} for i, run in enumerate(runs)],
                 "infra_exits": sorted(INFRA_EXITS),
             }
         )
 
-    async def episodes(request: Request) -> Response:
+    def episodes(request: Request) -> Response:
         run = get_run(request)
         result = index.page(
             run.rows.values(),
@@ -191,93 +281,109 @@ def create_app(
             offset=number(request, "offset", 0),
             limit=number(request, "limit", 50),
         )
-        return JSONResponse({**result, "run": run.info()})
+        return JSON({**result, "run": run.info()})
 
-    async def summary(request: Request) -> Response:
+    def summary(request: Request) -> Response:
         run = get_run(request)
         filters = index.Filters.from_params(request.query_params)
         rows = [r for r in run.rows.values() if filters.match(r)]
-        return JSONResponse(
+        return JSON(
             {**index.stats(rows, n=run.samples_per_task), "run": run.info(), "saved": run.summary}
         )
 
-    async def episode(request: Request) -> Response:
+    def episode(request: Request) -> Response:
         run = get_run(request)
         key = key_of(request)
+        errors: dict[str, str] = {}  # files that are there but cannot be shown, and why
+
+        def load(name: str) -> Any:
+            try:
+                return run.load_json(key, name)
+            except Unreadable as exc:
+                errors[name] = str(exc)
+                return None
+
         row = run.row(key)
-        messages = run.read_json(key, MESSAGES)
-        rollout = None
+        messages = load(MESSAGES)
+        if messages is not None and not isinstance(messages, list):
+            errors[MESSAGES] = "messages.json does not hold a list of messages"
         if not isinstance(messages, list):
-            rollout = load_rollout(run, key)
-            messages = (rollout or {}).get("messages") if rollout else None
-        return JSONResponse(
+            rollout, why = load_rollout(run, key)
+            if rollout is not None:
+                messages = rollout.get("messages")
+            elif why and not why.startswith("this episode has no"):
+                errors[ROLLOUT] = why
+        record = load(RESULT)
+        if not isinstance(record, dict):
+            try:
+                record = run.results_record(key)
+            except StaleIndex:  # the results file changed under the index: look again
+                watcher.refresh(run)
+                record = run.results_record(key) if key in run.rows else None
+        return JSON(
             {
-                "row": row.to_json(),
-                "record": run.record(key),
+                "row": run.row(key).to_json() if key in run.rows else row.to_json(),
+                "record": record,
                 "messages": messages if isinstance(messages, list) else None,
                 "files": run.files(key),
+                "errors": errors,
                 "run": run.info(),
             }
         )
 
-    async def tokens(request: Request) -> Response:
+    def tokens(request: Request) -> Response:
         run = get_run(request)
         key = key_of(request)
         run.row(key)
-        rollout = await run_in_threadpool(load_rollout, run, key)
+        offset = number(request, "offset", 0)
+        limit = number(request, "limit", 4000)
+        rollout, why = load_rollout(run, key)
         if rollout is None:
-            return JSONResponse({"available": False, "reason": "this episode has no rollout.json"})
-        decoder, why = (None, "")
+            return JSON({"available": False, "reason": why})
+        decoder, note = (None, "")
         if rollout.get("mode") == "tokens":
-            decoder, why = await run_in_threadpool(tokenizers.get, rollout.get("tokenizer"))
-        page = await run_in_threadpool(
-            token_page,
-            rollout,
-            decoder,
-            offset=number(request, "offset", 0),
-            limit=number(request, "limit", 4000),
-        )
-        page["tokenizer_note"] = None if decoder is not None else why
-        return JSONResponse(page)
+            decoder, note = tokenizers.get(_str_or_none(rollout.get("tokenizer")))
+        try:
+            page = token_page(rollout, decoder, offset=offset, limit=limit)
+        except Exception as exc:  # a malformed rollout: say so for this episode
+            return JSON({"available": False, "reason": _broken(exc)})
+        page["tokenizer_note"] = None if decoder is not None else note
+        return JSON(page)
 
-    async def exactness_report(request: Request) -> Response:
+    def exactness_report(request: Request) -> Response:
         run = get_run(request)
         key = key_of(request)
         run.row(key)
-        rollout = await run_in_threadpool(load_rollout, run, key)
+        rollout, why = load_rollout(run, key)
         if rollout is None or rollout.get("mode") != "tokens":
-            return JSONResponse({"available": False, "reason": "no token-mode rollout"})
-        decoder, why = await run_in_threadpool(tokenizers.get, rollout.get("tokenizer"))
+            return JSON({"available": False, "reason": why or "no token-mode rollout"})
+        decoder, why = tokenizers.get(_str_or_none(rollout.get("tokenizer")))
         if decoder is None:
-            return JSONResponse({"available": False, "reason": why})
+            return JSON({"available": False, "reason": why})
 
         def check() -> dict[str, Any]:
             try:
                 return {"available": True, **exactness(rollout, decoder)}
             except Exception as exc:  # a wrong tokenizer, a malformed snapshot: say so
-                return {
-                    "available": False,
-                    "reason": f"the check failed: {type(exc).__name__}: {exc}",
-                }
+                return {"available": False, "reason": f"the check failed: {_broken(exc)}"}
 
-        path = run.path(key, ROLLOUT)
-        report = await run_in_threadpool(reports.get, path, check)
-        return JSONResponse(report or {"available": False, "reason": "rollout.json is gone"})
+        report = reports.get(run.path(key, ROLLOUT), check)
+        return JSON(report or {"available": False, "reason": "rollout.json is gone"})
 
-    async def log(request: Request) -> Response:
+    def log(request: Request) -> Response:
         run = get_run(request)
         key = key_of(request)
         name = request.query_params.get("name") or "log.txt"
         text, size = run.read_text(key, name, tail=LOG_TAIL_BYTES)
-        return JSONResponse(
-            {"name": name, "text": text, "size": size, "truncated": size > LOG_TAIL_BYTES}
-        )
+        return JSON({"name": name, "text": text, "size": size, "truncated": size > LOG_TAIL_BYTES})
 
     async def events(request: Request) -> Response:
-        run = get_run(request)
+        run = run_by_id(request.path_params.get("run"))
+        if _stale(run):
+            await run_in_threadpool(watcher.refresh, run)
         return EventSourceResponse(watcher.stream(run), ping=15)
 
-    async def compare(request: Request) -> Response:
+    def compare(request: Request) -> Response:
         a = get_run_by(request, "a")
         b = get_run_by(request, "b")
         result = index.compare(
@@ -288,25 +394,19 @@ def create_app(
             offset=number(request, "offset", 0),
             limit=number(request, "limit", 50),
         )
-        return JSONResponse({**result, "a": a.info(), "b": b.info()})
+        return JSON({**result, "a": a.info(), "b": b.info()})
 
     def get_run_by(request: Request, name: str) -> RunFolder:
-        value = request.query_params.get(name)
-        if value is None or not value.isdigit() or int(value) >= len(runs):
-            raise NotFound(f"{name}: no run {value!r}; there are {len(runs)}")
-        run = runs[int(value)]
+        run = run_by_id(request.query_params.get(name), name)
         if _stale(run):
             watcher.refresh(run)
         return run
 
-    async def not_found(request: Request, exc: Exception) -> Response:
-        return JSONResponse({"error": str(exc)}, status_code=404)
+    def error(status: int) -> Callable[[Request, Exception], Any]:
+        async def handler(request: Request, exc: Exception) -> Response:
+            return JSON({"error": str(exc)}, status_code=status)
 
-    async def forbidden(request: Request, exc: Exception) -> Response:
-        return JSONResponse({"error": str(exc)}, status_code=403)
-
-    async def bad_request(request: Request, exc: Exception) -> Response:
-        return JSONResponse({"error": str(exc)}, status_code=400)
+        return handler
 
     @contextlib.asynccontextmanager
     async def lifespan(app: Starlette) -> AsyncIterator[None]:
@@ -331,20 +431,28 @@ def create_app(
         Route("/api/compare", compare),
         Mount("/static", StaticFiles(directory=STATIC), name="static"),
     ]
-    middleware = [Middleware(TrustedHostMiddleware, allowed_hosts=allowed_hosts or ["*"])]
     app = Starlette(
         routes=routes,
-        middleware=middleware,
+        middleware=[Middleware(Guard, names=host_names(host))],
         lifespan=lifespan,
         exception_handlers={
-            OutsideRunFolder: forbidden,
-            NotFound: not_found,
-            ConfigError: bad_request,
+            OutsideRunFolder: error(403),
+            NotFound: error(404),
+            ConfigError: error(400),
+            StaleIndex: error(409),
         },
     )
     app.state.runs = runs
     app.state.watcher = watcher
     return app
+
+
+def _str_or_none(value: Any) -> str | None:
+    return value if isinstance(value, str) and value else None
+
+
+def _broken(exc: Exception) -> str:
+    return f"rollout.json is malformed ({type(exc).__name__}: {str(exc)[:200]})"
 
 
 def _stale(run: RunFolder) -> bool:

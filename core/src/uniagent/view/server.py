@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import errno
-import ipaddress
 import socket
 import sys
 from collections.abc import Sequence
@@ -11,6 +10,7 @@ from pathlib import Path
 from typing import TextIO
 
 from uniagent.errors import ConfigError
+from uniagent.view.security import is_loopback, is_wildcard
 
 DEFAULT_PORT = 8765
 _PORT_TRIES = 20  # with the default port taken, the next ones are tried
@@ -46,16 +46,6 @@ def bind(host: str, port: int | None) -> socket.socket:
     )
 
 
-def is_loopback(host: str) -> bool:
-    """True for 127.0.0.0/8, ::1 and ``localhost``."""
-    if host == "localhost":
-        return True
-    try:
-        return ipaddress.ip_address(host).is_loopback
-    except ValueError:
-        return False
-
-
 def serve(
     paths: Sequence[Path],
     *,
@@ -84,10 +74,9 @@ def serve(
         runs = discover([Path(p) for p in paths])
     except NotFound as exc:
         raise ConfigError(str(exc)) from None
-    # Only loopback names are accepted as Host: a web page elsewhere cannot read the runs
-    # through DNS rebinding. Bound to another address, the user chose to share.
-    allowed = ["127.0.0.1", "localhost", "::1", "[::1]"] if is_loopback(host) else ["*"]
-    app = create_app(runs, tokenizer=tokenizer, poll_interval=poll_interval, allowed_hosts=allowed)
+    # The Host names answered follow from the address (see uniagent.view.security): a
+    # web page elsewhere cannot read the runs through DNS rebinding.
+    app = create_app(runs, tokenizer=tokenizer, poll_interval=poll_interval, host=host)
     sock = bind(host, port)
     bound_port = sock.getsockname()[1]
     shown = f"[{host}]" if ":" in host else host
@@ -95,8 +84,10 @@ def serve(
     names = ", ".join(r.name for r in runs[:5]) + (" ..." if len(runs) > 5 else "")
     print(f"uniagent view: {len(runs)} run(s), {total} episodes ({names})", file=out)
     if not is_loopback(host):
+        where = "every address of this machine" if is_wildcard(host) else host
         print(
-            f"uniagent view: listening on {host}: anyone who reaches it can read the runs", file=out
+            f"uniagent view: listening on {where}: anyone who reaches it can read the runs",
+            file=out,
         )
     print(
         f"uniagent view: serving http://{shown}:{bound_port}/  (Ctrl-C to stop)",

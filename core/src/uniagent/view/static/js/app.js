@@ -104,11 +104,16 @@ function showLive(run, broken) {
   };
   el.className = `live live-${broken ? "broken" : run.state}`;
   el.dataset.state = run.state;
-  el.title = broken ? "lost the connection to the viewer; retrying" : `run state: ${run.state}`;
+  const resumed = (run.resumed_at || []).length;
+  const notes = [`run state: ${run.state}`];
+  if (resumed) notes.push(`resumed ${resumed} time${resumed > 1 ? "s" : ""}, last at ${run.resumed_at[resumed - 1]}`);
+  if (run.unreadable_lines) notes.push(`${run.unreadable_lines} unreadable line(s) in results.jsonl`);
+  el.title = broken ? "lost the connection to the viewer; retrying" : notes.join("; ");
   el.append(h("span", { class: "dot" }), labels[run.state] || run.state);
   const parts = [`${num(done)}/${num(run.episodes)} done`];
   if (status.running) parts.push(`${num(status.running)} running`);
   if (status.queued) parts.push(`${num(status.queued)} queued`);
+  if (resumed) parts.push(`resumed ×${resumed}`);
   el.append(h("span", { class: "muted" }, " · " + parts.join(" · ")));
 }
 

@@ -47,6 +47,9 @@ export async function renderEpisode(main, runId, params) {
         fact("grading", fmtSeconds(r.reward_seconds)),
         fact("folder", r.key, "mono")),
       r.error ? h("div", { class: "error" }, r.error) : null,
+      // Files that are there but could not be read (not JSON, too large): said per file.
+      Object.entries(data.errors || {}).map(([name, why]) =>
+        h("div", { class: "error file-error", "data-file": name }, why)),
     );
   }
 
