@@ -229,3 +229,68 @@ def test_the_table_and_an_episode_update_live_while_the_run_goes_on(
             gate.set()
             _, stderr = run.communicate(timeout=300)
     assert run.returncode == 0, stderr
+
+
+#: What a policy might put in its output to run script in the page.
+XSS = '<script>alert(1)</script><img src=x onerror="window.__xss = 1; alert(2)">'
+
+
+def test_html_in_an_episode_is_shown_as_text_and_never_runs(
+    viewer_of, messages_run, tmp_path, page
+):
+    run = tmp_path / "run"
+    shutil.copytree(messages_run, run)
+    episode = run / "episodes" / "mean-empty" / "0"
+    messages = json.loads((episode / "messages.json").read_text())
+    tool = next(m for m in messages if m["role"] == "tool")
+    tool["content"] = f"before {XSS} after"
+    assistant = next(m for m in messages if m["role"] == "assistant")
+    assistant["content"] += XSS
+    (episode / "messages.json").write_text(json.dumps(messages))
+    record = json.loads((episode / "result.json").read_text())
+    record["error"] = XSS
+    record["reward_info"] = {**record.get("reward_info", {}), "note": XSS}
+    (episode / "result.json").write_text(json.dumps(record))
+    with (episode / "log.txt").open("a") as handle:
+        handle.write(XSS + "\n")
+    dialogs: list[str] = []
+    page.on("dialog", lambda dialog: (dialogs.append(dialog.message), dialog.dismiss()))
+    injected = "#view script, #view img, #view [onerror]"
+
+    viewer = viewer_of(str(run))
+    page.goto(episode_url(viewer, 0, "episodes/mean-empty/0"))
+    observation = page.locator("#conversation .msg-tool").first
+    expect(observation).to_contain_text(f"before {XSS} after")
+    expect(page.locator("#conversation .msg-assistant").first).to_contain_text("<script>alert(1)")
+    assert page.locator(injected).count() == 0
+    page.click("#tab-result")
+    expect(page.locator("#tab-body .error").first).to_contain_text(XSS)
+    expect(page.locator("#reward-info")).to_contain_text('onerror="window.__xss')
+    assert page.locator(injected).count() == 0
+    page.click("#tab-log")
+    expect(page.locator("#log-text")).to_contain_text(XSS)
+    assert page.locator(injected).count() == 0
+    assert page.evaluate("window.__xss") is None and dialogs == []
+
+
+def test_the_page_refuses_inline_script(viewer, browser):
+    """The Content-Security-Policy is in force: a script element with inline code, as an
+    injection would make one, is refused by the browser itself."""
+    context = browser.new_context()
+    try:
+        page = context.new_page()
+        page.goto(viewer.url)
+        expect(page.locator("#runs-table tbody tr")).to_have_count(12)
+        violated = page.evaluate(
+            """() => new Promise((resolve) => {
+                document.addEventListener(
+                    "securitypolicyviolation", (e) => resolve(e.effectiveDirective), {once: true});
+                const script = document.createElement("script");
+                script.textContent = "window.__inline = 1";
+                document.head.append(script);
+            })"""
+        )
+        assert violated == "script-src-elem"
+        assert page.evaluate("window.__inline") is None
+    finally:
+        context.close()
