@@ -14,6 +14,7 @@ from pydantic import BaseModel
 
 from uniagent import ToolSpec, hookimpl
 from uniagent.config import AgentConfig
+from uniagent.env import procfs
 from uniagent.plugins import load_plugins, reset_plugins
 from uniagent.run.progress import Progress
 from uniagent.run.runner import ResultsFile, run
@@ -96,6 +97,8 @@ async def test_the_manifest_plans_every_job_before_any_starts(config, qwen3_toke
     first = seen[0]
     assert first["jobs"] == [["t0", 0], ["t0", 1], ["t1", 0], ["t1", 1]]
     assert first["n"] == 2 and first["pid"] == os.getpid() and first["host"]
+    # With the pid its start time, so that a later process reusing the pid is not the run.
+    assert first["pid_start"] == procfs.info(os.getpid()).start_ticks
     assert first["started_at"].endswith("+00:00") and len(first["run_id"]) == 12
 
     # A resume plans the same jobs (finished ones too), runs none, and stays the same run:
