@@ -286,8 +286,9 @@ def damaged(tmp_path: Path, token_run: Path) -> Path:
     rollout["prompt_ids"] = "not a list"
     (odd / "rollout.json").write_text(json.dumps(rollout))
     record = json.loads((odd / "result.json").read_text())
-    record["reward"] = float("nan")
-    (odd / "result.json").write_text(json.dumps(record))  # NaN: json writes it, JSON has none
+    record["reward"] = float("nan")  # json writes NaN; JSON has none
+    record["seed"] = 10**30  # past 64 bits
+    (odd / "result.json").write_text(json.dumps(record))
     return run
 
 
@@ -304,5 +305,6 @@ def test_a_damaged_file_is_reported_for_its_episode_and_the_rest_still_shows(vie
     assert tokens["available"] is False and "not valid JSON" in tokens["reason"]
     odd = viewer.json("/api/runs/0/episode", key="episodes/fahrenheit/0")
     assert odd["record"]["reward"] is None and odd["errors"] == {}
+    assert odd["record"]["seed"] == 10**30
     tokens = viewer.json("/api/runs/0/episode/tokens", key="episodes/fahrenheit/0")
     assert tokens["available"] is False and "rollout.json is malformed" in tokens["reason"]

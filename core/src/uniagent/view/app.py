@@ -173,7 +173,10 @@ class JSON(Response):
     def render(self, content: Any) -> bytes:
         """``content`` as JSON bytes."""
         if orjson is not None:
-            return orjson.dumps(content, option=orjson.OPT_NON_STR_KEYS, default=str)
+            try:
+                return orjson.dumps(content, option=orjson.OPT_NON_STR_KEYS, default=str)
+            except TypeError:  # an integer past 64 bits: json writes those
+                pass
         return json.dumps(
             _finite(content), ensure_ascii=False, separators=(",", ":"), default=str
         ).encode("utf-8")

@@ -172,6 +172,8 @@ class RunFolder:
         self._jobs: list[tuple[str, int, str]] = []
         self._since_ns: int | None = None  # when the invocation that wrote the manifest began
         self._reruns_seen: set[str] = set()
+        self._failed: dict[str, int] = {}  # infrastructure failures on record: their attempt
+        self._planned: set[str] = set()
         self.unreadable_lines = 0  # results lines that are not a JSON record
         self._tree_scanned = 0.0
         self._changes: dict[int, list[str]] = {}
@@ -222,6 +224,7 @@ class RunFolder:
                 if isinstance(job, list | tuple) and len(job) >= 2 and _int(job[1]) is not None:
                     task_id, sample = str(job[0]), int(job[1])
                     self._jobs.append((task_id, sample, job_key(task_id, sample)))
+            self._planned = {key for _, _, key in self._jobs}
             # A new invocation (a resume) decides afresh which of its jobs have started.
             self._since_ns = _started_ns(self.manifest, self._sigs.get(MANIFEST))
             self._dirs = set()
@@ -258,12 +261,9 @@ class RunFolder:
         """Planned jobs with an infrastructure failure on record that a later attempt is
         running (a retry or a resume): their recorded attempt's log was moved aside."""
         found = set()
-        for _, _, key in self._jobs:
-            row = self._done.get(key)
-            if row is not None and row.status == "failed" and row.attempt is not None:
-                log = self.root / key / f"attempt-{row.attempt}.log"
-                if os.path.lexists(log):
-                    found.add(key)
+        for key, attempt in self._failed.items():  # a stat per failure, not per job
+            if key in self._planned and os.path.lexists(self.root / key / f"attempt-{attempt}.log"):
+                found.add(key)
         return found
 
     def _started_jobs(self) -> set[str]:
@@ -327,6 +327,9 @@ class RunFolder:
                 self._done[key] = row
             elif line.strip():
                 self.unreadable_lines += 1
+        self._failed = {
+            k: r.attempt for k, r in self._done.items() if r.status == "failed" and r.attempt
+        }
         return True
 
     def _run_state(self) -> RunState:
