@@ -236,7 +236,7 @@ def test_the_manifest_records_the_run_and_a_different_resume_is_refused(
         assert manifest["model"]["spec"] == f"openai:{server.base_url}#scripted"
         assert manifest["versions"]["plugins"]["uniagent-tools-swe"]
         assert manifest["versions"]["uniagent"]
-        assert len(manifest["tasks"]["sha256"]) == 64 and manifest["jobs"] == 1
+        assert len(manifest["tasks"]["sha256"]) == 64 and len(manifest["jobs"]) == 1
 
         changed = tmp_path / "changed.yaml"
         changed.write_text(CONFIG.read_text().replace("max_turns: 15", "max_turns: 3"))
