@@ -18,12 +18,19 @@ from pathlib import Path
 from typing import Any
 
 from uniagent.errors import ConfigError
-from uniagent.models.base import Generation, ModelError, ModelTurn, TokenChatModel
+from uniagent.models.base import (
+    ContextLimitError,
+    Generation,
+    ModelError,
+    ModelTurn,
+    TokenChatModel,
+)
 from uniagent.models.guided import (
     GuidedDecoding,
     GuidedLogitsProcessor,
     GuidedTurn,
     ToolCallGuide,
+    check_generation_options,
     guided_logprobs,
 )
 from uniagent.parsers import ToolCallParser
@@ -87,6 +94,9 @@ class HFLocalModel(TokenChatModel):
         guided: GuidedDecoding | str | Mapping[str, Any] | None = None,
     ) -> None:
         self.guided = GuidedDecoding.coerce(guided)
+        if self.guided is not None:
+            check_generation_options(dict(generate_kwargs or {}), "generate_kwargs")
+            check_generation_options(dict(sampling_params or {}), "sampling")
         source: Any = model_path_or_id
         if isinstance(source, (str, os.PathLike)) and str(source).endswith(".gguf"):
             path = Path(source)
@@ -111,11 +121,9 @@ class HFLocalModel(TokenChatModel):
             response_length=response_length,
             chat_template_kwargs=chat_template_kwargs,
         )
-        self._guide = (
-            None
-            if self.guided is None
-            else ToolCallGuide(self.tokenizer, self.stop_token_ids(), self.guided)
-        )
+        # One guide per end-of-turn token (the template's; in practice one per model).
+        self._guides: dict[int, ToolCallGuide] = {}
+        self._guides_lock = threading.Lock()
 
     @classmethod
     def from_spec(cls, spec: str, **kwargs: Any) -> HFLocalModel:
@@ -178,6 +186,17 @@ class HFLocalModel(TokenChatModel):
     def _stop_ids(self) -> set[int]:
         return set(self.stop_token_ids())
 
+    def guide(self, end_of_turn: int) -> ToolCallGuide:
+        """The grammar compiler for turns that end with ``end_of_turn`` (made once)."""
+        if self.guided is None:
+            raise ModelError("this model has no guided decoding configured")
+        with self._guides_lock:
+            guide = self._guides.get(end_of_turn)
+            if guide is None:
+                guide = ToolCallGuide(self.tokenizer, end_of_turn, self.guided)
+                self._guides[end_of_turn] = guide
+        return guide
+
     async def generate(
         self,
         cache: RolloutCache,
@@ -186,18 +205,27 @@ class HFLocalModel(TokenChatModel):
         call_format: ToolCallParser | None = None,
     ) -> ModelTurn:
         """Generate the next turn; with ``guided``, one valid call of ``cache.tools``."""
-        if self._guide is None:
+        if self.guided is None:
             return await super().generate(cache, stop=stop, call_format=call_format)
         if call_format is None:
             raise ModelError("guided decoding needs the tool-call format (call_format=)")
+        if cache.mode != "tokens" or cache.template is None:
+            raise ModelError(f"{type(self).__name__} needs a token-mode cache (use start_cache)")
         try:
+            guide = self.guide(cache.template.eot_id)
             turn = await asyncio.to_thread(
-                self._guide.matcher, cache.tools or [], call_format, _open_turn_ids(cache)
+                guide.matcher, cache.tools or [], call_format, cache.open_turn_ids
             )
+        except ModelError:
+            raise
         except ConfigError as exc:
             # Known only now that the loop hands over its tools and parser: the episode
             # ends model_error with the reason (never as the policy's format error).
             raise ModelError(f"guided decoding cannot run: {exc}") from exc
+        except Exception as exc:  # llguidance, the tokenizer: infrastructure, not policy
+            raise ModelError(
+                f"guided decoding failed to start the turn: {type(exc).__name__}: {exc}"
+            ) from exc
         token = _TURN.set(turn)
         try:
             return await super().generate(cache, stop=stop, call_format=call_format)
@@ -207,9 +235,9 @@ class HFLocalModel(TokenChatModel):
     async def _generate(self, prompt_ids: list[int], max_tokens: int | None) -> Generation:
         try:
             return await asyncio.to_thread(self._generate_sync, prompt_ids, max_tokens)
-        except ModelError:
+        except (ModelError, ContextLimitError):
             raise
-        except Exception as exc:
+        except Exception as exc:  # transformers, torch, llguidance: infrastructure
             raise ModelError(f"local generation failed: {type(exc).__name__}: {exc}") from exc
 
     def _generate_sync(self, prompt_ids: list[int], max_tokens: int | None) -> Generation:
@@ -219,16 +247,25 @@ class HFLocalModel(TokenChatModel):
         params = dict(self.sampling_params)
         temperature = float(params.get("temperature") or 0.0)
         limit = max_tokens if max_tokens is not None else int(params.get("max_tokens") or 256)
+        turn = _TURN.get()
+        if self.guided is not None and turn is None:
+            # Never fall back to unguided decoding: the caller asked for a valid call.
+            raise ModelError(
+                "guided decoding is configured but no guided turn was opened for this "
+                "generation (call generate(cache, call_format=parser))"
+            )
+        # A guided turn ends only at the template's end of turn, the one token the grammar
+        # allows there (another eos of the vocabulary would leave the turn unclosed).
+        stops = [turn.end_of_turn] if turn is not None else self.stop_token_ids()
         pad = self.tokenizer.pad_token_id
         kwargs: dict[str, Any] = {
             "max_new_tokens": limit,
-            "eos_token_id": self.stop_token_ids(),
-            "pad_token_id": pad if pad is not None else self.stop_token_ids()[0],
+            "eos_token_id": stops,
+            "pad_token_id": pad if pad is not None else stops[0],
             "return_dict_in_generate": True,
             "output_logits": True,
             **self.generate_kwargs,
         }
-        turn = _TURN.get()
         if turn is not None:
             processors = list(kwargs.pop("logits_processor", None) or ())
             processors.append(GuidedLogitsProcessor(turn, len(prompt_ids)))
@@ -248,7 +285,6 @@ class HFLocalModel(TokenChatModel):
                 input_ids=input_ids, attention_mask=torch.ones_like(input_ids), **kwargs
             )
         new = out.sequences[0, len(prompt_ids) :].tolist()
-        stops = set(self.stop_token_ids())
         for i, token in enumerate(new):  # batch of one: nothing after the first stop token
             if token in stops:
                 new = new[: i + 1]
@@ -261,17 +297,6 @@ class HFLocalModel(TokenChatModel):
             for step, token in zip(out.logits, new, strict=False)
         ]
         return Generation(token_ids=new, logprobs=logprobs)
-
-
-def _open_turn_ids(cache: RolloutCache) -> list[int]:
-    """The ids of an assistant turn left open (cut by the length limit), else none."""
-    if not cache.messages or cache.messages[-1].get("role") != "assistant":
-        return []
-    mask, ids = cache.response_mask, cache.response_ids
-    start = len(mask)
-    while start > 0 and mask[start - 1] == 1:
-        start -= 1
-    return list(ids[start:])
 
 
 def _transformers() -> Any:
