@@ -148,8 +148,10 @@ class HFLocalModel(TokenChatModel):
     temperature and top-p), as vLLM reports by default. Generation stops at the
     tokenizer's eos or the chat template's end-of-turn token (``<|im_end|>``).
     ``guided`` (``"tool_call"`` or a :class:`~uniagent.models.guided.GuidedDecoding`)
-    restricts every turn to one valid tool call; its log-probs are then those of
-    the restricted distribution (see :mod:`uniagent.models.guided`).
+    restricts every turn to one valid tool call, ended only by the chat template's
+    end-of-turn token; its log-probs are then those of the restricted distribution
+    (see :mod:`uniagent.models.guided`). Options that break guidance in
+    ``generate_kwargs`` or ``sampling_params`` (beams, draft models) are refused.
     """
 
     def __init__(
