@@ -256,6 +256,7 @@ class ToolCallGuide:
         #: How many grammars were compiled (one per distinct tool set and parser).
         self.compilations = 0
         self._lock = threading.Lock()
+        self._compile_lock = threading.Lock()
         self._ll_tokenizer: Any = None
         self._compiled: dict[tuple[Any, ...], Any] = {}
 
@@ -297,23 +298,25 @@ class ToolCallGuide:
             parser.name,
             getattr(parser, "open_tag", None),
             getattr(parser, "close_tag", None),
-            json.dumps(list(tools), sort_keys=True, default=repr),
+            # Key order kept: the JSON is written with properties in schema order.
+            json.dumps(list(tools), default=repr),
         )
-        with self._lock:
+        # Compiled under the lock: concurrent episodes with the same tools wait for the
+        # one compile instead of each doing it (tens of milliseconds, once).
+        with self._compile_lock:
             compiled = self._compiled.get(key)
-        if compiled is None:
-            grammar = self.grammar(tools, parser)
-            compiled = llguidance.LLMatcher(
-                self._ll_tokenizer, llguidance.LLMatcher.grammar_from_lark(grammar)
-            )
-            if compiled.is_error():
-                raise ModelError(
-                    f"guided decoding: the tool-call grammar failed: {compiled.get_error()}"
+            if compiled is None:
+                grammar = self.grammar(tools, parser)
+                compiled = llguidance.LLMatcher(
+                    self._ll_tokenizer, llguidance.LLMatcher.grammar_from_lark(grammar)
                 )
-            with self._lock:
+                if compiled.is_error():
+                    raise ModelError(
+                        f"guided decoding: the tool-call grammar failed: {compiled.get_error()}"
+                    )
                 self._compiled[key] = compiled
                 self.compilations += 1
-        matcher = compiled.deep_copy()
+            matcher = compiled.deep_copy()
         turn = GuidedTurn(matcher, self._ll_tokenizer.vocab_size, self.end_of_turn)
         if prefix and not matcher.consume_tokens(list(prefix)):
             raise ModelError(
