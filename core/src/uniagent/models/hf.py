@@ -70,7 +70,7 @@ def parse_spec(spec: str) -> tuple[str, dict[str, Any]]:
     Only the text is checked here (nothing is loaded): unknown or repeated options, a
     guided mode that does not exist, a thought length out of range.
     """
-    where = f"model spec 'hf:{spec}'"
+    where = f"model spec {'hf:' + spec!r}"
     path, _, query = spec.partition("?")
     options: dict[str, str] = {}
     for key, value in urllib.parse.parse_qsl(query, keep_blank_values=True):
@@ -116,7 +116,7 @@ def check_spec(
     Beyond :func:`parse_spec`: the model file or folder exists (a path, not a hub id),
     ``smollm2``'s wheel is installed, and guided decoding fits ``parser`` and ``sampling``.
     """
-    where = f"model spec 'hf:{spec}'"
+    where = f"model spec {'hf:' + spec!r}"
     path, options = parse_spec(spec)
     if path == "smollm2":
         try:
