@@ -314,7 +314,7 @@ def test_bad_option_values_are_one_line(tasks, tmp_path, extra, message):
 @pytest.mark.parametrize(
     ("model", "message"),
     [
-        ("hf:/nonexistent", "--model hf:/nonexistent: /nonexistent does not exist"),
+        ("hf:/nonexistent", "model spec 'hf:/nonexistent': /nonexistent does not exist"),
         ("openai:127.0.0.1:8000#m", "the base URL must start with http(s)://"),
         ("llama:x", "unknown model kind 'llama'"),
     ],
