@@ -63,7 +63,8 @@ def tool_call_schema(tools: list[Any]) -> dict[str, Any]:
 def build_llguidance(ctx: dict[str, Any], thought: int) -> Callable[[int], Any]:
     from uniagent.models.guided import GuidedDecoding, GuidedLogitsProcessor, ToolCallGuide
 
-    guide = ToolCallGuide(ctx["tokenizer"], ctx["stops"], GuidedDecoding(thought_chars=thought))
+    settings = GuidedDecoding(thought_chars=thought)
+    guide = ToolCallGuide(ctx["tokenizer"], ctx["end_of_turn"], settings)
     schemas = [t.openai_schema() for t in ctx["tools"]]
     guide.matcher(schemas, ctx["parser"])  # tokenizer tables and grammar: setup
     return lambda n: GuidedLogitsProcessor(guide.matcher(schemas, ctx["parser"]), n)
@@ -279,6 +280,7 @@ def main() -> None:
     from uniagent.config import AgentConfig
     from uniagent.models.hf import HFLocalModel, smollm2_gguf_path
     from uniagent.resolve import resolve
+    from uniagent.rollout.template import analyse_chat_template
 
     agent = resolve(AgentConfig.from_yaml(ROOT / "examples" / "swe_tiny" / "quickstart.yaml"))
     chat_model = HFLocalModel(smollm2_gguf_path())
@@ -287,6 +289,7 @@ def main() -> None:
         "model": chat_model.model,
         "tokenizer": chat_model.tokenizer,
         "stops": chat_model.stop_token_ids(),
+        "end_of_turn": analyse_chat_template(chat_model.tokenizer).eot_id,
         "vocab": chat_model.model.config.vocab_size,
         "agent": agent,
         "tools": list(agent.tools),

@@ -236,7 +236,7 @@ def test_the_manifest_records_the_run_and_a_different_resume_is_refused(
         assert manifest["model"]["spec"] == f"openai:{server.base_url}#scripted"
         assert manifest["versions"]["plugins"]["uniagent-tools-swe"]
         assert manifest["versions"]["uniagent"]
-        assert len(manifest["tasks"]["sha256"]) == 64 and manifest["jobs"] == 1
+        assert len(manifest["tasks"]["sha256"]) == 64 and len(manifest["jobs"]) == 1
 
         changed = tmp_path / "changed.yaml"
         changed.write_text(CONFIG.read_text().replace("max_turns: 15", "max_turns: 3"))
@@ -314,7 +314,7 @@ def test_bad_option_values_are_one_line(tasks, tmp_path, extra, message):
 @pytest.mark.parametrize(
     ("model", "message"),
     [
-        ("hf:/nonexistent", "--model hf:/nonexistent: /nonexistent does not exist"),
+        ("hf:/nonexistent", "model spec 'hf:/nonexistent': /nonexistent does not exist"),
         ("openai:127.0.0.1:8000#m", "the base URL must start with http(s)://"),
         ("llama:x", "unknown model kind 'llama'"),
     ],

@@ -16,9 +16,10 @@ from uniagent.models import (
     ContextLimitError,
     ModelError,
     VerlServerModel,
+    check_spec,
     from_spec,
 )
-from uniagent.parsers import HermesParser, ToolCall, ToolCallFormatError
+from uniagent.parsers import HermesParser, Qwen3CoderParser, ToolCall, ToolCallFormatError
 from uniagent.testing.tokenizers import load_qwen3_tokenizer
 
 
@@ -243,3 +244,63 @@ def test_from_spec_errors(spec: str, fragment: str) -> None:
     with pytest.raises(ConfigError) as info:
         from_spec(spec)
     assert fragment in str(info.value)
+    with pytest.raises(ConfigError) as checked:  # the check says the same, loading nothing
+        check_spec(spec, PARSER)
+    assert str(checked.value) == str(info.value)
+
+
+@pytest.mark.parametrize(
+    ("spec", "fragment"),
+    [
+        ("llama:x", "unknown model kind 'llama'"),
+        ("hf:?guided=tool_call", "name a model before the options"),
+        ("hf:{dir}?guided=bogus", "unknown mode 'bogus'; available: tool_call"),
+        ("hf:{dir}?guided=", "unknown mode ''"),
+        ("hf:{dir}?guide=tool_call", "unknown option 'guide'; allowed: guided"),
+        ("hf:{dir}?guided=tool_call&guided=tool_call", "option 'guided' is given twice"),
+        ("hf:{dir}?thought=10", "thought applies only with guided=tool_call"),
+        ("hf:{dir}?guided=tool_call&thought=lots", "thought must be a number of characters"),
+        ("hf:{dir}?guided=tool_call&thought=-1", "from 0 to 4000, got -1"),
+        ("hf:{dir}?guided=tool_call&thought=100000", "from 0 to 4000, got 100000"),
+        ("hf:/nonexistent/model?guided=tool_call", "/nonexistent/model does not exist"),
+        ("hf:./missing.gguf", "./missing.gguf does not exist"),
+        ("openai:http://127.0.0.1:8000/v1#m?tokenizer=x&guided=tool_call", "unknown option"),
+    ],
+)
+def test_check_spec_rejects_a_bad_spec_in_one_line(tmp_path, spec: str, fragment: str) -> None:
+    with pytest.raises(ConfigError) as info:
+        check_spec(spec.format(dir=tmp_path), PARSER)
+    message = str(info.value)
+    assert fragment in message
+    assert "\n" not in message
+
+
+def test_check_spec_accepts_good_specs(tmp_path) -> None:
+    (tmp_path / "m.gguf").write_bytes(b"")
+    for spec in (
+        f"hf:{tmp_path}",
+        f"hf:{tmp_path}?guided=tool_call",  # the path is checked without its options
+        f"hf:{tmp_path}/m.gguf?guided=tool_call&thought=0",
+        f"hf:{tmp_path}?guided=tool_call&thought=4000",
+        "hf:HuggingFaceTB/SmolLM2-135M-Instruct",  # a hub id: not checked as a path
+        "openai:http://127.0.0.1:8000/v1#Qwen/Qwen3-8B?tokenizer=Qwen/Qwen3-8B",
+    ):
+        check_spec(spec, PARSER, sampling={"temperature": 0.7, "num_beams": 1})
+
+
+def test_check_spec_rejects_guided_options_that_do_not_fit(tmp_path) -> None:
+    spec = f"hf:{tmp_path}?guided=tool_call"
+    with pytest.raises(ConfigError, match="supports the hermes tool parser, not 'qwen3_coder'"):
+        check_spec(spec, Qwen3CoderParser())
+    check_spec(f"hf:{tmp_path}", Qwen3CoderParser())  # unguided: any parser
+    for sampling, key in (
+        ({"num_beams": 4}, "sampling.num_beams=4"),
+        ({"prompt_lookup_num_tokens": 3}, "sampling.prompt_lookup_num_tokens=3"),
+        ({"assistant_model": "HuggingFaceTB/SmolLM2-135M"}, "sampling.assistant_model="),
+        ({"num_return_sequences": 2}, "sampling.num_return_sequences=2"),
+    ):
+        with pytest.raises(ConfigError) as info:
+            check_spec(spec, PARSER, sampling=sampling)
+        assert key in str(info.value) and "cannot be used with guided decoding" in str(info.value)
+        assert "\n" not in str(info.value)
+        check_spec(f"hf:{tmp_path}", PARSER, sampling=sampling)  # unguided: not refused here

@@ -370,6 +370,31 @@ def test_continuing_an_open_turn(qwen3_tokenizer: Any) -> None:
     assert cache.check_exactness().ok
 
 
+def test_open_turn_ids_are_the_open_turns_own_ids(qwen3_tokenizer: Any) -> None:
+    # What a constrained decoder resumes from: the cache's own ids of the turn, only while
+    # the turn is open (cut by length), never a closed turn and never re-tokenized text.
+    msgs = conversation(2, reasoning=True)
+    history = msgs[:2]
+    ids = template_generation_ids(qwen3_tokenizer, history, msgs[2], TOOLS)
+    cache = RolloutCache.start(qwen3_tokenizer, history, TOOLS)
+    assert cache.open_turn_ids == []
+    cache.append_generation(ids[:7], [-1.0] * 7)
+    assert cache.open_turn_ids == ids[:7]
+    cache.append_generation(ids[7:12], [-1.0] * 5)  # continued, still open
+    assert cache.open_turn_ids == ids[:12]
+    again = RolloutCache.from_dict(json.loads(json.dumps(cache.to_dict())), qwen3_tokenizer)
+    assert again.open_turn_ids == ids[:12]
+    cache.append_generation(ids[12:], [-1.0] * (len(ids) - 12))  # ends with <|im_end|>
+    assert ids[-1] == IM_END
+    assert cache.open_turn_ids == []  # closed: the next turn starts afresh
+    cache.append_messages([msgs[3]])
+    assert cache.open_turn_ids == []
+    cut = RolloutCache.start(qwen3_tokenizer, history, TOOLS)
+    cut.append_generation(ids[:5], [-1.0] * 5)
+    cut.append_messages([msgs[3]])  # the cache closes the open turn itself (mask 0)
+    assert cut.open_turn_ids == []
+
+
 def test_decoded_record_without_a_message(qwen3_tokenizer: Any) -> None:
     msgs = conversation(6, reasoning=True)
     result = replay(qwen3_tokenizer, msgs, TOOLS, pass_messages=False)

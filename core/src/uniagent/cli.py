@@ -88,18 +88,11 @@ def model_info(spec: str, api_key_env: str | None) -> dict[str, Any]:
     return info
 
 
-def check_model_spec(spec: str, api_key_env: str | None) -> None:
-    """Reject a model spec that cannot work before anything starts (one line)."""
-    from pathlib import Path
-
+def check_api_key_env(spec: str, api_key_env: str | None) -> None:
+    """``--api-key-env`` names the key of an ``openai:`` model; refuse it for any other."""
     from uniagent.errors import ConfigError
 
-    kind, _, rest = spec.partition(":")
-    if kind == "hf" and rest and rest != "smollm2":
-        looks_like_path = rest.startswith(("/", ".", "~")) or rest.endswith(".gguf")
-        if looks_like_path and not Path(rest).expanduser().exists():
-            raise ConfigError(f"--model {spec}: {rest} does not exist")
-    if api_key_env is not None and kind != "openai":
+    if api_key_env is not None and not spec.startswith("openai:"):
         raise ConfigError("--api-key-env applies only to openai: models")
 
 
@@ -109,7 +102,7 @@ def cmd_run(args: argparse.Namespace) -> int:
     from pathlib import Path
 
     from uniagent.config import AgentConfig
-    from uniagent.models import from_spec
+    from uniagent.models import check_spec, from_spec
     from uniagent.resolve import resolve
     from uniagent.run.progress import Progress
     from uniagent.run.runner import exit_status, run_sync
@@ -117,9 +110,11 @@ def cmd_run(args: argparse.Namespace) -> int:
     from uniagent.run.tasks import load_tasks
 
     config = AgentConfig.from_yaml(args.config)
-    resolve(config, source=args.config)  # any typo: exit 2 before a sandbox starts
+    agent = resolve(config, source=args.config)  # any typo: exit 2 before a sandbox starts
+    # The model spec as text (options, paths, fit with the parser): exit 2 before anything.
+    check_spec(args.model, agent.new_parser(), sampling=config.sampling)
+    check_api_key_env(args.model, args.api_key_env)
     tasks, bad_rows = load_tasks(args.data)
-    check_model_spec(args.model, args.api_key_env)
     options: dict[str, Any] = {"sampling_params": dict(config.sampling)}
     if args.api_key_env:
         options["api_key_env"] = args.api_key_env

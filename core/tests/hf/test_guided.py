@@ -25,7 +25,7 @@ from uniagent.models.guided import GuidedDecoding, ToolCallGuide, tool_call_gram
 from uniagent.models.hf import HFLocalModel, smollm2_gguf_path
 from uniagent.parsers import HermesParser, Qwen3CoderParser, ToolCallFormatError
 from uniagent.resolve import ResolvedAgent, resolve
-from uniagent.rollout import RolloutCache
+from uniagent.rollout import RolloutCache, analyse_chat_template
 
 pytestmark = pytest.mark.slow  # loading the model takes ~30 s on 2 CPU cores
 
@@ -80,9 +80,8 @@ def first_turn_cache(
 
 def replay_masks(model: HFLocalModel, schemas: list[Any], ids: list[int]) -> list[Any]:
     """The grammar's allowed-token masks along ``ids``, from a fresh matcher."""
-    turn = ToolCallGuide(model.tokenizer, model.stop_token_ids(), GuidedDecoding()).matcher(
-        schemas, PARSER
-    )
+    eot = analyse_chat_template(model.tokenizer).eot_id
+    turn = ToolCallGuide(model.tokenizer, eot, GuidedDecoding()).matcher(schemas, PARSER)
     masks = []
     for token in ids:
         masks.append(turn.allowed())
@@ -224,7 +223,7 @@ def test_tags_that_are_added_tokens_must_be_those_tokens(
 ) -> None:
     # Qwen3's <tool_call> is one added token: its text spelling would be a call the model
     # was never trained to write (and a re-render would tokenize differently).
-    guide = ToolCallGuide(qwen3_tokenizer, [qwen3_tokenizer.eos_token_id], GuidedDecoding())
+    guide = ToolCallGuide(qwen3_tokenizer, qwen3_tokenizer.eos_token_id, GuidedDecoding())
     open_id = qwen3_tokenizer.convert_tokens_to_ids("<tool_call>")
     assert f"<[{open_id}]>" in guide.grammar(schemas, PARSER)
     call = '{"name": "submit", "arguments": {}}'
@@ -235,3 +234,69 @@ def test_tags_that_are_added_tokens_must_be_those_tokens(
     assert guide.matcher(schemas, PARSER).matcher.consume_tokens(canonical)
     spelled = [t for piece in ("<", "tool", "_call", ">") for t in qwen3_tokenizer.encode(piece)]
     assert not guide.matcher(schemas, PARSER).matcher.consume_tokens(spelled)
+
+
+async def test_a_failure_inside_llguidance_is_a_model_error_with_its_cause(
+    plain: HFLocalModel,
+    agent: ResolvedAgent,
+    tasks: list[dict[str, Any]],
+    tools: list[Any],
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    import llguidance.hf
+
+    def refuse(*args: Any, **kwargs: Any) -> Any:
+        raise ValueError("Only fast tokenizers are supported")  # what llguidance raises
+
+    monkeypatch.setattr(llguidance.hf, "from_tokenizer", refuse)
+    fresh = HFLocalModel(plain.model, plain.tokenizer, guided="tool_call")
+    cache = first_turn_cache(fresh, agent, tasks[0], tools)
+    with pytest.raises(ModelError, match="ValueError: Only fast tokenizers") as info:
+        await fresh.generate(cache, call_format=PARSER)
+    assert isinstance(info.value.__cause__, ValueError)
+    assert cache.response_ids == []
+
+
+async def test_a_failure_inside_generate_is_a_model_error(
+    guided: HFLocalModel, agent: ResolvedAgent, tasks: list[dict[str, Any]], tools: list[Any]
+) -> None:
+    broken = HFLocalModel(
+        guided.model, guided.tokenizer, guided="tool_call", generate_kwargs={"max_new_tokens": -1}
+    )
+    cache = first_turn_cache(broken, agent, tasks[0], tools)
+    with pytest.raises(ModelError, match="local generation failed: ValueError") as info:
+        await broken.generate(cache, call_format=PARSER)
+    assert isinstance(info.value.__cause__, ValueError)
+    assert cache.response_ids == []
+
+
+async def test_a_guided_model_never_decodes_unguided(
+    guided: HFLocalModel, agent: ResolvedAgent, tasks: list[dict[str, Any]], tools: list[Any]
+) -> None:
+    cache = first_turn_cache(guided, agent, tasks[0], tools)
+    # A generation that did not come through generate(cache, call_format=...) has no
+    # grammar: refused, not sampled freely.
+    with pytest.raises(ModelError, match="no guided turn was opened"):
+        await guided._generate(cache.context_ids, 8)
+
+
+@pytest.mark.parametrize(
+    ("options", "message"),
+    [
+        ({"generate_kwargs": {"num_beams": 4}}, "generate_kwargs.num_beams=4"),
+        ({"generate_kwargs": {"prompt_lookup_num_tokens": 3}}, "prompt_lookup_num_tokens=3"),
+        ({"generate_kwargs": {"assistant_model": "draft"}}, "generate_kwargs.assistant_model"),
+        ({"generate_kwargs": {"eos_token_id": [0]}}, "generate_kwargs.eos_token_id"),
+        ({"sampling_params": {"num_beams": 2}}, "sampling.num_beams=2"),
+    ],
+)
+def test_generation_options_that_break_guidance_are_refused(
+    plain: HFLocalModel, options: dict[str, Any], message: str
+) -> None:
+    with pytest.raises(ConfigError, match="cannot be used with guided decoding") as info:
+        HFLocalModel(plain.model, plain.tokenizer, guided="tool_call", **options)
+    assert message in str(info.value)
+    HFLocalModel(plain.model, plain.tokenizer, **options)  # unguided: allowed
+    HFLocalModel(  # one beam is no beam search
+        plain.model, plain.tokenizer, guided="tool_call", generate_kwargs={"num_beams": 1}
+    )

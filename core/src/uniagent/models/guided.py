@@ -4,14 +4,17 @@ With ``guided="tool_call"`` (model spec ``hf:PATH?guided=tool_call``) the tokens
 local model may sample are restricted, step by step, to those that keep the turn
 inside this grammar (``hermes`` parser)::
 
-    [thought "\\n"] "<tool_call>\\n" {"name": NAME, "arguments": ARGS} "\\n</tool_call>" EOT
+    [THOUGHT] "<tool_call>\\n" {"name": NAME, "arguments": ARGS} "\\n</tool_call>" EOT
 
 ``NAME`` is one of the episode's tools and ``ARGS`` matches that tool's
 ``parameters_schema()`` (the JSON is written as ``json.dumps`` writes it: ``", "``
 and ``": "`` separators, properties in schema order, no newlines). The optional
-thought is free text of at most ``thought_chars`` characters without ``<`` (so it
-can neither open a tag nor spell one), at least one character, then a newline.
-One call per turn. The parser still parses and validates the text as usual.
+``THOUGHT`` is free text without ``<`` (so it can neither open a tag nor spell one)
+ending with a newline, at most ``thought_chars`` characters in all (the newline
+included; a bare newline is an empty thought); ``thought_chars=0`` allows none.
+``EOT`` is the chat template's end-of-turn token (``<|im_end|>``), the only token
+that ends a guided turn. One call per turn. The parser still parses and validates
+the text as usual.
 
 Token exactness: the masks only select among the model's own tokens, the ids
 generated are the ids recorded, nothing is re-tokenized. Tags that are single
@@ -31,8 +34,9 @@ Why ``llguidance``: measured by ``bench/guided.py`` against ``xgrammar``,
 from __future__ import annotations
 
 import json
+import logging
 import threading
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -40,8 +44,12 @@ from uniagent.errors import ConfigError
 from uniagent.models.base import ModelError
 from uniagent.parsers import HermesParser, ToolCallParser
 
+log = logging.getLogger(__name__)
+
 GUIDED_MODES = ("tool_call",)
 DEFAULT_THOUGHT_CHARS = 200
+#: The longest thought ``thought=`` may ask for (a turn's token budget is far smaller).
+MAX_THOUGHT_CHARS = 4000
 _JSON_STYLE = {"item_separator": ", ", "key_separator": ": ", "whitespace_flexible": False}
 
 
@@ -57,9 +65,15 @@ class GuidedDecoding:
             raise ConfigError(
                 f"guided: unknown mode {self.mode!r}; available: {', '.join(GUIDED_MODES)}"
             )
-        if not isinstance(self.thought_chars, int) or self.thought_chars < 0:
+        chars = self.thought_chars
+        if (
+            isinstance(chars, bool)
+            or not isinstance(chars, int)
+            or not (0 <= chars <= MAX_THOUGHT_CHARS)
+        ):
             raise ConfigError(
-                f"guided thought: expected a number of characters >= 0, got {self.thought_chars!r}"
+                f"guided thought: expected a number of characters from 0 to "
+                f"{MAX_THOUGHT_CHARS}, got {chars!r}"
             )
 
     @classmethod
@@ -81,6 +95,53 @@ class GuidedDecoding:
         raise ConfigError(f"guided: expected a mode name or a mapping, got {value!r}")
 
 
+def _set(value: Any) -> bool:
+    return value is not None
+
+
+def _more_than_one(value: Any) -> bool:
+    return value is not None and not (isinstance(value, int) and value <= 1)
+
+
+def _nonzero(value: Any) -> bool:
+    return value not in (None, 0, 0.0)
+
+
+_DRAFTS = "draft tokens are accepted without passing the grammar's mask"
+_SEQUENCES = "several sequences cannot share one turn's grammar state"
+#: ``generate()`` options that bypass or break the per-step mask, and why.
+_BREAKS_GUIDANCE: dict[str, tuple[Callable[[Any], bool], str]] = {
+    "assistant_model": (_set, f"assisted decoding: {_DRAFTS}"),
+    "assistant_tokenizer": (_set, f"assisted decoding: {_DRAFTS}"),
+    "prompt_lookup_num_tokens": (_set, f"prompt-lookup decoding: {_DRAFTS}"),
+    "num_beams": (_more_than_one, f"beam search: {_SEQUENCES}"),
+    "num_beam_groups": (_more_than_one, f"group beam search: {_SEQUENCES}"),
+    "num_return_sequences": (_more_than_one, _SEQUENCES),
+    "penalty_alpha": (_nonzero, "contrastive search re-ranks candidates after the mask"),
+    "eos_token_id": (_set, "a guided turn ends at the chat template's end-of-turn token"),
+}
+
+
+def check_generation_options(options: Mapping[str, Any], where: str) -> None:
+    """Reject ``generate()`` options that break guided decoding (``where`` names the key path)."""
+    for key, (breaks, why) in _BREAKS_GUIDANCE.items():
+        if key in options and breaks(options[key]):
+            raise ConfigError(
+                f"{where}.{key}={options[key]!r} cannot be used with guided decoding ({why}); "
+                "drop it or drop guided= from the model spec"
+            )
+
+
+def require_hermes(parser: ToolCallParser) -> HermesParser:
+    """``parser`` if it is the hermes parser (guided decoding writes hermes calls), else refused."""
+    if not isinstance(parser, HermesParser):
+        raise ConfigError(
+            f"guided decoding supports the hermes tool parser, not {parser.name!r}; "
+            "use tool_parser: hermes or drop guided= from the model spec"
+        )
+    return parser
+
+
 def tool_call_grammar(
     tools: Sequence[Mapping[str, Any]],
     parser: ToolCallParser,
@@ -92,13 +153,11 @@ def tool_call_grammar(
 
     ``tools`` are OpenAI schemas (``{"type": "function", "function": {...}}``, as
     ``ToolSpec.openai_schema()`` writes them); ``special_tokens`` maps tag texts
-    that are single added tokens to their ids.
+    that are single added tokens to their ids. A tool whose schema uses what
+    llguidance cannot compile is constrained more loosely (logged, see
+    :func:`call_schema`); the parser still validates its arguments.
     """
-    if not isinstance(parser, HermesParser):
-        raise ConfigError(
-            f"guided decoding supports the hermes tool parser, not {parser.name!r}; "
-            "use tool_parser: hermes or drop guided= from the model spec"
-        )
+    hermes = require_hermes(parser)
     if not tools:
         raise ConfigError("guided decoding needs at least one tool to call")
     special = dict(special_tokens or {})
@@ -112,36 +171,94 @@ def tool_call_grammar(
         function = tool.get("function") or {}
         if not isinstance(function.get("name"), str):
             raise ConfigError(f"guided decoding: tool {i} has no function name: {tool!r}")
-        arguments = function.get("parameters") or {"type": "object", "properties": {}}
-        schema = {
-            "type": "object",
-            "properties": {"name": {"const": function["name"]}, "arguments": arguments},
-            "required": ["name", "arguments"],
-            "additionalProperties": False,
-            "x-guidance": _JSON_STYLE,
-        }
+        schema = call_schema(function["name"], function.get("parameters"))
         calls.append(f"call_{i}: %json {json.dumps(schema, ensure_ascii=False)}")
     lines = [
         f"start: {'thought? ' if thought_chars else ''}"
-        f'{literal(parser.open_tag)} "\\n" call "\\n" {literal(parser.close_tag)}',
+        f'{literal(hermes.open_tag)} "\\n" call "\\n" {literal(hermes.close_tag)}',
         "call: " + " | ".join(f"call_{i}" for i in range(len(tools))),
         *calls,
     ]
     if thought_chars:
-        lines.append(f'thought: /[^<]{{1,{thought_chars}}}/ "\\n"')
+        # One lexeme, newline included: a separate "\n" after a regex that may itself
+        # match newlines would be swallowed by it (the lexer is greedy), forcing a second
+        # one before the tag. An empty thought ("\n" alone) is allowed.
+        lines.append(f"thought: /[^<]{{0,{thought_chars - 1}}}\\n/")
     return "\n".join(lines) + "\n"
 
 
-class ToolCallGuide:
-    """Compiles tool-call grammars for one tokenizer and hands out per-turn matchers."""
+def call_schema(name: str, parameters: Mapping[str, Any] | None) -> dict[str, Any]:
+    """The JSON schema of ``{"name": NAME, "arguments": ARGS}`` that llguidance compiles.
 
-    def __init__(self, tokenizer: Any, stop_token_ids: Sequence[int], settings: GuidedDecoding):
+    Tried as given; if llguidance rejects a keyword it does not implement (``if``,
+    ``uniqueItems``, ``not``, ...), again with those keywords ignored (``lenient``); if
+    it still fails (a look-around in a ``pattern``, a dangling ``$ref``), the arguments
+    are any JSON object. Each fallback is logged as a warning: the turn stays a call of
+    this tool, and the parser still validates its arguments against the full schema.
+    """
+    from llguidance import LLMatcher
+
+    arguments = dict(parameters or {"type": "object", "properties": {}})
+    # "#/$defs/..." references resolve against the root, which is now the wrapper.
+    hoisted: dict[str, Any] = {
+        key: arguments.pop(key) for key in ("$defs", "definitions") if key in arguments
+    }
+
+    def wrap(args: Mapping[str, Any], style: Mapping[str, Any]) -> dict[str, Any]:
+        return {
+            "type": "object",
+            "properties": {"name": {"const": name}, "arguments": dict(args)},
+            "required": ["name", "arguments"],
+            "additionalProperties": False,
+            **hoisted,
+            "x-guidance": dict(style),
+        }
+
+    strict = wrap(arguments, _JSON_STYLE)
+    failed, messages = LLMatcher.validate_grammar_with_warnings(
+        LLMatcher.grammar_from_json_schema(strict)
+    )
+    if not failed:
+        return strict
+    lenient = wrap(arguments, {**_JSON_STYLE, "lenient": True})
+    failed_lenient, _ = LLMatcher.validate_grammar_with_warnings(
+        LLMatcher.grammar_from_json_schema(lenient)
+    )
+    if not failed_lenient:
+        log.warning(
+            "guided decoding: tool %r: llguidance ignores parts of its schema (%s); "
+            "its arguments are constrained loosely there, the parser still checks them",
+            name,
+            "; ".join(messages),
+        )
+        return lenient
+    log.warning(
+        "guided decoding: tool %r: llguidance cannot compile its schema (%s); "
+        "its arguments may be any JSON object, the parser still checks them",
+        name,
+        "; ".join(messages),
+    )
+    return wrap({"type": "object"}, _JSON_STYLE)
+
+
+class ToolCallGuide:
+    """Compiles tool-call grammars for one tokenizer and hands out per-turn matchers.
+
+    ``end_of_turn`` is the chat template's end-of-turn token: the only token that may
+    end a guided turn (not any other eos the tokenizer knows). Compiled grammars are
+    kept per (tools, parser, settings): a turn gets a copy, never a recompile.
+    """
+
+    def __init__(self, tokenizer: Any, end_of_turn: int, settings: GuidedDecoding):
         self.tokenizer = tokenizer
-        self.stop_token_ids = list(stop_token_ids)
+        self.end_of_turn = int(end_of_turn)
         self.settings = settings
+        #: How many grammars were compiled (one per distinct tool set and parser).
+        self.compilations = 0
         self._lock = threading.Lock()
+        self._compile_lock = threading.Lock()
         self._ll_tokenizer: Any = None
-        self._grammars: dict[tuple[Any, ...], str] = {}
+        self._compiled: dict[tuple[Any, ...], Any] = {}
 
     def _llguidance(self) -> Any:
         try:
@@ -155,25 +272,18 @@ class ToolCallGuide:
             if self._ll_tokenizer is None:
                 # About a second for a 50k vocabulary: once per model.
                 self._ll_tokenizer = llguidance.hf.from_tokenizer(
-                    self.tokenizer, eos_token=self.stop_token_ids
+                    self.tokenizer, eos_token=self.end_of_turn
                 )
         return llguidance
 
     def grammar(self, tools: Sequence[Mapping[str, Any]], parser: ToolCallParser) -> str:
-        """The grammar for these tool schemas and parser (built once per distinct set)."""
-        key = (parser.name, getattr(parser, "open_tag", None), json.dumps(list(tools)))
-        with self._lock:
-            grammar = self._grammars.get(key)
-        if grammar is None:
-            grammar = tool_call_grammar(
-                tools,
-                parser,
-                thought_chars=self.settings.thought_chars,
-                special_tokens=self._special_tags(parser),
-            )
-            with self._lock:
-                self._grammars[key] = grammar
-        return grammar
+        """The grammar text for these tool schemas and parser."""
+        return tool_call_grammar(
+            tools,
+            parser,
+            thought_chars=self.settings.thought_chars,
+            special_tokens=self._special_tags(parser),
+        )
 
     def matcher(
         self,
@@ -183,15 +293,31 @@ class ToolCallGuide:
     ) -> GuidedTurn:
         """A fresh matcher for one turn; ``prefix`` holds ids of the turn already generated."""
         llguidance = self._llguidance()
-        grammar = self.grammar(tools, parser)
-        matcher = llguidance.LLMatcher(
-            self._ll_tokenizer, llguidance.LLMatcher.grammar_from_lark(grammar)
+        key = (
+            type(parser).__qualname__,
+            parser.name,
+            getattr(parser, "open_tag", None),
+            getattr(parser, "close_tag", None),
+            # Key order kept: the JSON is written with properties in schema order.
+            json.dumps(list(tools), default=repr),
         )
-        if matcher.is_error():
-            raise ModelError(
-                f"guided decoding: the tool-call grammar failed: {matcher.get_error()}"
-            )
-        turn = GuidedTurn(matcher, self._ll_tokenizer.vocab_size)
+        # Compiled under the lock: concurrent episodes with the same tools wait for the
+        # one compile instead of each doing it (tens of milliseconds, once).
+        with self._compile_lock:
+            compiled = self._compiled.get(key)
+            if compiled is None:
+                grammar = self.grammar(tools, parser)
+                compiled = llguidance.LLMatcher(
+                    self._ll_tokenizer, llguidance.LLMatcher.grammar_from_lark(grammar)
+                )
+                if compiled.is_error():
+                    raise ModelError(
+                        f"guided decoding: the tool-call grammar failed: {compiled.get_error()}"
+                    )
+                self._compiled[key] = compiled
+                self.compilations += 1
+            matcher = compiled.deep_copy()
+        turn = GuidedTurn(matcher, self._ll_tokenizer.vocab_size, self.end_of_turn)
         if prefix and not matcher.consume_tokens(list(prefix)):
             raise ModelError(
                 "guided decoding cannot continue this turn: what was generated so far is not "
@@ -209,23 +335,23 @@ class ToolCallGuide:
 class GuidedTurn:
     """One turn's grammar state: the allowed-token mask per step, advanced by each token."""
 
-    def __init__(self, matcher: Any, vocab_size: int) -> None:
+    def __init__(self, matcher: Any, vocab_size: int, end_of_turn: int) -> None:
         self.matcher = matcher
         self.vocab_size = vocab_size
+        #: The only token that ends the turn (the chat template's end of turn).
+        self.end_of_turn = end_of_turn
         #: The allowed tokens at each step (numpy bool arrays), for the log-probs afterwards.
         self.masks: list[Any] = []
 
     def allowed(self) -> Any:
         """A numpy bool array over the vocabulary: the tokens the grammar allows next."""
-        import numpy as np
         from llguidance.numpy import allocate_token_bitmask, fill_next_token_bitmask
 
         if self.matcher.is_error():
             raise ModelError(f"guided decoding failed: {self.matcher.get_error()}")
         bitmask = allocate_token_bitmask(1, self.vocab_size)
         fill_next_token_bitmask(self.matcher, bitmask)
-        bits = np.unpackbits(bitmask[0].view(np.uint8), bitorder="little")
-        mask = bits[: self.vocab_size].astype(bool)
+        mask = unpack_bitmask(bitmask[0], self.vocab_size)
         self.masks.append(mask)
         return mask
 
@@ -236,6 +362,16 @@ class GuidedTurn:
                 f"guided decoding: token {token} was sampled outside the grammar "
                 f"({self.matcher.get_error()})"
             )
+
+
+def unpack_bitmask(words: Any, vocab_size: int) -> Any:
+    """llguidance's packed mask (int32 words, token ``i`` is bit ``i % 32`` of word ``i // 32``)
+    as ``vocab_size`` numpy bools."""
+    import numpy as np
+
+    # Little-endian bytes whatever the host's order, so that bit order "little" is token order.
+    as_bytes = np.ascontiguousarray(words, dtype="<i4").view(np.uint8)
+    return np.unpackbits(as_bytes, bitorder="little")[:vocab_size].astype(bool)
 
 
 class GuidedLogitsProcessor:
@@ -255,14 +391,27 @@ class GuidedLogitsProcessor:
 
 
 def mask_scores(scores: Any, allowed: Any) -> Any:
-    """``scores`` (a 1 x vocab tensor) with -inf wherever ``allowed`` (numpy bools) is False."""
+    """``scores`` (a 1 x width tensor) with -inf wherever ``allowed`` (numpy bools) is False.
+
+    The model's logits may be wider than the tokenizer's vocabulary (padded embedding
+    rows): those ids are never allowed. Narrower logits that would drop an allowed id
+    are an error, never a silent cut.
+    """
     import numpy as np
     import torch
 
     width = scores.shape[-1]
     if width > allowed.shape[0]:  # padded embedding rows are never allowed
         allowed = np.concatenate([allowed, np.zeros(width - allowed.shape[0], dtype=bool)])
-    allowed = allowed[:width]
+    elif width < allowed.shape[0]:
+        if allowed[width:].any():
+            raise ModelError(
+                f"guided decoding: the model has {width} logits but the grammar allows token "
+                f"ids up to {int(np.flatnonzero(allowed)[-1])} (tokenizer and model differ)"
+            )
+        allowed = allowed[:width]
+    if not allowed.any():
+        raise ModelError("guided decoding: the grammar allows no token at this step")
     if scores.device.type != "cpu":
         keep = torch.from_numpy(allowed).to(scores.device)
         return scores.masked_fill(~keep, float("-inf"))

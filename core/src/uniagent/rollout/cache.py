@@ -222,6 +222,18 @@ class RolloutCache:
         return self._ids[self._prompt_len :]
 
     @property
+    def open_turn_ids(self) -> list[int]:
+        """The ids generated so far of an assistant turn left open (cut before its end), else [].
+
+        A following :meth:`append_generation` continues that turn; a backend that
+        constrains decoding resumes its state from exactly these ids.
+        """
+        self._need_tokens("open_turn_ids")
+        if self._last != "generated" or not self._open_turn:
+            return []
+        return self._ids[self._turn_start :]
+
+    @property
     def response_mask(self) -> list[int]:
         """1 for tokens the model generated, 0 for template and environment tokens."""
         self._need_tokens("response_mask")

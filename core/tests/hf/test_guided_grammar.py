@@ -1,0 +1,241 @@
+"""The guided tool-call grammar compiled by the real llguidance, on real tokenizers (no model).
+
+SmolLM2's (spells ``<tool_call>`` in text) and Qwen3's (``<tool_call>`` is one added
+token). Run by the ``hf`` nox session (llguidance comes with the ``hf`` extra).
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+import logging
+from typing import Any
+
+import numpy as np
+import pytest
+
+from uniagent.models.base import ModelError
+from uniagent.models.guided import (
+    GuidedDecoding,
+    ToolCallGuide,
+    mask_scores,
+    tool_call_grammar,
+    unpack_bitmask,
+)
+from uniagent.models.hf import smollm2_gguf_path
+from uniagent.parsers import HermesParser
+from uniagent.rollout import analyse_chat_template
+from uniagent.rollout.template import encode
+from uniagent.testing.rollout import EXECUTE_BASH_SCHEMA
+
+PARSER = HermesParser()
+SUBMIT = {
+    "type": "function",
+    "function": {"name": "submit", "description": "Finish.", "parameters": {}},
+}
+SCHEMAS = [EXECUTE_BASH_SCHEMA, SUBMIT]
+CALL = '<tool_call>\n{"name": "execute_bash", "arguments": {"command": "ls"}}\n</tool_call>'
+
+
+@pytest.fixture(scope="module")
+def smollm2_tokenizer() -> Any:
+    from transformers import AutoTokenizer
+
+    path = smollm2_gguf_path()
+    return AutoTokenizer.from_pretrained(str(path.parent), gguf_file=path.name)
+
+
+@pytest.fixture(params=["smollm2", "qwen3"])
+def tokenizer(request: pytest.FixtureRequest, smollm2_tokenizer: Any) -> Any:
+    if request.param == "smollm2":
+        return smollm2_tokenizer
+    return request.getfixturevalue("qwen3_tokenizer")
+
+
+def guide_for(tokenizer: Any, thought_chars: int = 200) -> ToolCallGuide:
+    eot = analyse_chat_template(tokenizer).eot_id
+    return ToolCallGuide(tokenizer, eot, GuidedDecoding(thought_chars=thought_chars))
+
+
+def writes(guide: ToolCallGuide, text: str, schemas: list[Any] = SCHEMAS) -> bool:
+    """Whether the grammar lets the model write ``text`` (as the tokenizer tokenizes it)
+    and then end the turn with the end-of-turn token."""
+    turn = guide.matcher(schemas, PARSER)
+    ids = [*encode(guide.tokenizer, text), guide.end_of_turn]
+    return bool(turn.matcher.consume_tokens(ids)) and turn.matcher.is_stopped()
+
+
+# -- the thought --------------------------------------------------------------------------
+def test_a_thought_ends_with_one_newline_then_the_call(tokenizer: Any) -> None:
+    guide = guide_for(tokenizer)
+    assert writes(guide, CALL)  # no thought
+    assert writes(guide, f"I will list the files.\n{CALL}")  # one newline: not swallowed
+    assert writes(guide, f"\n{CALL}")  # an empty thought
+    assert writes(guide, f"First look.\nThen decide.\n{CALL}")  # lines of thought
+    assert not writes(guide, f"I will list the files.{CALL}")  # the newline is required
+    assert not writes(guide, f"a <b> c\n{CALL}")  # no '<' in a thought
+
+
+def test_the_thought_limit_counts_its_newline(tokenizer: Any) -> None:
+    guide = guide_for(tokenizer, thought_chars=12)
+    assert writes(guide, "x" * 11 + "\n" + CALL)  # 12 characters with the newline
+    assert not writes(guide, "x" * 12 + "\n" + CALL)
+    none = guide_for(tokenizer, thought_chars=0)
+    assert writes(none, CALL)
+    assert not writes(none, f"\n{CALL}") and not writes(none, f"Hm.\n{CALL}")
+
+
+def test_the_grammar_text_has_one_thought_lexeme() -> None:
+    grammar = tool_call_grammar(SCHEMAS, PARSER, thought_chars=200)
+    assert "thought: /[^<]{0,199}\\n/" in grammar.splitlines()
+    assert not tool_call_grammar(SCHEMAS, PARSER, thought_chars=0).count("thought")
+
+
+# -- the end of the turn ------------------------------------------------------------------
+def test_only_the_templates_end_of_turn_ends_a_turn(smollm2_tokenizer: Any) -> None:
+    # A tokenizer whose eos is not the template's end of turn (as base-model tokenizers
+    # ship): ending on that eos would leave the turn unclosed for the next render.
+    tokenizer = copy.deepcopy(smollm2_tokenizer)
+    tokenizer.eos_token = "<|endoftext|>"
+    eos, im_end = tokenizer.eos_token_id, tokenizer.convert_tokens_to_ids("<|im_end|>")
+    assert eos != im_end and analyse_chat_template(tokenizer).eot_id == im_end
+    guide = guide_for(tokenizer)
+    turn = guide.matcher(SCHEMAS, PARSER)
+    assert turn.matcher.consume_tokens(encode(tokenizer, CALL))
+    allowed = turn.allowed()
+    assert np.flatnonzero(allowed).tolist() == [im_end]
+    assert not turn.matcher.consume_token(eos)
+
+
+# -- the mask -----------------------------------------------------------------------------
+def test_the_packed_mask_is_unpacked_as_llguidance_applies_it(tokenizer: Any) -> None:
+    from llguidance.numpy import (
+        allocate_token_bitmask,
+        apply_token_bitmask_inplace,
+        fill_next_token_bitmask,
+    )
+
+    guide = guide_for(tokenizer)
+    turn = guide.matcher(SCHEMAS, PARSER)
+    vocab = turn.vocab_size
+    assert vocab == len(tokenizer)
+    width = vocab + 45  # models pad their embeddings (Qwen3: 151936 logits, 151669 tokens)
+    rng = np.random.default_rng(0)
+    import torch
+
+    for token in encode(tokenizer, f"Ok.\n{CALL}") + [guide.end_of_turn]:
+        packed = allocate_token_bitmask(1, vocab)
+        fill_next_token_bitmask(turn.matcher, packed)
+        logits = rng.standard_normal((1, width)).astype(np.float32)
+        expected = logits.copy()
+        apply_token_bitmask_inplace(expected, packed)  # llguidance's own reference
+        allowed = turn.allowed()
+        assert allowed.shape == (vocab,)
+        assert np.array_equal(allowed, unpack_bitmask(packed[0], vocab))
+        got = mask_scores(torch.from_numpy(logits), allowed).numpy()
+        assert np.array_equal(np.isinf(got), np.isinf(expected))
+        assert np.array_equal(got[~np.isinf(got)], expected[~np.isinf(expected)])
+        assert np.isinf(got[0, vocab:]).all()  # padded rows: never sampled
+        turn.advance(token)
+    assert turn.matcher.is_stopped()
+
+
+def test_the_mask_across_word_boundaries() -> None:
+    # Token i is bit i % 32 of word i // 32: ids 0, 31, 32, 33, 63, 64 and the last one.
+    vocab = 70
+    ids = [0, 31, 32, 33, 63, 64, 69]
+    words = np.zeros(3, dtype=np.int32)
+    for i in ids:
+        words[i // 32] |= np.int32(1 << (i % 32)) if i % 32 != 31 else np.int32(-(2**31))
+    assert np.flatnonzero(unpack_bitmask(words, vocab)).tolist() == ids
+    big_endian = words.astype(">i4")  # the same numbers stored the other way round
+    assert np.flatnonzero(unpack_bitmask(big_endian, vocab)).tolist() == ids
+
+
+def test_logits_narrower_than_an_allowed_id_are_an_error_not_a_silent_cut() -> None:
+    import torch
+
+    allowed = np.zeros(100, dtype=bool)
+    allowed[[3, 97]] = True
+    with pytest.raises(ModelError, match="the model has 90 logits but the grammar allows"):
+        mask_scores(torch.zeros(1, 90), allowed)
+    allowed[97] = False
+    out = mask_scores(torch.zeros(1, 90), allowed)  # only disallowed ids cut: fine
+    assert torch.isfinite(out[0]).nonzero().flatten().tolist() == [3]
+    with pytest.raises(ModelError, match="allows no token"):
+        mask_scores(torch.zeros(1, 100), np.zeros(100, dtype=bool))
+
+
+# -- tool schemas llguidance cannot compile, and the compile cache -------------------------
+def tool(name: str, parameters: dict[str, Any]) -> dict[str, Any]:
+    return {
+        "type": "function",
+        "function": {"name": name, "description": "", "parameters": parameters},
+    }
+
+
+def call(name: str, arguments: dict[str, Any]) -> str:
+    return f"<tool_call>\n{json.dumps({'name': name, 'arguments': arguments})}\n</tool_call>"
+
+
+def test_unsupported_schema_features_fall_back_per_tool_with_a_warning(
+    smollm2_tokenizer: Any, caplog: pytest.LogCaptureFixture
+) -> None:
+    unique = tool(  # uniqueItems: not implemented by llguidance, ignored leniently
+        "tag",
+        {
+            "type": "object",
+            "properties": {
+                "tags": {"type": "array", "items": {"type": "string"}, "uniqueItems": True}
+            },
+            "required": ["tags"],
+        },
+    )
+    lookahead = tool(  # a look-ahead pattern: not compilable at all, any object then
+        "grep",
+        {"type": "object", "properties": {"pattern": {"type": "string", "pattern": "^(?=a).*$"}}},
+    )
+    refs = tool(  # $defs/$ref (as pydantic writes them): compiled exactly
+        "edit",
+        {
+            "$defs": {
+                "Span": {
+                    "type": "object",
+                    "properties": {"line": {"type": "integer"}},
+                    "required": ["line"],
+                }
+            },
+            "type": "object",
+            "properties": {"span": {"$ref": "#/$defs/Span"}},
+            "required": ["span"],
+        },
+    )
+    schemas = [EXECUTE_BASH_SCHEMA, unique, lookahead, refs]
+    guide = guide_for(smollm2_tokenizer, thought_chars=0)
+    with caplog.at_level(logging.WARNING, logger="uniagent.models.guided"):
+        assert writes(guide, CALL, schemas)  # the other tools are unaffected
+    warnings = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
+    assert len(warnings) == 2, warnings
+    assert "'tag'" in warnings[0] and "uniqueItems" in warnings[0]
+    assert "'grep'" in warnings[1] and "look-around" in warnings[1]
+    assert "any JSON object" in warnings[1]
+    assert writes(guide, call("tag", {"tags": ["a", "a"]}), schemas)  # loosened there only
+    assert not writes(guide, call("tag", {"tags": [1]}), schemas)  # the rest still holds
+    assert writes(guide, call("grep", {"anything": [1, 2]}), schemas)
+    assert writes(guide, call("edit", {"span": {"line": 3}}), schemas)
+    assert not writes(guide, call("edit", {"span": {"line": "3"}}), schemas)  # the $ref holds
+
+
+def test_a_grammar_is_compiled_once_per_tools_and_parser(smollm2_tokenizer: Any) -> None:
+    guide = guide_for(smollm2_tokenizer)
+    assert guide.compilations == 0
+    first = guide.matcher(SCHEMAS, PARSER)
+    second = guide.matcher([dict(s) for s in SCHEMAS], PARSER)  # equal tools: cached
+    assert guide.compilations == 1
+    assert first.matcher is not second.matcher  # each turn has its own state
+    assert first.matcher.consume_tokens(encode(smollm2_tokenizer, "Hm.\n"))
+    assert second.matcher.consume_tokens(encode(smollm2_tokenizer, CALL))  # not advanced by first
+    guide.matcher([SUBMIT], PARSER)
+    assert guide.compilations == 2
+    third = guide.matcher(SCHEMAS, PARSER, encode(smollm2_tokenizer, "Hm.\n<tool_call>"))
+    assert guide.compilations == 2 and not third.matcher.is_error()
