@@ -30,15 +30,13 @@ import socket
 import threading
 import time
 from collections.abc import Iterator
-from datetime import datetime
 from pathlib import Path
 from typing import Any, Literal
 
-from uniagent.env import procfs
 from uniagent.errors import UniAgentError
 from uniagent.interaction.exit import DEFAULT_EXIT_POLICY
 from uniagent.run.runner import MANIFEST, RESULTS, SUMMARY, task_dirname
-from uniagent.view import files
+from uniagent.view import files, liveness
 from uniagent.view.files import (
     OutsideFolder,
     ResultsTail,
@@ -76,7 +74,6 @@ ROLLOUT = "rollout.json"
 EPISODE_MARKERS = (RESULT, MESSAGES, ROLLOUT)
 # log.txt is the latest attempt's; attempt-<n>.log earlier ones (log.<name>.txt: older runs)
 _LOG = re.compile(r"log(\.[A-Za-z0-9_-]{1,64})?\.txt|attempt-[0-9]{1,9}\.log")
-_SINCE_WINDOW_NS = 60 * 10**9  # a manifest written this long after its start is its own
 _TREE_DEPTH = 8  # how deep a tree of episode folders is searched
 _TREE_RESCAN_S = 2.0  # a tree has no results file to tail: rescan it at most this often
 _ERROR_CHARS = 300
@@ -226,7 +223,7 @@ class RunFolder:
                     self._jobs.append((task_id, sample, job_key(task_id, sample)))
             self._planned = {key for _, _, key in self._jobs}
             # A new invocation (a resume) decides afresh which of its jobs have started.
-            self._since_ns = _started_ns(self.manifest, self._sigs.get(MANIFEST))
+            self._since_ns = liveness.started_ns(self.manifest, self._sigs.get(MANIFEST))
             self._dirs = set()
         if self._changed(SUMMARY):
             dirty = True
@@ -285,7 +282,7 @@ class RunFolder:
             samples = {e.name for e in _scandir(self.root / EPISODES / task)}
             for sample in waiting[task]:
                 key = f"{EPISODES}/{task}/{sample}"
-                if sample in samples and _touched_since(self.root / key, self._since_ns):
+                if sample in samples and liveness.touched_since(self.root / key, self._since_ns):
                     found.add(key)
         return found
 
@@ -342,7 +339,8 @@ class RunFolder:
         pid, host = _int(self.manifest.get("pid")), self.manifest.get("host")
         if pid is None or host != socket.gethostname():
             return "unknown"  # another machine's run: assume it goes on
-        return "live" if _owner_alive(pid, self.manifest.get("pid_start")) else "interrupted"
+        alive = liveness.owner_alive(pid, self.manifest.get("pid_start"))
+        return "live" if alive else "interrupted"
 
     def _merge(self) -> None:
         """Rebuild the rows: the plan in order, then episodes the plan does not name."""
@@ -620,75 +618,6 @@ def _subdirs(path: Path, follow: bool = False) -> list[Path]:
         return sorted(Path(e.path) for e in os.scandir(path) if e.is_dir(follow_symlinks=follow))
     except OSError:
         return []
-
-
-def _started_ns(manifest: dict[str, Any] | None, sig: tuple[int, ...] | None) -> int | None:
-    """When the invocation that wrote the manifest began (ns since the epoch), or None.
-
-    ``started_at`` is whole seconds; the manifest's own modification time is exact, and
-    used when it agrees with ``started_at`` (a copied or edited manifest does not).
-    """
-    mtime = sig[2] if sig else None
-    manifest = manifest or {}
-    # A resumed run keeps its first start; this invocation's is the last resume.
-    starts = [manifest.get("started_at"), *_list(manifest.get("resumed_at"))]
-    known = [t for t in (_epoch_ns(s) for s in starts) if t is not None]
-    if not known:
-        return mtime
-    started = max(known)
-    if mtime is not None and started <= mtime < started + _SINCE_WINDOW_NS:
-        return mtime
-    return started
-
-
-def _epoch_ns(value: Any) -> int | None:
-    if not isinstance(value, str):
-        return None
-    try:
-        moment = datetime.fromisoformat(value)
-    except ValueError:
-        return None
-    if moment.tzinfo is None:
-        return None  # a time without its zone cannot be compared with file times
-    return int(moment.timestamp()) * 10**9
-
-
-def _touched_since(folder: Path, since_ns: int | None) -> bool:
-    """Whether ``folder`` or a file in it was written at or after ``since_ns``."""
-    if since_ns is None:
-        return True
-    try:
-        if folder.stat().st_mtime_ns >= since_ns:
-            return True
-        with os.scandir(folder) as entries:
-            return any(e.stat(follow_symlinks=False).st_mtime_ns >= since_ns for e in entries)
-    except OSError:
-        return False
-
-
-def _owner_alive(pid: int, start: Any) -> bool:
-    """Whether the process that wrote the manifest runs: ``pid``, started at ``start``
-    (clock ticks since boot, as ``/proc`` gives them), so a reused pid does not count."""
-    if isinstance(start, int) and not isinstance(start, bool):
-        proc = procfs.info(pid)
-        if proc is not None:
-            return proc.start_ticks == start and proc.state not in ("Z", "X")
-    return _pid_is_uniagent(pid)
-
-
-def _pid_is_uniagent(pid: int) -> bool:
-    """Whether process ``pid`` exists and (where /proc tells) is a uniagent command."""
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        pass
-    try:
-        cmdline = Path(f"/proc/{pid}/cmdline").read_bytes()
-    except OSError:
-        return True  # no /proc here: the process exists, trust it
-    return b"uniagent" in cmdline
 
 
 def _mapping(value: Any) -> dict[str, Any]:
