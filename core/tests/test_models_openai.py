@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Iterator
 from typing import Any
 
@@ -115,6 +116,20 @@ async def test_retries_exhausted_is_model_error(server: ScriptedChatServer) -> N
     assert len(cache.messages) == len(MESSAGES)  # nothing recorded
 
 
+async def test_credentials_in_the_url_stay_out_of_errors_and_logs(
+    server: ScriptedChatServer, caplog: pytest.LogCaptureFixture
+) -> None:
+    host = server.base_url.removeprefix("http://")
+    model = OpenAIChatModel(f"http://user:s3cret@{host}", "m", max_retries=1)
+    model.sleep = lambda delay: asyncio.sleep(0)
+    server.add(Fail(500, "down"), Fail(500, "down"))
+    with caplog.at_level("WARNING"), pytest.raises(ModelError) as info:
+        await model.generate(model.start_cache(MESSAGES))
+    assert len(server.requests) == 2  # the credentials were used: the server was reached
+    assert server.base_url in str(info.value) and server.base_url in caplog.text
+    assert "s3cret" not in str(info.value) and "s3cret" not in caplog.text
+
+
 async def test_connection_refused_is_retried_then_model_error() -> None:
     with ScriptedChatServer() as srv:
         url = srv.base_url
@@ -143,6 +158,19 @@ async def test_connection_refused_is_retried_then_model_error() -> None:
             "maximum context length",
         ),
         (Fail(400, "too long", code="context_length_exceeded"), ContextLimitError, "too long"),
+        # llama.cpp's server and TGI (422) say it their way; still the policy's prompt.
+        (
+            Fail(400, "the request exceeds the available context size, try increasing it"),
+            ContextLimitError,
+            "available context size",
+        ),
+        (
+            Fail(422, "Input validation error: `inputs` tokens + `max_new_tokens` must be "
+                 "<= 4096. Given: 4000 `inputs` tokens and 200 `max_new_tokens`"),
+            ContextLimitError,
+            "UnprocessableEntityError 422",
+        ),
+        (Fail(422, "temperature must be <= 2"), ModelError, "UnprocessableEntityError 422"),
     ],
 )
 async def test_client_errors_are_not_retried(

@@ -37,6 +37,7 @@ import logging
 import os
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any, cast
+from urllib.parse import urlsplit, urlunsplit
 
 from uniagent.errors import ConfigError
 from uniagent.models.base import (
@@ -58,7 +59,11 @@ _CONTEXT_MARKERS = (
     "context length",
     "too many tokens",
     "prompt is too long",
+    "exceeds the available context size",  # llama.cpp's server
+    "`max_new_tokens` must be <=",  # TGI (422): `inputs` tokens + `max_new_tokens` must be <= N
 )
+#: Statuses a context overflow comes back with (vLLM/OpenAI 400, TGI 422, some proxies 413).
+_CONTEXT_STATUS = frozenset({400, 413, 422})
 _SEND_KEYS = frozenset({"role", "content", "tool_calls", "tool_call_id", "name"})
 
 
@@ -85,6 +90,7 @@ class OpenAIChatModel:
         client: Any = None,
     ) -> None:
         self.base_url = base_url
+        self.where = public_url(base_url)  # for messages and logs: no credentials
         self.model = model
         self.sampling_params = dict(sampling_params or {})
         self.max_retries = max_retries
@@ -149,7 +155,7 @@ class OpenAIChatModel:
             message = choice.get("message") or {}
         except (KeyError, IndexError, TypeError) as exc:
             raise ModelError(
-                f"malformed chat completion from {self.base_url}: {data!r:.500}"
+                f"malformed chat completion from {self.where}: {data!r:.500}"
             ) from exc
         content = message.get("content") or ""
         raw_calls = [_plain(c) for c in message.get("tool_calls") or ()] or None
@@ -170,7 +176,7 @@ class OpenAIChatModel:
         if token_mode:
             if not token_ids:
                 raise ModelError(
-                    f"{self.base_url} returned no token ids, but a tokenizer was given (token "
+                    f"{self.where} returned no token ids, but a tokenizer was given (token "
                     "mode); use vLLM (return_token_ids / return_tokens_as_token_ids) or drop "
                     "the tokenizer to record messages only"
                 )
@@ -241,30 +247,37 @@ class OpenAIChatModel:
                     return cast(dict[str, Any], json.loads(raw))
                 except ValueError:
                     text = f"{raw!r:.300}"
-                    raise ModelError(f"{self.base_url} answered with no JSON: {text}") from None
-            except openai.BadRequestError as exc:
-                if _is_context_error(exc):
-                    raise ContextLimitError(f"{self.base_url}: {_api_error_text(exc)}") from exc
-                problem = _api_error_text(exc)
-                raise ModelError(f"{self.base_url} rejected the request: {problem}") from exc
-            except (openai.APIConnectionError, openai.APIStatusError) as exc:
-                status = getattr(exc, "status_code", None)
-                retryable = status is None or status in _RETRY_STATUS or status >= 500
-                if not retryable or attempt >= self.max_retries:
-                    tries = f" after {attempt + 1} attempts" if retryable else ""
+                    raise ModelError(f"{self.where} answered with no JSON: {text}") from None
+            except openai.APIStatusError as exc:
+                # A prompt past the context is the policy's doing (token_limit), whatever
+                # the server's status for it; anything else rejected is infrastructure.
+                if exc.status_code in _CONTEXT_STATUS and _is_context_error(exc):
+                    raise ContextLimitError(f"{self.where}: {_api_error_text(exc)}") from exc
+                if isinstance(exc, openai.BadRequestError):
                     problem = _api_error_text(exc)
-                    raise ModelError(f"{self.base_url} failed{tries}: {problem}") from exc
-                delay = self._delay(exc, attempt)
-                log.warning(
-                    "%s: %s; retry %d/%d in %.1f s",
-                    self.base_url,
-                    _api_error_text(exc),
-                    attempt + 1,
-                    self.max_retries,
-                    delay,
-                )
-                attempt += 1
-                await self.sleep(delay)
+                    raise ModelError(f"{self.where} rejected the request: {problem}") from exc
+                attempt = await self._retry_or_raise(exc, attempt)
+            except openai.APIConnectionError as exc:
+                attempt = await self._retry_or_raise(exc, attempt)
+
+    async def _retry_or_raise(self, exc: Exception, attempt: int) -> int:
+        """Wait before the next try of a retryable failure (the next attempt's number), or raise."""
+        status = getattr(exc, "status_code", None)
+        retryable = status is None or status in _RETRY_STATUS or status >= 500
+        if not retryable or attempt >= self.max_retries:
+            tries = f" after {attempt + 1} attempts" if retryable else ""
+            raise ModelError(f"{self.where} failed{tries}: {_api_error_text(exc)}") from exc
+        delay = self._delay(exc, attempt)
+        log.warning(
+            "%s: %s; retry %d/%d in %.1f s",
+            self.where,
+            _api_error_text(exc),
+            attempt + 1,
+            self.max_retries,
+            delay,
+        )
+        await self.sleep(delay)
+        return attempt + 1
 
     def _delay(self, exc: Exception, attempt: int) -> float:
         response = getattr(exc, "response", None)
@@ -275,6 +288,15 @@ class OpenAIChatModel:
             except ValueError:
                 pass  # an HTTP date: not worth parsing, fall back to backoff
         return min(self.backoff * (2**attempt), self.max_backoff)
+
+
+def public_url(url: str) -> str:
+    """``url`` without credentials: its user, password, query and fragment dropped."""
+    parts = urlsplit(url)
+    host = parts.hostname or ""
+    if parts.port is not None:
+        host = f"{host}:{parts.port}"
+    return urlunsplit((parts.scheme, host, parts.path, "", ""))
 
 
 def _outgoing(message: Mapping[str, Any], keep: frozenset[str], tokens: bool) -> dict[str, Any]:

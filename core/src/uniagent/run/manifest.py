@@ -23,12 +23,12 @@ from datetime import datetime, timezone
 from importlib import metadata
 from pathlib import Path
 from typing import Any
-from urllib.parse import urlsplit, urlunsplit
 
 from uniagent import __version__
 from uniagent.config import AgentConfig
 from uniagent.env import procfs
 from uniagent.errors import ConfigError
+from uniagent.models.openai_chat import public_url
 
 MANIFEST = "manifest.json"
 FORMAT = 1
@@ -57,12 +57,7 @@ def public_model_spec(spec: str) -> str:
     url, hash_sign, name = rest.rpartition("#")
     if not hash_sign:
         url, name = rest, ""
-    parts = urlsplit(url)
-    host = parts.hostname or ""
-    if parts.port is not None:
-        host = f"{host}:{parts.port}"
-    clean = urlunsplit((parts.scheme, host, parts.path, "", ""))
-    return f"openai:{clean}" + (f"#{name}" if hash_sign else "")
+    return f"openai:{public_url(url)}" + (f"#{name}" if hash_sign else "")
 
 
 def public_argv(argv: Sequence[str]) -> list[str]:

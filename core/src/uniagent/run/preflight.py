@@ -31,7 +31,7 @@ async def check_model(model: Any, *, timeout: float = PROBE_TIMEOUT) -> None:
         return
     import openai
 
-    where = model.base_url
+    where = model.where  # no credentials in the message
     try:
         await asyncio.wait_for(model.client.models.list(), timeout)
     except (openai.AuthenticationError, openai.PermissionDeniedError) as exc:
