@@ -153,7 +153,7 @@ def test_swe_bench_verified_recipe_stops_at_once_when_the_images_are_missing(eng
     assert proc.returncode == 1, proc.stderr
     assert "skipping" not in proc.stderr, "every row is a task uniagent accepts"
     stop = proc.stderr.strip().splitlines()[-1]
-    assert stop.startswith("uniagent: stopped: the first 3 attempts all failed with env_error")
+    assert stop.startswith("uniagent: stopped: the first 3 episodes all failed with env_error")
     assert "docker.io/swebench/sweb.eval.x86_64." in stop
     started = [json.loads(line)["task_id"] for line in (tmp_path / "out" / "results.jsonl")
                .read_text().splitlines()]  # fmt: skip

@@ -212,7 +212,7 @@ def test_the_circuit_breaker_stops_a_run_whose_first_episodes_all_fail_alike(tmp
         assert server.requests == [], "no episode reached the model"
     assert proc.returncode == 1, proc.stderr
     stop = proc.stderr.strip().splitlines()[-1]
-    assert stop.startswith("uniagent: stopped: the first 3 attempts all failed with env_error")
+    assert stop.startswith("uniagent: stopped: the first 3 episodes all failed with env_error")
     assert "'no-such-shell' is not on PATH" in stop
     started = sorted(p.name for p in (out / "episodes").iterdir())
     assert started == ["fahrenheit", "mean-empty", "palindrome-case"], "nothing more started"

@@ -102,7 +102,7 @@ def test_the_breaker_trips_only_on_a_first_streak_of_one_infrastructure_reason()
     assert not breaker.observe(record("a", "env_error", traceback))
     assert not breaker.observe(record("b", "env_error", traceback))
     assert breaker.observe(record("c", "env_error", traceback))
-    assert "the first 3 attempts all failed with env_error" in breaker.message()
+    assert "the first 3 episodes all failed with env_error" in breaker.message()
     assert "EnvStartError: could not pull image x" in breaker.message()
 
     mixed = CircuitBreaker(3)
@@ -112,6 +112,16 @@ def test_the_breaker_trips_only_on_a_first_streak_of_one_infrastructure_reason()
     healthy.observe(record("t", "finished"))
     assert not any(healthy.observe(record("t", "env_error")) for _ in range(10))
     assert not CircuitBreaker(0).observe(record("t", "env_error"))
+    # One task failing and retried is one episode, not a streak; its success disarms.
+    retried = CircuitBreaker(3)
+    assert not retried.observe(record("a", "env_error"))
+    assert not any(retried.observe(record("a", "env_error"), first=False) for _ in range(5))
+    assert not retried.observe(record("b", "env_error"))
+    assert retried.observe(record("c", "env_error"))
+    recovered = CircuitBreaker(3)
+    recovered.observe(record("a", "env_error"))
+    recovered.observe(record("a", "finished"), first=False)
+    assert not any(recovered.observe(record(t, "env_error")) for t in "bcdef")
 
 
 def test_retry_delays_double_up_to_a_cap_and_the_window_follows_concurrency():

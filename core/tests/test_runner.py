@@ -6,6 +6,7 @@ import io
 import json
 import logging
 import os
+import shutil
 import types
 from pathlib import Path
 
@@ -212,3 +213,29 @@ def test_summary_figures_agree_with_the_records():
     assert summary["pass_at_k"] == {"pass@1": pytest.approx(0.25), "pass@2": pytest.approx(0.5)}
     text = format_summary(summary)
     assert "mean reward: 0.333 over 3 rewarded episodes" in text and "pass@2: 0.500" in text
+
+
+async def test_a_failure_to_save_an_episode_stops_the_run_with_its_cause(
+    config, qwen3_tokenizer, tmp_path
+):
+    out = tmp_path / "out"
+
+    def policy(cache):
+        if "task 1" in json.dumps(cache.messages):
+            # Where the episode's files go is no longer a directory (as a full disk or a
+            # lost mount would fail the write): the runner's failure, not the episode's.
+            directory = out / "episodes" / "t1" / "0"
+            shutil.rmtree(directory)
+            directory.write_text("in the way")
+        return hermes_call("done")
+
+    tasks = [Task(f"t{i}", {"q": f"task {i}", "test_command": "true"}) for i in range(4)]
+    model = ScriptedTokenModel(qwen3_tokenizer, policy=policy)
+    summary = await run(
+        config, tasks, [], lambda: model, out, concurrency=1,
+        progress=Progress(io.StringIO(), live=False),
+    )  # fmt: skip
+    assert summary["status"] == "stopped"
+    assert summary["stopped"].startswith("stopped: saving t1#0 failed: FileExistsError")
+    assert summary["episodes"] == 1 and summary["pending"] == 3  # t0 saved, t2 and t3 not run
+    assert not (out / "episodes" / "t2").exists()

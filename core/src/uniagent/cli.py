@@ -428,6 +428,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     except BrokenPipeError:  # e.g. `uniagent plugins --json | head`
         sys.stderr.close()
         return 0
+    except OSError as exc:  # the machine's failure (a full disk, a lost mount), one line
+        print(f"uniagent: error: {type(exc).__name__}: {exc}", file=sys.stderr)
+        return 1
 
 
 if __name__ == "__main__":  # pragma: no cover

@@ -54,7 +54,8 @@ def cause_of(record: Mapping[str, Any]) -> str:
 
 @dataclass
 class CircuitBreaker:
-    """Trips when the first ``window`` attempts all fail the same infrastructure way."""
+    """Trips when the first attempts of the first ``window`` episodes all fail the same
+    infrastructure way (one bad task retried is not a broken endpoint)."""
 
     window: int
     seen: list[str] = field(default_factory=list)
@@ -62,12 +63,17 @@ class CircuitBreaker:
     armed: bool = True
     tripped: bool = False
 
-    def observe(self, record: Mapping[str, Any]) -> bool:
-        """Count one finished attempt; True when this one trips the breaker."""
+    def observe(self, record: Mapping[str, Any], *, first: bool = True) -> bool:
+        """Count one finished attempt (``first``: an episode's first); True when it trips.
+
+        Any policy outcome disarms the breaker; a retry's failure is not counted.
+        """
         if not self.armed or self.window <= 0:
             return False
         if not is_infra_failure(record):
             self.armed = False
+            return False
+        if not first:
             return False
         self.seen.append(str(record["exit_reason"]))
         self.causes.append(cause_of(record))
@@ -82,6 +88,6 @@ class CircuitBreaker:
     def message(self) -> str:
         """Why the run stopped, for the terminal and the summary."""
         return (
-            f"stopped: the first {len(self.seen)} attempts all failed with {self.seen[0]} "
+            f"stopped: the first {len(self.seen)} episodes all failed with {self.seen[0]} "
             f"({self.causes[0]}); fix the cause and run the same command again to resume"
         )

@@ -76,7 +76,7 @@ __all__ = [
 
 
 class RunStopped(UniAgentError):
-    """The circuit breaker stopped the run (infrastructure: exit status 1)."""
+    """The circuit breaker, or a failure to save results, stopped the run (exit status 1)."""
 
 
 def plan_jobs(
@@ -108,32 +108,44 @@ async def run_jobs(
     tasks: list[asyncio.Task[None]] = []
     stopped: list[str] = []
 
+    def stop_the_others(message: str) -> None:
+        stopped.append(message)
+        me = asyncio.current_task()
+        for task in tasks:
+            if task is not me:
+                task.cancel()
+
     async def one(job: Job) -> None:
         async with semaphore:
-            for retry in range(policy.retries + 1):
-                attempt = start_attempt(episode_dir(out, job))
-                state = progress.started(job, attempt)
-                try:
-                    record = await attempt_job(job, attempt, state)
-                except UniAgentError as exc:  # the task itself is unusable: report, keep going
-                    progress.finished(job, None, exc)
-                    return
-                tripped = breaker.observe(record)
-                last = retry == policy.retries or breaker.tripped
-                if not is_infra_failure(record) or last:
-                    # fsync off the event loop: it would stall every other episode.
-                    await asyncio.to_thread(results.append, record)
-                    progress.finished(job, record)
-                    if tripped:
-                        stopped.append(breaker.message())
-                        me = asyncio.current_task()
-                        for task in tasks:
-                            if task is not me:
-                                task.cancel()
-                    return
-                delay = policy.backoff(retry + 1)
-                progress.retrying(job, record, delay, policy.retries - retry)
-                await asyncio.sleep(delay)
+            try:
+                await attempts(job)
+            except Exception as exc:  # the runner's own failure (disk full, ...)
+                # Not the episode's and not the task's: nothing more can be saved reliably,
+                # so the run stops (status 1) with the cause instead of a traceback.
+                where = f"{job.task.id}#{job.sample}"
+                stop_the_others(f"stopped: saving {where} failed: {type(exc).__name__}: {exc}")
+
+    async def attempts(job: Job) -> None:
+        for retry in range(policy.retries + 1):
+            attempt = start_attempt(episode_dir(out, job))
+            state = progress.started(job, attempt)
+            try:
+                record = await attempt_job(job, attempt, state)
+            except UniAgentError as exc:  # the task itself is unusable: report, keep going
+                progress.finished(job, None, exc)
+                return
+            tripped = breaker.observe(record, first=retry == 0)
+            last = retry == policy.retries or breaker.tripped
+            if not is_infra_failure(record) or last:
+                # fsync off the event loop: it would stall every other episode.
+                await asyncio.to_thread(results.append, record)
+                progress.finished(job, record)
+                if tripped:
+                    stop_the_others(breaker.message())
+                return
+            delay = policy.backoff(retry + 1)
+            progress.retrying(job, record, delay, policy.retries - retry)
+            await asyncio.sleep(delay)
 
     tasks.extend(asyncio.ensure_future(one(job)) for job in jobs)
     try:
