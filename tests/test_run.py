@@ -276,6 +276,9 @@ def test_bad_config_names_what_is_installed(tasks, tmp_path, change, expected):
 
 def test_ray_run_gives_the_same_results_as_a_local_run(tasks, tmp_path, sandbox_tmp):
     ray_env = {**env_for(sandbox_tmp), "RAY_AUTH_MODE": "disabled"}
+    # The cluster's processes do not have the API key (as on a cluster started elsewhere):
+    # the driver hands it to its actors, and the server refuses requests without it.
+    cluster_env = {k: v for k, v in ray_env.items() if k != "OPENAI_API_KEY"}
     ray = str(Path(sys.executable).parent / "ray")
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
@@ -299,12 +302,12 @@ def test_ray_run_gives_the_same_results_as_a_local_run(tasks, tmp_path, sandbox_
         ],
         capture_output=True,
         text=True,
-        env=ray_env,
+        env=cluster_env,
     )
     assert start.returncode == 0, start.stderr
     try:
         outs = {}
-        with ScriptedChatServer(default=policy()) as server:
+        with ScriptedChatServer(default=policy(), api_key=ray_env["OPENAI_API_KEY"]) as server:
             for mode, extra in (
                 ("local", ()),
                 ("ray", ("--ray", f"127.0.0.1:{port}", "--workers", "2")),

@@ -18,6 +18,8 @@ from typing import Any
 
 from uniagent.config import AgentConfig
 from uniagent.episode import EpisodeResult, run_episode
+from uniagent.interaction.exit import ExitReason
+from uniagent.interaction.metrics import EpisodeMetrics
 from uniagent.observer import EpisodeObserver
 from uniagent.resolve import ResolvedAgent, resolve
 from uniagent.run.folder import LOG, safe_name, write_episode
@@ -70,6 +72,14 @@ def episode_payload(job: Job, result: EpisodeResult) -> dict[str, Any]:
         "messages": result.messages,
         "rollout": result.cache.to_dict() if result.cache is not None else None,
     }
+
+
+def failure_payload(job: Job, error: str) -> dict[str, Any]:
+    """The payload of an attempt its worker could not run (infrastructure, retried)."""
+    result = EpisodeResult(
+        ExitReason.UNKNOWN_ERROR, traj_masked=True, metrics=EpisodeMetrics(), error=error
+    )
+    return episode_payload(job, result)
 
 
 def write_payload(

@@ -16,7 +16,7 @@ import contextlib
 import os
 import tempfile
 import time
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Callable, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -26,7 +26,15 @@ from uniagent.env.containers import RUN_ID_ENV
 from uniagent.errors import ConfigError, UniAgentError
 from uniagent.resolve import resolve
 from uniagent.run.folder import LOG
-from uniagent.run.jobs import Attempt, Job, attempt_extra, episode_dir, execute_job, write_payload
+from uniagent.run.jobs import (
+    Attempt,
+    Job,
+    attempt_extra,
+    episode_dir,
+    execute_job,
+    failure_payload,
+    write_payload,
+)
 from uniagent.run.progress import EpisodeState
 from uniagent.services import ensure_services
 
@@ -54,11 +62,14 @@ class EpisodeWorker:
             try:
                 await ensure_services(self.config)  # once per actor process
                 payload = await execute_job(self.agent, job, self.model, log_path, observer=state)
-            except UniAgentError as exc:
+            except ConfigError as exc:  # the task's own settings: it cannot run anywhere
                 return {"error": str(exc)}
+            except UniAgentError as exc:  # this worker's services: infrastructure, retried
+                error = f"the Ray worker could not run the episode: {type(exc).__name__}: {exc}"
+                payload = failure_payload(job, error)
             return {
                 "payload": payload,
-                "log": log_path.read_text(encoding="utf-8"),
+                "log": log_path.read_text(encoding="utf-8") if log_path.exists() else "",
                 "timings": state.timings(),
             }
 
@@ -79,8 +90,13 @@ async def ray_attempts(
     run_id: str,
     *,
     num_workers: int | None = None,
+    env_vars: Mapping[str, str] | None = None,
 ) -> AsyncIterator[tuple[Attempt, int]]:
-    """Start the actors; yield a function running one attempt on them, and the slot count."""
+    """Start the actors; yield a function running one attempt on them, and the slot count.
+
+    ``env_vars`` (the model's API key) are set in every actor: on an existing cluster
+    actors do not inherit the driver's environment. An actor that dies is replaced.
+    """
     try:
         import ray
     except ImportError:
@@ -90,11 +106,14 @@ async def ray_attempts(
     workers = num_workers or max(1, min(int(ray.available_resources().get("CPU", 1)), concurrency))
     per_worker = max(1, concurrency // workers)
     actor_cls: Any = ray.remote(num_cpus=0)(EpisodeWorker)
-    # One slot more than episodes, so close_sandboxes gets through when every slot is busy.
-    actors = [
-        actor_cls.options(max_concurrency=per_worker + 1).remote(config, model_factory, run_id)
-        for _ in range(workers)
-    ]
+    runtime_env = {"env_vars": dict(env_vars)} if env_vars else None
+
+    def spawn() -> Any:
+        # One slot more than episodes, so close_sandboxes gets through when all are busy.
+        options = actor_cls.options(max_concurrency=per_worker + 1, runtime_env=runtime_env)
+        return options.remote(config, model_factory, run_id)
+
+    actors = [spawn() for _ in range(workers)]
     free: asyncio.Queue[int] = asyncio.Queue()
     for index in range(workers):
         for _ in range(per_worker):
@@ -104,14 +123,18 @@ async def ray_attempts(
         index = await free.get()
         state.phase("setup")
         started = time.monotonic()
-        ref = actors[index].run.remote(job)
+        actor = actors[index]
+        ref = actor.run.remote(job)
         try:
             reply = await ref
         except asyncio.CancelledError:
             ray.cancel(ref, force=False)
             raise
-        except Exception as exc:  # the actor died: infrastructure
-            raise UniAgentError(f"the Ray worker failed: {type(exc).__name__}: {exc}") from exc
+        except Exception as exc:  # the actor died (OOM, a lost node): infrastructure, retried
+            error = f"the Ray worker failed: {type(exc).__name__}: {exc}"
+            reply = {"payload": failure_payload(job, error), "log": f"{error}\n"}
+            if actors[index] is actor and isinstance(exc, ray.exceptions.RayActorError):
+                actors[index] = spawn()  # its slots go on with a new actor
         finally:
             free.put_nowait(index)
         if "error" in reply:

@@ -163,6 +163,12 @@ async def run_jobs(
             raise outcome
 
 
+def model_env(model_info: Mapping[str, Any]) -> dict[str, str]:
+    """The model's API key variables that are set here, for workers on other machines."""
+    names = {"OPENAI_API_KEY", model_info.get("api_key_env") or "OPENAI_API_KEY"}
+    return {name: os.environ[name] for name in sorted(names) if os.environ.get(name)}
+
+
 def build_model(model_factory: Callable[[], Any], description: str) -> Any:
     """The model, or a one-line :class:`ConfigError` when it cannot be made."""
     try:
@@ -306,7 +312,7 @@ async def _run_locked(
 
                 async with ray_attempts(
                     config, model_factory, out, ray_address, concurrency, run_id,
-                    num_workers=ray_workers,
+                    num_workers=ray_workers, env_vars=model_env(model_info),
                 ) as (attempt_job, slots):  # fmt: skip
                     await run_jobs(
                         jobs, attempt_job, out, concurrency=slots, policy=policy,
