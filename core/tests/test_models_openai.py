@@ -341,3 +341,28 @@ def test_chat_server_script_exhausted_and_models_route(server: ScriptedChatServe
         urllib.request.urlopen(request)
     assert info.value.code == 500
     assert "script is exhausted" in info.value.read().decode()
+
+
+@pytest.mark.parametrize(
+    ("server_kwargs", "key", "refused"),
+    [
+        ({"api_key": "k"}, "k", False),
+        ({"api_key": "k"}, "wrong", True),  # 401: the key is refused, stop (status 2)
+        # 403 on the model list: a restricted key that may chat; the episodes tell.
+        ({"api_key": "k", "models_status": 403}, "k", False),
+        ({"models_status": 404}, "k", False),  # no model list on this server
+    ],
+    ids=["ok", "wrong-key", "list-not-allowed", "no-list"],
+)
+async def test_the_preflight_stops_only_for_a_refused_key(server_kwargs, key, refused) -> None:
+    from uniagent.errors import ConfigError
+    from uniagent.run.preflight import check_model
+
+    with ScriptedChatServer(**server_kwargs) as srv:
+        model = OpenAIChatModel(srv.base_url, "m", api_key=key)
+        if refused:
+            with pytest.raises(ConfigError, match="refused the API key"):
+                await check_model(model)
+        else:
+            await check_model(model)
+        await model.aclose()

@@ -125,7 +125,7 @@ def test_live_progress_shows_each_running_episode_and_the_failures():
     def job(task: str) -> types.SimpleNamespace:
         return types.SimpleNamespace(task=types.SimpleNamespace(id=task), sample=0)
 
-    progress.begin(total=3)
+    progress.begin(total=4)
     busy = progress.started(job("busy"), 2)
     busy.phase("setup")
     busy.phase("agent")
@@ -133,22 +133,25 @@ def test_live_progress_shows_each_running_episode_and_the_failures():
     busy.tool("execute_bash")
     waiting = progress.started(job("waiting"), 1)
     waiting.turn(1)
+    odd = progress.started(job("proj[/x]"), 1)  # rich markup in a task id is shown as text
+    odd.tool("[bold]x")
     progress.finished(job("done"), {"exit_reason": "finished", "reward": 1.0, "metrics": {}})
     broken = {"exit_reason": "env_error", "error": "EnvStartError: no image", "attempt": 1}
     progress.retrying(job("broken"), broken, 10.0, 2)
     screen = Console(width=120, record=True, file=io.StringIO())
     screen.print(progress.view())
     text = screen.export_text()
-    assert "done 1/3  running 2  infra failures 0  mean reward 1.000" in text and "ETA" in text
+    assert "done 1/4  running 3  infra failures 0  mean reward 1.000" in text and "ETA" in text
     assert "busy#0" in text and "turn 3 · execute_bash" in text
     assert "waiting#0" in text and "turn 1 · waiting for the model" in text
+    assert "proj[/x]#0" in text and "[bold]x" in text
     assert "broken#0: attempt 1 failed, env_error: EnvStartError: no image" in text
     progress.end()
     printed = stream.getvalue()
     assert "retrying in 10 s" in printed, "failures stay in the scroll-back"
     assert "done#0" not in printed, "no line per successful episode on a terminal"
     last = printed.strip().splitlines()[-1]
-    assert "\x1b[2Kdone 1/3  running 2" in last, "the view is erased, the final counts stay"
+    assert "\x1b[2Kdone 1/4  running 3" in last, "the view is erased, the final counts stay"
 
 
 def test_phase_times_add_up_in_order():

@@ -96,15 +96,23 @@ def remove_leftovers(
         for container in containers:
             if not is_leftover(container["labels"], run_ids):
                 continue
-            done = subprocess.run(
-                [engine, "rm", "-f", "-t", "0", container["id"]],
-                capture_output=True, text=True, timeout=timeout, check=False,
-            )  # fmt: skip
-            if done.returncode != 0 and "-t" in done.stderr:  # docker has no -t for rm
-                done = subprocess.run(
-                    [engine, "rm", "-f", container["id"]],
-                    capture_output=True, text=True, timeout=timeout, check=False,
-                )  # fmt: skip
-            if done.returncode == 0:
+            if _remove(engine, container["id"], timeout):
                 removed.append(f"{engine} container {container['name']}")
     return removed
+
+
+def _remove(engine: str, container: str, timeout: float) -> bool:
+    """``ENGINE rm -f``; False when it fails or hangs (left for the next clean-up)."""
+    try:
+        done = subprocess.run(
+            [engine, "rm", "-f", "-t", "0", container],
+            capture_output=True, text=True, timeout=timeout, check=False,
+        )  # fmt: skip
+        if done.returncode != 0 and "-t" in done.stderr:  # docker has no -t for rm
+            done = subprocess.run(
+                [engine, "rm", "-f", container],
+                capture_output=True, text=True, timeout=timeout, check=False,
+            )  # fmt: skip
+    except (OSError, subprocess.TimeoutExpired):
+        return False
+    return done.returncode == 0

@@ -2,7 +2,8 @@
 
 An endpoint that is down or refuses the API key would fail every episode, each
 after its sandbox has started; one request first (``GET /models``) tells at
-once. A server without that route (404, 405) passes: the episodes will tell.
+once. A server without that route (404, 405), or a key that may chat but not list
+models (403), passes: the episodes will tell.
 """
 
 from __future__ import annotations
@@ -23,7 +24,7 @@ async def check_model(model: Any, *, timeout: float = PROBE_TIMEOUT) -> None:
     """Raise if ``model`` is an OpenAI-compatible endpoint that is down or refuses the key.
 
     :class:`EndpointError` when the server cannot be reached or fails;
-    :class:`ConfigError` when it refuses the credentials (401, 403).
+    :class:`ConfigError` when it refuses the credentials (401).
     """
     from uniagent.models.openai_chat import OpenAIChatModel
 
@@ -34,15 +35,17 @@ async def check_model(model: Any, *, timeout: float = PROBE_TIMEOUT) -> None:
     where = model.where  # no credentials in the message
     try:
         await asyncio.wait_for(model.client.models.list(), timeout)
-    except (openai.AuthenticationError, openai.PermissionDeniedError) as exc:
+    except openai.AuthenticationError as exc:
         raise ConfigError(
             f"the model endpoint {where} refused the API key ({exc.status_code}: "
             f"{_message(exc)}); set OPENAI_API_KEY, or name the variable that holds the key "
             "with --api-key-env"
         ) from None
     except openai.APIStatusError as exc:
-        if exc.status_code in (404, 405, 501):
-            return  # no model list on this server: not a reason to stop
+        # No model list on this server, or a key without the permission to list models
+        # (a restricted key may still chat: 403): not a reason to stop, the episodes tell.
+        if exc.status_code in (403, 404, 405, 501):
+            return
         raise EndpointError(
             f"the model endpoint {where} fails ({exc.status_code}: {_message(exc)}); "
             "no episode was started"

@@ -298,7 +298,8 @@ class LiveProgress(Progress):
         for column in ("episode", "attempt", "doing", "time"):
             table.add_column(column, justify="right" if column == "time" else "left")
         for state in states[:room]:
-            table.add_row(state.label, str(state.attempt), state.describe(),
+            # Text, not markup: a task id or tool name like "a[/b]" is shown as it is.
+            table.add_row(Text(state.label), str(state.attempt), Text(state.describe()),
                           _duration(now - state.started))
         parts: list[Any] = [Text(header, style="bold")]
         if states:

@@ -11,7 +11,8 @@ gets the request body and returns either. Every request body is kept in
         model = OpenAIChatModel(server.base_url, "test-model")
 
 With ``api_key``, every request must carry ``Authorization: Bearer <key>`` (else
-401, as hosted APIs answer). A :class:`Gate` holds requests until the test
+401, as hosted APIs answer); ``models_status`` makes ``GET /models`` fail with that
+status (a key without the permission to list models). A :class:`Gate` holds requests until the test
 releases it, so a test knows exactly which episodes are waiting on the model.
 """
 
@@ -106,9 +107,12 @@ class ScriptedChatServer:
         default: Script | None = None,
         model: str = "test-model",
         api_key: str | None = None,
+        models_status: int = 200,
     ) -> None:
         self.tokenizer = tokenizer
         self.api_key = api_key
+        #: What ``GET /models`` answers: 200 with the model, or this error status.
+        self.models_status = models_status
         self.default = default
         self.model = model
         self.requests: list[dict[str, Any]] = []
@@ -273,6 +277,10 @@ class _Handler(BaseHTTPRequestHandler):
         if not self._authorized():
             return
         if self.path.rstrip("/").endswith("/models"):
+            status = self.owner.models_status
+            if status != 200:
+                self._send(status, _error(status, "listing models is not allowed"))
+                return
             data = {"object": "list", "data": [{"id": self.owner.model, "object": "model"}]}
             self._send(200, data)
         else:
