@@ -14,6 +14,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 
 import httpx
+import pytest
 
 from uniagent.run.folder import start_attempt
 from uniagent.run.manifest import pid_start
@@ -133,6 +134,16 @@ def test_tasks_that_could_not_start_are_failed_once_the_run_ends(messages_run, t
     assert folder.state == "finished"
     row = folder.rows["episodes/no-problem/0"]
     assert row.status == "failed" and "problem_statement" in (row.error or "")
+
+
+@pytest.mark.parametrize("status", ["interrupted", "stopped"])
+def test_a_run_that_ended_early_is_interrupted_not_finished(messages_run, tmp_path, status):
+    run = tmp_path / "run"
+    shutil.copytree(messages_run, run)
+    summary = json.loads((run / "summary.json").read_text())
+    summary["status"] = status  # Ctrl-C, or the circuit breaker tripped
+    (run / "summary.json").write_text(json.dumps(summary))  # written after the manifest
+    assert RunFolder(run).state == "interrupted"
 
 
 def test_a_rewritten_results_file_is_read_again_whole(messages_run, tmp_path):

@@ -335,7 +335,10 @@ class RunFolder:
         if self.manifest is None:
             return "finished" if summary_sig else "unknown"
         if summary_sig and manifest_sig and summary_sig[2] >= manifest_sig[2]:
-            return "finished"
+            # The summary is written however the run ends: Ctrl-C and the circuit
+            # breaker leave episodes unrun, which a resume runs.
+            status = (self.summary or {}).get("status")
+            return "interrupted" if status in ("interrupted", "stopped") else "finished"
         pid, host = _int(self.manifest.get("pid")), self.manifest.get("host")
         if pid is None or host != socket.gethostname():
             return "unknown"  # another machine's run: assume it goes on
@@ -452,14 +455,21 @@ class RunFolder:
         """The episode's files that the viewer shows, with their sizes."""
         directory = self.path(key)
         found = []
-        if directory.is_dir():
-            for entry in sorted(os.scandir(directory), key=lambda e: e.name):
-                if entry.is_file() and _is_episode_file(entry.name):
-                    try:
-                        self.path(key, entry.name)  # a symlink out is not listed
-                    except OutsideRunFolder:
-                        continue
-                    found.append({"name": entry.name, "size": entry.stat().st_size})
+        try:
+            with os.scandir(directory) as listing:
+                entries = sorted(listing, key=lambda e: e.name)
+        except OSError:  # not there (yet), or not a directory
+            return found
+        for entry in entries:
+            try:
+                if not (entry.is_file() and _is_episode_file(entry.name)):
+                    continue
+                self.path(key, entry.name)  # a symlink out is not listed
+                found.append({"name": entry.name, "size": entry.stat().st_size})
+            except OutsideRunFolder:
+                continue
+            except OSError:  # gone since the listing (a retry moves log.txt aside)
+                continue
         return found
 
     def read_json(self, key: str, name: str) -> Any:
