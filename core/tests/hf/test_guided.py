@@ -288,6 +288,9 @@ async def test_a_guided_model_never_decodes_unguided(
         ({"generate_kwargs": {"assistant_model": "draft"}}, "generate_kwargs.assistant_model"),
         ({"generate_kwargs": {"eos_token_id": [0]}}, "generate_kwargs.eos_token_id"),
         ({"sampling_params": {"num_beams": 2}}, "sampling.num_beams=2"),
+        ({"generate_kwargs": {"min_new_tokens": 50}}, "may ban the one token"),
+        ({"generate_kwargs": {"bad_words_ids": [[5]]}}, "generate_kwargs.bad_words_ids"),
+        ({"generate_kwargs": {"stop_strings": ["x"]}}, "generate_kwargs.stop_strings"),
     ],
 )
 def test_generation_options_that_break_guidance_are_refused(

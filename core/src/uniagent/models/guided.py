@@ -109,6 +109,7 @@ def _nonzero(value: Any) -> bool:
 
 _DRAFTS = "draft tokens are accepted without passing the grammar's mask"
 _SEQUENCES = "several sequences cannot share one turn's grammar state"
+_BANS = "it may ban the one token the grammar allows"
 #: ``generate()`` options that bypass or break the per-step mask, and why.
 _BREAKS_GUIDANCE: dict[str, tuple[Callable[[Any], bool], str]] = {
     "assistant_model": (_set, f"assisted decoding: {_DRAFTS}"),
@@ -119,6 +120,16 @@ _BREAKS_GUIDANCE: dict[str, tuple[Callable[[Any], bool], str]] = {
     "num_return_sequences": (_more_than_one, _SEQUENCES),
     "penalty_alpha": (_nonzero, "contrastive search re-ranks candidates after the mask"),
     "eos_token_id": (_set, "a guided turn ends at the chat template's end-of-turn token"),
+    "stop_strings": (_set, "a guided turn ends at the chat template's end-of-turn token"),
+    "forced_eos_token_id": (_set, "a guided turn ends at the chat template's end-of-turn token"),
+    # Logits processors that ban tokens before the grammar's mask: when they ban the
+    # only token the grammar allows (its end of turn), the turn cannot go on.
+    "min_new_tokens": (_nonzero, _BANS),
+    "min_length": (_nonzero, _BANS),
+    "bad_words_ids": (_set, _BANS),
+    "suppress_tokens": (_set, _BANS),
+    "begin_suppress_tokens": (_set, _BANS),
+    "sequence_bias": (_set, _BANS),
 }
 
 
