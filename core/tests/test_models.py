@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import importlib.util
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -277,15 +278,25 @@ def test_check_spec_rejects_a_bad_spec_in_one_line(tmp_path, spec: str, fragment
 
 def test_check_spec_accepts_good_specs(tmp_path) -> None:
     (tmp_path / "m.gguf").write_bytes(b"")
+    sampling = {"temperature": 0.7, "num_beams": 1}
     for spec in (
         f"hf:{tmp_path}",
-        f"hf:{tmp_path}?guided=tool_call",  # the path is checked without its options
-        f"hf:{tmp_path}/m.gguf?guided=tool_call&thought=0",
-        f"hf:{tmp_path}?guided=tool_call&thought=4000",
         "hf:HuggingFaceTB/SmolLM2-135M-Instruct",  # a hub id: not checked as a path
         "openai:http://127.0.0.1:8000/v1#Qwen/Qwen3-8B?tokenizer=Qwen/Qwen3-8B",
     ):
-        check_spec(spec, PARSER, sampling={"temperature": 0.7, "num_beams": 1})
+        check_spec(spec, PARSER, sampling=sampling)
+    # Guided decoding needs the hf extra's llguidance (the core suite runs without it).
+    has_llguidance = importlib.util.find_spec("llguidance") is not None
+    for spec in (
+        f"hf:{tmp_path}?guided=tool_call",  # the path is checked without its options
+        f"hf:{tmp_path}/m.gguf?guided=tool_call&thought=0",
+        f"hf:{tmp_path}?guided=tool_call&thought=4000",
+    ):
+        if has_llguidance:
+            check_spec(spec, PARSER, sampling=sampling)
+        else:
+            with pytest.raises(ConfigError, match="guided decoding needs llguidance"):
+                check_spec(spec, PARSER, sampling=sampling)
 
 
 def test_check_spec_rejects_guided_options_that_do_not_fit(tmp_path) -> None:
