@@ -454,7 +454,7 @@ class RunFolder:
     def files(self, key: str) -> list[dict[str, Any]]:
         """The episode's files that the viewer shows, with their sizes."""
         directory = self.path(key)
-        found = []
+        found: list[dict[str, Any]] = []
         try:
             with os.scandir(directory) as listing:
                 entries = sorted(listing, key=lambda e: e.name)
