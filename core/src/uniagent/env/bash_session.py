@@ -1,7 +1,7 @@
 """A persistent bash session driven from asyncio, with a control channel commands cannot touch.
 
 Why not SWE-ReX's ``LocalRuntime``: it drives bash through pexpect, which
-blocks the event loop and waits 2 x 50 ms per command (REFERENCES.md). Here
+blocks the event loop and waits 2 x 50 ms per command (SWE-ReX 1.4.0). Here
 bash's descriptors are non-blocking and watched by the event loop, its exit
 through a pidfd, so one loop drives thousands of sessions and a command costs
 one round trip. bash is spawned on a worker thread: a fork/exec on the loop,

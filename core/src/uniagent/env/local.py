@@ -144,7 +144,7 @@ def podman_args(run_args: list[str]) -> list[str]:
         extra += ["--runtime", "runc"]
     given = " ".join(run_args)
     # nproc above ~32k fails in runc here even under a higher hard limit; 4096 is
-    # plenty for one sandbox and known to work (REFERENCES.md).
+    # plenty for one sandbox and known to work.
     caps = {"nofile": 1 << 20, "nproc": 4096}
     for name, limit in (("nofile", resource.RLIMIT_NOFILE), ("nproc", resource.RLIMIT_NPROC)):
         hard = resource.getrlimit(limit)[1]

@@ -1,7 +1,7 @@
 """The ``remote`` deployment: an already running ``swerex-remote`` server.
 
-SWE-ReX's ``RemoteRuntime`` is used with three fixes (SWE-ReX 1.4.0, see
-REFERENCES.md): requests are retried when the connection cannot be made
+SWE-ReX's ``RemoteRuntime`` is used with three fixes (SWE-ReX 1.4.0): requests
+are retried when the connection cannot be made
 (with SWE-ReX's own ``X-Request-ID`` idempotency key), the HTTP timeout of a
 command is its action timeout plus a margin instead of aiohttp's 300 s total,
 and a directory upload is zipped on a worker thread, not on the event loop.
