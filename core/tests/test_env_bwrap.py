@@ -29,6 +29,7 @@ from uniagent.env import (
     HostDeployment,
     HostDeploymentConfig,
 )
+from uniagent.env.host import BWRAP_WORKDIR
 from uniagent.env.procfs import group_members
 
 PYTHON = "/usr/bin/python3"
@@ -129,11 +130,12 @@ async def test_tools_work_inside(sandbox: AgentEnv, tmp_path: Path) -> None:
 
 async def test_file_operations_go_through_the_mounts(sandbox: AgentEnv, tmp_path: Path) -> None:
     await sandbox.write_file("src/main.py", "print('hi')\n")
-    assert (await sandbox.run_action("cat /uniagent/work/src/main.py")).output == "print('hi')\n"
+    main = f"{BWRAP_WORKDIR}/src/main.py"
+    assert (await sandbox.run_action(f"cat {main}")).output == "print('hi')\n"
     tree = tmp_path / "tree"
     (tree / "a").mkdir(parents=True)
     (tree / "a" / "b.txt").write_text("b\n")
-    await sandbox.upload(tree, "/uniagent/work/repo")
+    await sandbox.upload(tree, f"{BWRAP_WORKDIR}/repo")
     assert (await sandbox.run_action("cat repo/a/b.txt")).output == "b\n"
     assert "root:" in await sandbox.read_file("/etc/passwd")
     with pytest.raises(EnvError, match="read-only"):
@@ -141,9 +143,9 @@ async def test_file_operations_go_through_the_mounts(sandbox: AgentEnv, tmp_path
     with pytest.raises(EnvError, match="outside"):
         await sandbox.read_file("/proc/self/status")
     # A link made inside the sandbox must not make host-side reads escape it.
-    await sandbox.run_action("ln -s /root/.bashrc /uniagent/work/escape")
+    await sandbox.run_action(f"ln -s /root/.bashrc {BWRAP_WORKDIR}/escape")
     with pytest.raises(EnvError, match="symlink"):
-        await sandbox.read_file("/uniagent/work/escape")
+        await sandbox.read_file(f"{BWRAP_WORKDIR}/escape")
 
 
 async def test_timeouts_recover_inside(sandbox: AgentEnv) -> None:

@@ -18,7 +18,7 @@ import pytest
 
 from uniagent.env import AgentEnv, HostDeployment, HostDeploymentConfig
 from uniagent.env import cgroups as cgroup_module
-from uniagent.env.host import EPISODE_PREFIX, SANDBOX_UID, cleanup_leftovers
+from uniagent.env.host import BWRAP_WORKDIR, EPISODE_PREFIX, SANDBOX_UID, cleanup_leftovers
 
 ISOLATIONS = ["none", "bwrap"]
 SMALL = {"pids": 128, "memory": "256m", "disk": "64m"}
@@ -154,11 +154,11 @@ async def test_the_default_is_bubblewrap_where_it_works():
 
 @pytest.mark.parametrize("isolation", ["auto", "bwrap"])
 def test_a_bind_into_the_sandboxs_own_dirs_is_refused_when_the_config_loads(isolation):
-    for inside in ("/uniagent/work", "/uniagent/work/repo", "/uniagent/tools/x"):
+    for inside in (BWRAP_WORKDIR, f"{BWRAP_WORKDIR}/repo", "/uniagent/tools/x"):
         with pytest.raises(ValueError, match="would appear inside the sandbox's"):
             HostDeploymentConfig(isolation=isolation, ro_binds=[f"/srv:{inside}"])
-    # Plain host paths, wherever the host keeps its checkouts (/work, /tmp), are fine.
-    HostDeploymentConfig(isolation=isolation, ro_binds=["/work/repo", "/tmp/repo"])
+    # Plain host paths, wherever the host keeps its checkouts (/srv, /tmp, ...), are fine.
+    HostDeploymentConfig(isolation=isolation, ro_binds=["/srv/checkouts/repo", "/tmp/repo"])
 
 
 async def test_without_bubblewrap_the_default_runs_unisolated_with_a_warning(caplog):
