@@ -32,6 +32,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from uniagent import open_env
 from uniagent.env import AgentEnv
 from uniagent.testing.grading import grade, prepare_grader
 
@@ -93,7 +94,7 @@ async def one(make_env: Callable[[], AgentEnv], row: dict[str, Any], workdir: st
     times["start"] = (time.perf_counter() - started) * 1000
     try:
         started = time.perf_counter()
-        grader = await prepare_grader(env, "swe_bench", row, config={"workdir": workdir},
+        grader = await prepare_grader(env, "swe_bench", row, settings={"workdir": workdir},
                                       grade_in=mode, fresh_env=make_env)
         times["baseline"] = (time.perf_counter() - started) * 1000
         await env.write_file(f"{grader.baseline.repo}/calc.py", FIXED)
@@ -130,11 +131,11 @@ def host_env(repo: Path, isolation: str, python_dirs: list[str]) -> Callable[[],
         deployment.update(ro_binds=[str(repo.parent), *python_dirs],
                           sandbox_workdir="/sandbox/work")
     settings = {"post_setup": [f"git clone -q {repo} . && git fetch -q origin fix"]}
-    return lambda: AgentEnv.from_config(deployment, settings)
+    return lambda: open_env(deployment, settings)
 
 
 def local_env() -> Callable[[], AgentEnv]:
-    return lambda: AgentEnv.from_config(
+    return lambda: open_env(
         {"type": "local", "image": IMAGE, "pull": "never"}, {"workdir": "/testbed"}
     )
 

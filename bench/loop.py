@@ -80,9 +80,10 @@ except ImportError:  # running from a checkout without an install
 
 from pydantic import BaseModel, Field  # noqa: E402
 
+from uniagent import open_env  # noqa: E402
 from uniagent.config import InteractionConfig  # noqa: E402
 from uniagent.env.agent_env import Observation  # noqa: E402
-from uniagent.interaction.exit import ExitReason  # noqa: E402
+from uniagent.exit import ExitReason  # noqa: E402
 from uniagent.interaction.loop import AgentInteraction  # noqa: E402
 from uniagent.models.base import Generation  # noqa: E402
 from uniagent.parsers import HermesParser  # noqa: E402
@@ -427,9 +428,8 @@ def load_verl(tok: Any, workdir: Path) -> tuple[VerlSide | None, str]:
 
 
 async def start_host_env(conv: Conversation) -> Any:
-    from uniagent.env import AgentEnv
 
-    env = AgentEnv.from_config({"type": "host"})
+    env = open_env({"type": "host"})
     await env.start()
     for name, content in conv.files.items():
         await env.write_file(name, content)

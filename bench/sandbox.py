@@ -37,6 +37,7 @@ import time
 from collections.abc import Awaitable, Callable
 from pathlib import Path
 
+from uniagent import open_env
 from uniagent.env import AgentEnv, HostDeployment, use_pidfd_child_watcher
 from uniagent.env.runtime import BashAction, CreateBashSessionRequest
 
@@ -59,7 +60,7 @@ async def timed(name: str, rounds: int, call: Callable[[], Awaitable[object]]) -
 async def latency_rows(rounds: int, slow_rounds: int) -> tuple[list[Row], list[str]]:
     rows: list[Row] = []
     notes: list[str] = []
-    async with AgentEnv.from_config({"type": "host"}) as env:
+    async with open_env({"type": "host"}) as env:
         runtime = env.runtime
         action = BashAction(command="echo hi", check="silent")
         rows.append(await timed("host runtime (persistent async bash)", rounds,
@@ -70,7 +71,7 @@ async def latency_rows(rounds: int, slow_rounds: int) -> tuple[list[Row], list[s
         rows.append(await timed("host runtime, `if ...; fi` (in-session bash -n)", rounds,
                                 lambda: runtime.run_in_session(checked)))  # fmt: skip
     if shutil.which("bwrap"):
-        async with AgentEnv.from_config({"type": "host", "isolation": "bwrap"}) as env:
+        async with open_env({"type": "host", "isolation": "bwrap"}) as env:
             rows.append(await timed("AgentEnv.run_action, host + bwrap", rounds,
                                     lambda: env.run_action("echo hi")))  # fmt: skip
 

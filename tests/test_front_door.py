@@ -1,4 +1,5 @@
-"""Plugins and templates use the public contract only: ``uniagent`` and ``uniagent.testing``."""
+"""Plugins and templates use the public contract only: ``uniagent``, ``uniagent.sandbox``
+and ``uniagent.testing``."""
 
 from __future__ import annotations
 
@@ -7,10 +8,11 @@ import re
 from pathlib import Path
 
 import uniagent
+import uniagent.sandbox
 import uniagent.testing
 
 ROOT = Path(__file__).resolve().parents[1]
-PUBLIC = {"uniagent", "uniagent.testing"}
+PUBLIC = {"uniagent", "uniagent.sandbox", "uniagent.testing"}
 #: Jinja placeholders in template files, replaced so that ast can parse them.
 _JINJA = re.compile(r"\{\{[^}]*\}\}|\{%[^%]*%\}")
 
@@ -44,10 +46,13 @@ def test_nothing_under_plugins_or_templates_imports_below_the_front_door():
         if (module == "uniagent" or module.startswith("uniagent.")) and module not in PUBLIC
     ]
     assert sources(), "found no plugin or template sources"
-    assert deep == [], "import these from `uniagent` (or `uniagent.testing`):\n" + "\n".join(deep)
+    assert deep == [], (
+        "import these from `uniagent` (or `uniagent.sandbox`, `uniagent.testing`):\n"
+        + "\n".join(deep)
+    )
 
 
 def test_every_public_name_is_there():
-    for module in (uniagent, uniagent.testing):
+    for module in (uniagent, uniagent.sandbox, uniagent.testing):
         missing = [name for name in module.__all__ if not hasattr(module, name)]
         assert missing == [], f"{module.__name__}.__all__ names what it lacks: {missing}"

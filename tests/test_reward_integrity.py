@@ -363,7 +363,7 @@ def test_command_reward_attacks_score_zero_and_are_trained_on(
         "name": "command",
         "grade_in": grade_in,
         "integrity": {"protect_paths": ["tests/"]},
-        "config": {"timeout": 60},
+        "settings": {"timeout": 60},
     }
     records = run_attacks(tmp_path, task_sets["command"], COMMAND_ATTACKS, reward, isolation,
                           task_sets["repos"])
@@ -381,7 +381,7 @@ def test_swe_bench_attacks_score_zero_and_are_trained_on(
     reward = {
         "name": "swe_bench",
         "grade_in": grade_in,
-        "config": {"eval_timeout": 120, "workdir": None},  # the checkout is the work dir
+        "settings": {"eval_timeout": 120, "workdir": None},  # the checkout is the work dir
     }
     records = run_attacks(tmp_path, task_sets["swe"], SWE_ATTACKS, reward, isolation,
                           task_sets["repos"])

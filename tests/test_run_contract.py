@@ -35,8 +35,8 @@ def run(tmp_path: Path, config: dict[str, Any], model: str) -> subprocess.Comple
     ("change", "message"),
     [
         ({"env": {"post_setpu": ["x"]}}, "env.post_setpu: unknown key"),
-        ({"reward": {"name": "command", "config": {"comand": "x"}}},
-         "reward.config.comand: unknown key"),
+        ({"reward": {"name": "command", "settings": {"comand": "x"}}},
+         "reward.settings.comand: unknown key"),
         ({"tools": [{"name": "execute_bash", "settings": {"blokced": []}}, "submit"]},
          "tools.0.settings.blokced: unknown key"),
         ({"tools": ["execute_bash", "sumbit"]}, "tools.1.name: unknown tool 'sumbit'"),

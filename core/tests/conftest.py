@@ -9,6 +9,8 @@ from typing import Any
 import pytest
 import pytest_asyncio
 
+from uniagent import open_env
+
 
 @pytest.fixture(scope="session")
 def qwen3_tokenizer() -> Any:
@@ -40,7 +42,6 @@ ISOLATIONS = [
 @pytest_asyncio.fixture(params=ISOLATIONS)
 async def env(request: pytest.FixtureRequest) -> AsyncIterator[Any]:
     """A started host AgentEnv, once without isolation and once under bubblewrap."""
-    from uniagent.env import AgentEnv
 
-    async with AgentEnv.from_config({"type": "host", "isolation": request.param}) as sandbox:
+    async with open_env({"type": "host", "isolation": request.param}) as sandbox:
         yield sandbox

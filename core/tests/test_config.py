@@ -6,7 +6,7 @@ import pytest
 
 from uniagent.config import AgentConfig, deep_merge
 from uniagent.errors import ConfigError, UnknownPluginNameError
-from uniagent.interaction.exit import ExitReason
+from uniagent.exit import ExitReason
 from uniagent.plugins import reset_plugins
 from uniagent.resolve import resolve
 
@@ -49,10 +49,10 @@ def core_only(monkeypatch):
 def test_unknown_plugin_names_list_what_is_installed():
     with pytest.raises(UnknownPluginNameError, match="tool_parser: .*installed tool parsers"):
         resolve(AgentConfig.from_dict({"tools": [], "tool_parser": "json_mode"}))
-    with pytest.raises(UnknownPluginNameError, match=r"tools\.0\.name: .*uniagent-tools-swe"):
+    with pytest.raises(UnknownPluginNameError, match=r"tools\.0\.name: .*First-party plugins"):
         resolve(AgentConfig.from_dict({**MINIMAL, "tools": ["str_replace_editor"]}))
-    with pytest.raises(UnknownPluginNameError, match=r"reward\.name: .*uniagent-reward-swebench"):
-        resolve(AgentConfig.from_dict({**MINIMAL, "reward": {"name": "swe_bench"}}))
+    with pytest.raises(UnknownPluginNameError, match=r"reward\.name: .*Did you mean 'command'"):
+        resolve(AgentConfig.from_dict({**MINIMAL, "reward": {"name": "comand"}}))
 
 
 @pytest.mark.usefixtures("core_only")
@@ -67,7 +67,7 @@ def test_deployment_is_checked_against_installed_backends():
     with pytest.raises(
         ConfigError,
         match=r"env\.deployment: .*installed deployments: host, local, remote\. "
-        r".*uniagent-deploy-modal",
+        r".*First-party plugins",
     ):
         resolve(AgentConfig.from_dict({**MINIMAL, "env": {"deployment": {"type": "modal"}}}))
     with pytest.raises(ConfigError, match=r"env\.deployment: .*nope: unknown key"):
@@ -81,8 +81,8 @@ def test_deployment_is_checked_against_installed_backends():
     ("config", "path"),
     [
         ({"env": {"post_setpu": ["x"]}}, "env.post_setpu: unknown key"),
-        ({"reward": {"name": "command", "config": {"comand": "x"}}},
-         "reward.config.comand: unknown key"),
+        ({"reward": {"name": "command", "settings": {"comand": "x"}}},
+         "reward.settings.comand: unknown key"),
         ({"reward": {"name": "command", "integrity": {"on_tamperr": "zero"}}},
          "reward.integrity.on_tamperr: unknown key"),
         ({"interaction": {"max_turnz": 1}}, "interaction.max_turnz: unknown key"),
@@ -110,7 +110,7 @@ def test_task_overrides_deep_merge_and_revalidate():
     )
     assert merged.interaction.max_turns == 7
     assert merged.interaction.action_timeout == 9, "siblings of an overridden key survive"
-    assert merged.env.settings().post_setup == ["echo b"]
+    assert merged.env.post_setup == ["echo b"]
     assert config.interaction.max_turns == 5, "the original is unchanged"
     with pytest.raises(ConfigError, match=r"(?s)task 7:.*interaction\.max_turnz: unknown key"):
         config.with_overrides({"interaction": {"max_turnz": 1}}, source="task 7")

@@ -20,7 +20,7 @@ import pytest
 import pytest_asyncio
 from pydantic import BaseModel
 
-from uniagent import ToolSpec
+from uniagent import ToolSpec, open_env
 from uniagent.env import (
     ActionTimeoutError,
     AgentEnv,
@@ -37,7 +37,7 @@ PYTHON = "/usr/bin/python3"
 
 @pytest_asyncio.fixture
 async def sandbox() -> AsyncIterator[AgentEnv]:
-    async with AgentEnv.from_config({"type": "host", "isolation": "bwrap"}) as env:
+    async with open_env({"type": "host", "isolation": "bwrap"}) as env:
         yield env
 
 
@@ -103,11 +103,11 @@ async def test_no_network_by_default() -> None:
     port = server.sockets[0].getsockname()[1]
     try:
         socket.create_connection(("127.0.0.1", port), timeout=3).close()  # it is served
-        async with AgentEnv.from_config({"type": "host", "isolation": "bwrap"}) as env:
+        async with open_env({"type": "host", "isolation": "bwrap"}) as env:
             obs = await env.run_action(connect_probe(port), timeout=30)
             assert obs.exit_code == 3 and "refused" in obs.output, obs.output
         shared = {"type": "host", "isolation": "bwrap", "network": True}
-        async with AgentEnv.from_config(shared) as env:
+        async with open_env(shared) as env:
             obs = await env.run_action(connect_probe(port), timeout=30)
             assert obs.exit_code == 0 and "connected" in obs.output, obs.output
     finally:
@@ -201,7 +201,7 @@ def _sleeps(tag: int) -> list[int]:
 
 
 async def test_a_missing_bwrap_says_how_to_install_it() -> None:
-    env = AgentEnv.from_config({"type": "host", "isolation": "bwrap", "bwrap": "no-bwrap-here"})
+    env = open_env({"type": "host", "isolation": "bwrap", "bwrap": "no-bwrap-here"})
     with pytest.raises(EnvStartError, match="apt-get install bubblewrap"):
         await env.start()
 

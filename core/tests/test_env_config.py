@@ -8,6 +8,7 @@ from collections.abc import Iterator
 
 import pytest
 
+from uniagent import open_env
 from uniagent.env import (
     AgentEnv,
     EnvConfig,
@@ -22,7 +23,7 @@ from uniagent.env import (
 from uniagent.env.runtime import Deployment
 from uniagent.errors import ConfigError
 from uniagent.plugins import load_plugins, reset_plugins
-from uniagent.registry import get_deployments, validate_deployment_config
+from uniagent.registry import get_registry
 
 
 @pytest.fixture
@@ -40,25 +41,31 @@ def test_the_builtin_deployments_plugin_loads(builtins_only: None) -> None:
     info = infos["uniagent.builtin.deployments"]
     assert info.status == "loaded", info.error
     assert info.hooks == ["uniagent_deployments"]
-    assert sorted(get_deployments()) == ["host", "local", "remote"]
+    assert sorted(get_registry().deployments()) == ["host", "local", "remote"]
 
 
 def test_configs_validate_through_the_union(builtins_only: None) -> None:
-    host = validate_deployment_config({"type": "host", "isolation": "bwrap", "network": True})
+    host = get_registry().validate_deployment_config(
+        {"type": "host", "isolation": "bwrap", "network": True}
+    )
     assert isinstance(host, HostDeploymentConfig) and host.network is True
-    local = validate_deployment_config({"type": "local", "image": "python:3.11"})
+    local = get_registry().validate_deployment_config({"type": "local", "image": "python:3.11"})
     assert isinstance(local, LocalDeploymentConfig) and local.engine == "auto"
-    remote = validate_deployment_config({"type": "remote", "port": 8000, "auth_token": "t"})
+    remote = get_registry().validate_deployment_config(
+        {"type": "remote", "port": 8000, "auth_token": "t"}
+    )
     assert isinstance(remote, RemoteDeploymentConfig)
-    assert validate_deployment_config(HostDeploymentConfig()) == HostDeploymentConfig()
+    assert (
+        get_registry().validate_deployment_config(HostDeploymentConfig()) == HostDeploymentConfig()
+    )
 
 
-def test_unknown_types_name_the_installed_ones_and_the_provider(builtins_only: None) -> None:
+def test_unknown_types_name_the_installed_ones_and_where_to_look(builtins_only: None) -> None:
     with pytest.raises(ConfigError) as info:
-        validate_deployment_config({"type": "modal", "image": "x"})
+        get_registry().validate_deployment_config({"type": "modal", "image": "x"})
     message = str(info.value)
     assert "host, local, remote" in message
-    assert "pip install uniagent-deploy-modal" in message
+    assert "First-party plugins" in message
 
 
 @pytest.mark.parametrize(
@@ -72,7 +79,7 @@ def test_unknown_types_name_the_installed_ones_and_the_provider(builtins_only: N
 )
 def test_invalid_configs_name_the_key(builtins_only: None, config: dict, needle: str) -> None:
     with pytest.raises(ConfigError, match=needle):
-        validate_deployment_config(config)
+        get_registry().validate_deployment_config(config)
 
 
 @pytest.mark.parametrize("cls", [HostDeployment, LocalDeployment, RemoteDeployment])
@@ -94,7 +101,7 @@ def test_env_config_defaults_and_overrides() -> None:
 
 
 async def test_from_config_accepts_models_and_env_settings() -> None:
-    env = AgentEnv.from_config(HostDeploymentConfig(), {"max_output_chars": 10})
+    env = open_env(HostDeploymentConfig(), {"max_output_chars": 10})
     assert isinstance(env.deployment, HostDeployment)
     assert env.config.max_output_chars == 10
     async with env:
@@ -135,8 +142,8 @@ async def test_without_swerex_the_container_deployments_say_what_to_install(
     try:
         for config in ({"type": "remote", "port": 1}, {"type": "local", "image": "x"}):
             with pytest.raises(EnvStartError, match=r"pip install 'uniagent\[swerex\]'"):
-                await AgentEnv.from_config(config).start()
-        async with AgentEnv.from_config({"type": "host"}) as env:  # host needs no swe-rex
+                await open_env(config).start()
+        async with open_env({"type": "host"}) as env:  # host needs no swe-rex
             assert (await env.run_action("echo ok")).output == "ok\n"
     finally:
         monkeypatch.undo()

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 from pydantic import BaseModel
 
-from uniagent import ToolSpec
+from uniagent import ToolSpec, open_env
 from uniagent.env import (
     ActionSyntaxError,
     ActionTimeoutError,
@@ -49,7 +49,7 @@ async def host_env(**env_settings: object) -> AgentEnv:
 
 
 async def test_cd_and_variables_persist() -> None:
-    async with AgentEnv.from_config(HOST) as env:
+    async with open_env(HOST) as env:
         assert env.workdir is not None and env.cwd == env.workdir
         assert (await env.run_action("pwd")).output.strip() == env.workdir
         await env.run_action("mkdir sub && cd sub && export GREETING=hello; COUNT=3")
@@ -62,13 +62,13 @@ async def test_cd_and_variables_persist() -> None:
 
 
 async def test_stdout_and_stderr_are_merged_in_order() -> None:
-    async with AgentEnv.from_config(HOST) as env:
+    async with open_env(HOST) as env:
         obs = await env.run_action("echo out; echo err >&2; echo out2")
         assert obs.output == "out\nerr\nout2\n"
 
 
 async def test_timeout_interrupts_and_the_session_goes_on() -> None:
-    async with AgentEnv.from_config(HOST) as env:
+    async with open_env(HOST) as env:
         await env.run_action("cd /tmp && X=kept")
         with pytest.raises(ActionTimeoutError) as info:
             await env.run_action(f"echo before; sleep 1000; touch {env.workdir}/after", timeout=1)
@@ -83,7 +83,7 @@ async def test_timeout_interrupts_and_the_session_goes_on() -> None:
 
 
 async def test_timeout_aborts_a_whole_loop() -> None:
-    async with AgentEnv.from_config(HOST) as env:
+    async with open_env(HOST) as env:
         with pytest.raises(ActionTimeoutError):
             await env.run_action("for i in $(seq 100); do sleep 0.2; echo $i >> n.txt; done", 1)
         count = (await env.run_action("wc -l < n.txt")).output.strip()
@@ -94,14 +94,14 @@ async def test_timeout_aborts_a_whole_loop() -> None:
 
 
 async def test_a_command_ignoring_sigint_is_still_stopped() -> None:
-    async with AgentEnv.from_config(HOST) as env:
+    async with open_env(HOST) as env:
         with pytest.raises(ActionTimeoutError):
             await env.run_action("trap '' INT; sleep 100", timeout=1)
         assert (await env.run_action("echo alive")).output == "alive\n"
 
 
 async def test_a_command_ignoring_sigint_and_sigterm_is_killed() -> None:
-    async with AgentEnv.from_config(HOST) as env:
+    async with open_env(HOST) as env:
         with pytest.raises(ActionTimeoutError):
             await env.run_action("trap '' INT TERM; echo stubborn; sleep 100", timeout=1)
         await env.run_action("trap - INT TERM")
@@ -122,7 +122,7 @@ async def test_exit_ends_the_session() -> None:
 
 
 async def test_unicode_and_binary_output() -> None:
-    async with AgentEnv.from_config(HOST) as env:
+    async with open_env(HOST) as env:
         text = "héllo wörld 你好 🎉"
         assert (await env.run_action(f"echo '{text}'")).output == text + "\n"
         obs = await env.run_action(r"printf 'a\xff\xfe\x00b\n'")
@@ -151,7 +151,7 @@ async def test_output_beyond_the_runtime_buffer_is_counted() -> None:
 
 
 async def test_ansi_codes_and_carriage_returns_are_cleaned() -> None:
-    async with AgentEnv.from_config(HOST) as env:
+    async with open_env(HOST) as env:
         obs = await env.run_action(
             r"printf '\033[1;31mred\033[0m\nprogress 10%%\rprogress 100%%\r\nwin\r\n'"
         )
@@ -159,7 +159,7 @@ async def test_ansi_codes_and_carriage_returns_are_cleaned() -> None:
 
 
 async def test_syntax_error_raises_before_anything_runs() -> None:
-    async with AgentEnv.from_config(HOST) as env:
+    async with open_env(HOST) as env:
         with pytest.raises(ActionSyntaxError) as info:
             await env.run_action("touch ran.txt\nif true; then echo x")
         assert "syntax error" in str(info.value) or "unexpected" in str(info.value)
@@ -170,13 +170,13 @@ async def test_syntax_error_raises_before_anything_runs() -> None:
 
 
 async def test_commands_do_not_read_the_sessions_input() -> None:
-    async with AgentEnv.from_config(HOST) as env:
+    async with open_env(HOST) as env:
         obs = await env.run_action("cat; read -r line; echo read=$?", timeout=5)
         assert obs.output == "read=1\n"
 
 
 async def test_file_round_trips_and_uploads(tmp_path: Path) -> None:
-    async with AgentEnv.from_config(HOST) as env:
+    async with open_env(HOST) as env:
         await env.write_file("notes/a.txt", "héllo\nworld\n")
         assert await env.read_file("notes/a.txt") == "héllo\nworld\n"
         assert (await env.run_action("cat notes/a.txt")).output == "héllo\nworld\n"
@@ -200,7 +200,7 @@ async def test_file_round_trips_and_uploads(tmp_path: Path) -> None:
 
 
 async def test_communicate_check_raises_on_nonzero() -> None:
-    async with AgentEnv.from_config(HOST) as env:
+    async with open_env(HOST) as env:
         assert await env.communicate("echo yes", check=True) == "yes\n"
         with pytest.raises(NonZeroExitError) as info:
             await env.communicate("echo no; exit_code() { return 4; }; exit_code", check=True)
@@ -208,7 +208,7 @@ async def test_communicate_check_raises_on_nonzero() -> None:
 
 
 async def test_execute_runs_a_one_off_command() -> None:
-    async with AgentEnv.from_config(HOST) as env:
+    async with open_env(HOST) as env:
         response = await env.runtime.execute(Command(command="pwd; echo err >&2", shell=True))
         assert response.stdout == f"{env.workdir}\n" and response.stderr == "err\n"
         assert response.exit_code == 0
@@ -230,7 +230,7 @@ async def test_install_tools_uploads_scripts_and_runs_install_once(tmp_path: Pat
         scripts=(script,),
         install=f"echo x >> {counter}",
     )
-    async with AgentEnv.from_config(HOST) as env:
+    async with open_env(HOST) as env:
         await env.install_tools([tool])
         await env.install_tools([tool])
         assert (await env.run_action("greet world")).output == "hello world\n"
@@ -240,7 +240,7 @@ async def test_install_tools_uploads_scripts_and_runs_install_once(tmp_path: Pat
 
 async def test_a_failing_tool_install_names_the_tool(tmp_path: Path) -> None:
     bad = ToolSpec(name="broken", description="d", arguments=_NoArgs, install="echo oops; exit 2")
-    async with AgentEnv.from_config(HOST) as env:
+    async with open_env(HOST) as env:
         with pytest.raises(ToolInstallError) as info:
             await env.install_tools([bad])
         assert info.value.tool == "broken" and "oops" in info.value.output
@@ -257,13 +257,13 @@ async def test_post_setup_and_its_failure() -> None:
         assert (await env.run_action("echo $READY $EXTRA")).output == "yes 1\n"
     finally:
         await env.close()
-    failing = AgentEnv.from_config(HOST, {"post_setup": ["false"]})
+    failing = open_env(HOST, {"post_setup": ["false"]})
     with pytest.raises(EnvStartError, match="false"):
         await failing.start()
 
 
 async def test_not_started_and_closed_envs_refuse_commands() -> None:
-    env = AgentEnv.from_config(HOST)
+    env = open_env(HOST)
     with pytest.raises(EnvError, match="not started"):
         await env.run_action("echo hi")
     await env.close()  # closing a never-started env is fine

@@ -16,6 +16,7 @@ from pathlib import Path
 
 import pytest
 
+from uniagent import open_env
 from uniagent.env import AgentEnv, HostDeployment, HostDeploymentConfig
 from uniagent.env import cgroups as cgroup_module
 from uniagent.env.host import BWRAP_WORKDIR, EPISODE_PREFIX, SANDBOX_UID, cleanup_leftovers
@@ -49,7 +50,7 @@ async def host_pids(env: AgentEnv) -> list[int]:
 
 @pytest.mark.parametrize("isolation", ISOLATIONS)
 async def test_a_fork_bomb_is_contained_and_the_session_survives(isolation):
-    async with AgentEnv.from_config(config(isolation)) as env:
+    async with open_env(config(isolation)) as env:
         obs = await env.run_action(
             "timeout 10 bash -c 'f(){ f | f & }; f' 2>&1 | grep -m1 -o 'Resource temporarily "
             "unavailable'; true",
@@ -63,7 +64,7 @@ async def test_a_fork_bomb_is_contained_and_the_session_survives(isolation):
 
 @pytest.mark.parametrize("isolation", ISOLATIONS)
 async def test_a_memory_hog_is_killed_and_reported(isolation):
-    async with AgentEnv.from_config(config(isolation)) as env:
+    async with open_env(config(isolation)) as env:
         obs = await env.run_action(
             "python3 -c 'b = bytearray(2 * 1024 ** 3)'; echo exit=$?", timeout=60
         )
@@ -74,7 +75,7 @@ async def test_a_memory_hog_is_killed_and_reported(isolation):
 
 @pytest.mark.parametrize("isolation", ISOLATIONS)
 async def test_a_disk_filler_stops_at_the_disk_limit(isolation):
-    async with AgentEnv.from_config(config(isolation)) as env:
+    async with open_env(config(isolation)) as env:
         obs = await env.run_action("head -c 200M /dev/zero > big; echo exit=$?", timeout=60)
         assert "No space left on device" in obs.output and "exit=1" in obs.output
         size = (env.deployment.root / "work" / "big").stat().st_size
@@ -86,7 +87,7 @@ async def test_a_disk_filler_stops_at_the_disk_limit(isolation):
 
 
 async def test_bubblewrap_root_is_not_host_root_for_host_files(tmp_path):
-    async with AgentEnv.from_config({"type": "host", "isolation": "bwrap"}) as env:
+    async with open_env({"type": "host", "isolation": "bwrap"}) as env:
         obs = await env.run_action("id -u; cat /etc/shadow; touch mine", timeout=30)
         assert obs.output.startswith("0\n")  # root inside...
         assert "Permission denied" in obs.output  # ...but not for the host's files
@@ -105,7 +106,7 @@ async def test_binds_are_visible_wherever_they_point(where, tmp_path):
         writable.mkdir()
         os.chown(writable, SANDBOX_UID, SANDBOX_UID)  # the sandbox's root is this host uid
         settings = {"ro_binds": [str(data)], "binds": [f"{writable}:/data/out"]}
-        async with AgentEnv.from_config({"type": "host", "isolation": "bwrap", **settings}) as env:
+        async with open_env({"type": "host", "isolation": "bwrap", **settings}) as env:
             obs = await env.run_action(
                 f"cat {data}/hello.txt; echo x > {data}/no 2>&1; echo made > /data/out/f",
                 timeout=30,
@@ -123,7 +124,7 @@ async def test_host_secrets_never_enter_the_sandbox(isolation, monkeypatch):
     monkeypatch.setenv("OPENAI_API_KEY", "sk-secret-of-the-host")
     monkeypatch.setenv("UNIAGENT_TEST_PASSED", "yes")
     settings = {"pass_env": ["UNIAGENT_TEST_*"]}
-    async with AgentEnv.from_config({"type": "host", "isolation": isolation, **settings}) as env:
+    async with open_env({"type": "host", "isolation": isolation, **settings}) as env:
         obs = await env.run_action("env", timeout=30)
     assert "sk-secret-of-the-host" not in obs.output
     assert "UNIAGENT_TEST_PASSED=yes" in obs.output
@@ -131,7 +132,7 @@ async def test_host_secrets_never_enter_the_sandbox(isolation, monkeypatch):
 
 @pytest.mark.parametrize("isolation", ISOLATIONS)
 async def test_every_process_ends_at_close_setsid_and_daemons_too(isolation):
-    env = AgentEnv.from_config(config(isolation))
+    env = open_env(config(isolation))
     await env.start()
     await env.run_action(
         "setsid sleep 1000 >/dev/null 2>&1 < /dev/null & "
@@ -147,7 +148,7 @@ async def test_every_process_ends_at_close_setsid_and_daemons_too(isolation):
 
 
 async def test_the_default_is_bubblewrap_where_it_works():
-    async with AgentEnv.from_config({"type": "host"}) as env:
+    async with open_env({"type": "host"}) as env:
         assert env.workdir == "/uniagent/work"
         assert (await env.run_action("hostname", timeout=30)).output == "sandbox\n"
 
@@ -163,11 +164,11 @@ def test_a_bind_into_the_sandboxs_own_dirs_is_refused_when_the_config_loads(isol
 
 async def test_without_bubblewrap_the_default_runs_unisolated_with_a_warning(caplog):
     cfg = {"type": "host", "bwrap": "no-such-bwrap-here"}
-    async with AgentEnv.from_config(cfg) as env:
+    async with open_env(cfg) as env:
         assert env.workdir != "/uniagent/work"
     assert "WITHOUT isolation" in caplog.text
     with pytest.raises(Exception, match="no-such-bwrap-here"):
-        async with AgentEnv.from_config({**cfg, "isolation": "bwrap"}):
+        async with open_env({**cfg, "isolation": "bwrap"}):
             pass
 
 
@@ -197,9 +198,9 @@ def test_a_killed_runs_sandboxes_are_found_and_removed(tmp_path):
     script = textwrap.dedent(
         f"""
         import asyncio, sys
-        from uniagent.env import AgentEnv
+        from uniagent import open_env
         async def main():
-            env = AgentEnv.from_config({{"type": "host", "isolation": sys.argv[1],
+            env = open_env({{"type": "host", "isolation": sys.argv[1],
                                         "base_dir": {str(base)!r}}})
             await env.start()
             await env.run_action("setsid sleep 1000 >/dev/null 2>&1 < /dev/null &", timeout=30)

@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 from pydantic import BaseModel
 
-from uniagent import ToolSpec
+from uniagent import ToolSpec, open_env
 from uniagent.env import ActionTimeoutError, AgentEnv, EnvStartError, LocalDeployment
 from uniagent.env.local import LocalDeploymentConfig
 from uniagent.testing.images import TEST_IMAGE, engine_with_test_image, run
@@ -73,7 +73,7 @@ async def test_a_missing_image_fails_to_start_with_the_reason(engine: str) -> No
     config = {"type": "local", "image": "localhost/uniagent-no-such-image:1", "engine": engine,
               "pull": "never", "retries": 1, "startup_timeout": 30}  # fmt: skip
     with pytest.raises(EnvStartError) as info:
-        await AgentEnv.from_config(config).start()
+        await open_env(config).start()
     assert "2 tries" in str(info.value)
 
 

@@ -19,7 +19,7 @@ import pytest_asyncio
 import swerex  # noqa: F401 - the swerex extra is part of the core test environment
 from pydantic import BaseModel
 
-from uniagent import ToolSpec
+from uniagent import ToolSpec, open_env
 from uniagent.env import (
     ActionSyntaxError,
     ActionTimeoutError,
@@ -74,7 +74,7 @@ def server() -> Iterator[dict[str, Any]]:
 
 @pytest_asyncio.fixture
 async def env(server: dict[str, Any]) -> AsyncIterator[AgentEnv]:
-    async with AgentEnv.from_config(server, {"workdir": "/tmp"}) as env:
+    async with open_env(server, {"workdir": "/tmp"}) as env:
         yield env
 
 
@@ -122,7 +122,7 @@ async def test_files_and_tools(env: AgentEnv, tmp_path: Path) -> None:
 
 
 async def test_exit_is_terminal_not_alive(server: dict[str, Any]) -> None:
-    async with AgentEnv.from_config(server) as env:
+    async with open_env(server) as env:
         with pytest.raises(TerminalNotAliveError):
             await env.run_action("exit 0")
             await env.run_action("echo still here?")  # SWE-ReX may notice only on the next call
@@ -131,7 +131,7 @@ async def test_exit_is_terminal_not_alive(server: dict[str, Any]) -> None:
 async def test_a_wrong_token_is_a_start_error(server: dict[str, Any]) -> None:
     config = {**server, "auth_token": "wrong", "startup_timeout": 2}
     with pytest.raises(EnvStartError, match="did not answer"):
-        await AgentEnv.from_config(config).start()
+        await open_env(config).start()
 
 
 async def test_start_waits_for_a_server_that_comes_up_later() -> None:

@@ -16,7 +16,8 @@ from collections.abc import Iterator
 
 import pytest
 
-from uniagent.env import AgentEnv, use_pidfd_child_watcher
+from uniagent import open_env
+from uniagent.env import use_pidfd_child_watcher
 from uniagent.registry import get_registry
 
 ENVS = 200
@@ -55,7 +56,7 @@ async def test_200_host_envs_share_one_event_loop(callback_cpu: list[float]) -> 
     callback_cpu.clear()
 
     async def episode(i: int) -> list[str]:
-        async with AgentEnv.from_config({"type": "host"}) as env:
+        async with open_env({"type": "host"}) as env:
             await env.run_action(f"export EPISODE={i}")
             outputs = []
             for j in range(COMMANDS):

@@ -9,13 +9,13 @@ from typing import Any
 
 import pytest
 
-from uniagent import RewardSpec, hookimpl
+from uniagent import RewardSpec, hookimpl, open_env
 from uniagent.env import AgentEnv
 from uniagent.grading.grader import GradingInfraError
 from uniagent.grading.integrity import split_patch, toolchain_changes
-from uniagent.grading.rules import PYTHON_HARNESS, RuleSet, literal_pattern, runner_section
-from uniagent.grading.settings import IntegrityDefaults, Workspace
 from uniagent.plugins import load_plugins, reset_plugins
+from uniagent.protect.rules import PYTHON_HARNESS, RuleSet, literal_pattern, runner_section
+from uniagent.protect.settings import IntegrityDefaults, Workspace
 from uniagent.reward import RewardContext, RewardInfraError, RewardResult
 from uniagent.testing.grading import grade, prepare_grader
 
@@ -73,7 +73,7 @@ def test_rewards():
 
 @pytest.fixture
 async def env() -> AsyncIterator[AgentEnv]:
-    sandbox = AgentEnv.from_config({"type": "host", "isolation": "none"}, {"post_setup": [SETUP]})
+    sandbox = open_env({"type": "host", "isolation": "none"}, {"post_setup": [SETUP]})
     await sandbox.start()
     try:
         yield sandbox
@@ -82,7 +82,7 @@ async def env() -> AsyncIterator[AgentEnv]:
 
 
 def fresh_env() -> AgentEnv:
-    return AgentEnv.from_config({"type": "host", "isolation": "none"}, {"post_setup": [SETUP]})
+    return open_env({"type": "host", "isolation": "none"}, {"post_setup": [SETUP]})
 
 
 async def act(env: AgentEnv, *commands: str) -> None:
@@ -194,7 +194,7 @@ async def test_history_scrub_leaves_nothing_that_holds_the_fix():
         f"printf %s {shlex.quote(FIXED)} > calc.py && git commit -qam fix && git tag v-fix && "
         "git checkout -q - && printf %s " + shlex.quote(FIXED) + " > calc.py && git stash -q"
     )
-    env = AgentEnv.from_config({"type": "host", "isolation": "none"}, {"post_setup": [setup]})
+    env = open_env({"type": "host", "isolation": "none"}, {"post_setup": [setup]})
     await env.start()
     try:
         grader = await prepare_grader(env, "scrubbed_command", {})
@@ -266,7 +266,7 @@ async def test_fresh_grading_of_an_unfixed_repo_scores_zero(env):
 
 async def test_a_fresh_sandbox_that_cannot_start_is_infrastructure(env):
     def broken() -> AgentEnv:
-        return AgentEnv.from_config({"type": "host"}, {"post_setup": ["exit 9"]})
+        return open_env({"type": "host"}, {"post_setup": ["exit 9"]})
 
     grader = await prepare_grader(env, "scrubbed_command", {}, grade_in="fresh",
                                   fresh_env=broken)

@@ -14,14 +14,13 @@ from typing import Any
 import pytest
 from pydantic import BaseModel, Field
 
-from uniagent import ToolSpec, hookimpl
+from uniagent import ToolSpec, get_parser, hookimpl, open_env
 from uniagent.config import AgentConfig, InteractionConfig
-from uniagent.env import AgentEnv
 from uniagent.episode import run_episode
-from uniagent.interaction.exit import ExitReason
+from uniagent.exit import ExitReason
 from uniagent.interaction.loop import AgentInteraction
 from uniagent.models.base import ModelError
-from uniagent.parsers import HermesParser, get_parser
+from uniagent.parsers import HermesParser
 from uniagent.plugins import load_plugins, reset_plugins
 from uniagent.resolve import resolve
 from uniagent.testing.scripted import ScriptedTokenModel, hermes_call, logprob_for
@@ -207,7 +206,7 @@ async def test_timeouts_within_budget_recover_then_spending_it_ends(qwen3_tokeni
 
 
 async def test_the_agent_ending_its_own_shell_is_trained_on_with_reward_zero(qwen3_tokenizer):
-    reward = {"name": "command", "config": {"command": "true"}}
+    reward = {"name": "command", "settings": {"command": "true"}}
     for command in ("exit 3", "kill -9 $$", "exec true"):
         script = [hermes_call("shell", {"command": command})]
         result, _ = await episode(qwen3_tokenizer, script, reward=reward)
@@ -219,7 +218,7 @@ async def test_the_agent_ending_its_own_shell_is_trained_on_with_reward_zero(qwe
 async def test_a_sandbox_dying_under_a_command_is_terminal_not_alive_and_masked(
     qwen3_tokenizer,
 ):
-    env = AgentEnv.from_config({"type": "host"})
+    env = open_env({"type": "host"})
     await env.start()
     started = env.deployment.root / "work" / "started"
 
@@ -315,7 +314,7 @@ async def test_failing_reward_is_reward_error_and_masked(qwen3_tokenizer):
 
 async def test_reward_runs_in_the_still_open_sandbox(qwen3_tokenizer):
     script = [hermes_call("shell", {"command": "echo fixed > state"}), hermes_call("done")]
-    reward = {"name": "command", "config": {"command": "grep -q fixed state"}}
+    reward = {"name": "command", "settings": {"command": "grep -q fixed state"}}
     result, _ = await episode(qwen3_tokenizer, script, reward=reward)
     assert result.exit_reason is ExitReason.FINISHED
     assert result.reward == 1.0 and result.reward_info["exit_code"] == 0
@@ -360,7 +359,7 @@ async def test_loop_alone_on_an_open_env(qwen3_tokenizer):
     model = ScriptedTokenModel(
         qwen3_tokenizer, [hermes_call("shell", {"command": "pwd"}), hermes_call("done")]
     )
-    async with AgentEnv.from_config({"type": "host"}) as env:
+    async with open_env({"type": "host"}) as env:
         cache = model.start_cache(
             [{"role": "user", "content": "hi"}], [t.openai_schema() for t in TOOLS]
         )
@@ -440,7 +439,7 @@ async def test_token_backends_stop_at_the_parsers_stop_sequences(qwen3_tokenizer
         ['<tool_call>\n{"name": "done", "arguments": {}}\n</tool_call>\nObservation: I win'],
         sampling_params={"max_tokens": 200},
     )
-    env = AgentEnv.from_config({"type": "host", "isolation": "none"})
+    env = open_env({"type": "host", "isolation": "none"})
     await env.start()
     try:
         loop = AgentInteraction(model, env, TOOLS, ReActish(), InteractionConfig())

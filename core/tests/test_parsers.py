@@ -12,7 +12,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from pydantic import BaseModel, ConfigDict, Field
 
-from uniagent import ToolSpec
+from uniagent import ToolSpec, get_parser
 from uniagent.parsers import (
     HermesParser,
     ParseResult,
@@ -20,7 +20,6 @@ from uniagent.parsers import (
     ToolCall,
     ToolCallFormatError,
     ToolCallParser,
-    get_parser,
     tool_calls_from_openai,
 )
 from uniagent.parsers.base import ErrorKind

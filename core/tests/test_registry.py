@@ -75,14 +75,16 @@ def test_external_override_wins_whatever_the_registration_order():
         assert Registry(manager).tools()["grep"].distribution == "uniagent-tools-better"
 
 
-def test_unknown_name_lists_installed_and_the_providing_package():
+def test_unknown_name_lists_installed_suggests_a_close_one_and_names_no_plugin():
     manager = PluginManager()
     manager.register(tools_plugin("grep", "ls"), "uniagent-tools-one")
     with pytest.raises(UnknownPluginNameError) as err:
-        Registry(manager).tools()["str_replace_editor"]
+        Registry(manager).tools()["grpe"]
     message = str(err.value)
     assert "grep, ls" in message
-    assert "pip install uniagent-tools-swe" in message
+    assert "Did you mean 'grep'?" in message
+    # The core names no plugin: where to find one is the docs' job.
+    assert "uniagent-tools" not in message and "First-party plugins" in message
 
 
 def test_unknown_name_without_known_provider_points_at_plugins_command():
@@ -144,14 +146,14 @@ def test_single_backend_union_still_checks_the_type():
         adapter.validate_python({"type": "beta", "image": "x"})
 
 
-def test_missing_modal_plugin_error_names_installed_types_and_the_package():
+def test_missing_modal_plugin_error_names_installed_types_and_where_to_look():
     manager = PluginManager()
     manager.register(deployments_plugin(AlphaConfig, BetaConfig), "uniagent-deploy-ab")
     registry = Registry(manager)
     with pytest.raises(ConfigError) as err:
         registry.validate_deployment_config({"type": "modal"})
     assert "alpha, beta" in str(err.value)
-    assert "uniagent-deploy-modal" in str(err.value)
+    assert "First-party plugins" in str(err.value)
     with pytest.raises(ValidationError, match="uniagent-deploy-modal"):
         registry.deployment_config_adapter().validate_python({"type": "modal"})
 

@@ -23,7 +23,6 @@ from uniagent.run.tasks import Task
 from uniagent.services import (
     ServiceStartError,
     ensure_services,
-    resolve_services,
     running_services,
     stop_service,
 )
@@ -72,7 +71,7 @@ def recorder():
 
     @hookimpl
     def uniagent_services():
-        return [ServiceSpec(name="marker", start=rec.start, config=MarkerSettings)]
+        return [ServiceSpec(name="marker", start=rec.start, settings=MarkerSettings)]
 
     @hookimpl
     def uniagent_tools():
@@ -143,14 +142,14 @@ async def test_run_starts_a_service_once_before_the_first_episode_and_stops_it_a
 async def test_concurrent_episodes_start_a_service_once(recorder, tmp_path):
     config = config_for(tmp_path / "marker")
     recorder.gate = asyncio.Event()
-    waiting = [asyncio.create_task(ensure_services(config)) for _ in range(20)]
+    waiting = [asyncio.create_task(ensure_services(resolve(config))) for _ in range(20)]
     while not recorder.events:  # the first caller is inside start(), the rest queue behind it
         await asyncio.sleep(0)
     recorder.gate.set()
     await asyncio.gather(*waiting)
-    await ensure_services(config)
+    await ensure_services(resolve(config))
     assert recorder.events == ["start"]
-    for spec, settings in resolve_services(config.services):
+    for spec, settings in resolve(config).services:
         await stop_service(spec, settings)
     assert recorder.events == ["start", "stop"]
 
@@ -159,14 +158,14 @@ async def test_a_failed_start_is_a_service_error_and_the_next_call_tries_again(r
     config = config_for(tmp_path / "marker", fail=True)
     for _ in range(2):
         with pytest.raises(ServiceStartError, match="'marker'.*test-services.*port in use"):
-            await ensure_services(config)
+            await ensure_services(resolve(config))
     assert recorder.events == ["start", "start"]
 
 
 async def test_running_services_stops_what_it_started_when_the_block_fails(recorder, tmp_path):
     config = config_for(tmp_path / "marker")
     with pytest.raises(KeyError):
-        async with running_services(config):
+        async with running_services(resolve(config)):
             assert (tmp_path / "marker").read_text() == "up"
             raise KeyError("the run failed")
     assert recorder.events == ["start", "stop"]

@@ -1,117 +1,119 @@
 """uniagent: build, run and train tool-using LLM agents.
 
-This module is the front door for plugin authors: everything a plugin needs
-(the records and ``hookimpl``, the reward and grading types, tool calls and
-parsers, the sandbox protocols and ``AgentEnv``, the errors, the registry
-look-ups) is importable from ``uniagent`` itself; ``uniagent.testing`` holds the
-test helpers. Deeper module paths are internal and may change in any release
-(see docs/plugins.md for the compatibility policy).
+The front door for plugin authors and users: the records and ``hookimpl``, the
+config and its resolve step, opening a sandbox, tool calls and parsers, the reward
+and grading types, the errors. Backend authors also use :mod:`uniagent.sandbox`
+(the typed ``Runtime``/``Deployment`` protocols, their request models, the kill and
+retry helpers); tests use :mod:`uniagent.testing`. Deeper module paths are internal
+and may change in any release (docs/plugins.md, "Compatibility").
+
+Names load on first use: ``import uniagent`` (or ``uniagent.errors``) imports no
+sandbox backend, no grader and no runner.
 """
 
 from __future__ import annotations
 
+import importlib
+import warnings
 from importlib.metadata import PackageNotFoundError, version
-
-from uniagent.config import AgentConfig
-from uniagent.env import AgentEnv, EnvConfig, HostDeployment, HostDeploymentConfig, Observation
-from uniagent.env.errors import (
-    ActionSyntaxError,
-    ActionTimeoutError,
-    CommandEncodingError,
-    CommandTimeoutError,
-    EnvError,
-    EnvStartError,
-    NonZeroExitError,
-    ShellKilledError,
-    TerminalNotAliveError,
-    ToolInstallError,
-)
-from uniagent.env.host import SANDBOX_UID
-from uniagent.env.killall import kill_all_but_ancestors
-from uniagent.env.remote import make_runtime, retrying_runtime_class
-from uniagent.env.runtime import (
-    BashAction,
-    BashInterruptAction,
-    BashObservation,
-    CloseBashSessionRequest,
-    Command,
-    CommandResponse,
-    CreateBashSessionRequest,
-    Deployment,
-    IsAliveResponse,
-    ReadFileRequest,
-    Runtime,
-    UploadRequest,
-    WriteFileRequest,
-)
-from uniagent.errors import (
-    ConfigError,
-    PluginConflictError,
-    PluginLoadError,
-    UniAgentError,
-    UnknownPluginNameError,
-)
-from uniagent.grading.integrity import GradingSetupError
-from uniagent.grading.rules import ContentRule, ProtectRule
-from uniagent.grading.sandbox import GradingOutput, GradingSandbox
-from uniagent.grading.settings import IntegrityDefaults, Workspace
-from uniagent.hookspecs import hookimpl
-from uniagent.interaction.exit import ExitReason
-from uniagent.parsers import (
-    ErrorKind,
-    ParseResult,
-    ToolCall,
-    ToolCallFormatError,
-    ToolCallParser,
-    get_parser,
-    tool_calls_from_openai,
-    validate_call,
-)
-from uniagent.parsers.base import check_count, example_call, format_error
-from uniagent.plugins import load_plugins, reset_plugins
-from uniagent.registry import (
-    get_deployments,
-    get_rewards,
-    get_services,
-    get_tool_parsers,
-    get_tools,
-    validate_deployment_config,
-)
-from uniagent.resolve import ResolvedAgent, resolve
-from uniagent.reward import RewardContext, RewardInfraError, RewardResult
-from uniagent.services import ServiceStartError, running_services
-from uniagent.specs import (
-    DeploymentSpec,
-    ParserSpec,
-    RewardSpec,
-    RunningService,
-    ServiceSpec,
-    ToolSpec,
-)
+from typing import TYPE_CHECKING, Any
 
 try:
     __version__ = version("uniagent")
 except PackageNotFoundError:  # running from a source tree without an install
     __version__ = "0.0.0+unknown"
 
+#: Each public name and the module that defines it (imported on first access).
+_EXPORTS: dict[str, str] = {
+    # the plugin contract
+    "hookimpl": "uniagent.hookspecs",
+    "ToolSpec": "uniagent.specs",
+    "DeploymentSpec": "uniagent.specs",
+    "ParserSpec": "uniagent.specs",
+    "RewardSpec": "uniagent.specs",
+    "ServiceSpec": "uniagent.specs",
+    "RunningService": "uniagent.specs",
+    # plugins and their look-ups
+    "load_plugins": "uniagent.plugins",
+    "reset_plugins": "uniagent.plugins",
+    "get_registry": "uniagent.registry",
+    "get_parser": "uniagent.registry",
+    # configs, the one resolve step, sandboxes from config
+    "AgentConfig": "uniagent.config",
+    "EnvConfig": "uniagent.env.config",
+    "resolve": "uniagent.resolve",
+    "ResolvedAgent": "uniagent.resolve",
+    "open_env": "uniagent.resolve",
+    "AgentEnv": "uniagent.env.agent_env",
+    "Observation": "uniagent.env.agent_env",
+    "ExitReason": "uniagent.exit",
+    # tool calls
+    "ToolCall": "uniagent.parsers.base",
+    "ToolCallParser": "uniagent.parsers.base",
+    "ToolCallFormatError": "uniagent.parsers.base",
+    "ParseResult": "uniagent.parsers.base",
+    "ErrorKind": "uniagent.parsers.base",
+    "tool_calls_from_openai": "uniagent.parsers.base",
+    "validate_call": "uniagent.parsers.base",
+    "check_count": "uniagent.parsers.base",
+    "example_call": "uniagent.parsers.base",
+    "format_error": "uniagent.parsers.base",
+    # rewards and what the grader protects
+    "RewardContext": "uniagent.reward",
+    "RewardResult": "uniagent.reward",
+    "RewardInfraError": "uniagent.reward",
+    "GradingSandbox": "uniagent.grading.sandbox",
+    "GradingOutput": "uniagent.grading.sandbox",
+    "GradingSetupError": "uniagent.grading.integrity",
+    "Workspace": "uniagent.protect.settings",
+    "IntegrityDefaults": "uniagent.protect.settings",
+    "ContentRule": "uniagent.protect.rules",
+    "ProtectRule": "uniagent.protect.rules",
+    # services
+    "running_services": "uniagent.services",
+    "ServiceStartError": "uniagent.services",
+    # errors
+    "UniAgentError": "uniagent.errors",
+    "ConfigError": "uniagent.errors",
+    "PluginLoadError": "uniagent.errors",
+    "PluginConflictError": "uniagent.errors",
+    "UnknownPluginNameError": "uniagent.errors",
+    "EnvError": "uniagent.env.errors",
+    "EnvStartError": "uniagent.env.errors",
+    "ToolInstallError": "uniagent.env.errors",
+    "TerminalNotAliveError": "uniagent.env.errors",
+    "ShellKilledError": "uniagent.env.errors",
+    "CommandTimeoutError": "uniagent.env.errors",
+}
+
+#: Names that left the front door in 0.3 (still served until 0.4, with a warning).
+_MOVED: dict[str, str] = {
+    **{
+        name: "uniagent.sandbox"
+        for name in (
+            "SANDBOX_UID", "kill_all_but_ancestors", "make_runtime", "retrying_runtime_class",
+            "Runtime", "Deployment", "HostDeployment", "HostDeploymentConfig", "BashAction",
+            "BashInterruptAction", "BashObservation", "CloseBashSessionRequest", "Command",
+            "CommandResponse", "CreateBashSessionRequest", "IsAliveResponse",
+            "ReadFileRequest", "UploadRequest", "WriteFileRequest", "ActionSyntaxError",
+            "ActionTimeoutError", "CommandEncodingError", "NonZeroExitError",
+        )
+    },
+    **{
+        name: "uniagent.registry"
+        for name in (
+            "get_tools", "get_deployments", "get_tool_parsers", "get_rewards",
+            "get_services", "validate_deployment_config",
+        )
+    },
+}
+
 __all__ = [
-    "SANDBOX_UID",
-    "ActionSyntaxError",
-    "ActionTimeoutError",
     "AgentConfig",
     "AgentEnv",
-    "BashAction",
-    "BashInterruptAction",
-    "BashObservation",
-    "CloseBashSessionRequest",
-    "Command",
-    "CommandEncodingError",
-    "CommandResponse",
     "CommandTimeoutError",
     "ConfigError",
     "ContentRule",
-    "CreateBashSessionRequest",
-    "Deployment",
     "DeploymentSpec",
     "EnvConfig",
     "EnvError",
@@ -121,25 +123,19 @@ __all__ = [
     "GradingOutput",
     "GradingSandbox",
     "GradingSetupError",
-    "HostDeployment",
-    "HostDeploymentConfig",
     "IntegrityDefaults",
-    "IsAliveResponse",
-    "NonZeroExitError",
     "Observation",
     "ParseResult",
     "ParserSpec",
     "PluginConflictError",
     "PluginLoadError",
     "ProtectRule",
-    "ReadFileRequest",
     "ResolvedAgent",
     "RewardContext",
     "RewardInfraError",
     "RewardResult",
     "RewardSpec",
     "RunningService",
-    "Runtime",
     "ServiceSpec",
     "ServiceStartError",
     "ShellKilledError",
@@ -151,28 +147,94 @@ __all__ = [
     "ToolSpec",
     "UniAgentError",
     "UnknownPluginNameError",
-    "UploadRequest",
     "Workspace",
-    "WriteFileRequest",
     "__version__",
     "check_count",
     "example_call",
     "format_error",
-    "get_deployments",
     "get_parser",
-    "get_rewards",
-    "get_services",
-    "get_tool_parsers",
-    "get_tools",
+    "get_registry",
     "hookimpl",
-    "kill_all_but_ancestors",
     "load_plugins",
-    "make_runtime",
+    "open_env",
     "reset_plugins",
     "resolve",
-    "retrying_runtime_class",
     "running_services",
     "tool_calls_from_openai",
     "validate_call",
-    "validate_deployment_config",
 ]
+
+
+def __getattr__(name: str) -> Any:
+    module = _EXPORTS.get(name)
+    if module is None and name in _MOVED:
+        module = _MOVED[name]
+        if module == "uniagent.sandbox":  # the registry's old look-ups warn when called
+            warnings.warn(
+                f"uniagent.{name} moved to {module}.{name} in uniagent 0.3; the old name "
+                "goes in 0.4",
+                DeprecationWarning,
+                stacklevel=2,
+            )
+    if module is None:
+        raise AttributeError(f"module 'uniagent' has no attribute {name!r}")
+    value = getattr(importlib.import_module(module), name)
+    if name in _EXPORTS:
+        globals()[name] = value  # later look-ups skip __getattr__
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted([*globals(), *_EXPORTS])
+
+
+if TYPE_CHECKING:  # pragma: no cover - what type checkers and IDEs see
+    from uniagent.config import AgentConfig
+    from uniagent.env.agent_env import AgentEnv, Observation
+    from uniagent.env.config import EnvConfig
+    from uniagent.env.errors import (
+        CommandTimeoutError,
+        EnvError,
+        EnvStartError,
+        ShellKilledError,
+        TerminalNotAliveError,
+        ToolInstallError,
+    )
+    from uniagent.errors import (
+        ConfigError,
+        PluginConflictError,
+        PluginLoadError,
+        UniAgentError,
+        UnknownPluginNameError,
+    )
+    from uniagent.exit import ExitReason
+    from uniagent.grading.integrity import GradingSetupError
+    from uniagent.grading.sandbox import GradingOutput, GradingSandbox
+    from uniagent.hookspecs import hookimpl
+    from uniagent.parsers.base import (
+        ErrorKind,
+        ParseResult,
+        ToolCall,
+        ToolCallFormatError,
+        ToolCallParser,
+        check_count,
+        example_call,
+        format_error,
+        tool_calls_from_openai,
+        validate_call,
+    )
+    from uniagent.plugins import load_plugins, reset_plugins
+    from uniagent.protect.rules import ContentRule, ProtectRule
+    from uniagent.protect.settings import IntegrityDefaults, Workspace
+    from uniagent.registry import get_parser, get_registry
+    from uniagent.resolve import ResolvedAgent, open_env, resolve
+    from uniagent.reward import RewardContext, RewardInfraError, RewardResult
+    from uniagent.services import ServiceStartError, running_services
+    from uniagent.specs import (
+        DeploymentSpec,
+        ParserSpec,
+        RewardSpec,
+        RunningService,
+        ServiceSpec,
+        ToolSpec,
+    )

@@ -104,29 +104,19 @@ def cmd_run(args: argparse.Namespace) -> int:
     from uniagent.config import AgentConfig
     from uniagent.models import check_spec, from_spec
     from uniagent.resolve import resolve
+    from uniagent.run.options import RunOptions
     from uniagent.run.progress import Progress
     from uniagent.run.runner import exit_status, run_sync
     from uniagent.run.summary import format_summary
     from uniagent.run.tasks import load_tasks
 
     config = AgentConfig.from_yaml(args.config)
-    agent = resolve(config, source=args.config)  # any typo: exit 2 before a sandbox starts
+    # Resolved once, here, and handed down: any typo exits 2 before a sandbox starts.
+    agent = resolve(config, source=args.config)
     # The model spec as text (options, paths, fit with the parser): exit 2 before anything.
     check_spec(args.model, agent.new_parser(), sampling=config.sampling)
     check_api_key_env(args.model, args.api_key_env)
-    tasks, bad_rows = load_tasks(args.data)
-    options: dict[str, Any] = {"sampling_params": dict(config.sampling)}
-    if args.api_key_env:
-        options["api_key_env"] = args.api_key_env
-    factory = functools.partial(from_spec, args.model, **options)
-    out = Path(args.out)
-    progress = Progress.for_stream(verbose=args.verbose)
-    summary = run_sync(
-        config,
-        tasks,
-        bad_rows,
-        factory,
-        out,
+    run_options = RunOptions(
         concurrency=args.concurrency,
         n=args.n,
         limit=args.limit,
@@ -140,8 +130,15 @@ def cmd_run(args: argparse.Namespace) -> int:
         config_path=str(args.config),
         ray_address=args.ray,
         ray_workers=args.workers,
-        progress=progress,
     )
+    tasks, bad_rows = load_tasks(args.data)
+    options: dict[str, Any] = {"sampling_params": dict(config.sampling)}
+    if args.api_key_env:
+        options["api_key_env"] = args.api_key_env
+    factory = functools.partial(from_spec, args.model, **options)
+    out = Path(args.out)
+    progress = Progress.for_stream(verbose=args.verbose)
+    summary = run_sync(agent, tasks, bad_rows, factory, out, run_options, progress=progress)
     print(format_summary(summary))
     print(f"results: {out / 'results.jsonl'}; summary: {out / 'summary.json'}")
     status = exit_status(summary)
@@ -222,13 +219,16 @@ def cmd_data_prepare(args: argparse.Namespace) -> int:
 
 
 def cmd_clean(args: argparse.Namespace) -> int:
-    """Remove what killed runs left behind: host sandboxes and containers of dead owners."""
-    from uniagent.env.containers import remove_leftovers
-    from uniagent.env.host import cleanup_leftovers
+    """Remove what killed runs left behind: each backend's sandboxes of dead owners."""
+    from uniagent.env.host import HostDeploymentConfig
+    from uniagent.registry import get_registry
 
-    removed = cleanup_leftovers(args.base_dir)
-    if not args.no_containers:
-        removed += remove_leftovers()
+    removed: list[str] = []
+    for name, spec in get_registry().deployments().items():
+        if spec.cleanup is None or (args.no_containers and name != "host"):
+            continue
+        config = HostDeploymentConfig(base_dir=args.base_dir) if name == "host" else None
+        removed += spec.cleanup(config, [])
     for item in removed:
         print(f"removed {item}")
     if not removed:

@@ -10,17 +10,26 @@ every plugin's settings against what is installed, before any sandbox starts.
 from __future__ import annotations
 
 import copy
+import warnings
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any, Literal
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, ValidationError, field_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    PrivateAttr,
+    ValidationError,
+    field_validator,
+    model_validator,
+)
 
 from uniagent.env.config import EnvConfig
 from uniagent.errors import ConfigError
-from uniagent.grading.settings import GradeIn, IntegritySettings
-from uniagent.interaction.exit import DEFAULT_EXIT_POLICY, ExitReason, Treatment
+from uniagent.exit import DEFAULT_EXIT_POLICY, ExitReason, Treatment
+from uniagent.protect.settings import GradeIn, IntegritySettings
 
 #: Keys of the exit policy: every exit reason, and ``inexact_tokens`` (a trajectory whose
 #: token ids are not what the model saw; masked by default).
@@ -53,20 +62,9 @@ class InteractionConfig(_Strict):
     )
 
 
-class EnvSection(EnvConfig):
-    """The sandbox: a deployment (by ``type``, checked by the resolve step) plus env settings."""
-
-    model_config = ConfigDict(extra="forbid", frozen=True)
-
-    deployment: dict[str, Any] = Field(
-        default_factory=lambda: {"type": "host"},
-        description="the sandbox backend: `type` names an installed deployment, the rest is "
-        "its config",
-    )
-
-    def settings(self) -> EnvConfig:
-        """The environment settings besides the deployment."""
-        return EnvConfig.model_validate(self.model_dump(exclude={"deployment"}))
+#: Deprecated name of :class:`~uniagent.env.config.EnvConfig` (until 0.4): the ``env``
+#: section and the environment settings are one model now.
+EnvSection = EnvConfig
 
 
 class ToolRef(_Strict):
@@ -80,7 +78,9 @@ class RewardConfig(_Strict):
     """Which reward runs at the end of an episode, its settings, and how it is graded."""
 
     name: str
-    config: dict[str, Any] = Field(default_factory=dict)
+    settings: dict[str, Any] = Field(
+        default_factory=dict, description="the reward's own settings (checked by its model)"
+    )
     grade_in: GradeIn = Field(
         "episode",
         description="'episode': grade in the episode's sandbox after stopping the agent's "
@@ -88,6 +88,23 @@ class RewardConfig(_Strict):
         "from the task's deployment and set-up, and grade there",
     )
     integrity: IntegritySettings = IntegritySettings()
+
+    @model_validator(mode="before")
+    @classmethod
+    def _deprecated_config_key(cls, data: Any) -> Any:
+        # ``reward.config`` was the settings' name until 0.2; taken, with a warning, until 0.4.
+        if isinstance(data, Mapping) and "config" in data:
+            data = dict(data)
+            if "settings" in data:
+                raise ValueError("give `settings` (`config` is its deprecated name), not both")
+            warnings.warn(
+                "reward.config is deprecated since uniagent 0.3 and goes in 0.4: "
+                "rename it to reward.settings",
+                FutureWarning,
+                stacklevel=2,
+            )
+            data["settings"] = data.pop("config")
+        return data
 
 
 class AgentConfig(_Strict):
@@ -108,7 +125,7 @@ class AgentConfig(_Strict):
         "{problem_statement}", description="the first user message; task fields in {braces}"
     )
     interaction: InteractionConfig = InteractionConfig()
-    env: EnvSection = EnvSection()
+    env: EnvConfig = EnvConfig()
     reward: RewardConfig | None = None
     exit_policy: dict[PolicyKey, Treatment] = Field(
         default_factory=dict,

@@ -22,7 +22,7 @@ from typing import Any
 from uniagent.config import AgentConfig
 from uniagent.episode import first_messages
 from uniagent.errors import ConfigError
-from uniagent.resolve import resolve
+from uniagent.resolve import ResolvedAgent, resolve
 from uniagent.run.tasks import BadRow, Task, load_tasks
 
 #: ``reward_model.style`` of prepared rows: the reward runs inside the agent loop.
@@ -54,18 +54,17 @@ def _ground_truth(row: Mapping[str, Any]) -> str:
 
 def prepare_row(
     task: Task,
-    config: AgentConfig,
+    agent: ResolvedAgent,
     index: int,
     *,
     agent_name: str = "uniagent",
     data_source: str = "uniagent",
 ) -> dict[str, Any]:
-    """One verl row for ``task`` (``config`` supplies the prompt templates)."""
+    """One verl row for ``task`` (``agent`` supplies the prompt templates)."""
     overrides = task.overrides()
     source = f"task {task.id}: tools_kwargs"
-    task_config = config.with_overrides(overrides, source=source)
     try:
-        messages = first_messages(resolve(task_config, source=source), task.row)
+        messages = first_messages(agent.for_task(overrides, source=source), task.row)
     except ConfigError as exc:
         raise ConfigError(f"task {task.id}: {exc}") from None
     prompt = [{"role": str(m["role"]), "content": str(m["content"])} for m in messages]
@@ -86,14 +85,15 @@ def prepare_row(
 
 def prepare_rows(
     tasks: Sequence[Task],
-    config: AgentConfig,
+    config: AgentConfig | ResolvedAgent,
     *,
     agent_name: str = "uniagent",
     data_source: str = "uniagent",
 ) -> list[dict[str, Any]]:
-    """verl rows for every task, indexed in order."""
+    """verl rows for every task, indexed in order (the config is resolved once)."""
+    agent = resolve(config) if isinstance(config, AgentConfig) else config
     return [
-        prepare_row(task, config, i, agent_name=agent_name, data_source=data_source)
+        prepare_row(task, agent, i, agent_name=agent_name, data_source=data_source)
         for i, task in enumerate(tasks)
     ]
 

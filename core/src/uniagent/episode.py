@@ -17,8 +17,8 @@ from typing import Any
 from uniagent.config import DEFAULT_SYSTEM_PROMPT, AgentConfig
 from uniagent.env import AgentEnv
 from uniagent.errors import ConfigError
+from uniagent.exit import ExitReason
 from uniagent.grading.grader import EpisodeGrader, GradingPlan
-from uniagent.interaction.exit import ExitReason
 from uniagent.interaction.loop import AgentInteraction
 from uniagent.interaction.metrics import EpisodeMetrics
 from uniagent.interaction.prompts import tool_instructions

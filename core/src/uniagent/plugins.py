@@ -363,10 +363,10 @@ def load_plugins() -> PluginManager:
 
 
 def reset_plugins() -> None:
-    """Forget the process-wide manager (tests, or after installing a plugin at run time)."""
+    """Forget the process-wide manager (tests, or after installing a plugin at run time).
+
+    The registry notices: it is rebuilt over the next manager that loads.
+    """
     global _default
     with _default_lock:
         _default = None
-    from uniagent import registry
-
-    registry.reset_registry()

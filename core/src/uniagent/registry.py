@@ -3,10 +3,11 @@
 from __future__ import annotations
 
 import dataclasses
+import difflib
 import threading
 import warnings
 from collections.abc import Iterator, Mapping
-from typing import Annotated, Any, Generic, TypeVar, Union
+from typing import TYPE_CHECKING, Annotated, Any, Generic, TypeVar, Union
 
 from pydantic import BaseModel, BeforeValidator, Field, TypeAdapter, ValidationError
 
@@ -22,28 +23,10 @@ from uniagent.specs import (
     ToolSpec,
 )
 
-R = TypeVar("R", ToolSpec, DeploymentSpec, ParserSpec, RewardSpec, ServiceSpec)
+if TYPE_CHECKING:  # pragma: no cover
+    from uniagent.parsers.base import ToolCallParser
 
-#: Which distribution provides well-known names, for "did you install ...?" hints.
-KNOWN_PROVIDERS: dict[Kind, dict[str, str]] = {
-    "tools": {
-        **{
-            name: "uniagent-tools-swe"
-            for name in ("execute_bash", "str_replace_editor", "submit", "finish")
-        },
-        **{
-            name: "uniagent-tools-search"
-            for name in ("search", "search_arxiv", "fetch_document")
-        },
-    },
-    "deployments": {"modal": "uniagent-deploy-modal"},
-    "tool_parsers": {},
-    "rewards": {
-        **{name: "uniagent-reward-swebench" for name in ("swe_bench", "swe_rebench", "r2e_gym")},
-        "search_qa": "uniagent-tools-search",
-    },
-    "services": {"search": "uniagent-tools-search"},
-}
+R = TypeVar("R", ToolSpec, DeploymentSpec, ParserSpec, RewardSpec, ServiceSpec)
 
 _SINGULAR: dict[Kind, str] = {
     "tools": "tool",
@@ -87,16 +70,17 @@ class Records(Mapping[str, R], Generic[R]):
 
 
 def unknown_name_message(kind: Kind, name: str, installed: Mapping[str, Any]) -> str:
-    """Explain an unknown name: what is installed and which package would provide it."""
+    """Explain an unknown name: a close installed one, what is installed, where to look."""
     what = _SINGULAR[kind]
     listing = ", ".join(sorted(installed)) or "none"
     message = f"unknown {what} {name!r}; installed {kind.replace('_', ' ')}: {listing}."
-    provider = KNOWN_PROVIDERS[kind].get(name)
-    if provider:
-        message += f" {name!r} is provided by {provider}: pip install {provider}"
-    else:
-        message += " Run `uniagent plugins` to see what each installed plugin provides."
-    return message
+    close = difflib.get_close_matches(name, list(installed), n=1)
+    if close:
+        message += f" Did you mean {close[0]!r}?"
+    return message + (
+        f" A plugin may provide {name!r}: `uniagent plugins` lists what each installed one "
+        "provides, and docs/plugins.md (\"First-party plugins\") what each of ours adds."
+    )
 
 
 class Registry:
@@ -231,11 +215,16 @@ _registry_lock = threading.Lock()
 
 
 def get_registry() -> Registry:
-    """The process-wide registry over :func:`uniagent.plugins.load_plugins`."""
+    """The process-wide registry over :func:`uniagent.plugins.load_plugins`.
+
+    It follows the plugin manager: after :func:`uniagent.plugins.reset_plugins`, the next
+    call builds a registry over the manager that loads then.
+    """
     global _registry
+    manager = load_plugins()
     with _registry_lock:
-        if _registry is None:
-            _registry = Registry(load_plugins())
+        if _registry is None or _registry.manager is not manager:
+            _registry = Registry(manager)
         return _registry
 
 
@@ -246,28 +235,47 @@ def reset_registry() -> None:
         _registry = None
 
 
+def get_parser(name: str) -> ToolCallParser:
+    """A new parser of the installed kind ``name`` (raises ``UnknownPluginNameError``)."""
+    return get_registry().tool_parsers()[name].factory()
+
+
+def _deprecated_lookup(name: str, kind: str) -> None:
+    warnings.warn(
+        f"uniagent.{name}() is deprecated since uniagent 0.3 and goes in 0.4: "
+        f"use uniagent.get_registry().{kind}",
+        DeprecationWarning,
+        stacklevel=3,
+    )
+
+
 def get_tools() -> Records[ToolSpec]:
-    """Installed tools by name."""
+    """Deprecated: ``get_registry().tools()``."""
+    _deprecated_lookup("get_tools", "tools()")
     return get_registry().tools()
 
 
 def get_deployments() -> Records[DeploymentSpec]:
-    """Installed deployments by name."""
+    """Deprecated: ``get_registry().deployments()``."""
+    _deprecated_lookup("get_deployments", "deployments()")
     return get_registry().deployments()
 
 
 def get_tool_parsers() -> Records[ParserSpec]:
-    """Installed tool-call parsers by name."""
+    """Deprecated: ``get_registry().tool_parsers()``."""
+    _deprecated_lookup("get_tool_parsers", "tool_parsers()")
     return get_registry().tool_parsers()
 
 
 def get_rewards() -> Records[RewardSpec]:
-    """Installed rewards by name."""
+    """Deprecated: ``get_registry().rewards()``."""
+    _deprecated_lookup("get_rewards", "rewards()")
     return get_registry().rewards()
 
 
 def get_services() -> Records[ServiceSpec]:
-    """Installed services by name."""
+    """Deprecated: ``get_registry().services()``."""
+    _deprecated_lookup("get_services", "services()")
     return get_registry().services()
 
 
@@ -277,5 +285,6 @@ def deployment_config_adapter() -> TypeAdapter[Any]:
 
 
 def validate_deployment_config(data: Mapping[str, Any] | BaseModel) -> BaseModel:
-    """Validate a deployment config against the installed backends."""
+    """Deprecated: ``get_registry().validate_deployment_config(data)``."""
+    _deprecated_lookup("validate_deployment_config", "validate_deployment_config(data)")
     return get_registry().validate_deployment_config(data)

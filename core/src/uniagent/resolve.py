@@ -10,10 +10,20 @@ naming the key path and the source (file, or task)::
 
     agent = resolve(AgentConfig.from_yaml("agent.yaml"), source="agent.yaml")
     per_task = agent.for_task(row["tools_kwargs"], source="task django-123")
+
+A run resolves once per process (``uniagent run``: once; a verl worker: once per agent
+loop) and hands the :class:`ResolvedAgent` down; a task's overrides go through
+:meth:`ResolvedAgent.for_task`, which resolves each distinct override once. Each resolve
+logs one ``resolved ...`` line at DEBUG level on this module's logger.
+
+:func:`open_env` is the one way to open a sandbox from a raw deployment config.
 """
 
 from __future__ import annotations
 
+import json
+import logging
+import threading
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -27,6 +37,11 @@ from uniagent.errors import ConfigError, UnknownPluginNameError
 from uniagent.parsers.base import ToolCallParser
 from uniagent.registry import Registry, get_registry
 from uniagent.specs import DeploymentSpec, ParserSpec, RewardSpec, ServiceSpec, ToolSpec
+
+log = logging.getLogger(__name__)
+
+#: Distinct task overrides each resolved agent keeps resolved (most recently used first).
+FOR_TASK_CACHE = 256
 
 
 @dataclass(frozen=True)
@@ -53,6 +68,12 @@ class ResolvedAgent:
     services: tuple[tuple[ServiceSpec[Any], Any], ...] = ()
     source: str = "config"
     registry: Registry | None = field(default=None, compare=False, repr=False)
+    _per_task: dict[str, ResolvedAgent] = field(
+        default_factory=dict, compare=False, repr=False, init=False
+    )
+    _lock: threading.Lock = field(
+        default_factory=threading.Lock, compare=False, repr=False, init=False
+    )
 
     def new_parser(self) -> ToolCallParser:
         """A fresh tool-call parser (parsers may keep per-episode state)."""
@@ -63,11 +84,37 @@ class ResolvedAgent:
         return AgentEnv(self.deployment.factory(self.deployment_config), self.env)
 
     def for_task(self, overrides: Mapping[str, Any] | None, *, source: str) -> ResolvedAgent:
-        """This agent with a task's overrides (``tools_kwargs``) merged in and resolved again."""
+        """This agent with a task's overrides (``tools_kwargs``) merged in and resolved.
+
+        Each distinct override is resolved once (the last :data:`FOR_TASK_CACHE` kept);
+        errors name ``source``. Services cannot be overridden: they run once per process.
+        """
         if not overrides:
             return self
-        return resolve(self.config.with_overrides(overrides, source=source), self.registry,
-                       source=source)
+        key = json.dumps(overrides, sort_keys=True, default=repr)
+        with self._lock:
+            cached = self._per_task.pop(key, None)
+            if cached is not None:
+                self._per_task[key] = cached  # most recently used last
+                return cached
+        merged = self.config.with_overrides(overrides, source=source)
+        if merged.services != self.config.services:
+            raise ConfigError(
+                f"{source}: services cannot be changed per task (they run once per process "
+                "for every task); set them in the agent config"
+            )
+        agent = _resolve(merged, self.registry or get_registry(), source)
+        with self._lock:
+            self._per_task[key] = agent
+            while len(self._per_task) > FOR_TASK_CACHE:
+                self._per_task.pop(next(iter(self._per_task)))
+        return agent
+
+    def cleanup_leftovers(self, run_ids: list[str]) -> list[str]:
+        """What sandboxes of killed runs left behind, removed by this agent's backend."""
+        if self.deployment.cleanup is None:
+            return []
+        return self.deployment.cleanup(self.deployment_config, run_ids)
 
 
 def resolve(
@@ -77,8 +124,11 @@ def resolve(
 
     Errors name ``source`` (default: where the config was loaded from).
     """
-    registry = registry or get_registry()
-    source = source or config.source
+    return _resolve(config, registry or get_registry(), source or config.source)
+
+
+def _resolve(config: AgentConfig, registry: Registry, source: str) -> ResolvedAgent:
+    log.debug("resolved %s", source)
     tools = tuple(
         _tool(registry, ref, f"tools.{i}", source) for i, ref in enumerate(config.tools)
     )
@@ -92,13 +142,13 @@ def resolve(
     reward = None
     if config.reward is not None:
         spec = _lookup(registry.rewards(), config.reward.name, "reward.name", source)
-        settings = _settings(spec.config, config.reward.config, "reward.config", source,
+        settings = _settings(spec.settings, config.reward.settings, "reward.settings", source,
                              what=f"reward {spec.name!r}")
         reward = ResolvedReward(spec, settings, config.reward.grade_in, config.reward.integrity)
     services = tuple(
         (
             spec := _lookup(registry.services(), name, f"services.{name}", source),
-            _settings(spec.config, raw, f"services.{name}", source, what=f"service {name!r}"),
+            _settings(spec.settings, raw, f"services.{name}", source, what=f"service {name!r}"),
         )
         for name, raw in config.services.items()
     )
@@ -108,7 +158,7 @@ def resolve(
         parser=parser,
         deployment=deployment,
         deployment_config=deployment_config,
-        env=config.env.settings(),
+        env=config.env,
         reward=reward,
         services=services,
         source=source,
@@ -161,8 +211,30 @@ def _deployment_config(registry: Registry, data: Mapping[str, Any], source: str)
         raise ConfigError(f"invalid {source}:\n  env.deployment: {exc}") from None
 
 
-def resolve_deployment(data: Mapping[str, Any] | BaseModel) -> tuple[DeploymentSpec[Any], Any]:
+def open_env(
+    deployment: Mapping[str, Any] | BaseModel,
+    settings: EnvConfig | Mapping[str, Any] | None = None,
+    *,
+    registry: Registry | None = None,
+) -> AgentEnv:
+    """A new, unstarted sandbox of the installed backend ``deployment['type']``.
+
+    ``settings`` are the ``env`` settings (post-set-up commands, variables, work dir); an
+    unknown type or key is a :class:`~uniagent.errors.ConfigError` naming the installed
+    backends. Episodes get theirs from :meth:`ResolvedAgent.new_env`; this is for scripts,
+    tests and tools::
+
+        async with open_env({"type": "host", "isolation": "bwrap"}) as env:
+            print((await env.run("uname -a")).output)
+    """
+    spec, config = resolve_deployment(deployment, registry=registry)
+    return AgentEnv(spec.factory(config), settings)
+
+
+def resolve_deployment(
+    data: Mapping[str, Any] | BaseModel, *, registry: Registry | None = None
+) -> tuple[DeploymentSpec[Any], Any]:
     """The installed backend for a deployment config, and the config validated by it."""
-    registry = get_registry()
+    registry = registry or get_registry()
     config = registry.validate_deployment_config(data)
     return registry.deployments()[config.type], config  # type: ignore[attr-defined]

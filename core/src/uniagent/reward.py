@@ -10,13 +10,14 @@ docs/rewards.md for what the grader trusts.
 
 from __future__ import annotations
 
+import warnings
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Generic, TypeVar
 
 from uniagent.errors import UniAgentError
-from uniagent.grading.settings import Workspace
-from uniagent.interaction.exit import ExitReason
+from uniagent.exit import ExitReason
+from uniagent.protect.settings import Workspace
 
 if TYPE_CHECKING:  # pragma: no cover
     from uniagent.grading.sandbox import GradingSandbox
@@ -30,19 +31,30 @@ class RewardContext(Generic[C]):
 
     ``sandbox`` is the grading sandbox (``None`` for rewards declared with
     ``uses_sandbox=False``, which grade only the ``submission``); ``task`` is
-    the task row; ``config`` the reward's validated settings (its ``config``
-    model, or ``None`` without one); ``submission`` the output of the
-    finishing tool (``submit``'s diff, ``finish``'s answer) or ``None``;
-    ``workspace`` the repository being graded (path and base commit).
+    the task row; ``settings`` the reward's validated settings (an instance of
+    ``RewardSpec.settings``, or ``None`` without one; ``config`` is its deprecated
+    name); ``submission`` the output of the finishing tool (``submit``'s diff,
+    ``finish``'s answer) or ``None``; ``workspace`` the repository being graded
+    (path and base commit).
     """
 
     sandbox: GradingSandbox | None
     task: Mapping[str, Any]
-    config: C
+    settings: C
     messages: Sequence[Mapping[str, Any]] = ()
     exit_reason: ExitReason | None = None
     submission: str | None = None
     workspace: Workspace = field(default_factory=Workspace)
+
+    @property
+    def config(self) -> C:
+        """Deprecated name of :attr:`settings` (until 0.4)."""
+        warnings.warn(
+            "RewardContext.config is deprecated since uniagent 0.3: read ctx.settings",
+            DeprecationWarning,
+            stacklevel=2,
+        )
+        return self.settings
 
     def require_sandbox(self) -> GradingSandbox:
         """The grading sandbox (a clear error for a reward declared ``uses_sandbox=False``)."""

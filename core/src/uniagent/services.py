@@ -10,7 +10,7 @@ first episode, stopped at the end, also on Ctrl-C); a Ray actor and the verl ada
 call :func:`ensure_services` before each episode, which starts each service the first
 time only and leaves it running for the life of the process. Services are keyed by
 name and settings, so two configs with different settings get two instances. Per-task
-overrides cannot change them (:func:`check_task_services`).
+overrides cannot change them (:meth:`uniagent.resolve.ResolvedAgent.for_task` refuses it).
 """
 
 from __future__ import annotations
@@ -20,16 +20,16 @@ import concurrent.futures
 import json
 import logging
 import threading
-from collections.abc import AsyncIterator, Mapping
+from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
-from pydantic import BaseModel, ValidationError
+from pydantic import BaseModel
 
-from uniagent.errors import ConfigError, UniAgentError
+from uniagent.errors import UniAgentError
 
 if TYPE_CHECKING:  # pragma: no cover
-    from uniagent.config import AgentConfig
+    from uniagent.resolve import ResolvedAgent
     from uniagent.specs import RunningService, ServiceSpec
 
 log = logging.getLogger(__name__)
@@ -37,33 +37,6 @@ log = logging.getLogger(__name__)
 
 class ServiceStartError(UniAgentError):
     """A service named by the config failed to start (infrastructure, not the policy)."""
-
-
-def resolve_services(
-    services: Mapping[str, Mapping[str, Any]],
-) -> list[tuple[ServiceSpec, BaseModel | None]]:
-    """The spec and validated settings of each named service; unknown names and keys raise."""
-    from uniagent.registry import get_registry
-
-    registry = get_registry().services()
-    resolved: list[tuple[ServiceSpec, BaseModel | None]] = []
-    for name, raw in services.items():
-        spec = registry[name]
-        if spec.config is None:
-            if raw:
-                raise ConfigError(f"services.{name}: service {name!r} takes no settings")
-            resolved.append((spec, None))
-            continue
-        try:
-            resolved.append((spec, spec.config.model_validate(dict(raw or {}))))
-        except ValidationError as exc:
-            problems = "; ".join(
-                f"services.{name}.{'.'.join(str(p) for p in err['loc'])}: "
-                + ("unknown key" if err["type"] == "extra_forbidden" else str(err["msg"]))
-                for err in exc.errors()
-            )
-            raise ConfigError(problems) from None
-    return resolved
 
 
 def _key(spec: ServiceSpec, settings: BaseModel | None) -> str:
@@ -105,12 +78,12 @@ async def _start(spec: ServiceSpec, settings: BaseModel | None) -> tuple[bool, R
     return True, handle
 
 
-async def ensure_services(config: AgentConfig) -> None:
-    """Start each service of ``config`` that this process has not started yet.
+async def ensure_services(agent: ResolvedAgent) -> None:
+    """Start each service of ``agent`` that this process has not started yet.
 
     Raises :class:`ServiceStartError` when one fails (the next call tries again).
     """
-    for spec, settings in resolve_services(config.services):
+    for spec, settings in agent.services:
         await _start(spec, settings)
 
 
@@ -127,11 +100,11 @@ async def stop_service(spec: ServiceSpec, settings: BaseModel | None) -> None:
 
 
 @asynccontextmanager
-async def running_services(config: AgentConfig) -> AsyncIterator[None]:
-    """Start the config's services for the block; stop those it started, whatever happens."""
+async def running_services(agent: ResolvedAgent) -> AsyncIterator[None]:
+    """Start the agent's services for the block; stop those it started, whatever happens."""
     started: list[tuple[ServiceSpec, BaseModel | None]] = []
     try:
-        for spec, settings in resolve_services(config.services):
+        for spec, settings in agent.services:
             fresh, _ = await _start(spec, settings)
             if fresh:
                 started.append((spec, settings))
@@ -139,12 +112,3 @@ async def running_services(config: AgentConfig) -> AsyncIterator[None]:
     finally:
         for spec, settings in reversed(started):
             await asyncio.shield(stop_service(spec, settings))
-
-
-def check_task_services(base: AgentConfig, episode: AgentConfig, source: str) -> None:
-    """Refuse a per-task override of ``services``: they are started once, for every task."""
-    if episode.services != base.services:
-        raise ConfigError(
-            f"{source}: services cannot be changed per task (they run once per process for "
-            "every task); set them in the agent config"
-        )

@@ -12,14 +12,15 @@ import copy
 import functools
 import json
 import shlex
-from collections.abc import Awaitable, Callable, Mapping
+import warnings
+from collections.abc import Awaitable, Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Generic, Literal, Protocol, TypeVar, get_args
 
 from pydantic import BaseModel
 
-from uniagent.grading.settings import IntegrityDefaults
+from uniagent.protect.settings import IntegrityDefaults
 
 if TYPE_CHECKING:  # pragma: no cover - imports for type checkers only
     from uniagent.env.runtime import Deployment
@@ -45,6 +46,31 @@ class _Record:
                 f"{type(self).__name__} name {self.name!r} must be non-empty and use only "
                 "letters, digits, '_' and '-'"
             )
+
+
+class _SettingsRecord(_Record):
+    """A record whose plugin settings model is ``settings`` (``config``: its deprecated name).
+
+    ``config=`` is still taken, with a ``DeprecationWarning``, and ``.config`` still reads
+    the model, until 0.4 (docs/plugins.md, "Compatibility").
+    """
+
+    settings: Any
+    config: Any
+
+    def _take_deprecated_config(self) -> None:
+        if self.config is not None and self.settings is None:
+            kind = type(self).__name__
+            warnings.warn(
+                f"{kind}(config=...) is deprecated since uniagent 0.3 and goes in 0.4: "
+                f"pass the settings model as {kind}(settings=...)",
+                DeprecationWarning,
+                stacklevel=4,
+            )
+            object.__setattr__(self, "settings", self.config)
+        elif self.config is not None and self.config is not self.settings:
+            raise ValueError(f"{type(self).__name__} {self.name!r}: give settings=, not config=")
+        object.__setattr__(self, "config", self.settings)
 
 
 @functools.lru_cache(maxsize=1024)
@@ -128,11 +154,20 @@ class DeploymentSpec(_Record, Generic[C]):
 
     ``config`` is a pydantic model whose ``type`` field is ``Literal[name]``;
     it becomes one member of the deployment-config discriminated union.
-    ``factory(config)`` returns a :class:`uniagent.env.deployment.Deployment`.
+    ``factory(config)`` returns a :class:`uniagent.sandbox.Deployment`.
+    ``cleanup(config, run_ids)``, when given, removes what sandboxes of killed runs left
+    behind (directories, cgroups, containers of dead owners, and those of ``run_ids``)
+    and returns a line per thing removed. ``uniagent run`` calls it with the run's config
+    before the first episode, ``uniagent clean`` with ``None`` (every leftover this
+    backend can find). It runs in a worker thread and must not raise for what it cannot
+    reach (an engine that does not answer has nothing to remove).
     """
 
     config: type[C]
     factory: Callable[[C], Deployment] = field(compare=False)
+    cleanup: Callable[[C | None, Iterable[str]], list[str]] | None = field(
+        default=None, compare=False
+    )
 
     def __post_init__(self) -> None:
         super().__post_init__()
@@ -153,12 +188,13 @@ class ParserSpec(_Record):
 
 
 @dataclass(frozen=True, kw_only=True)
-class RewardSpec(_Record, Generic[S]):
+class RewardSpec(_SettingsRecord, Generic[S]):
     """A reward computed at the end of an episode, in a grading sandbox the agent cannot reach.
 
     ``fn(ctx)`` is awaited with a ``uniagent.reward.RewardContext`` and returns a
-    float or a ``uniagent.reward.RewardResult``. ``config`` optionally validates
-    the reward's settings from the agent config. ``uses_sandbox=False`` marks
+    float or a ``uniagent.reward.RewardResult``. ``settings`` optionally validates
+    the reward's settings from the agent config (``reward: {name, settings: {...}}``).
+    ``uses_sandbox=False`` marks
     rewards that grade only the submission text (no grading sandbox, no
     baseline). ``integrity`` gives the reward's defaults for what the grader
     protects (history scrub, protect and content rules, and a ``workspace``
@@ -167,10 +203,16 @@ class RewardSpec(_Record, Generic[S]):
     """
 
     fn: Callable[[RewardContext[S]], Awaitable[RewardResult | float]] = field(compare=False)
-    config: type[S] | None = None
+    settings: type[S] | None = None
     description: str = ""
     uses_sandbox: bool = True
     integrity: IntegrityDefaults = field(default_factory=IntegrityDefaults, compare=False)
+    #: Deprecated name of ``settings`` (until 0.4).
+    config: type[S] | None = field(default=None, repr=False, compare=False)
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        self._take_deprecated_config()
 
 
 class RunningService(Protocol):
@@ -182,21 +224,30 @@ class RunningService(Protocol):
 
 
 @dataclass(frozen=True, kw_only=True)
-class ServiceSpec(_Record, Generic[S]):
+class ServiceSpec(_SettingsRecord, Generic[S]):
     """A process-wide helper the tools talk to (e.g. a retrieval server), run beside episodes.
 
     An agent config names it under ``services`` (``services: {NAME: {settings}}``);
     ``uniagent run`` and the verl adapter await ``start(settings)`` once per process
     before the first episode and, where the process has an end they control
-    (``uniagent run``), ``stop()`` on what it returned. ``settings`` is an instance
-    of ``config`` (validated when the agent config loads) or ``None`` without one.
+    (``uniagent run``), ``stop()`` on what it returned; what ``start`` gets is an
+    instance of ``settings`` (validated when the agent config resolves) or ``None``
+    without one.
     A service must not outlive its process (e.g. a child process that dies with its
     parent), since a training worker may simply exit.
     """
 
     start: Callable[[S], Awaitable[RunningService]] = field(compare=False)
-    config: type[S] | None = None
+    settings: type[S] | None = None
     description: str = ""
+    #: Deprecated name of ``settings`` (until 0.4).
+    config: type[S] | None = field(default=None, repr=False, compare=False)
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        self._take_deprecated_config()
+
+
 
 
 Record = ToolSpec | DeploymentSpec | ParserSpec | RewardSpec | ServiceSpec

@@ -18,7 +18,7 @@ import pytest
 from uniagent.config import AgentConfig
 from uniagent.episode import describe_tools, first_messages, run_episode
 from uniagent.errors import ConfigError
-from uniagent.interaction.exit import ExitReason
+from uniagent.exit import ExitReason
 from uniagent.interaction.prompts import tool_instructions
 from uniagent.models import ModelError, from_spec
 from uniagent.models.guided import GuidedDecoding, ToolCallGuide, tool_call_grammar

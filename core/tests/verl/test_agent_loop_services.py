@@ -21,8 +21,10 @@ from verl_helpers import (
 )
 
 from uniagent import ServiceSpec, hookimpl
+from uniagent.config import AgentConfig
 from uniagent.plugins import load_plugins, reset_plugins
-from uniagent.services import resolve_services, stop_service
+from uniagent.resolve import resolve
+from uniagent.services import stop_service
 from uniagent.verl.testing import ScriptedTokenServer
 
 
@@ -49,7 +51,7 @@ def starts() -> Any:
 
     @hookimpl
     def uniagent_services():
-        return [ServiceSpec(name="helper", start=start, config=Settings)]
+        return [ServiceSpec(name="helper", start=start, settings=Settings)]
 
     load_plugins().register(types.SimpleNamespace(uniagent_services=uniagent_services), "t-svc")
     yield calls
@@ -71,7 +73,7 @@ async def test_a_worker_starts_the_service_once_for_all_its_episodes(
     out = await run_batch(tmp_path, verl_model_dir, qwen3_tokenizer, agent)
     assert agent_field(out, "exit_reason") == ["finished"] * 3
     assert len(starts) == 1
-    for spec, settings in resolve_services(agent["services"]):
+    for spec, settings in resolve(AgentConfig.from_dict(agent)).services:
         await stop_service(spec, settings)
 
 

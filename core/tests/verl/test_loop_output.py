@@ -7,7 +7,7 @@ from typing import Any
 import pytest
 
 from uniagent.episode import EpisodeResult
-from uniagent.interaction.exit import ExitReason
+from uniagent.exit import ExitReason
 from uniagent.interaction.metrics import EpisodeMetrics
 from uniagent.rollout import RolloutCache
 from uniagent.verl.output import (

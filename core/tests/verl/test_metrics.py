@@ -10,7 +10,7 @@ from typing import Any
 
 import pytest
 
-from uniagent.interaction.exit import ExitReason
+from uniagent.exit import ExitReason
 from uniagent.verl.metrics import agent_metrics
 from uniagent.verl.output import UNIAGENT_KEY
 

@@ -68,7 +68,7 @@ AGENT = {
     "interaction": {"max_turns": 3, "action_timeout": 30, "max_format_errors": 2},
     # These tests share host paths with their sandboxes (markers, repositories).
     "env": {"deployment": {"type": "host", "isolation": "none"}},
-    "reward": {"name": "command", "config": {"timeout": 30}},
+    "reward": {"name": "command", "settings": {"timeout": 30}},
     "concurrency": 8,
 }
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from uniagent import AgentEnv
+from uniagent import open_env
 
 pytestmark = pytest.mark.asyncio
 
@@ -12,7 +12,7 @@ CONFIG = {"type": "modal", "image": "python:3.11", "install_pipx": False}
 
 
 async def test_agent_env_runs_commands_in_a_modal_sandbox(fake_modal) -> None:
-    async with AgentEnv.from_config(CONFIG) as env:
+    async with open_env(CONFIG) as env:
         obs = await env.run_action("echo $((6 * 7)) && false", timeout=30)
         assert obs.output.strip() == "42"
         assert obs.exit_code == 1
@@ -26,7 +26,7 @@ async def test_agent_env_runs_commands_in_a_modal_sandbox(fake_modal) -> None:
 
 async def test_agent_env_reads_and_writes_files(fake_modal, tmp_path) -> None:
     target = tmp_path / "sub" / "note.txt"
-    async with AgentEnv.from_config(CONFIG) as env:
+    async with open_env(CONFIG) as env:
         await env.write_file(str(target), "written through the Modal runtime\n")
         assert await env.read_file(str(target)) == "written through the Modal runtime\n"
         assert (await env.run_action(f"cat {target}", timeout=30)).output.strip() == (
@@ -35,7 +35,7 @@ async def test_agent_env_reads_and_writes_files(fake_modal, tmp_path) -> None:
 
 
 async def test_agent_env_close_terminates_the_running_sandbox(fake_modal) -> None:
-    env = AgentEnv.from_config(CONFIG)
+    env = open_env(CONFIG)
     await env.start()
     sandbox = fake_modal.sandbox
     assert sandbox.running

@@ -13,15 +13,17 @@ from swerex.deployment.modal import ModalDeployment as SwerexModalDeployment
 from swerex.runtime.abstract import BashAction, CreateBashSessionRequest
 from uniagent_deploy_modal import ModalDeployment
 
-from uniagent import get_deployments, validate_deployment_config
+from uniagent import get_registry
 
 pytestmark = pytest.mark.asyncio
 
 
 def make_deployment(**overrides: Any) -> ModalDeployment:
     """A deployment built the way AgentEnv builds one: registry record → config → factory."""
-    spec = get_deployments()["modal"]
-    config = validate_deployment_config({"type": "modal", "install_pipx": False, **overrides})
+    spec = get_registry().deployments()["modal"]
+    config = get_registry().validate_deployment_config(
+        {"type": "modal", "install_pipx": False, **overrides}
+    )
     return spec.factory(config)
 
 
@@ -65,7 +67,7 @@ async def test_sandbox_is_created_with_the_config(fake_modal) -> None:
 
 
 async def test_commands_use_the_cores_runtime_without_the_300_s_cap(fake_modal) -> None:
-    from uniagent import retrying_runtime_class
+    from uniagent.sandbox import retrying_runtime_class
 
     deployment = make_deployment(runtime_timeout=20, request_margin=5, retries=1)
     await deployment.start()
@@ -139,9 +141,7 @@ async def test_is_alive_follows_the_sandbox(fake_modal) -> None:
 
 async def test_failed_start_terminates_the_sandbox(fake_modal, monkeypatch) -> None:
     # The server never comes up: the command exits, the "container" stays (like `sleep`).
-    monkeypatch.setattr(
-        SwerexModalDeployment, "_start_swerex_cmd", lambda self, token: "sleep 600"
-    )
+    monkeypatch.setattr(SwerexModalDeployment, "_start_swerex_cmd", lambda self, token: "sleep 600")
     deployment = make_deployment(startup_timeout=1.5)
     with pytest.raises(TimeoutError, match="startup_timeout"):
         await deployment.start()
@@ -162,6 +162,7 @@ async def test_start_never_blocks_the_event_loop(fake_modal, monkeypatch) -> Non
 
     fake_modal.lookup = lookup  # type: ignore[method-assign]
     import modal
+
     monkeypatch.setattr(modal.App, "lookup", Method(lookup))
     real_sleep = time.sleep
 

@@ -7,17 +7,16 @@ from uniagent_deploy_modal import ModalDeploymentConfig
 
 from uniagent import (
     ConfigError,
-    get_deployments,
+    get_registry,
     load_plugins,
     reset_plugins,
-    validate_deployment_config,
 )
 
 DIST = "uniagent-deploy-modal"
 
 
 def test_plugin_is_discovered() -> None:
-    spec = get_deployments()["modal"]
+    spec = get_registry().deployments()["modal"]
     assert spec.distribution == DIST
     assert not spec.builtin
     assert spec.config is ModalDeploymentConfig
@@ -28,7 +27,7 @@ def test_plugin_is_discovered() -> None:
 
 
 def test_config_validates_when_the_plugin_is_installed() -> None:
-    config = validate_deployment_config(
+    config = get_registry().validate_deployment_config(
         {"type": "modal", "image": "python:3.12-slim", "modal_sandbox_kwargs": {"cpu": 4}}
     )
     assert isinstance(config, ModalDeploymentConfig)
@@ -40,24 +39,24 @@ def test_config_is_unknown_without_the_plugin(monkeypatch: pytest.MonkeyPatch) -
     monkeypatch.setenv("UNIAGENT_DISABLE_PLUGINS", DIST)
     reset_plugins()
     with pytest.raises(ConfigError, match=r"unknown deployment 'modal'.*pip install " + DIST):
-        validate_deployment_config({"type": "modal", "image": "python:3.12-slim"})
+        get_registry().validate_deployment_config({"type": "modal", "image": "python:3.12-slim"})
 
 
 def test_config_rejects_unknown_fields() -> None:
     with pytest.raises(ConfigError, match="startup_timout"):
-        validate_deployment_config({"type": "modal", "startup_timout": 10})
+        get_registry().validate_deployment_config({"type": "modal", "startup_timout": 10})
 
 
 def test_config_rejects_sandbox_kwargs_the_deployment_owns() -> None:
     with pytest.raises(ConfigError, match="may not set app, timeout"):
-        validate_deployment_config(
+        get_registry().validate_deployment_config(
             {"type": "modal", "modal_sandbox_kwargs": {"timeout": 5, "app": "x"}}
         )
 
 
 def test_config_rejects_non_positive_timeouts() -> None:
     with pytest.raises(ConfigError, match="deployment_timeout"):
-        validate_deployment_config({"type": "modal", "deployment_timeout": 0})
+        get_registry().validate_deployment_config({"type": "modal", "deployment_timeout": 0})
 
 
 def test_config_defaults_follow_swerex() -> None:
@@ -80,7 +79,7 @@ def test_discovery_does_not_import_swerex() -> None:
     import sys
 
     code = (
-        "import sys; from uniagent.registry import get_deployments; get_deployments()['modal'];"
+        "import sys; from uniagent import get_registry; get_registry().deployments()['modal'];"
         "print(sorted(m for m in ('modal', 'swerex') if m in sys.modules))"
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)

@@ -10,6 +10,8 @@ import pytest
 import pytest_asyncio
 from swebench_helpers import CalcRepo, make_calc_repo
 
+from uniagent import open_env
+
 
 @pytest.fixture
 def calc_repo(tmp_path: Path) -> CalcRepo:
@@ -20,9 +22,8 @@ def calc_repo(tmp_path: Path) -> CalcRepo:
 @pytest_asyncio.fixture
 async def host_env() -> AsyncIterator[Any]:
     """A real host sandbox (uniagent's built-in ``host`` deployment), closed afterwards."""
-    from uniagent import AgentEnv
 
-    env = AgentEnv.from_config({"type": "host", "isolation": "none"})
+    env = open_env({"type": "host", "isolation": "none"})
     await env.start()
     try:
         yield env

@@ -16,13 +16,13 @@ from uniagent_reward_swebench import (
     swe_rebench_reward,
 )
 
-from uniagent import UnknownPluginNameError, get_rewards, load_plugins, reset_plugins
+from uniagent import UnknownPluginNameError, get_registry, load_plugins, reset_plugins
 
 DIST = "uniagent-reward-swebench"
 
 
 def test_plugin_is_discovered() -> None:
-    rewards = get_rewards()
+    rewards = get_registry().rewards()
     expected = {
         "swe_bench": (swe_bench_reward, SweBenchRewardConfig),
         "swe_rebench": (swe_rebench_reward, SweRebenchRewardConfig),
@@ -33,7 +33,7 @@ def test_plugin_is_discovered() -> None:
         assert spec.distribution == DIST
         assert not spec.builtin
         assert spec.fn is fn
-        assert spec.config is config
+        assert spec.settings is config
         assert spec.description
     info = next(i for i in load_plugins().report() if i.distribution == DIST)
     assert info.status == "loaded"
@@ -45,7 +45,7 @@ def test_rewards_are_unknown_without_the_plugin(monkeypatch: pytest.MonkeyPatch)
     monkeypatch.setenv("UNIAGENT_DISABLE_PLUGINS", DIST)
     reset_plugins()
     with pytest.raises(UnknownPluginNameError, match=f"swe_bench.*pip install {DIST}"):
-        get_rewards()["swe_bench"]
+        get_registry().rewards()["swe_bench"]
 
 
 def test_reward_configs_reject_unknown_fields() -> None:
@@ -60,7 +60,7 @@ def test_reward_configs_reject_unknown_fields() -> None:
 def test_discovery_does_not_import_the_swebench_harness() -> None:
     # swebench.harness takes about a second to import; rewards load it on first use.
     code = (
-        "import sys; from uniagent.registry import get_rewards; get_rewards()['swe_bench'];"
+        "import sys; from uniagent import get_registry; get_registry().rewards()['swe_bench'];"
         "print('swebench' in sys.modules)"
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)

@@ -29,21 +29,24 @@ _GRADERS: dict[int, EpisodeGrader] = {}
 
 
 async def score(
-    name: str, env: Any, task: dict[str, Any], integrity: dict[str, Any] | None = None,
+    name: str,
+    env: Any,
+    task: dict[str, Any],
+    integrity: dict[str, Any] | None = None,
     **config: Any,
 ) -> Grade:
     """Grade ``env`` with reward ``name``; the baseline is taken on the first call per env."""
     grader = _GRADERS.get(id(env))
     if grader is None:
         grader = _GRADERS[id(env)] = await prepare_grader(
-            env, name, task, config=config, integrity=integrity
+            env, name, task, settings=config, integrity=integrity
         )
     return await grade(grader, env)
 
 
 async def baseline(name: str, env: Any, task: dict[str, Any], **config: Any) -> None:
     """Take the grader's baseline now (before the agent's edits)."""
-    _GRADERS[id(env)] = await prepare_grader(env, name, task, config=config)
+    _GRADERS[id(env)] = await prepare_grader(env, name, task, settings=config)
 
 
 async def fix_the_bug(env: Any, repo: CalcRepo) -> None:
@@ -95,8 +98,12 @@ async def test_agent_edits_to_test_files_do_not_count(host_env, calc_repo) -> No
     assert result.score == 0.0
     assert result.info["score_reason"] == "tampered"
     assert result.info["integrity"]["tampered"] == [
-        {"kind": "protected_file", "path": "test_calc.py", "change": "modified",
-         "rule": "task-paths"}
+        {
+            "kind": "protected_file",
+            "path": "test_calc.py",
+            "change": "modified",
+            "rule": "task-paths",
+        }
     ]
 
 
@@ -105,7 +112,10 @@ async def test_with_tampering_only_reported_the_test_files_are_still_restored(
 ) -> None:
     task = swe_bench_row(calc_repo)
     _GRADERS[id(host_env)] = await prepare_grader(
-        host_env, "swe_bench", task, config={"workdir": str(calc_repo.path)},
+        host_env,
+        "swe_bench",
+        task,
+        settings={"workdir": str(calc_repo.path)},
         integrity={"on_tamper": "report"},
     )
     await host_env.write_file(
@@ -158,7 +168,7 @@ async def test_malformed_row_raises_a_clear_error_before_the_episode(host_env, c
     task = swe_bench_row(calc_repo)
     del task["FAIL_TO_PASS"]
     with pytest.raises(TaskRowError, match=r"local__calc-1.*has no 'FAIL_TO_PASS'"):
-        await prepare_grader(host_env, "swe_bench", task, config={"workdir": str(calc_repo.path)})
+        await prepare_grader(host_env, "swe_bench", task, settings={"workdir": str(calc_repo.path)})
 
 
 async def test_missing_workdir_is_an_infrastructure_error_before_the_episode(
@@ -166,19 +176,25 @@ async def test_missing_workdir_is_an_infrastructure_error_before_the_episode(
 ) -> None:
     task = swe_rebench_row(calc_repo)
     with pytest.raises(GradingSetupError, match="'/no/such/testbed', does not exist"):
-        await prepare_grader(host_env, "swe_rebench", task, config={"workdir": "/no/such/testbed"})
+        await prepare_grader(
+            host_env, "swe_rebench", task, settings={"workdir": "/no/such/testbed"}
+        )
 
 
 async def test_tests_running_past_the_timeout_score_zero(host_env, calc_repo) -> None:
-    await baseline("swe_bench", host_env, swe_bench_row(calc_repo), workdir=str(calc_repo.path),
-                   eval_timeout=3)
+    await baseline(
+        "swe_bench", host_env, swe_bench_row(calc_repo), workdir=str(calc_repo.path), eval_timeout=3
+    )
     await host_env.write_file(
         str(calc_repo.path / "calc.py"),
         "import time\n\n\ndef add(a, b):\n    time.sleep(60)\n    return a + b\n\n\n"
         "def sub(a, b):\n    return a - b\n",
     )
     result = await score(
-        "swe_bench", host_env, swe_bench_row(calc_repo), workdir=str(calc_repo.path),
+        "swe_bench",
+        host_env,
+        swe_bench_row(calc_repo),
+        workdir=str(calc_repo.path),
         eval_timeout=3,
     )
     assert result.score == 0.0

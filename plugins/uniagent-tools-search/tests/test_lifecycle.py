@@ -5,7 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-from uniagent import AgentConfig, AgentEnv, ConfigError, resolve, running_services
+from uniagent import AgentConfig, ConfigError, open_env, resolve, running_services
 
 from uniagent_tools_search.tools import make_search
 
@@ -33,7 +33,7 @@ async def test_a_run_starts_the_service_its_sandboxes_use_and_stops_it(index_dir
     socket = socket_dir / "search.sock"
     config = agent_config(index_dir, socket)
     async with running_services(config):
-        env = AgentEnv.from_config(config.env.deployment, config.env.settings())
+        env = open_env(config.env.deployment, config.env.settings())
         async with env:
             await env.install_tools([make_search()])
             obs = await env.run_action("search --query 'Leonardo da Vinci Mona Lisa'", timeout=60)

@@ -8,7 +8,7 @@ from collections.abc import Iterator
 from importlib import metadata
 
 import pytest
-from uniagent import get_rewards, get_services, get_tools, reset_plugins
+from uniagent import get_registry, reset_plugins
 
 from uniagent_tools_search.config import SearchServiceConfig
 from uniagent_tools_search.tools import SCRIPTS_DIR, make_tools
@@ -27,12 +27,12 @@ def fresh_plugins(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
 
 
 def test_plugin_is_discovered(fresh_plugins: None) -> None:
-    tools = get_tools()
+    tools = get_registry().tools()
     assert set(tools) >= TOOL_NAMES
     for name in TOOL_NAMES:
         assert tools[name].distribution == DIST and not tools[name].builtin
-    assert get_rewards()["search_qa"].distribution == DIST
-    service = get_services()["search"]
+    assert get_registry().rewards()["search_qa"].distribution == DIST
+    service = get_registry().services()["search"]
     assert service.distribution == DIST and service.config is SearchServiceConfig
 
 
@@ -44,8 +44,8 @@ def test_entry_point_is_named_after_the_distribution() -> None:
 def test_the_plugin_can_be_blocked(fresh_plugins: None, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("UNIAGENT_DISABLE_PLUGINS", DIST)
     reset_plugins()
-    assert not TOOL_NAMES & set(get_tools())
-    assert "search" not in get_services()
+    assert not TOOL_NAMES & set(get_registry().tools())
+    assert "search" not in get_registry().services()
 
 
 def test_each_tool_ships_its_script_and_all_three_are_the_same_program() -> None:

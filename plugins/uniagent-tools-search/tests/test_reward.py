@@ -5,7 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 import pytest
-from uniagent import ExitReason, RewardContext, RewardInfraError, get_rewards
+from uniagent import ExitReason, RewardContext, RewardInfraError, get_registry
 from uniagent.testing import Fail, Reply, ScriptedChatServer
 
 from uniagent_tools_search.judge import JudgeSettings
@@ -23,7 +23,7 @@ def context(submission: str | None, *, task: dict[str, Any] = TASK, **config: An
     return RewardContext(
         sandbox=None,
         task=task,
-        config=SearchQARewardConfig(**config),
+        settings=SearchQARewardConfig(**config),
         exit_reason=ExitReason.FINISHED if submission is not None else ExitReason.MAX_STEP_LIMIT,
         submission=submission,
     )
@@ -144,6 +144,6 @@ def test_a_judge_prompt_without_the_answer_is_rejected() -> None:
 
 
 def test_the_reward_is_registered_as_grading_the_submission_only() -> None:
-    spec = get_rewards()["search_qa"]
-    assert spec.config is SearchQARewardConfig and spec.fn is search_qa_reward
+    spec = get_registry().rewards()["search_qa"]
+    assert spec.settings is SearchQARewardConfig and spec.fn is search_qa_reward
     assert spec.uses_sandbox is False

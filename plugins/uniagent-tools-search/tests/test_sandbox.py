@@ -10,7 +10,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest_asyncio
-from uniagent import AgentEnv, Observation
+from uniagent import AgentEnv, Observation, open_env
 from upstream import WEB_KEY, WEB_KEY_VARIABLE
 
 from uniagent_tools_search.tools import make_tools
@@ -39,7 +39,7 @@ def deployment(isolation: str, socket_dir: Path) -> dict[str, Any]:
 @pytest_asyncio.fixture(params=["none", "bwrap"])
 async def sandbox(request, service) -> AsyncIterator[Sandbox]:
     socket_dir = Path(service.url.removeprefix("unix://")).parent
-    env = AgentEnv.from_config(
+    env = open_env(
         deployment(request.param, socket_dir), {"env": {"UNIAGENT_SEARCH_URL": service.url}}
     )
     async with env:
@@ -101,7 +101,7 @@ async def test_the_api_key_of_the_run_never_enters_the_sandbox(sandbox: Sandbox)
 
 
 async def test_a_missing_service_url_is_explained(service, socket_dir) -> None:
-    async with AgentEnv.from_config({"type": "host"}) as env:
+    async with open_env({"type": "host"}) as env:
         await env.install_tools([TOOLS["search"]])
         obs = await env.run_action("env -u UNIAGENT_SEARCH_URL search --query x", timeout=30)
     assert obs.exit_code == 1 and "UNIAGENT_SEARCH_URL is not set" in obs.output
@@ -112,7 +112,7 @@ async def test_under_bubblewrap_there_is_no_network_not_even_to_the_service_port
 ) -> None:
     socket_dir = Path(service.url.removeprefix("unix://")).parent
     tcp_url = service.addresses["http_url"]
-    env = AgentEnv.from_config(
+    env = open_env(
         deployment("bwrap", socket_dir), {"env": {"UNIAGENT_SEARCH_URL": tcp_url}}
     )
     async with env:

@@ -9,7 +9,7 @@ from typing import Any
 
 import pytest
 import pytest_asyncio
-from uniagent import AgentEnv, Observation, ToolSpec
+from uniagent import AgentEnv, Observation, ToolSpec, open_env
 
 from uniagent_tools_swe import make_tools
 
@@ -52,7 +52,7 @@ async def sandbox(tools: dict[str, ToolSpec], tmp_path: Path) -> AsyncIterator[S
     """A host sandbox, tools installed, the session's working directory a fresh temp dir."""
     workdir = tmp_path / "work"
     workdir.mkdir()
-    env = AgentEnv.from_config({"type": "host", "isolation": "none"})
+    env = open_env({"type": "host", "isolation": "none"})
     async with env:
         await env.install_tools(list(tools.values()))
         box = Sandbox(env, tools, workdir)

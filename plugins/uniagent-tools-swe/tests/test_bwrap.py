@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import pytest
-from uniagent import AgentEnv
+from uniagent import open_env
 
 from uniagent_tools_swe import make_tools
 
@@ -12,7 +12,7 @@ pytestmark = pytest.mark.asyncio
 
 async def test_edit_undo_and_submit_inside_bubblewrap() -> None:
     tools = {spec.name: spec for spec in make_tools()}
-    env = AgentEnv.from_config({"type": "host", "isolation": "bwrap"})
+    env = open_env({"type": "host", "isolation": "bwrap"})
     await env.start()  # needs bubblewrap: apt-get install bubblewrap (.ci/run does)
     try:
         await env.install_tools(list(tools.values()))

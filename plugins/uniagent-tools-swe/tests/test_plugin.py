@@ -8,7 +8,7 @@ from collections.abc import Iterator
 from importlib import metadata
 
 import pytest
-from uniagent import get_tools, reset_plugins
+from uniagent import get_registry, reset_plugins
 
 from uniagent_tools_swe import SCRIPTS_DIR, make_tools
 
@@ -25,7 +25,7 @@ def fresh_plugins(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
 
 
 def test_plugin_is_discovered(fresh_plugins: None) -> None:
-    tools = get_tools()
+    tools = get_registry().tools()
     assert set(tools) >= TOOL_NAMES
     for name in TOOL_NAMES:
         assert tools[name].distribution == "uniagent-tools-swe"
@@ -43,7 +43,7 @@ def test_entry_point_is_named_after_the_distribution() -> None:
 def test_the_plugin_can_be_blocked(fresh_plugins: None, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("UNIAGENT_DISABLE_PLUGINS", "uniagent-tools-swe")
     reset_plugins()
-    assert not TOOL_NAMES & set(get_tools())
+    assert not TOOL_NAMES & set(get_registry().tools())
 
 
 def test_scripts_ship_inside_the_package() -> None:

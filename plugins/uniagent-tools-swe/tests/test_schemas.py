@@ -105,9 +105,9 @@ def test_calls_validate_against_the_json_schema(name: str, arguments: dict[str, 
 def test_calls_round_trip_through_the_builtin_parsers(
     parser_name: str, name: str, arguments: dict[str, Any]
 ) -> None:
-    from uniagent import ToolCall, get_tool_parsers
+    from uniagent import ToolCall, get_registry
 
-    parser = get_tool_parsers()[parser_name].factory()
+    parser = get_registry().tool_parsers()[parser_name].factory()
     tools = list(specs().values())
     text = parser.format_tool_call(ToolCall(name=name, arguments=arguments))
     result = parser.parse(f"Let me do that.\n{text}", tools)

@@ -2,18 +2,34 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 
-from uniagent.env.host import HostDeployment, HostDeploymentConfig
+from uniagent.env.containers import remove_leftovers
+from uniagent.env.host import HostDeployment, HostDeploymentConfig, cleanup_leftovers
 from uniagent.env.local import LocalDeployment, LocalDeploymentConfig
 from uniagent.env.remote import RemoteDeployment, RemoteDeploymentConfig
 from uniagent.hookspecs import hookimpl
 from uniagent.specs import DeploymentSpec
 
 
+def _clean_host(config: HostDeploymentConfig | None, run_ids: Iterable[str]) -> list[str]:
+    """Episode directories and cgroups whose owner process is gone."""
+    return cleanup_leftovers(config.base_dir if config is not None else None)
+
+
+def _clean_local(config: LocalDeploymentConfig | None, run_ids: Iterable[str]) -> list[str]:
+    """Containers of dead runs (and of ``run_ids``), on the config's engine or on every one."""
+    engine = config.engine if config is not None else "auto"
+    return remove_leftovers(None if engine == "auto" else [engine], run_ids=run_ids)
+
+
 @hookimpl
 def uniagent_deployments() -> Iterator[DeploymentSpec]:
     """The built-in deployments; ``local`` and ``remote`` need ``uniagent[swerex]`` to start."""
-    yield DeploymentSpec(name="host", config=HostDeploymentConfig, factory=HostDeployment)
-    yield DeploymentSpec(name="local", config=LocalDeploymentConfig, factory=LocalDeployment)
+    yield DeploymentSpec(
+        name="host", config=HostDeploymentConfig, factory=HostDeployment, cleanup=_clean_host
+    )
+    yield DeploymentSpec(
+        name="local", config=LocalDeploymentConfig, factory=LocalDeployment, cleanup=_clean_local
+    )
     yield DeploymentSpec(name="remote", config=RemoteDeploymentConfig, factory=RemoteDeployment)

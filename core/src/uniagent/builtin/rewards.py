@@ -24,11 +24,11 @@ class CommandRewardConfig(BaseModel):
 
 async def command_reward(ctx: RewardContext[CommandRewardConfig]) -> RewardResult:
     """Run the test command in a clean grading shell in the repository; 1.0 if it exits 0."""
-    config = ctx.config
+    config = ctx.settings
     command = config.command or ctx.task.get(config.task_field)
     if not command:
         raise RewardInfraError(
-            f"the command reward needs a command: set reward.config.command or give each task "
+            f"the command reward needs a command: set reward.settings.command or give each task "
             f"a {config.task_field!r} field"
         )
     done = await ctx.require_sandbox().run(str(command), timeout=config.timeout)
@@ -50,7 +50,7 @@ def uniagent_rewards() -> Iterator[RewardSpec]:
     yield RewardSpec(
         name="command",
         fn=command_reward,
-        config=CommandRewardConfig,
+        settings=CommandRewardConfig,
         description="1.0 when a test command (from the config or the task) exits 0 in a clean "
         "grading shell",
     )

@@ -8,6 +8,7 @@ import logging
 import posixpath
 import secrets
 import shlex
+import warnings
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -93,7 +94,7 @@ def _syntax_message(exc: BaseException) -> str:
 class AgentEnv:
     """A started sandbox with one persistent bash session, tools on ``PATH``.
 
-    Use ``async with AgentEnv.from_config({"type": "host"}) as env:``; or call
+    Use ``async with uniagent.open_env({"type": "host"}) as env:``; or call
     :meth:`start` and, in a ``finally``, :meth:`close` (idempotent, never raises).
     """
 
@@ -119,12 +120,19 @@ class AgentEnv:
         deployment_config: Mapping[str, Any] | BaseModel,
         env_config: EnvConfig | Mapping[str, Any] | None = None,
     ) -> AgentEnv:
-        """Build the deployment named by ``deployment_config['type']`` (a convenience for
-        scripts and tests; episodes get theirs from the resolved agent)."""
-        from uniagent.resolve import resolve_deployment
+        """Deprecated (until 0.4): :func:`uniagent.open_env` opens a sandbox from config.
 
-        spec, config = resolve_deployment(deployment_config)
-        return cls(spec.factory(config), env_config)
+        The sandbox layer does not look plugins up; this forwards to the front door.
+        """
+        import uniagent
+
+        warnings.warn(
+            "AgentEnv.from_config is deprecated since uniagent 0.3 and goes in 0.4: "
+            "use uniagent.open_env(deployment, settings)",
+            DeprecationWarning,
+            stacklevel=2,
+        )
+        return uniagent.open_env(deployment_config, env_config)
 
     # -- properties -------------------------------------------------------------------
     @property

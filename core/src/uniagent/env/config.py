@@ -28,9 +28,20 @@ DEFAULT_TOOLS_DIR = "/usr/local/uniagent/tools"
 
 
 class EnvConfig(BaseModel):
-    """Settings of :class:`uniagent.env.AgentEnv` (the ``env`` section besides ``deployment``)."""
+    """The agent config's ``env`` section: the sandbox backend and the session's settings.
+
+    ``deployment`` is raw data here (``type`` names an installed backend, the rest is its
+    config): the resolve step validates it with that backend's model. Everything else is
+    what :class:`uniagent.env.AgentEnv` does with a started sandbox.
+    """
 
     model_config = ConfigDict(extra="forbid")
+
+    deployment: dict[str, Any] = Field(
+        default_factory=lambda: {"type": "host"},
+        description="the sandbox backend: `type` names an installed deployment, the rest is "
+        "its config",
+    )
 
     env: dict[str, str] = Field(
         default_factory=dict,

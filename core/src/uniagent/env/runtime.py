@@ -9,7 +9,7 @@ depend on ``swe-rex`` (an optional extra: ``pip install 'uniagent[swerex]'``).
 
 from __future__ import annotations
 
-from typing import Any, Literal, Protocol, runtime_checkable
+from typing import Literal, Protocol, runtime_checkable
 
 from pydantic import BaseModel
 
@@ -152,43 +152,43 @@ class CloseResponse(BaseModel):
 class Runtime(Protocol):
     """What :class:`uniagent.env.AgentEnv` needs from a runtime (SWE-ReX's ``AbstractRuntime``).
 
-    Requests and responses are duck-typed: SWE-ReX's models and the ones in this
-    module are interchangeable.
+    Typed with this module's models; SWE-ReX's models have the same fields and
+    discriminators, so a SWE-ReX runtime serves too (the wire format is the same).
     """
 
-    async def is_alive(self, *, timeout: float | None = None) -> Any:
-        """An :class:`IsAliveResponse` (truthy when alive)."""
+    async def is_alive(self, *, timeout: float | None = None) -> IsAliveResponse:
+        """Whether the runtime answers (truthy when alive)."""
         ...
 
-    async def create_session(self, request: Any) -> Any:
-        """Open a session (:class:`CreateBashSessionRequest`)."""
+    async def create_session(self, request: CreateBashSessionRequest) -> CreateBashSessionResponse:
+        """Open a persistent bash session."""
         ...
 
-    async def run_in_session(self, action: Any) -> Any:
-        """Run a :class:`BashAction` or :class:`BashInterruptAction`; a :class:`BashObservation`."""
+    async def run_in_session(self, action: BashAction | BashInterruptAction) -> BashObservation:
+        """Run a command in a session, or interrupt what runs there."""
         ...
 
-    async def close_session(self, request: Any) -> Any:
-        """Close a session (:class:`CloseBashSessionRequest`)."""
+    async def close_session(self, request: CloseBashSessionRequest) -> CloseBashSessionResponse:
+        """Close a session."""
         ...
 
-    async def execute(self, command: Any) -> Any:
-        """Run a one-off :class:`Command`; a :class:`CommandResponse`."""
+    async def execute(self, command: Command) -> CommandResponse:
+        """Run a one-off subprocess (not in the persistent session)."""
         ...
 
-    async def read_file(self, request: Any) -> Any:
-        """A :class:`ReadFileResponse` for a :class:`ReadFileRequest`."""
+    async def read_file(self, request: ReadFileRequest) -> ReadFileResponse:
+        """Read a text file inside the sandbox."""
         ...
 
-    async def write_file(self, request: Any) -> Any:
-        """Write a file (:class:`WriteFileRequest`)."""
+    async def write_file(self, request: WriteFileRequest) -> WriteFileResponse:
+        """Write a text file inside the sandbox."""
         ...
 
-    async def upload(self, request: Any) -> Any:
-        """Upload a file or directory (:class:`UploadRequest`)."""
+    async def upload(self, request: UploadRequest) -> UploadResponse:
+        """Copy a local file or directory into the sandbox."""
         ...
 
-    async def close(self) -> Any:
+    async def close(self) -> CloseResponse:
         """Close the runtime and every session."""
         ...
 

@@ -26,11 +26,11 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from uniagent.env.errors import EnvError, TerminalNotAliveError
+from uniagent.exit import ExitReason
 from uniagent.grading import integrity
 from uniagent.grading.integrity import Baseline, GradingSetupError, PatchTooLarge, Tamper
 from uniagent.grading.sandbox import GradingSandbox
-from uniagent.grading.settings import IntegritySettings, Workspace
-from uniagent.interaction.exit import ExitReason
+from uniagent.protect.settings import IntegritySettings, Workspace
 from uniagent.reward import RewardContext, RewardInfraError, RewardResult
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -226,7 +226,7 @@ class EpisodeGrader:
         ctx = RewardContext(
             sandbox=sandbox,
             task=self.plan.task,
-            config=self.plan.settings,
+            settings=self.plan.settings,
             workspace=self._workspace(repo),
             **context,
         )

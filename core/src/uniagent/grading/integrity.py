@@ -22,9 +22,9 @@ from typing import TYPE_CHECKING, Any
 
 from uniagent.env.errors import EnvError
 from uniagent.grading import scripts
-from uniagent.grading.rules import RuleSet, runner_section
 from uniagent.grading.sandbox import GradingSandbox, grading_environment
-from uniagent.grading.settings import IntegrityDefaults, IntegritySettings, Workspace
+from uniagent.protect.rules import RuleSet, runner_section
+from uniagent.protect.settings import IntegrityDefaults, IntegritySettings, Workspace
 
 if TYPE_CHECKING:  # pragma: no cover
     from uniagent.env import AgentEnv

@@ -1,6 +1,6 @@
 """The interaction loop and the episode around it."""
 
-from uniagent.interaction.exit import DEFAULT_EXIT_POLICY, ExitReason
+from uniagent.exit import DEFAULT_EXIT_POLICY, ExitReason
 from uniagent.interaction.metrics import EpisodeMetrics
 
 __all__ = ["DEFAULT_EXIT_POLICY", "EpisodeMetrics", "ExitReason"]

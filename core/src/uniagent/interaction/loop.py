@@ -21,7 +21,7 @@ from uniagent.env.errors import (
     ShellKilledError,
     TerminalNotAliveError,
 )
-from uniagent.interaction.exit import ExitReason
+from uniagent.exit import ExitReason
 from uniagent.interaction.metrics import EpisodeMetrics
 from uniagent.models.base import ChatModel, ContextLimitError, ModelError, ModelTurn
 from uniagent.observer import NULL_OBSERVER, EpisodeObserver

@@ -2,7 +2,7 @@
 
 Built-in formats: ``hermes`` (JSON in ``<tool_call>`` blocks) and ``qwen3_coder``
 (Qwen3-Coder's XML). Plugins add more through ``uniagent_tool_parsers``; look a
-parser up by name with :func:`get_parser`.
+parser up by name with :func:`uniagent.get_parser`.
 """
 
 from __future__ import annotations
@@ -21,14 +21,6 @@ from uniagent.parsers.hermes import HermesParser
 from uniagent.parsers.qwen3_coder import Qwen3CoderParser
 from uniagent.parsers.text import TaggedToolCallParser
 
-
-def get_parser(name: str) -> ToolCallParser:
-    """A new parser of the installed kind ``name`` (raises ``UnknownPluginNameError``)."""
-    from uniagent.registry import get_tool_parsers
-
-    return get_tool_parsers()[name].factory()
-
-
 __all__ = [
     "ErrorKind",
     "HermesParser",
@@ -39,7 +31,6 @@ __all__ = [
     "ToolCall",
     "ToolCallFormatError",
     "ToolCallParser",
-    "get_parser",
     "tool_calls_from_openai",
     "validate_call",
 ]

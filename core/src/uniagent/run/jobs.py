@@ -16,18 +16,16 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from uniagent.config import AgentConfig
 from uniagent.episode import EpisodeResult, run_episode
-from uniagent.interaction.exit import ExitReason
+from uniagent.exit import ExitReason
 from uniagent.interaction.metrics import EpisodeMetrics
 from uniagent.observer import EpisodeObserver
-from uniagent.resolve import ResolvedAgent, resolve
+from uniagent.resolve import ResolvedAgent
 from uniagent.run.folder import LOG, safe_name, write_episode
 from uniagent.run.progress import EpisodeState, Progress
 from uniagent.run.results import is_infra_failure
 from uniagent.run.retry import cause_of
 from uniagent.run.tasks import Task
-from uniagent.services import check_task_services
 
 
 @dataclass(frozen=True)
@@ -106,7 +104,8 @@ async def execute_job(
 ) -> dict[str, Any]:
     """Run one attempt of a job, logging to ``log_path`` (and ``stream``); return its payload.
 
-    ``base`` is the run's resolved agent; a task with overrides is resolved again.
+    ``base`` is the run's resolved agent; a task with overrides gets
+    :meth:`~uniagent.resolve.ResolvedAgent.for_task`.
     """
     logger, handler = episode_logger(log_path, f"episode.{job.task.id}.{job.sample}")
     if stream is not None:
@@ -114,7 +113,6 @@ async def execute_job(
     try:
         source = f"task {job.task.id}"
         agent = base.for_task(job.task.overrides(), source=source)
-        check_task_services(base.config, agent.config, source)
         logger.info("task %s sample %d: start", job.task.id, job.sample)
         result = await run_episode(
             agent,
@@ -162,9 +160,8 @@ def attempt_extra(
     }
 
 
-def local_attempt(config: AgentConfig, model: Any, out: Path, progress: Progress) -> Attempt:
+def local_attempt(base: ResolvedAgent, model: Any, out: Path, progress: Progress) -> Attempt:
     """Attempts run on this event loop: each writes its episode directory."""
-    base = resolve(config)
 
     async def attempt_job(job: Job, attempt: int, state: EpisodeState) -> dict[str, Any]:
         directory = episode_dir(out, job)

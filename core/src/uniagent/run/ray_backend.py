@@ -24,7 +24,7 @@ from uniagent.config import AgentConfig
 from uniagent.env.aio import wait_through_cancellation
 from uniagent.env.containers import RUN_ID_ENV
 from uniagent.errors import ConfigError, UniAgentError
-from uniagent.resolve import resolve
+from uniagent.resolve import ResolvedAgent, resolve
 from uniagent.run.folder import LOG
 from uniagent.run.jobs import (
     Attempt,
@@ -50,7 +50,8 @@ class EpisodeWorker:
 
         use_pidfd_child_watcher()
         os.environ[RUN_ID_ENV] = run_id  # the actor's sandboxes carry the run's id
-        self.config = config
+        # The driver's resolved agent holds plugin functions and locks that do not pickle;
+        # its config (plain data) does: the actor's process resolves it once, here.
         self.agent = resolve(config)
         self.model = model_factory()
 
@@ -60,7 +61,7 @@ class EpisodeWorker:
         with tempfile.TemporaryDirectory(prefix="uniagent-episode-") as tmp:
             log_path = Path(tmp) / LOG
             try:
-                await ensure_services(self.config)  # once per actor process
+                await ensure_services(self.agent)  # once per actor process
                 payload = await execute_job(self.agent, job, self.model, log_path, observer=state)
             except ConfigError as exc:  # the task's own settings: it cannot run anywhere
                 return {"error": str(exc)}
@@ -82,7 +83,7 @@ class EpisodeWorker:
 
 @contextlib.asynccontextmanager
 async def ray_attempts(
-    config: AgentConfig,
+    agent: ResolvedAgent,
     model_factory: Callable[[], Any],
     out: Path,
     address: str,
@@ -111,7 +112,7 @@ async def ray_attempts(
     def spawn() -> Any:
         # One slot more than episodes, so close_sandboxes gets through when all are busy.
         options = actor_cls.options(max_concurrency=per_worker + 1, runtime_env=runtime_env)
-        return options.remote(config, model_factory, run_id)
+        return options.remote(agent.config, model_factory, run_id)
 
     actors = [spawn() for _ in range(workers)]
     free: asyncio.Queue[int] = asyncio.Queue()

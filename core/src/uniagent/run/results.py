@@ -15,7 +15,7 @@ from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any
 
-from uniagent.interaction.exit import ExitReason
+from uniagent.exit import ExitReason
 
 #: Exit reasons that are the infrastructure's doing, never the policy's: retried within a
 #: run and re-run on resume. (The exit policy masks them by default; a user's exit policy

@@ -31,7 +31,7 @@ from uniagent.env.agent_env import close_open_envs
 from uniagent.env.aio import wait_through_cancellation
 from uniagent.env.containers import RUN_ID_ENV
 from uniagent.errors import ConfigError, UniAgentError
-from uniagent.resolve import resolve
+from uniagent.resolve import ResolvedAgent, resolve
 from uniagent.run import manifest as manifests
 from uniagent.run.folder import FolderLock, safe_name, start_attempt, write_json
 from uniagent.run.jobs import (
@@ -42,6 +42,7 @@ from uniagent.run.jobs import (
     local_attempt,
     write_payload,
 )
+from uniagent.run.options import RunOptions
 from uniagent.run.preflight import check_model
 from uniagent.run.progress import Progress
 from uniagent.run.results import ResultsFile, done_keys, is_infra_failure, latest
@@ -182,43 +183,22 @@ def build_model(model_factory: Callable[[], Any], description: str) -> Any:
         ) from None
 
 
-def remove_leftovers(config: AgentConfig, run_ids: Iterable[str]) -> list[str]:
-    """Sandboxes of killed runs: host directories and cgroups, and containers for ``local``."""
-    from uniagent.env.containers import remove_leftovers as remove_containers
-    from uniagent.env.host import cleanup_leftovers
-
-    deployment = config.env.deployment
-    base_dir = deployment.get("base_dir") if deployment.get("type") == "host" else None
-    removed = cleanup_leftovers(base_dir)
-    if deployment.get("type") == "local":
-        engine = deployment.get("engine", "auto")
-        removed += remove_containers(None if engine == "auto" else [engine], run_ids=run_ids)
-    return removed
-
-
 async def run(
-    config: AgentConfig,
+    agent: ResolvedAgent | AgentConfig,
     tasks: list[Task],
     bad_rows: list[BadRow],
     model_factory: Callable[[], Any],
     out: Path,
+    options: RunOptions | None = None,
     *,
-    concurrency: int | None = None,
-    n: int = 1,
-    limit: int | None = None,
-    retries: int = 2,
-    retry_delay: float = 10.0,
-    breaker: int | None = None,
-    keep_failures: bool = False,
-    force_resume: bool = False,
-    model_info: Mapping[str, Any] | None = None,
-    tasks_path: Path | None = None,
-    config_path: str | None = None,
-    ray_address: str | None = None,
-    ray_workers: int | None = None,
     progress: Progress | None = None,
+    **option_values: Any,
 ) -> dict[str, Any]:
     """Run every pending (task, sample), append results as they finish, write the summary.
+
+    ``agent`` is resolved once (an :class:`AgentConfig` is resolved here, before anything
+    starts); the run's options are ``options``, or :class:`RunOptions` built from
+    ``option_values`` (``run(agent, ..., n=2, limit=4)``).
 
     Raises :class:`ConfigError` for bad input (before any sandbox starts),
     :class:`uniagent.run.preflight.EndpointError` when the model endpoint cannot be
@@ -226,64 +206,48 @@ async def run(
     (some remain), ``stopped`` (the circuit breaker tripped: ``stopped`` says why)
     or ``interrupted``.
     """
-    if n < 1:
-        raise ConfigError("--n must be at least 1")
-    resolve(config)  # every name and setting checked before any sandbox starts
-    concurrency = concurrency or config.concurrency
-    if concurrency < 1:
-        raise ConfigError("--concurrency must be at least 1")
-    if retries < 0:
-        raise ConfigError("--retries must be 0 or more")
+    if options is not None and option_values:
+        raise TypeError("give run() options= or option keywords, not both")
+    options = options if options is not None else RunOptions(**option_values)
+    if isinstance(agent, AgentConfig):
+        agent = resolve(agent)  # every name and setting checked before any sandbox starts
     lock = FolderLock(out)
     lock.acquire()
     try:
         return await _run_locked(
-            config, tasks, bad_rows, model_factory, out,
-            concurrency=concurrency, n=n, limit=limit,
-            policy=RetryPolicy(retries, retry_delay),
-            window=default_window(concurrency) if breaker is None else breaker,
-            keep_failures=keep_failures, force_resume=force_resume,
-            model_info=model_info or {"spec": "(given in-process)"},
-            tasks_path=tasks_path, config_path=config_path,
-            ray_address=ray_address, ray_workers=ray_workers,
-            progress=progress or Progress.for_stream(),
+            agent, tasks, bad_rows, model_factory, out, options,
+            progress or Progress.for_stream(),
         )  # fmt: skip
     finally:
         lock.release()
 
 
 async def _run_locked(
-    config: AgentConfig,
+    agent: ResolvedAgent,
     tasks: list[Task],
     bad_rows: list[BadRow],
     model_factory: Callable[[], Any],
     out: Path,
-    *,
-    concurrency: int,
-    n: int,
-    limit: int | None,
-    policy: RetryPolicy,
-    window: int,
-    keep_failures: bool,
-    force_resume: bool,
-    model_info: Mapping[str, Any],
-    tasks_path: Path | None,
-    config_path: str | None,
-    ray_address: str | None,
-    ray_workers: int | None,
+    options: RunOptions,
     progress: Progress,
 ) -> dict[str, Any]:
+    concurrency = options.concurrency or agent.config.concurrency
+    policy = RetryPolicy(options.retries, options.retry_delay)
+    window = default_window(concurrency) if options.breaker is None else options.breaker
+    model_info = options.model_info or {"spec": "(given in-process)"}
+    n = options.n
     results = ResultsFile(out / RESULTS)
     results.repair()
     records = latest(results.load())
+    limit = options.limit
     selected = list(tasks)[:limit] if limit is not None else list(tasks)
     planned = [(t.id, s) for t in selected for s in range(n)]
     keys = set(planned)
-    done = done_keys(records, keep_failures=keep_failures)
+    done = done_keys(records, keep_failures=options.keep_failures)
     jobs = plan_jobs(selected, n, None, done)
     run_manifest = _manifest(
-        out, config, config_path, model_info, tasks, tasks_path, n, planned, force_resume,
-        has_results=bool(records), progress=progress,
+        out, agent, options, model_info, tasks, planned, has_results=bool(records),
+        progress=progress,
     )  # fmt: skip
     run_id = run_manifest["run_id"]
     for row in bad_rows:
@@ -292,14 +256,14 @@ async def _run_locked(
     started = time.time()
     model = None
     try:
-        if not ray_address:
+        if not options.ray_address:
             model = build_model(model_factory, str(model_info.get("spec")))
             if jobs:
                 await check_model(model)
         # Written once the model is known to load: a typo in --model leaves no manifest.
         write_json(out / manifests.MANIFEST, run_manifest, indent=None)  # one line, 100k jobs
         os.environ[RUN_ID_ENV] = run_id  # every sandbox started from here on carries it
-        leftovers = await asyncio.to_thread(remove_leftovers, config, [run_id])
+        leftovers = await asyncio.to_thread(agent.cleanup_leftovers, [run_id])
         if leftovers:
             progress.warn(f"removed {len(leftovers)} leftovers of killed runs (uniagent clean)")
         kept = [r for k, r in records.items() if k in done and k in keys]
@@ -307,21 +271,21 @@ async def _run_locked(
         breaker = CircuitBreaker(window)
         status, stopped = "complete", None
         try:
-            if ray_address:
+            if options.ray_address:
                 from uniagent.run.ray_backend import ray_attempts
 
                 async with ray_attempts(
-                    config, model_factory, out, ray_address, concurrency, run_id,
-                    num_workers=ray_workers, env_vars=model_env(model_info),
+                    agent, model_factory, out, options.ray_address, concurrency, run_id,
+                    num_workers=options.ray_workers, env_vars=model_env(model_info),
                 ) as (attempt_job, slots):  # fmt: skip
                     await run_jobs(
                         jobs, attempt_job, out, concurrency=slots, policy=policy,
                         breaker=breaker, progress=progress, results=results,
                     )  # fmt: skip
             else:
-                async with running_services(config):  # once, before the first episode
+                async with running_services(agent):  # once, before the first episode
                     await run_jobs(
-                        jobs, local_attempt(config, model, out, progress), out,
+                        jobs, local_attempt(agent, model, out, progress), out,
                         concurrency=concurrency, policy=policy, breaker=breaker,
                         progress=progress, results=results,
                     )  # fmt: skip
@@ -344,14 +308,11 @@ async def _run_locked(
 
 def _manifest(
     out: Path,
-    config: AgentConfig,
-    config_path: str | None,
+    agent: ResolvedAgent,
+    options: RunOptions,
     model_info: Mapping[str, Any],
     tasks: list[Task],
-    tasks_path: Path | None,
-    n: int,
     jobs: list[tuple[str, int]],
-    force_resume: bool,
     *,
     has_results: bool,
     progress: Progress,
@@ -359,11 +320,11 @@ def _manifest(
     """The manifest: a new run's, or a resumed one's after checking it is the same run."""
     old = manifests.load(out)
     new = manifests.build(
-        run_id=None, config=config, config_path=config_path, model=model_info,
-        tasks_path=tasks_path, tasks=tasks, n=n, jobs=jobs,
+        run_id=None, config=agent.config, config_path=options.config_path, model=model_info,
+        tasks_path=options.tasks_path, tasks=tasks, n=options.n, jobs=jobs,
     )  # fmt: skip
     if old is not None:
-        new = manifests.resume(old, new, force=force_resume)
+        new = manifests.resume(old, new, force=options.force_resume)
     elif has_results:
         progress.warn(
             f"{out} has results but no manifest (an older uniagent's run): resuming unchecked"

@@ -2,7 +2,7 @@
 
 ::
 
-    grader = await prepare_grader(env, "swe_bench", row, config={"workdir": "/testbed"})
+    grader = await prepare_grader(env, "swe_bench", row, settings={"workdir": "/testbed"})
     ...  # act as the agent would: edit files in env
     grade = await grader.grade(env, messages=(), exit_reason=ExitReason.FINISHED, submission=None)
 
@@ -17,10 +17,10 @@ from collections.abc import Callable, Mapping
 from typing import Any
 
 from uniagent.env import AgentEnv
+from uniagent.exit import ExitReason
 from uniagent.grading.grader import EpisodeGrader, Grade, GradingPlan
-from uniagent.grading.settings import GradeIn, IntegritySettings
-from uniagent.interaction.exit import ExitReason
-from uniagent.registry import get_rewards
+from uniagent.protect.settings import GradeIn, IntegritySettings
+from uniagent.registry import get_registry
 
 
 async def prepare_grader(
@@ -28,17 +28,19 @@ async def prepare_grader(
     reward: str,
     task: Mapping[str, Any],
     *,
-    config: Mapping[str, Any] | None = None,
+    settings: Mapping[str, Any] | None = None,
     grade_in: GradeIn = "episode",
     integrity: Mapping[str, Any] | None = None,
     fresh_env: Callable[[], AgentEnv] | None = None,
 ) -> EpisodeGrader:
-    """An :class:`EpisodeGrader` for reward ``reward`` with its baseline taken in ``env``."""
-    spec = get_rewards()[reward]
-    settings = spec.config.model_validate(dict(config or {})) if spec.config else None
+    """An :class:`EpisodeGrader` for reward ``reward`` with its baseline taken in ``env``.
+
+    ``settings`` are the reward's raw settings, validated by its own model.
+    """
+    spec = get_registry().rewards()[reward]
     plan = GradingPlan(
         spec=spec,
-        settings=settings,
+        settings=spec.settings.model_validate(dict(settings or {})) if spec.settings else None,
         task=task,
         grade_in=grade_in,
         integrity=IntegritySettings.model_validate(dict(integrity or {})),

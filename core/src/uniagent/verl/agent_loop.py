@@ -27,12 +27,12 @@ from verl.experimental.agent_loop.agent_loop import (
 
 from uniagent.config import AgentConfig
 from uniagent.episode import EpisodeResult, first_messages, run_episode
-from uniagent.interaction.exit import ExitReason
+from uniagent.exit import ExitReason
 from uniagent.interaction.metrics import EpisodeMetrics
 from uniagent.models import VerlServerModel
 from uniagent.plugins import load_plugins
-from uniagent.resolve import resolve
-from uniagent.services import ServiceStartError, check_task_services, ensure_services
+from uniagent.resolve import ResolvedAgent, resolve
+from uniagent.services import ServiceStartError, ensure_services
 from uniagent.verl.dumps import DumpSettings, EpisodeDump
 from uniagent.verl.output import (
     EXTRA_FIELD_KEYS,
@@ -63,7 +63,7 @@ _SUMMED_SERVER_KEYS = ("spec_num_draft_tokens", "spec_num_accepted_tokens", "spe
 class UniAgentLoop(AgentLoopBase):
     """Runs a uniagent episode (sandbox, tools, ReAct loop, reward) for one verl sample."""
 
-    _configs: ClassVar[dict[str, AgentConfig]] = {}
+    _agents: ClassVar[dict[str, ResolvedAgent]] = {}
     _last_global_steps: ClassVar[int | None] = None
     #: Extra-field keys the server's replies carried in this process: a placeholder without
     #: a generation gets them as None, so its chunk has the keys verl's own loops' chunks have.
@@ -87,23 +87,26 @@ class UniAgentLoop(AgentLoopBase):
         load_plugins()
         self.settings = LoopSettings.from_trainer_config(self.config)
         self.dumps = DumpSettings.pop_from(kwargs, source=f"agent loop {self.loop_name!r}")
-        self.agent_config = self._base_config(kwargs)
+        self.agent = self._base_agent(kwargs)
+        self.agent_config = self.agent.config
 
-    def _base_config(self, loop_kwargs: Mapping[str, Any]) -> AgentConfig:
-        """The validated base config, read once per process for identical YAML entries
-        (verl builds a loop object per sample; the agent YAML is not re-read each time)."""
+    def _base_agent(self, loop_kwargs: Mapping[str, Any]) -> ResolvedAgent:
+        """The resolved base agent, once per worker process for identical YAML entries
+        (verl builds a loop object per sample; the agent YAML is neither re-read nor
+        re-resolved each time: a row's ``tools_kwargs`` go through ``for_task``)."""
         key = json.dumps(
             [self.loop_name, plain(dict(loop_kwargs)), self.settings.config_defaults(),
              self.settings.agent_loop_config_path, os.getcwd()],
             sort_keys=True, default=str,
         )
         with self._configs_lock:
-            config = self._configs.get(key)
-            if config is None:
+            agent = self._agents.get(key)
+            if agent is None:
                 data = base_config_dict(self.settings, loop_kwargs)
-                config = AgentConfig.from_dict(data, source=f"agent loop {self.loop_name!r}")
-                self._configs[key] = config
-        return config
+                source = f"agent loop {self.loop_name!r}"
+                agent = resolve(AgentConfig.from_dict(data, source=source), source=source)
+                self._agents[key] = agent
+        return agent
 
     # -- concurrency -------------------------------------------------------------------
     @property
@@ -129,13 +132,12 @@ class UniAgentLoop(AgentLoopBase):
         server = ServerLog(self.server_manager)
         dump = self._start_dump(kwargs)
         try:
-            config = self.agent_config.with_overrides(row_overrides(kwargs), source="tools_kwargs")
-            check_task_services(self.agent_config, config, "tools_kwargs")
-            agent = resolve(config, source="tools_kwargs")
+            agent = self.agent.for_task(row_overrides(kwargs), source="tools_kwargs")
+            config = agent.config
             task = row_task(kwargs)
             messages = row_messages(kwargs) or first_messages(agent, task)
             try:
-                await ensure_services(self.agent_config)  # once per worker process
+                await ensure_services(self.agent)  # once per worker process
             except ServiceStartError as exc:  # infrastructure: masked, never a policy failure
                 log.error("%s", exc)
                 if dump is not None:

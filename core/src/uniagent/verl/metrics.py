@@ -36,7 +36,7 @@ from verl.experimental.agent_loop.agent_loop import AgentLoopManager
 from verl.protocol import DataProto
 from verl.utils.ray_utils import auto_await
 
-from uniagent.interaction.exit import ExitReason
+from uniagent.exit import ExitReason
 from uniagent.verl.output import extras_record
 
 PREFIX = "agent"

@@ -26,7 +26,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from uniagent.episode import EpisodeResult
-from uniagent.interaction.exit import ExitReason
+from uniagent.exit import ExitReason
 from uniagent.interaction.metrics import EpisodeMetrics
 
 log = logging.getLogger(__name__)

@@ -34,7 +34,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 from uniagent.errors import UniAgentError
-from uniagent.interaction.exit import DEFAULT_EXIT_POLICY
+from uniagent.exit import DEFAULT_EXIT_POLICY
 from uniagent.run.runner import MANIFEST, RESULTS, SUMMARY, task_dirname
 from uniagent.view import files, liveness
 from uniagent.view.files import (

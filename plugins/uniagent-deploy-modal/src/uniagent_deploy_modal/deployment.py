@@ -25,12 +25,13 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from typing import Any
+from typing import Any, cast
 
 from swerex.deployment.modal import ModalDeployment as SwerexModalDeployment
-from swerex.runtime.abstract import AbstractRuntime, IsAliveResponse
+from swerex.runtime.abstract import IsAliveResponse
 
-from uniagent import UniAgentError, kill_all_but_ancestors, make_runtime
+from uniagent import UniAgentError
+from uniagent.sandbox import Runtime, kill_all_but_ancestors, make_runtime
 from uniagent_deploy_modal.config import ModalDeploymentConfig
 
 log = logging.getLogger(__name__)
@@ -175,11 +176,12 @@ class ModalDeployment:
             await deployment.stop(close_timeout=min(self.config.runtime_timeout, CLOSE_TIMEOUT))
 
     @property
-    def runtime(self) -> AbstractRuntime:
+    def runtime(self) -> Runtime:
         """The SWE-ReX-compatible runtime talking to the sandbox's server."""
         if self._deployment is None:
             raise RuntimeError("the Modal deployment is not started; await start() first")
-        return self._deployment.runtime
+        # SWE-ReX's runtime takes SWE-ReX's models, which mirror ours field for field.
+        return cast(Runtime, self._deployment.runtime)
 
     @property
     def sandbox(self) -> Any:

@@ -24,21 +24,21 @@ def uniagent_rewards() -> Iterator[RewardSpec]:
     yield RewardSpec(
         name="swe_bench",
         fn=swe_bench_reward,
-        config=SweBenchRewardConfig,
+        settings=SweBenchRewardConfig,
         description="1.0 when a SWE-bench instance is resolved (swebench 5.0.2 grading)",
         integrity=integrity_defaults("swe_bench"),
     )
     yield RewardSpec(
         name="swe_rebench",
         fn=swe_rebench_reward,
-        config=SweRebenchRewardConfig,
+        settings=SweRebenchRewardConfig,
         description="1.0 when a SWE-rebench instance is resolved (graded like SWE-bench)",
         integrity=integrity_defaults("swe_rebench"),
     )
     yield RewardSpec(
         name="r2e_gym",
         fn=r2e_gym_reward,
-        config=R2EGymRewardConfig,
+        settings=R2EGymRewardConfig,
         description="1.0 when an R2E-Gym instance's tests end with their expected statuses",
         integrity=integrity_defaults("r2e_gym"),
     )

@@ -19,18 +19,18 @@ from uniagent_reward_swebench.scripts import patch_files
 
 
 def _config(ctx: RewardContext, cls: type[SweBenchRewardConfig]) -> SweBenchRewardConfig:
-    if ctx.config is None:
+    if ctx.settings is None:
         return cls()
-    if isinstance(ctx.config, cls):
-        return ctx.config
-    data = ctx.config.model_dump() if isinstance(ctx.config, BaseModel) else ctx.config
+    if isinstance(ctx.settings, cls):
+        return ctx.settings
+    data = ctx.settings.model_dump() if isinstance(ctx.settings, BaseModel) else ctx.settings
     if isinstance(data, Mapping):
         try:
             return cls.model_validate(dict(data))
         except ValidationError as exc:
             raise ConfigError(f"invalid {cls.__name__}:\n{exc}") from None
     raise ConfigError(
-        f"the reward got a {type(ctx.config).__name__} config; expected {cls.__name__}"
+        f"the reward got a {type(ctx.settings).__name__} config; expected {cls.__name__}"
     )
 
 

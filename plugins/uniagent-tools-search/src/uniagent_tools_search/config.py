@@ -9,7 +9,7 @@ from typing import Any, Literal
 from urllib.parse import urlparse
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
-from uniagent import SANDBOX_UID
+from uniagent.sandbox import SANDBOX_UID
 
 DEFAULT_ARXIV_URL = "https://export.arxiv.org/api/query"
 

@@ -39,7 +39,7 @@ Reply with exactly one word: CORRECT or INCORRECT."""
 
 
 class JudgeSettings(BaseModel):
-    """Settings of the optional LLM judge (``reward.config.judge``)."""
+    """Settings of the optional LLM judge (``reward.settings.judge``)."""
 
     model_config = ConfigDict(extra="forbid", frozen=True)
 

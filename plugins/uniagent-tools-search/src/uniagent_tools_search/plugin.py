@@ -23,7 +23,7 @@ def uniagent_rewards() -> Iterator[RewardSpec]:
     yield RewardSpec(
         name="search_qa",
         fn=search_qa_reward,
-        config=SearchQARewardConfig,
+        settings=SearchQARewardConfig,
         uses_sandbox=False,  # it grades only the submission text
         description="normalised exact match / token F1 of the finish answer against the "
         "task's answers, optional LLM judge",
@@ -43,7 +43,7 @@ def uniagent_services() -> Iterator[ServiceSpec]:
     yield ServiceSpec(
         name="search",
         start=start_search_service,
-        config=SearchServiceConfig,
+        settings=SearchServiceConfig,
         description="the retrieval server (local BM25 index, web search, arXiv) on a Unix "
         "socket and/or 127.0.0.1",
     )

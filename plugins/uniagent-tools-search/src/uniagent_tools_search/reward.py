@@ -20,7 +20,7 @@ from uniagent_tools_search.qa import as_aliases, normalize_answer, score_answer
 
 
 class SearchQARewardConfig(BaseModel):
-    """Settings of the ``search_qa`` reward (``reward.config``)."""
+    """Settings of the ``search_qa`` reward (``reward.settings``)."""
 
     model_config = ConfigDict(extra="forbid", frozen=True)
 
@@ -62,13 +62,13 @@ async def _check_service(url: str) -> None:
 
 async def search_qa_reward(ctx: RewardContext) -> RewardResult:
     """Grade ``ctx.submission`` (the ``finish`` answer) against the task's answers."""
-    config = ctx.config if isinstance(ctx.config, SearchQARewardConfig) else SearchQARewardConfig()
+    config = ctx.settings if isinstance(ctx.settings, SearchQARewardConfig) else SearchQARewardConfig()
     try:
         aliases = as_aliases(ctx.task.get(config.answers_field))
     except (TypeError, ValueError) as exc:  # the task row is broken, not the answer
         raise RewardInfraError(
             f"search_qa: task field {config.answers_field!r}: {exc} (set "
-            "reward.config.answers_field to the field holding the gold answers)"
+            "reward.settings.answers_field to the field holding the gold answers)"
         ) from None
     if config.check_service_url:
         await _check_service(config.check_service_url)

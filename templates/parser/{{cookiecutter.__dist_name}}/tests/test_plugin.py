@@ -10,7 +10,7 @@ from uniagent import (
     ToolCallParser,
     ToolSpec,
     get_parser,
-    get_tool_parsers,
+    get_registry,
 )
 
 PARSER = "{{ cookiecutter.__record_name }}"
@@ -27,7 +27,7 @@ TOOLS = [ToolSpec(name="greet", description="Greet someone.", arguments=GreetArg
 
 def test_plugin_is_discovered() -> None:
     """After ``pip install``, uniagent lists the parser as this distribution's."""
-    assert get_tool_parsers()[PARSER].distribution == "{{ cookiecutter.__dist_name }}"
+    assert get_registry().tool_parsers()[PARSER].distribution == "{{ cookiecutter.__dist_name }}"
 
 
 def test_parser_follows_the_protocol() -> None:

@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import AsyncIterator
 
 import pytest
-from uniagent import AgentEnv, get_rewards
+from uniagent import AgentEnv, get_registry, open_env
 from uniagent.testing import grade, prepare_grader
 
 REWARD = "{{ cookiecutter.__record_name }}"
@@ -13,13 +13,13 @@ REWARD = "{{ cookiecutter.__record_name }}"
 
 def test_plugin_is_discovered() -> None:
     """After ``pip install``, uniagent lists the reward as this distribution's."""
-    assert get_rewards()[REWARD].distribution == "{{ cookiecutter.__dist_name }}"
+    assert get_registry().rewards()[REWARD].distribution == "{{ cookiecutter.__dist_name }}"
 
 
 @pytest.fixture
 async def env() -> AsyncIterator[AgentEnv]:
     """A started host sandbox (its work dir is a fresh, empty directory)."""
-    sandbox = AgentEnv.from_config({"type": "host"})
+    sandbox = open_env({"type": "host"})
     await sandbox.start()
     try:
         yield sandbox
@@ -31,7 +31,7 @@ async def test_reward_is_1_only_for_the_expected_answer(env: AgentEnv) -> None:
     """No answer file scores 0.0, a wrong answer 0.0, the right one 1.0."""
     task = {"answer": "42"}
     # The grader's baseline is taken before the agent acts, as in an episode.
-    grader = await prepare_grader(env, REWARD, task, config={"path": "answer.txt"})
+    grader = await prepare_grader(env, REWARD, task, settings={"path": "answer.txt"})
     assert (await grade(grader, env)).score == 0.0
     await env.write_file("answer.txt", "41\n")
     assert (await grade(grader, env)).score == 0.0

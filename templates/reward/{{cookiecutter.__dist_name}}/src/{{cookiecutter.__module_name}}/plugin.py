@@ -22,7 +22,7 @@ from uniagent import RewardContext, RewardInfraError, RewardResult, RewardSpec, 
 
 
 class {{ cookiecutter.__class_name }}Config(BaseModel):
-    """Settings, from ``reward.config`` in the agent config."""
+    """Settings, from ``reward.settings`` in the agent config."""
 
     model_config = ConfigDict(extra="forbid")
 
@@ -35,7 +35,7 @@ async def {{ cookiecutter.__record_name }}_reward(
     ctx: RewardContext[{{ cookiecutter.__class_name }}Config],
 ) -> RewardResult:
     """1.0 when the answer file in the work dir holds the task's answer, else 0.0."""
-    config = ctx.config
+    config = ctx.settings
     if config.task_field not in ctx.task:
         raise RewardInfraError(
             f"the {{ cookiecutter.__record_name }} reward needs the expected answer in each task's "
@@ -60,6 +60,6 @@ def uniagent_rewards() -> Iterator[RewardSpec]:
     yield RewardSpec(
         name="{{ cookiecutter.__record_name }}",
         fn={{ cookiecutter.__record_name }}_reward,
-        config={{ cookiecutter.__class_name }}Config,
+        settings={{ cookiecutter.__class_name }}Config,
         description="1.0 when the agent's answer file holds the task's answer",
     )

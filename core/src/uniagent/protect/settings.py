@@ -8,7 +8,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from uniagent.grading.rules import (
+from uniagent.protect.rules import (
     CACHES,
     GIT_METADATA,
     PYTHON_CONTENT,

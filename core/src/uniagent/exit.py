@@ -1,4 +1,7 @@
-"""Exit reasons: every episode ends with exactly one (docs/config.md, "Exit reasons")."""
+"""Exit reasons and their treatments: ground-floor vocabulary that every layer shares.
+
+See docs/config.md, "Exit reasons". This module imports nothing else of uniagent.
+"""
 
 from __future__ import annotations
 
