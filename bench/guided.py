@@ -279,7 +279,7 @@ def main() -> None:
 
     from uniagent.config import AgentConfig
     from uniagent.models.hf import HFLocalModel, smollm2_gguf_path
-    from uniagent.resolve import resolve
+    from uniagent.resolver import resolve
     from uniagent.rollout.template import analyse_chat_template
 
     agent = resolve(AgentConfig.from_yaml(ROOT / "examples" / "swe_tiny" / "quickstart.yaml"))

@@ -8,7 +8,7 @@ from uniagent.config import AgentConfig, deep_merge
 from uniagent.errors import ConfigError, UnknownPluginNameError
 from uniagent.exit import ExitReason
 from uniagent.plugins import reset_plugins
-from uniagent.resolve import resolve
+from uniagent.resolver import resolve
 
 MINIMAL = {"tools": [], "tool_parser": "hermes"}
 

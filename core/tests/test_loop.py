@@ -22,7 +22,7 @@ from uniagent.interaction.loop import AgentInteraction
 from uniagent.models.base import ModelError
 from uniagent.parsers import HermesParser
 from uniagent.plugins import load_plugins, reset_plugins
-from uniagent.resolve import resolve
+from uniagent.resolver import resolve
 from uniagent.testing.scripted import ScriptedTokenModel, hermes_call, logprob_for
 
 

@@ -154,7 +154,7 @@ def test_missing_modal_plugin_error_names_installed_types_and_where_to_look():
         registry.validate_deployment_config({"type": "modal"})
     assert "alpha, beta" in str(err.value)
     assert "First-party plugins" in str(err.value)
-    with pytest.raises(ValidationError, match="uniagent-deploy-modal"):
+    with pytest.raises(ValidationError, match="First-party plugins"):
         registry.deployment_config_adapter().validate_python({"type": "modal"})
 
 

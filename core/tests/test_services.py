@@ -16,7 +16,7 @@ from uniagent import ServiceSpec, ToolSpec, hookimpl
 from uniagent.config import AgentConfig
 from uniagent.errors import ConfigError, UnknownPluginNameError
 from uniagent.plugins import load_plugins, reset_plugins
-from uniagent.resolve import resolve
+from uniagent.resolver import resolve
 from uniagent.run.progress import Progress
 from uniagent.run.runner import run
 from uniagent.run.tasks import Task

@@ -41,9 +41,9 @@ _EXPORTS: dict[str, str] = {
     # configs, the one resolve step, sandboxes from config
     "AgentConfig": "uniagent.config",
     "EnvConfig": "uniagent.env.config",
-    "resolve": "uniagent.resolve",
-    "ResolvedAgent": "uniagent.resolve",
-    "open_env": "uniagent.resolve",
+    "resolve": "uniagent.resolver",
+    "ResolvedAgent": "uniagent.resolver",
+    "open_env": "uniagent.resolver",
     "AgentEnv": "uniagent.env.agent_env",
     "Observation": "uniagent.env.agent_env",
     "ExitReason": "uniagent.exit",
@@ -227,7 +227,7 @@ if TYPE_CHECKING:  # pragma: no cover - what type checkers and IDEs see
     from uniagent.protect.rules import ContentRule, ProtectRule
     from uniagent.protect.settings import IntegrityDefaults, Workspace
     from uniagent.registry import get_parser, get_registry
-    from uniagent.resolve import ResolvedAgent, open_env, resolve
+    from uniagent.resolver import ResolvedAgent, open_env, resolve
     from uniagent.reward import RewardContext, RewardInfraError, RewardResult
     from uniagent.services import ServiceStartError, running_services
     from uniagent.specs import (

@@ -103,7 +103,7 @@ def cmd_run(args: argparse.Namespace) -> int:
 
     from uniagent.config import AgentConfig
     from uniagent.models import check_spec, from_spec
-    from uniagent.resolve import resolve
+    from uniagent.resolver import resolve
     from uniagent.run.options import RunOptions
     from uniagent.run.progress import Progress
     from uniagent.run.runner import exit_status, run_sync

@@ -3,7 +3,7 @@
 A config is plain, strict data: it names plugins (tool parser, tools,
 deployment, reward, services) by the names they register and holds their raw
 settings; unknown keys are rejected everywhere with their path. It never
-consults the registry: :func:`uniagent.resolve.resolve` checks every name and
+consults the registry: :func:`uniagent.resolver.resolve` checks every name and
 every plugin's settings against what is installed, before any sandbox starts.
 """
 

@@ -22,7 +22,7 @@ from typing import Any
 from uniagent.config import AgentConfig
 from uniagent.episode import first_messages
 from uniagent.errors import ConfigError
-from uniagent.resolve import ResolvedAgent, resolve
+from uniagent.resolver import ResolvedAgent, resolve
 from uniagent.run.tasks import BadRow, Task, load_tasks
 
 #: ``reward_model.style`` of prepared rows: the reward runs inside the agent loop.

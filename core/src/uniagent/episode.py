@@ -19,36 +19,27 @@ from uniagent.env import AgentEnv
 from uniagent.errors import ConfigError
 from uniagent.exit import ExitReason
 from uniagent.grading.grader import EpisodeGrader, GradingPlan
-from uniagent.interaction.loop import AgentInteraction
+from uniagent.interaction.loop import AgentInteraction, InteractionResult
 from uniagent.interaction.metrics import EpisodeMetrics
 from uniagent.interaction.prompts import tool_instructions
 from uniagent.models.base import ChatModel
 from uniagent.observer import NULL_OBSERVER, EpisodeObserver
-from uniagent.resolve import ResolvedAgent
+from uniagent.resolver import ResolvedAgent
 from uniagent.rollout import RolloutCache
 
 log = logging.getLogger(__name__)
 
 
-@dataclass
-class EpisodeResult:
-    """Everything an episode produced, for the results file or a training batch."""
+@dataclass(kw_only=True)
+class EpisodeResult(InteractionResult):
+    """Everything an episode produced, for the results file or a training batch: how the
+    loop ended (:class:`InteractionResult`), plus its treatment, reward and integrity."""
 
-    exit_reason: ExitReason
     traj_masked: bool
-    metrics: EpisodeMetrics
-    cache: RolloutCache | None = None
     reward: float | None = None
     reward_info: Mapping[str, Any] = field(default_factory=dict)
-    submission: str | None = None
-    error: str | None = None
     #: What the grader recorded before the first turn (history scrub, protected files).
     integrity: Mapping[str, Any] = field(default_factory=dict)
-
-    @property
-    def messages(self) -> list[dict[str, Any]]:
-        """The conversation (empty when the episode failed before the first turn)."""
-        return self.cache.messages if self.cache is not None else []
 
     def summary(self) -> dict[str, Any]:
         """The JSON-ready result without the (large) rollout cache."""
@@ -107,7 +98,7 @@ async def run_episode(
 ) -> EpisodeResult:
     """Run one task to completion; failures become exit reasons, never exceptions.
 
-    ``agent`` comes from :func:`uniagent.resolve.resolve` (with the task's
+    ``agent`` comes from :func:`uniagent.resolver.resolve` (with the task's
     overrides: ``agent.for_task``). ``messages`` are the first messages when the
     caller already has them (verl's dataset prompt); by default they are
     rendered from the config's templates. Only a task the episode cannot even

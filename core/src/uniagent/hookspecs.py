@@ -64,8 +64,10 @@ def uniagent_deployments() -> Iterable[DeploymentSpec]:
                                  factory=MyCloudDeployment)
 
     .. versionadded:: 0.1
-    .. versionchanged:: 0.2 the :class:`uniagent.Deployment` protocol gained
+    .. versionchanged:: 0.2 the :class:`uniagent.sandbox.Deployment` protocol gained
        ``sandbox_alive``, ``kill_processes``, ``workdir`` and ``tools_dir``.
+    .. versionchanged:: 0.3 ``DeploymentSpec.cleanup``; the protocols moved to
+       :mod:`uniagent.sandbox`, and ``Runtime`` is typed with its request models.
     """
     raise NotImplementedError  # a specification: plugins implement it
 
@@ -103,6 +105,8 @@ def uniagent_rewards() -> Iterable[RewardSpec]:
     .. versionadded:: 0.1
     .. versionchanged:: 0.2 rewards get a grading ``sandbox``, never the agent's session;
        ``RewardSpec.uses_sandbox`` and ``integrity``.
+    .. versionchanged:: 0.3 ``RewardSpec.settings`` and ``RewardContext.settings``
+       (``config``, their old name, is deprecated until 0.4).
     """
     raise NotImplementedError  # a specification: plugins implement it
 
@@ -128,8 +132,9 @@ def uniagent_services() -> Iterable[ServiceSpec]:
         @hookimpl
         def uniagent_services():
             yield ServiceSpec(name="retriever", start=start_retriever,
-                              config=RetrieverSettings)
+                              settings=RetrieverSettings)
 
     .. versionadded:: 0.2
+    .. versionchanged:: 0.3 ``ServiceSpec.settings`` (``config`` is deprecated until 0.4).
     """
     raise NotImplementedError  # a specification: plugins implement it

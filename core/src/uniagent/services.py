@@ -10,7 +10,7 @@ first episode, stopped at the end, also on Ctrl-C); a Ray actor and the verl ada
 call :func:`ensure_services` before each episode, which starts each service the first
 time only and leaves it running for the life of the process. Services are keyed by
 name and settings, so two configs with different settings get two instances. Per-task
-overrides cannot change them (:meth:`uniagent.resolve.ResolvedAgent.for_task` refuses it).
+overrides cannot change them (:meth:`uniagent.resolver.ResolvedAgent.for_task` refuses it).
 """
 
 from __future__ import annotations
@@ -29,7 +29,7 @@ from pydantic import BaseModel
 from uniagent.errors import UniAgentError
 
 if TYPE_CHECKING:  # pragma: no cover
-    from uniagent.resolve import ResolvedAgent
+    from uniagent.resolver import ResolvedAgent
     from uniagent.specs import RunningService, ServiceSpec
 
 log = logging.getLogger(__name__)

@@ -24,7 +24,7 @@ from uniagent.models import ModelError, from_spec
 from uniagent.models.guided import GuidedDecoding, ToolCallGuide, tool_call_grammar
 from uniagent.models.hf import HFLocalModel, smollm2_gguf_path
 from uniagent.parsers import HermesParser, Qwen3CoderParser, ToolCallFormatError
-from uniagent.resolve import ResolvedAgent, resolve
+from uniagent.resolver import ResolvedAgent, resolve
 from uniagent.rollout import RolloutCache, analyse_chat_template
 
 pytestmark = pytest.mark.slow  # loading the model takes ~30 s on 2 CPU cores

@@ -3,6 +3,7 @@ process before its first episode; a service that cannot start masks the samples 
 
 from __future__ import annotations
 
+import logging
 import types
 from pathlib import Path
 from typing import Any
@@ -23,7 +24,7 @@ from verl_helpers import (
 from uniagent import ServiceSpec, hookimpl
 from uniagent.config import AgentConfig
 from uniagent.plugins import load_plugins, reset_plugins
-from uniagent.resolve import resolve
+from uniagent.resolver import resolve
 from uniagent.services import stop_service
 from uniagent.verl.testing import ScriptedTokenServer
 
@@ -86,3 +87,22 @@ async def test_a_service_that_cannot_start_masks_the_samples_as_env_error(
     assert agent_field(out, "traj_masked") == [True] * 3
     assert all("address already in use" in e for e in agent_field(out, "error"))
     assert starts  # tried (a later episode tries again; concurrent ones share the failure)
+
+
+async def test_a_worker_resolves_its_agent_once_and_each_distinct_override_once(
+    tmp_path: Path, verl_model_dir: Path, qwen3_tokenizer: Any, caplog: Any
+) -> None:
+    loop_yaml = write_loop_yaml(tmp_path, AGENT)
+    override = {"interaction": {"max_turns": 2}}
+    rows = [task(f"t{i}", "[script:finish]") for i in range(3)]
+    rows += [task(f"o{i}", "[script:finish]", tools_kwargs=override) for i in range(2)]
+    batch = make_batch(tmp_path, qwen3_tokenizer, rows)
+    caplog.set_level(logging.DEBUG, logger="uniagent.resolver")
+    caplog.clear()  # `uniagent data prepare` above resolved the config too, in this process
+    server = ScriptedTokenServer(str(verl_model_dir), SCRIPTS)
+    config = trainer_config(verl_model_dir, loop_yaml)
+    out = await make_worker(config, server).generate_sequences(batch)
+    assert agent_field(out, "exit_reason") == ["finished"] * 5
+    resolved = [r.getMessage() for r in caplog.records if r.name == "uniagent.resolver"]
+    assert len([m for m in resolved if not m.endswith("(overrides)")]) == 1
+    assert len([m for m in resolved if m.endswith("(overrides)")]) == 1

@@ -48,7 +48,7 @@ def test_every_verified_row_becomes_a_task_the_recipe_runs(
     # integration suite runs the whole recipe): the rest of it resolves here.
     config = recipe.model_copy(update={"tools": []})
     assert config.reward is not None and config.reward.grade_in == "fresh"
-    reward_config = SweBenchRewardConfig.model_validate(config.reward.config)
+    reward_config = SweBenchRewardConfig.model_validate(config.reward.settings)
     for task, row in zip(tasks, rows, strict=True):
         source = f"task {task['instance_id']}"
         agent = resolve(config.with_overrides(task["tools_kwargs"], source=source), source=source)

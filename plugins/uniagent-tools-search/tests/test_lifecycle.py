@@ -32,8 +32,8 @@ def agent_config(index_dir: Path, socket: Path, **settings: object) -> AgentConf
 async def test_a_run_starts_the_service_its_sandboxes_use_and_stops_it(index_dir, socket_dir):
     socket = socket_dir / "search.sock"
     config = agent_config(index_dir, socket)
-    async with running_services(config):
-        env = open_env(config.env.deployment, config.env.settings())
+    async with running_services(resolve(config)):
+        env = open_env(config.env.deployment, config.env)
         async with env:
             await env.install_tools([make_search()])
             obs = await env.run_action("search --query 'Leonardo da Vinci Mona Lisa'", timeout=60)

@@ -40,18 +40,22 @@ log = logging.getLogger(__name__)
 
 @dataclass
 class InteractionResult:
-    """How the loop ended and what it produced."""
+    """How the loop ended and what it produced.
+
+    ``cache`` is ``None`` only for an episode that ended before its first turn (its
+    sandbox did not start): :class:`uniagent.episode.EpisodeResult` extends this.
+    """
 
     exit_reason: ExitReason
-    cache: RolloutCache
-    metrics: EpisodeMetrics
+    cache: RolloutCache | None = None
+    metrics: EpisodeMetrics = field(default_factory=EpisodeMetrics)
     submission: str | None = None
     error: str | None = None
 
     @property
     def messages(self) -> list[dict[str, Any]]:
-        """The conversation, as chat messages."""
-        return self.cache.messages
+        """The conversation, as chat messages (empty before the first turn)."""
+        return self.cache.messages if self.cache is not None else []
 
 
 @dataclass

@@ -20,7 +20,7 @@ from uniagent.episode import EpisodeResult, run_episode
 from uniagent.exit import ExitReason
 from uniagent.interaction.metrics import EpisodeMetrics
 from uniagent.observer import EpisodeObserver
-from uniagent.resolve import ResolvedAgent
+from uniagent.resolver import ResolvedAgent
 from uniagent.run.folder import LOG, safe_name, write_episode
 from uniagent.run.progress import EpisodeState, Progress
 from uniagent.run.results import is_infra_failure
@@ -105,7 +105,7 @@ async def execute_job(
     """Run one attempt of a job, logging to ``log_path`` (and ``stream``); return its payload.
 
     ``base`` is the run's resolved agent; a task with overrides gets
-    :meth:`~uniagent.resolve.ResolvedAgent.for_task`.
+    :meth:`~uniagent.resolver.ResolvedAgent.for_task`.
     """
     logger, handler = episode_logger(log_path, f"episode.{job.task.id}.{job.sample}")
     if stream is not None:

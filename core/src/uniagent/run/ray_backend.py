@@ -24,7 +24,7 @@ from uniagent.config import AgentConfig
 from uniagent.env.aio import wait_through_cancellation
 from uniagent.env.containers import RUN_ID_ENV
 from uniagent.errors import ConfigError, UniAgentError
-from uniagent.resolve import ResolvedAgent, resolve
+from uniagent.resolver import ResolvedAgent, resolve
 from uniagent.run.folder import LOG
 from uniagent.run.jobs import (
     Attempt,

@@ -31,7 +31,7 @@ from uniagent.env.agent_env import close_open_envs
 from uniagent.env.aio import wait_through_cancellation
 from uniagent.env.containers import RUN_ID_ENV
 from uniagent.errors import ConfigError, UniAgentError
-from uniagent.resolve import ResolvedAgent, resolve
+from uniagent.resolver import ResolvedAgent, resolve
 from uniagent.run import manifest as manifests
 from uniagent.run.folder import FolderLock, safe_name, start_attempt, write_json
 from uniagent.run.jobs import (

@@ -31,7 +31,8 @@ from uniagent.exit import ExitReason
 from uniagent.interaction.metrics import EpisodeMetrics
 from uniagent.models import VerlServerModel
 from uniagent.plugins import load_plugins
-from uniagent.resolve import ResolvedAgent, resolve
+from uniagent.registry import get_registry
+from uniagent.resolver import ResolvedAgent, resolve
 from uniagent.services import ServiceStartError, ensure_services
 from uniagent.verl.dumps import DumpSettings, EpisodeDump
 from uniagent.verl.output import (
@@ -99,12 +100,14 @@ class UniAgentLoop(AgentLoopBase):
              self.settings.agent_loop_config_path, os.getcwd()],
             sort_keys=True, default=str,
         )
+        registry = get_registry()
         with self._configs_lock:
             agent = self._agents.get(key)
-            if agent is None:
+            if agent is None or agent.registry is not registry:  # plugins reloaded: again
                 data = base_config_dict(self.settings, loop_kwargs)
                 source = f"agent loop {self.loop_name!r}"
-                agent = resolve(AgentConfig.from_dict(data, source=source), source=source)
+                config = AgentConfig.from_dict(data, source=source)
+                agent = resolve(config, registry, source=source)
                 self._agents[key] = agent
         return agent
 

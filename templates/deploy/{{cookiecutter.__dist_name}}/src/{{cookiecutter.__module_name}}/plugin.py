@@ -7,7 +7,7 @@ A deployment is a sandbox backend, chosen in the agent config by ``type``::
 
 It is a :class:`uniagent.DeploymentSpec`: a pydantic config model whose
 ``type`` is ``Literal["{{ cookiecutter.__record_name }}"]`` and a factory that turns a
-validated config into a :class:`uniagent.Deployment` (``start``, ``stop``, ``runtime``,
+validated config into a :class:`uniagent.sandbox.Deployment` (``start``, ``stop``, ``runtime``,
 ``is_alive``, ``sandbox_alive``, ``kill_processes``, ``workdir``, ``tools_dir``). The
 example wraps the built-in host deployment and writes the configured files into the
 sandbox's work dir when it starts; a real backend would create a container or cloud
@@ -21,14 +21,8 @@ from collections.abc import Iterator
 from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field
-from uniagent import (
-    DeploymentSpec,
-    HostDeployment,
-    HostDeploymentConfig,
-    Runtime,
-    WriteFileRequest,
-    hookimpl,
-)
+from uniagent import DeploymentSpec, hookimpl
+from uniagent.sandbox import HostDeployment, HostDeploymentConfig, Runtime, WriteFileRequest
 
 
 class {{ cookiecutter.__class_name }}Config(BaseModel):

@@ -14,7 +14,8 @@ naming the key path and the source (file, or task)::
 A run resolves once per process (``uniagent run``: once; a verl worker: once per agent
 loop) and hands the :class:`ResolvedAgent` down; a task's overrides go through
 :meth:`ResolvedAgent.for_task`, which resolves each distinct override once. Each resolve
-logs one ``resolved ...`` line at DEBUG level on this module's logger.
+logs one ``resolved SOURCE`` line (``resolved SOURCE (overrides)`` for a task's) at
+DEBUG level on this module's logger.
 
 :func:`open_env` is the one way to open a sandbox from a raw deployment config.
 """
@@ -103,7 +104,7 @@ class ResolvedAgent:
                 f"{source}: services cannot be changed per task (they run once per process "
                 "for every task); set them in the agent config"
             )
-        agent = _resolve(merged, self.registry or get_registry(), source)
+        agent = _resolve(merged, self.registry or get_registry(), source, overrides=True)
         with self._lock:
             self._per_task[key] = agent
             while len(self._per_task) > FOR_TASK_CACHE:
@@ -127,8 +128,10 @@ def resolve(
     return _resolve(config, registry or get_registry(), source or config.source)
 
 
-def _resolve(config: AgentConfig, registry: Registry, source: str) -> ResolvedAgent:
-    log.debug("resolved %s", source)
+def _resolve(
+    config: AgentConfig, registry: Registry, source: str, *, overrides: bool = False
+) -> ResolvedAgent:
+    log.debug("resolved %s%s", source, " (overrides)" if overrides else "")
     tools = tuple(
         _tool(registry, ref, f"tools.{i}", source) for i, ref in enumerate(config.tools)
     )

@@ -1,0 +1,247 @@
+"""The core's structure: one way down (no import cycle), a light front door, resolve once."""
+
+from __future__ import annotations
+
+import ast
+import json
+import logging
+import subprocess
+import sys
+import types
+import warnings
+from pathlib import Path
+
+import pytest
+from pydantic import BaseModel
+
+import uniagent
+from uniagent import AgentConfig, RewardSpec, ServiceSpec, ToolSpec, hookimpl
+from uniagent.plugins import load_plugins, reset_plugins
+from uniagent.testing import Reply, ScriptedChatServer, cli, tool_call
+
+SRC = Path(uniagent.__file__).resolve().parents[1]
+
+
+def import_graph(*, packages: bool) -> dict[str, set[str]]:
+    """Runtime imports between the core's modules (or subpackages): lazy ones count,
+    ``if TYPE_CHECKING:`` blocks do not, and a module's import of its own ancestor package
+    (the lazy front door) is not an edge."""
+    modules: dict[str, Path] = {}
+    for path in (SRC / "uniagent").rglob("*.py"):
+        parts = path.relative_to(SRC).with_suffix("").parts
+        modules[".".join(parts[:-1] if parts[-1] == "__init__" else parts)] = path
+    edges: dict[str, set[str]] = {name: set() for name in modules}
+    for name, path in modules.items():
+        tree = ast.parse(path.read_text())
+        skipped = {
+            id(node)
+            for block in ast.walk(tree)
+            if isinstance(block, ast.If) and "TYPE_CHECKING" in ast.unparse(block.test)
+            for stmt in block.body
+            for node in ast.walk(stmt)
+        }
+        for node in ast.walk(tree):
+            if id(node) in skipped or not isinstance(node, ast.Import | ast.ImportFrom):
+                continue
+            if isinstance(node, ast.Import):
+                targets = [alias.name for alias in node.names]
+            else:
+                base = node.module or ""
+                if node.level:
+                    here = name.split(".") if path.name == "__init__.py" else name.split(".")[:-1]
+                    here = here[: len(here) - node.level + 1]
+                    base = ".".join([*here, *([base] if base else [])])
+                targets = [base, *(f"{base}.{alias.name}" for alias in node.names)]
+            for target in targets:
+                while target and target not in modules:
+                    target = target.rpartition(".")[0]
+                if target and target != name and not name.startswith(target + "."):
+                    edges[name].add(target)
+    if not packages:
+        return edges
+    unit = lambda module: ".".join(module.split(".")[:2])  # noqa: E731
+    grouped: dict[str, set[str]] = {}
+    for name, targets in edges.items():
+        grouped.setdefault(unit(name), set()).update(
+            unit(t) for t in targets if unit(t) != unit(name)
+        )
+    return grouped
+
+
+def cycles(edges: dict[str, set[str]]) -> list[list[str]]:
+    """Strongly connected components of more than one node (Tarjan)."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    found: list[list[str]] = []
+
+    def visit(node: str) -> None:
+        index[node] = low[node] = len(index)
+        stack.append(node)
+        for target in edges.get(node, ()):
+            if target not in index:
+                visit(target)
+                low[node] = min(low[node], low[target])
+            elif target in stack:
+                low[node] = min(low[node], index[target])
+        if low[node] == index[node]:
+            component = []
+            while True:
+                member = stack.pop()
+                component.append(member)
+                if member == node:
+                    break
+            if len(component) > 1:
+                found.append(sorted(component))
+
+    for node in sorted(edges):
+        if node not in index:
+            visit(node)
+    return found
+
+
+@pytest.mark.parametrize("packages", [False, True], ids=["modules", "subpackages"])
+def test_the_core_has_no_import_cycle(packages: bool) -> None:
+    graph = import_graph(packages=packages)
+    assert len(graph) > (20 if packages else 100), "the graph found the core's modules"
+    assert cycles(graph) == []
+
+
+def test_the_cycle_check_finds_a_cycle() -> None:
+    assert cycles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == [["a", "b", "c"]]
+
+
+@pytest.mark.parametrize("statement", ["import uniagent", "import uniagent.errors"])
+def test_importing_the_front_door_loads_no_backend_grader_or_runner(statement: str) -> None:
+    done = subprocess.run(
+        [sys.executable, "-X", "importtime", "-c", statement],
+        capture_output=True, text=True, check=True,
+    )  # fmt: skip
+    imported = {
+        line.rsplit("|", 1)[-1].strip()
+        for line in done.stderr.splitlines()
+        if line.startswith("import time:") and "|" in line
+    }
+    assert "uniagent" in imported
+    heavy = sorted(
+        name for name in imported
+        if name.startswith(("uniagent.env", "uniagent.grading", "uniagent.run"))
+    )  # fmt: skip
+    assert heavy == []
+
+
+def test_the_front_door_serves_each_name_it_lists() -> None:
+    for name in uniagent.__all__:
+        assert getattr(uniagent, name) is not None, name
+    with pytest.raises(AttributeError, match="no attribute 'nope'"):
+        uniagent.nope  # noqa: B018
+
+
+def test_names_that_moved_to_uniagent_sandbox_still_work_with_a_warning() -> None:
+    import uniagent.sandbox
+
+    with pytest.warns(DeprecationWarning, match="moved to uniagent.sandbox.SANDBOX_UID"):
+        assert uniagent.SANDBOX_UID == uniagent.sandbox.SANDBOX_UID
+    with pytest.warns(DeprecationWarning, match=r"get_registry\(\)\.tools\(\)"):
+        assert uniagent.get_tools() is uniagent.get_registry().tools()
+
+
+# -- one vocabulary: `settings`, with the old names deprecated for one minor version ----
+class Settings(BaseModel):
+    level: int = 1
+
+
+async def _score(ctx: object) -> float:
+    return 1.0
+
+
+async def _start(settings: object) -> object:
+    return None
+
+
+def test_records_take_settings_and_the_old_config_name_with_a_warning() -> None:
+    assert RewardSpec(name="r", fn=_score, settings=Settings).settings is Settings
+    with pytest.warns(DeprecationWarning, match=r"RewardSpec\(settings=...\)"):
+        old = RewardSpec(name="r", fn=_score, config=Settings)
+    assert old.settings is Settings and old.config is Settings
+    with pytest.warns(DeprecationWarning, match=r"ServiceSpec\(settings=...\)"):
+        assert ServiceSpec(name="s", start=_start, config=Settings).settings is Settings
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # copying a record (the registry does) is silent
+        import dataclasses
+
+        dataclasses.replace(old, distribution="x")
+
+
+def test_reward_settings_key_and_the_deprecated_config_key() -> None:
+    new = AgentConfig.from_dict({"reward": {"name": "command", "settings": {"command": "true"}}})
+    assert new.reward is not None and new.reward.settings == {"command": "true"}
+    with pytest.warns(FutureWarning, match="rename it to reward.settings"):
+        old = AgentConfig.from_dict({"reward": {"name": "command", "config": {"command": "true"}}})
+    assert old == new
+    with pytest.raises(uniagent.ConfigError, match="not both"):
+        AgentConfig.from_dict({"reward": {"name": "command", "config": {}, "settings": {}}})
+
+
+def test_the_env_section_and_the_resolved_env_are_one_model() -> None:
+    config = AgentConfig.from_dict({"env": {"post_setup": ["true"]}})
+    agent = uniagent.resolve(config)
+    assert isinstance(config.env, uniagent.EnvConfig) and agent.env is config.env
+
+
+async def test_open_env_is_the_front_doors_and_agentenv_from_config_forwards_to_it() -> None:
+    async with uniagent.open_env({"type": "host"}, {"env": {"X": "1"}}) as env:
+        assert (await env.run_action("echo $X", timeout=30)).output.strip() == "1"
+    with pytest.warns(DeprecationWarning, match="uniagent.open_env"):
+        old = uniagent.AgentEnv.from_config({"type": "host"})
+    assert isinstance(old, uniagent.AgentEnv)
+    with pytest.raises(uniagent.ConfigError, match="installed deployments"):
+        uniagent.open_env({"type": "nope"})
+
+
+# -- resolve once --------------------------------------------------------------------
+DONE = ToolSpec(
+    name="done", description="Finish.", arguments=Settings, render=lambda a: "echo ok",
+    ends_episode=True,
+)  # fmt: skip
+
+
+@pytest.fixture
+def done_tool():
+    reset_plugins()
+
+    @hookimpl
+    def uniagent_tools():
+        return [DONE]
+
+    load_plugins().register(types.SimpleNamespace(uniagent_tools=uniagent_tools), "test-tools")
+    yield
+    reset_plugins()
+
+
+def test_one_uniagent_run_resolves_its_config_once(done_tool, tmp_path, monkeypatch, caplog):
+    config = tmp_path / "agent.yaml"
+    config.write_text(json.dumps({
+        "tools": ["done"], "instance_template": "{q}",
+        "env": {"deployment": {"type": "host", "isolation": "none"}},
+    }))  # fmt: skip
+    same = {"interaction": {"max_turns": 3}}
+    rows = [{"id": f"plain-{i}", "q": "go"} for i in range(4)]
+    rows += [{"id": f"over-{i}", "q": "go", "tools_kwargs": same} for i in range(3)]
+    data = tmp_path / "tasks.jsonl"
+    data.write_text("".join(json.dumps(row) + "\n" for row in rows))
+    monkeypatch.setenv("OPENAI_API_KEY", "test")
+    caplog.set_level(logging.DEBUG, logger="uniagent.resolver")
+    reply = Reply("Done.", tool_calls=[tool_call("done", {}, "call_done")])
+    with ScriptedChatServer(default=lambda body: reply) as server:
+        status = cli([
+            "run", str(config), "--data", str(data), "--out", str(tmp_path / "out"),
+            "--model", f"openai:{server.base_url}#scripted", "--concurrency", "4",
+        ])  # fmt: skip
+    assert status == 0
+    results = (tmp_path / "out" / "results.jsonl").read_text().splitlines()
+    assert [json.loads(r)["exit_reason"] for r in results] == ["finished"] * 7
+    resolved = [r.getMessage() for r in caplog.records if r.name == "uniagent.resolver"]
+    assert [m for m in resolved if not m.endswith("(overrides)")] == [f"resolved {config}"]
+    # Three tasks with the same override: resolved once, by whichever task came first.
+    assert len([m for m in resolved if m.endswith("(overrides)")]) == 1
