@@ -12,7 +12,8 @@ import pytest
 from uniagent import RewardSpec, hookimpl, open_env
 from uniagent.env import AgentEnv
 from uniagent.grading.grader import GradingInfraError
-from uniagent.grading.integrity import split_patch, toolchain_changes
+from uniagent.grading.integrity import toolchain_changes
+from uniagent.grading.patch import split_patch
 from uniagent.plugins import load_plugins, reset_plugins
 from uniagent.protect.rules import PYTHON_HARNESS, RuleSet, literal_pattern, runner_section
 from uniagent.protect.settings import IntegrityDefaults, Workspace

@@ -471,3 +471,31 @@ async def test_text_calls_sent_to_a_chat_api_are_answered_by_user_messages():
     assert second[-1] == {"role": "user", "content": "<tool_response>\nhi\n\n</tool_response>"}
     assert not any(m["role"] == "tool" and "tool_call_id" not in m for m in third)
     assert third[-1]["role"] == "tool" and third[-1]["tool_call_id"] == "c1"
+
+
+async def test_a_call_written_as_text_is_answered_as_the_rollout_says(qwen3_tokenizer):
+    """The loop asks the rollout, not its mode, how to answer a call written as text."""
+    from uniagent.rollout import TokenRollout
+
+    class Tagging(TokenRollout):
+        def answer_text_call(self, content, name, call_id, wrap):
+            return {"role": "user", "content": "[tagged] " + wrap(content)}
+
+    model = ScriptedTokenModel(
+        qwen3_tokenizer,
+        [hermes_call("shell", {"command": "echo hi"}), hermes_call("done")],
+        sampling_params={"max_tokens": 200},
+    )
+    env = open_env({"type": "host", "isolation": "none"})
+    await env.start()
+    try:
+        loop = AgentInteraction(model, env, TOOLS, HermesParser(), InteractionConfig())
+        cache = Tagging.start(qwen3_tokenizer, [{"role": "user", "content": "go"}], [])
+        outcome = await loop.run(cache)
+    finally:
+        await env.close()
+    assert outcome.exit_reason is ExitReason.FINISHED
+    answers = [m for m in outcome.messages if m["role"] in ("user", "tool")][1:]
+    tagged = "[tagged] <tool_response>\nhi\n\n</tool_response>"
+    assert answers == [{"role": "user", "content": tagged}]
+    assert cache.check_exactness().ok

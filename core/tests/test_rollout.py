@@ -9,10 +9,12 @@ from typing import Any
 import pytest
 
 from uniagent.rollout import (
+    MessageRollout,
     PromptTooLongError,
     RolloutCache,
     RolloutError,
     TemplateAnalysisError,
+    TokenRollout,
     analyse_chat_template,
     strip_think_blocks,
 )
@@ -557,7 +559,7 @@ def test_debug_mode_checks_each_turn(
     assert cache.last_exactness_report is not None and cache.last_exactness_report.ok
     ids = template_generation_ids(qwen3_tokenizer, msgs[:4], msgs[4], TOOLS)
     cache.append_generation(ids, message={"role": "assistant", "content": "not what was said"})
-    with caplog.at_level(logging.WARNING, logger="uniagent.rollout.cache"):
+    with caplog.at_level(logging.WARNING, logger="uniagent.rollout.tokens"):
         cache.append_messages([msgs[5]])
     assert not cache.last_exactness_report.ok
     assert "drifted" in caplog.text
@@ -686,6 +688,49 @@ def test_message_only_mode(qwen3_tokenizer: Any) -> None:
     assert sum(rendered.response_mask) > 0
     report = rendered.check_exactness()
     assert report.ok and report.ids_match, report.summary()
+
+
+def test_each_mode_is_its_own_kind_and_a_snapshot_comes_back_as_it(qwen3_tokenizer: Any) -> None:
+    msgs = conversation(1, reasoning=False)
+    tokens = RolloutCache.start(qwen3_tokenizer, msgs[:2], TOOLS)
+    messages = RolloutCache.messages_only(msgs[:2], TOOLS)
+    assert type(tokens) is TokenRollout and type(messages) is MessageRollout
+    for cache in (tokens, messages):
+        again = RolloutCache.from_dict(json.loads(json.dumps(cache.to_dict())), qwen3_tokenizer)
+        assert type(again) is type(cache) and again.to_dict() == cache.to_dict()
+
+    # A subclass without a mode of its own is not what from_dict builds for its parent's.
+    class Traced(TokenRollout):
+        pass
+
+    traced = Traced.start(qwen3_tokenizer, msgs[:2], TOOLS)
+    assert type(traced) is Traced
+    assert type(RolloutCache.from_dict(traced.to_dict())) is TokenRollout
+
+
+def test_each_mode_answers_a_call_written_as_text_as_its_consumer_takes_it(
+    qwen3_tokenizer: Any,
+) -> None:
+    """A chat template renders ``role: tool`` after any call; a strict chat API does not."""
+    msgs = conversation(1, reasoning=False)
+    wrap = "<tool_response>\n{}\n</tool_response>".format
+    tokens = RolloutCache.start(qwen3_tokenizer, msgs[:2])
+    assert tokens.answer_text_call("hi", "shell", None, wrap) == {
+        "role": "tool", "content": "hi", "name": "shell"
+    }
+    messages = RolloutCache.messages_only(msgs[:2])
+    assert messages.answer_text_call("hi", "shell", "c1", wrap) == {
+        "role": "user", "content": "<tool_response>\nhi\n</tool_response>"
+    }
+
+
+def test_a_messages_snapshot_that_holds_ids_is_refused() -> None:
+    msgs = conversation(1, reasoning=False)
+    data = RolloutCache.messages_only(msgs[:2]).to_dict()
+    with pytest.raises(RolloutError, match="'response_ids' is \\[5\\]"):
+        RolloutCache.from_dict({**data, "response_ids": [5]})
+    with pytest.raises(RolloutError, match="'tokenizer'"):
+        RolloutCache.from_dict({**data, "tokenizer": "Qwen/Qwen3"})
 
 
 def test_token_mode_rejects_assistant_messages_without_ids(qwen3_tokenizer: Any) -> None:

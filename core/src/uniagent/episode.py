@@ -25,7 +25,6 @@ from uniagent.interaction.prompts import tool_instructions
 from uniagent.models.base import ChatModel
 from uniagent.observer import NULL_OBSERVER, EpisodeObserver
 from uniagent.resolver import ResolvedAgent
-from uniagent.rollout import RolloutCache
 
 log = logging.getLogger(__name__)
 

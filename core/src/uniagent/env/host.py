@@ -4,20 +4,19 @@ Each episode gets a private directory (``uniagent-XXXX`` under ``base_dir``)
 holding its work dir (the session's cwd), tools dir and, with bubblewrap,
 ``/tmp`` and home; ``stop()`` kills the session's process group and removes
 the directory. ``isolation: bwrap`` runs the session in a bubblewrap sandbox
-(see :mod:`uniagent.env.bwrap`).
+(see :mod:`uniagent.env.bwrap`). This module lays the episode out (its
+config, directory, mounts, cgroup); :mod:`uniagent.env.host_runtime` runs the
+sessions and file operations in it.
 """
 
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import ctypes
 import fnmatch
 import logging
 import os
-import shlex
 import shutil
-import signal
 import tempfile
 import threading
 from pathlib import Path
@@ -26,7 +25,6 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from uniagent.env import cgroups
-from uniagent.env.bash_session import BASH_FLAGS, BashSession
 from uniagent.env.bwrap import (
     Mount,
     bind_mounts,
@@ -38,23 +36,8 @@ from uniagent.env.bwrap import (
     system_mounts,
 )
 from uniagent.env.cgroups import SandboxCgroup
-from uniagent.env.errors import (
-    CommandTimeoutError,
-    EnvError,
-    EnvStartError,
-    NonZeroExitError,
-)
-from uniagent.env.runtime import (
-    BashObservation,
-    CloseBashSessionResponse,
-    CloseResponse,
-    CommandResponse,
-    CreateBashSessionResponse,
-    IsAliveResponse,
-    ReadFileResponse,
-    UploadResponse,
-    WriteFileResponse,
-)
+from uniagent.env.errors import EnvError, EnvStartError
+from uniagent.env.host_runtime import HostRuntime
 
 log = logging.getLogger(__name__)
 
@@ -204,7 +187,7 @@ class HostDeploymentConfig(BaseModel):
         return self
 
 
-class _Layout:
+class EpisodeLayout:
     """Paths of one episode, as the session sees them and on the host."""
 
     def __init__(
@@ -296,196 +279,6 @@ class _Layout:
         return self.cgroup.wrap(argv) if self.cgroup is not None else argv
 
 
-class HostRuntime:
-    """SWE-ReX's runtime interface over :class:`BashSession` s and host file operations."""
-
-    def __init__(self, layout: _Layout, config: HostDeploymentConfig) -> None:
-        self.layout = layout
-        self.config = config
-        self.sessions: dict[str, BashSession] = {}
-        self._closed = False
-
-    async def is_alive(self, *, timeout: float | None = None) -> IsAliveResponse:
-        """Alive while not closed and no session has died."""
-        if self._closed:
-            return IsAliveResponse(is_alive=False, message="the runtime was closed")
-        dead = [name for name, s in self.sessions.items() if not s.alive]
-        if dead:
-            return IsAliveResponse(is_alive=False, message=f"session(s) ended: {', '.join(dead)}")
-        return IsAliveResponse(is_alive=True)
-
-    async def create_session(self, request: Any) -> CreateBashSessionResponse:
-        """Start a bash session (sourcing ``startup_source`` files)."""
-        name = request.session
-        if self._closed:
-            raise EnvError("the host runtime is closed")
-        if name in self.sessions:
-            raise EnvError(f"session {name!r} already exists")
-        cwd = self.layout.workdir if self.layout.bwrap is None else str(self.layout.root)
-        session = BashSession(
-            self.layout.wrap([self.config.bash, *BASH_FLAGS]),
-            cwd=cwd,
-            env=self.layout.env,
-            buffer_limit=self.config.max_output_bytes,
-        )
-        timeout = max(request.startup_timeout, self.config.startup_timeout)
-        output = await session.start(timeout=timeout)
-        self.sessions[name] = session
-        for path in request.startup_source:
-            text, code = await session.run(f"source {_sh_quote(path)}", timeout=timeout)
-            output += text
-            if code != 0:
-                raise EnvStartError(f"sourcing {path!r} failed (exit {code}): {text}")
-        return CreateBashSessionResponse(output=output)
-
-    def _session(self, name: str) -> BashSession:
-        try:
-            return self.sessions[name]
-        except KeyError:
-            raise EnvError(f"no session named {name!r}; call create_session first") from None
-
-    async def run_in_session(self, action: Any) -> BashObservation:
-        """Run a ``BashAction`` (``bash -n`` checked first) or a ``BashInterruptAction``.
-
-        SWE-ReX's semantics: ``is_interactive_command`` starts a program on a
-        terminal, or sends a line to the running one, and returns at one of the
-        ``expect`` patterns (``expect_string`` says which) or when it ends;
-        ``is_interactive_quit`` sends the line and waits for the program to end.
-        """
-        session = self._session(action.session)
-        expect = list(getattr(action, "expect", None) or [])
-        if getattr(action, "action_type", "bash") == "bash_interrupt":
-            output, matched = await session.interrupt_expecting(
-                timeout=action.timeout, n_retry=action.n_retry, expect=expect
-            )
-            return BashObservation(output=output, exit_code=0, expect_string=matched)
-        if action.is_interactive_command or action.is_interactive_quit:
-            output, code, matched = await session.run_interactive(
-                action.command, expect, action.timeout, quit=action.is_interactive_quit
-            )
-            return BashObservation(output=output, exit_code=code, expect_string=matched)
-        if expect:
-            raise EnvError(
-                "expect strings need is_interactive_command=True (a program that prompts)"
-            )
-        # The session checks the syntax itself (ActionSyntaxError), see bash_session.
-        output, code = await session.run(action.command, timeout=action.timeout)
-        if action.check == "raise" and code != 0:
-            raise NonZeroExitError(action.command, code, output)
-        return BashObservation(output=output, exit_code=None if action.check == "ignore" else code)
-
-    async def close_session(self, request: Any) -> CloseBashSessionResponse:
-        """Close one session (kills its process group); an unknown name is an error."""
-        session = self.sessions.pop(request.session, None)
-        if session is None:
-            raise EnvError(f"no session named {request.session!r} to close")
-        await session.close()
-        return CloseBashSessionResponse()
-
-    async def execute(self, command: Any) -> CommandResponse:
-        """Run a one-off subprocess (inside the sandbox with bwrap)."""
-        text = command.command
-        if command.shell:
-            argv = ["bash", "-c", text if isinstance(text, str) else shlex.join(text)]
-        else:  # like subprocess.run: a string is one program name
-            argv = [text] if isinstance(text, str) else list(text)
-        cwd = command.cwd or self.layout.workdir
-        # Like subprocess: a given env is the whole environment (grading relies on it).
-        env = dict(command.env) if command.env is not None else dict(self.layout.env)
-        if self.layout.bwrap is not None:
-            argv, cwd = self.layout.wrap(argv, cwd), str(self.layout.root)
-        else:
-            argv = self.layout.wrap(argv)
-        merge = (
-            asyncio.subprocess.STDOUT if command.merge_output_streams else asyncio.subprocess.PIPE
-        )
-        proc = await asyncio.create_subprocess_exec(
-            *argv,
-            stdin=asyncio.subprocess.DEVNULL,
-            stdout=asyncio.subprocess.PIPE,
-            stderr=merge,
-            cwd=cwd,
-            env=env,
-            start_new_session=True,
-        )
-        try:
-            out, err = await asyncio.wait_for(proc.communicate(), command.timeout)
-        except asyncio.TimeoutError:
-            with contextlib.suppress(ProcessLookupError):
-                os.killpg(proc.pid, signal.SIGKILL)
-            await proc.wait()
-            raise CommandTimeoutError(
-                f"{text!r} did not finish within {command.timeout} s"
-            ) from None
-        result = CommandResponse(
-            stdout=out.decode("utf-8", "backslashreplace"),
-            stderr=(err or b"").decode("utf-8", "backslashreplace"),
-            exit_code=proc.returncode,
-        )
-        if command.check and proc.returncode != 0:
-            raise NonZeroExitError(
-                str(command.command), proc.returncode, result.stdout + result.stderr
-            )
-        return result
-
-    async def read_file(self, request: Any) -> ReadFileResponse:
-        """Read a text file (host-side, through the sandbox's mounts)."""
-        path = self.layout.to_host(request.path)
-        text = await asyncio.to_thread(
-            path.read_text, encoding=request.encoding or "utf-8", errors=request.errors or "strict"
-        )
-        return ReadFileResponse(content=text)
-
-    async def write_file(self, request: Any) -> WriteFileResponse:
-        """Write a text file, creating parent dirs."""
-        path = self.layout.to_host(request.path, write=True)
-
-        def write() -> None:
-            self.layout.make_parents(path)
-            path.write_text(request.content, encoding="utf-8")
-            self.layout.own(path)
-
-        await asyncio.to_thread(write)
-        return WriteFileResponse()
-
-    async def upload(self, request: Any) -> UploadResponse:
-        """Copy a local file to ``target_path``, or a directory's contents into it."""
-        source = Path(request.source_path)
-        target = self.layout.to_host(request.target_path, write=True)
-
-        def copy() -> None:
-            if source.is_dir():
-                self.layout.make_parents(target)
-                shutil.copytree(source, target, symlinks=True, dirs_exist_ok=True)
-                if self.layout.uid is not None:
-                    self.layout.own(target)
-                    for here, dirs, files in os.walk(target):
-                        for name in (*dirs, *files):
-                            self.layout.own(Path(here, name))
-            elif source.is_file():
-                self.layout.make_parents(target)
-                shutil.copy2(source, target)
-                self.layout.own(target)
-            else:
-                raise EnvError(f"cannot upload {str(source)!r}: no such file or directory")
-
-        await asyncio.to_thread(copy)
-        return UploadResponse()
-
-    async def kill_processes(self) -> None:
-        """End every session and every process of the sandbox (its cgroup); files stay."""
-        sessions, self.sessions = list(self.sessions.values()), {}
-        await asyncio.gather(*(s.close() for s in sessions), return_exceptions=True)
-        if self.layout.cgroup is not None:
-            await asyncio.to_thread(self.layout.cgroup.kill)
-
-    async def close(self) -> CloseResponse:
-        """Close every session and end every process of the sandbox; idempotent."""
-        self._closed = True
-        await self.kill_processes()
-        return CloseResponse()
-
-
 class HostDeployment:
     """Episode directory + :class:`HostRuntime`; ``stop()`` leaves nothing behind."""
 
@@ -493,7 +286,7 @@ class HostDeployment:
         self.config = config or HostDeploymentConfig()
         self._runtime: HostRuntime | None = None
         self._root: Path | None = None
-        self._layout: _Layout | None = None
+        self._layout: EpisodeLayout | None = None
 
     async def start(self) -> None:
         """Create the episode directory and cgroup (bash starts with the first session)."""
@@ -511,7 +304,7 @@ class HostDeployment:
         self._layout = layout
         self._runtime = HostRuntime(layout, self.config)
 
-    def _prepare(self) -> _Layout:
+    def _prepare(self) -> EpisodeLayout:
         bwrap, uid = self._isolation()
         if shutil.which(self.config.bash) is None:
             raise EnvStartError(f"{self.config.bash!r} is not on PATH; install bash")
@@ -526,7 +319,7 @@ class HostDeployment:
             if limits.disk is not None:
                 _mount_tmpfs(root, limits.disk)
             cgroup = cgroups.create(pids=limits.pids, memory=limits.memory)
-            return _Layout(self.config, root, bwrap, cgroup, uid)
+            return EpisodeLayout(self.config, root, bwrap, cgroup, uid)
         except BaseException:
             _remove_episode(root, cgroup)
             raise
@@ -564,7 +357,7 @@ class HostDeployment:
 
     async def sandbox_alive(self) -> bool:
         """Whether the sandbox (its directory and runtime) is up, whatever its sessions do."""
-        return self._runtime is not None and not self._runtime._closed and self._root is not None
+        return self._runtime is not None and not self._runtime.closed and self._root is not None
 
     async def kill_processes(self) -> None:
         """End every process of the sandbox (the agent's, before grading); files stay."""
@@ -644,7 +437,7 @@ def _remove_episode(root: Path, cgroup: SandboxCgroup | None) -> None:
     shutil.rmtree(root, ignore_errors=True)
 
 
-def _discard_layout(made: asyncio.Future[_Layout]) -> None:
+def _discard_layout(made: asyncio.Future[EpisodeLayout]) -> None:
     if made.cancelled() or made.exception() is not None:
         return
     layout = made.result()
@@ -683,7 +476,3 @@ def sandbox_environment(pass_env: list[str]) -> dict[str, str]:
     env.setdefault("PATH", DEFAULT_PATH)
     env.setdefault("LANG", "C.UTF-8")
     return env
-
-
-def _sh_quote(text: str) -> str:
-    return "'" + text.replace("'", "'\\''") + "'"

@@ -28,7 +28,16 @@ from typing import TYPE_CHECKING, Any
 from uniagent.env.errors import EnvError, TerminalNotAliveError
 from uniagent.exit import ExitReason
 from uniagent.grading import integrity
-from uniagent.grading.integrity import Baseline, GradingSetupError, PatchTooLarge, Tamper
+from uniagent.grading.integrity import Baseline, GradingSetupError, Tamper
+from uniagent.grading.patch import (
+    FilePatch,
+    PatchTooLarge,
+    apply_patch,
+    content_hits,
+    extract_patch,
+    join_patch,
+    split_patch,
+)
 from uniagent.grading.sandbox import GradingSandbox
 from uniagent.protect.settings import IntegritySettings, Workspace
 from uniagent.reward import RewardContext, RewardInfraError, RewardResult
@@ -148,11 +157,11 @@ class EpisodeGrader:
                     mode = info["grade_in"] = "fresh"
                     info["fallback"] = "the toolchain changed: graded in a fresh sandbox"
             self._record(await integrity.screen(sandbox, baseline, restore=True))
-            parts: list[integrity.FilePatch] = []
+            parts: list[FilePatch] = []
             if baseline.base is not None and (mode == "fresh" or baseline.rules.content):
-                patch = await integrity.extract_patch(sandbox, baseline, settings.max_patch_bytes)
-                parts = integrity.split_patch(patch or b"")
-                self._record(integrity.content_hits(parts, baseline.rules))
+                patch = await extract_patch(sandbox, baseline, settings.max_patch_bytes)
+                parts = split_patch(patch or b"")
+                self._record(content_hits(parts, baseline.rules))
                 info["patch_files"] = [p.path for p in parts]
         except PatchTooLarge as exc:
             return self._zero(info, "patch_too_large", str(exc))
@@ -164,7 +173,7 @@ class EpisodeGrader:
         if mode == "episode":
             return await self._run_reward(sandbox, context, info, env=env)
         kept = [p for p in parts if not integrity.is_protected(baseline.rules, p.path)]
-        return await self._grade_fresh(env, integrity.join_patch(kept), context, info)
+        return await self._grade_fresh(env, join_patch(kept), context, info)
 
     async def _grade_fresh(
         self, episode: AgentEnv, patch: bytes, context: dict[str, Any], info: dict[str, Any]
@@ -193,7 +202,7 @@ class EpisodeGrader:
                         f"tree {baseline.base_tree} (commit {baseline.base}): the task's set-up "
                         "is not reproducible"
                     )
-                problem = await integrity.apply_patch(probe, repo, patch)
+                problem = await apply_patch(probe, repo, patch)
             finally:
                 await probe.close()
             info["fresh_setup_seconds"] = round(time.perf_counter() - started, 3)

@@ -5,7 +5,8 @@ repository, a byte-exact snapshot of every protected file (kept in this
 process, never in the sandbox, so nothing the agent does to the sandbox or its
 git objects can change it), and checksums of the toolchain. Before grading:
 the same listing and checksums again, compared; protected files are put back
-from the snapshot; the agent's patch is taken, screened and scanned.
+from the snapshot. The agent's patch (taken, split, scanned, applied) is in
+:mod:`uniagent.grading.patch`.
 """
 
 from __future__ import annotations
@@ -31,7 +32,8 @@ if TYPE_CHECKING:  # pragma: no cover
 
 log = logging.getLogger(__name__)
 
-_SCRIPT_TIMEOUT = 600.0
+#: Seconds one of :mod:`uniagent.grading.scripts` may run.
+SCRIPT_TIMEOUT = 600.0
 
 
 class GradingSetupError(EnvError):
@@ -105,7 +107,7 @@ async def run_script(
 ) -> str:
     """Run one of :mod:`uniagent.grading.scripts`; its output, or a :class:`GradingSetupError`."""
     done = await sandbox.run(
-        scripts.with_vars(script, variables), timeout=_SCRIPT_TIMEOUT, cwd="/"
+        scripts.with_vars(script, variables), timeout=SCRIPT_TIMEOUT, cwd="/"
     )
     if done.exit_code != 0:
         raise GradingSetupError(
@@ -399,121 +401,3 @@ async def verify_toolchain(sandbox: GradingSandbox, baseline: Baseline) -> list[
     if baseline.toolchain is None:
         return []
     return toolchain_changes(baseline.toolchain, await toolchain(sandbox))
-
-
-# -- the agent's patch ---------------------------------------------------------------------
-
-
-@dataclass(frozen=True)
-class FilePatch:
-    """One file's part of a ``git diff``."""
-
-    path: str
-    text: str
-
-    def added_lines(self) -> list[str]:
-        """The lines this part adds (none for a binary part)."""
-        if "\nGIT binary patch\n" in self.text:
-            return []
-        return [
-            line[1:]
-            for line in self.text.splitlines()
-            if line.startswith("+") and not line.startswith("+++ ")
-        ]
-
-
-async def extract_patch(sandbox: GradingSandbox, baseline: Baseline, limit: int) -> bytes | None:
-    """The agent's whole change against the base, binary-safe; ``None`` without git."""
-    if baseline.repo is None or baseline.base is None:
-        return None
-    out = f"{sandbox.scratch}/agent.patch"
-    size = await run_script(
-        sandbox,
-        scripts.DIFF,
-        {"REPO": baseline.repo, "BASE": baseline.base, "OUT": out},
-        what="taking the agent's patch",
-    )
-    lines = size.strip().splitlines()
-    if lines and lines[-1].strip().isdigit() and int(lines[-1]) > limit:
-        raise PatchTooLarge(int(lines[-1]), limit)
-    return await sandbox.read_bytes(out)
-
-
-class PatchTooLarge(Exception):
-    """The agent's patch is over ``max_patch_bytes`` (the agent's doing: scores 0)."""
-
-    def __init__(self, size: int, limit: int) -> None:
-        super().__init__(f"the agent's patch has {size} bytes, more than max_patch_bytes ({limit})")
-
-
-def split_patch(patch: bytes) -> list[FilePatch]:
-    """The per-file parts of a ``git diff`` (renames off, so one path per part)."""
-    text = patch.decode("utf-8", "surrogateescape")
-    parts = re.split(r"(?m)^(?=diff --git )", text)
-    return [FilePatch(_header_path(p.split("\n", 1)[0]), p) for p in parts if p.startswith("diff")]
-
-
-def join_patch(parts: list[FilePatch]) -> bytes:
-    """Inverse of :func:`split_patch`."""
-    return "".join(p.text for p in parts).encode("utf-8", "surrogateescape")
-
-
-def _header_path(line: str) -> str:
-    rest = line[len("diff --git ") :]
-    if rest.startswith('"'):
-        return _c_unquote(rest)[2:]
-    length = (len(rest) - 5) // 2  # "a/" + P + " b/" + P
-    return rest[2 : 2 + length]
-
-
-def _c_unquote(text: str) -> str:
-    body, i = [], 1
-    escapes = {"n": "\n", "t": "\t", '"': '"', "\\": "\\", "a": "\a", "b": "\b", "f": "\f",
-               "r": "\r", "v": "\v"}
-    raw = bytearray()
-    while i < len(text) and text[i] != '"':
-        ch = text[i]
-        if ch == "\\" and i + 1 < len(text):
-            nxt = text[i + 1]
-            if nxt in "01234567":
-                raw.append(int(text[i + 1 : i + 4], 8))
-                i += 4
-                continue
-            raw += escapes.get(nxt, nxt).encode()
-            i += 2
-            continue
-        raw += ch.encode("utf-8", "surrogateescape")
-        i += 1
-    body.append(raw.decode("utf-8", "surrogateescape"))
-    return "".join(body)
-
-
-def content_hits(parts: list[FilePatch], rules: RuleSet) -> list[Tamper]:
-    """Content-rule matches in what the agent added outside protected files."""
-    hits = []
-    for part in parts:
-        if is_protected(rules, part.path):
-            continue
-        for hit in rules.content_hits(part.path, part.added_lines()):
-            hits.append(Tamper("content", part.path, "hit", hit["rule"], True, hit["line"]))
-    return hits
-
-
-async def apply_patch(sandbox: GradingSandbox, repo: str, patch: bytes) -> str | None:
-    """Apply ``patch`` in ``repo``; ``None`` on success, else git's complaint."""
-    if not patch.strip():
-        return None
-    staged = f"{sandbox.scratch}/apply.b64"
-    await sandbox.write_file(staged, base64.b64encode(patch).decode("ascii"))
-    done = await sandbox.run(
-        scripts.with_vars(scripts.APPLY, {"REPO": repo, "PATCH": staged}),
-        timeout=_SCRIPT_TIMEOUT,
-        cwd="/",
-    )
-    if done.exit_code == 0:
-        return None
-    if done.exit_code == 7:
-        return done.output[-2000:]
-    raise GradingSetupError(f"applying the patch failed (exit {done.exit_code}): {done.output}")
-
-

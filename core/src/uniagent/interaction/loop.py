@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -33,9 +33,13 @@ from uniagent.parsers import (
     tool_calls_from_openai,
 )
 from uniagent.rollout import RolloutCache
+from uniagent.rollout.cache import tool_message
 from uniagent.specs import ToolSpec
 
 log = logging.getLogger(__name__)
+
+#: Builds the message answering one tool call: (content, tool name, call id) -> message.
+_Answer = Callable[[str, str | None, str | None], dict[str, Any]]
 
 
 @dataclass
@@ -116,7 +120,7 @@ class AgentInteraction:
             if response.prompt_exact is False:
                 metrics.inexact_turns += 1
 
-            turn = await self._act(response, metrics, text_mode=cache.mode == "messages")
+            turn = await self._act(response, metrics, cache)
             if turn.exit_reason is not None:
                 return InteractionResult(
                     turn.exit_reason, cache, metrics, submission=turn.submission
@@ -131,10 +135,10 @@ class AgentInteraction:
         )
 
     async def _act(
-        self, response: ModelTurn, metrics: EpisodeMetrics, *, text_mode: bool = False
+        self, response: ModelTurn, metrics: EpisodeMetrics, cache: RolloutCache
     ) -> _Turn:
         """Parse the model's calls and run them; errors the model can fix become messages."""
-        answer = self._answerer(response, text_mode)
+        answer = self._answerer(response, cache)
         try:
             calls = self.parse(response).tool_calls
         except ToolCallFormatError as exc:
@@ -193,23 +197,22 @@ class AgentInteraction:
             turn.messages.append(answer(text, call.name, call.id))
         return turn
 
-    def _answerer(self, response: ModelTurn, text_mode: bool) -> Any:
+    def _answerer(self, response: ModelTurn, cache: RolloutCache) -> _Answer:
         """How this turn's tool results are sent back.
 
         Structured calls get ``role: tool`` answers with their ids. Calls written
-        as text get ``role: tool`` messages in token mode (the chat template renders
-        them) and, for a chat API in message mode, user messages in the parser's
-        response format: a strict API accepts a tool message only as the answer of
-        a structured call.
+        as text get what the rollout takes as their answer
+        (:meth:`~uniagent.rollout.RolloutCache.answer_text_call`), given the
+        parser's response format.
         """
-        if response.raw_tool_calls or not text_mode:
-            return _tool_message
+        if response.raw_tool_calls:
+            return tool_message
         wrap = self.parser.format_tool_response
 
-        def user_answer(content: str, name: str | None, call_id: str | None) -> dict[str, Any]:
-            return {"role": "user", "content": wrap(content)}
+        def text_answer(content: str, name: str | None, call_id: str | None) -> dict[str, Any]:
+            return cache.answer_text_call(content, name, call_id, wrap)
 
-        return user_answer
+        return text_answer
 
 
 STRUCTURED = StructuredCalls()
@@ -239,12 +242,3 @@ def _observation_text(output: str, exit_code: int | None) -> str:
     if exit_code not in (0, None):
         return f"{output}\n[exit code {exit_code}]" if output else f"[exit code {exit_code}]"
     return output
-
-
-def _tool_message(content: str, name: str | None, call_id: str | None) -> dict[str, Any]:
-    message: dict[str, Any] = {"role": "tool", "content": content}
-    if name is not None:
-        message["name"] = name
-    if call_id is not None:
-        message["tool_call_id"] = call_id
-    return message

@@ -1,8 +1,10 @@
 """Token-exact trajectories for multi-turn, tool-using episodes.
 
-``RolloutCache`` records the prompt, every model generation (ids and log-probs exactly
-as the server returned them, mask 1) and every environment message (tokenized
-incrementally with the tokenizer's own chat template, mask 0). See ``docs/rollout.md``.
+``RolloutCache.start`` builds a ``TokenRollout``: it records the prompt, every model
+generation (ids and log-probs exactly as the server returned them, mask 1) and every
+environment message (tokenized incrementally with the tokenizer's own chat template,
+mask 0). ``RolloutCache.messages_only`` builds a ``MessageRollout`` (chat messages only,
+for APIs that return text). See ``docs/rollout.md``.
 """
 
 from __future__ import annotations
@@ -15,21 +17,25 @@ from uniagent.rollout.cache import (
     TruncatedRollout,
 )
 from uniagent.rollout.exactness import Difference, ExactnessReport, strip_think_blocks
+from uniagent.rollout.messages import MessageRollout
 from uniagent.rollout.template import (
     TemplateAnalysis,
     TemplateAnalysisError,
     analyse_chat_template,
 )
+from uniagent.rollout.tokens import TokenRollout
 
 __all__ = [
     "CHECK_ENV",
     "Difference",
     "ExactnessReport",
+    "MessageRollout",
     "PromptTooLongError",
     "RolloutCache",
     "RolloutError",
     "TemplateAnalysis",
     "TemplateAnalysisError",
+    "TokenRollout",
     "TruncatedRollout",
     "analyse_chat_template",
     "strip_think_blocks",

@@ -1,34 +1,37 @@
-"""RolloutCache: the token-exact record of one multi-turn episode."""
+"""RolloutCache: one episode's record, of one of two kinds (token ids, or messages only).
+
+- :class:`~uniagent.rollout.tokens.TokenRollout` (``mode == "tokens"``, built by
+  :meth:`RolloutCache.start`): the token-exact record a trainer needs, for a token
+  server that returns ids and log-probs.
+- :class:`~uniagent.rollout.messages.MessageRollout` (``mode == "messages"``, built by
+  :meth:`RolloutCache.messages_only`): the chat messages only, for a chat API that
+  returns text.
+
+What a caller needs whatever the kind is :class:`RolloutCache`'s small protocol: the
+conversation (:attr:`~RolloutCache.messages`), the environment's turns
+(:meth:`~RolloutCache.append_messages`), the answer to a tool call the model wrote as
+text (:meth:`~RolloutCache.answer_text_call`) and a snapshot (``to_dict``/``from_dict``).
+The ids and what reads them are the token rollout's; any other rollout raises
+:class:`RolloutError` for them.
+"""
 
 from __future__ import annotations
 
 import copy
-import logging
-import os
-from collections.abc import Iterable, Mapping, Sequence
+from abc import ABC, abstractmethod
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any, Literal
+from typing import Any, ClassVar, Literal
 
 from uniagent.errors import UniAgentError
-from uniagent.rollout.exactness import (
-    ExactnessReport,
-    classify_differences,
-    ids_checksum,
-    prefix_violations,
-)
+from uniagent.rollout.exactness import ExactnessReport
 from uniagent.rollout.template import (
     Message,
     TemplateAnalysis,
     ToolSchema,
-    analyse_chat_template,
     assistant_text,
-    decode,
     encode,
-    render_text,
-    suffix_text,
 )
-
-logger = logging.getLogger(__name__)
 
 Mode = Literal["tokens", "messages"]
 PromptTruncation = Literal["left", "error"]
@@ -64,56 +67,52 @@ class TruncatedRollout:
         return self.prompt_truncated or self.response_truncated
 
 
-class RolloutCache:
-    """Token-exact trajectory of one episode: prompt, model tokens, environment tokens.
+def tool_message(content: str, name: str | None, call_id: str | None) -> Message:
+    """A ``role: tool`` message answering the call ``name`` (with id ``call_id``, if any)."""
+    message: Message = {"role": "tool", "content": content}
+    if name is not None:
+        message["name"] = name
+    if call_id is not None:
+        message["tool_call_id"] = call_id
+    return message
 
-    Build one with :meth:`start` (token mode: a token server returns ids and log-probs)
-    or :meth:`messages_only` (a chat API that returns text). In token mode the context is
-    append-only: what the model was given at turn *t* is a prefix of the final ids.
+
+class RolloutCache(ABC):
+    """The record of one episode: its conversation, and for a token rollout its exact ids.
+
+    Build one with :meth:`start` (a :class:`~uniagent.rollout.tokens.TokenRollout`)
+    or :meth:`messages_only` (a :class:`~uniagent.rollout.messages.MessageRollout`);
+    :meth:`from_dict` rebuilds either kind from its snapshot.
     """
+
+    #: ``"tokens"`` (ids from a token server) or ``"messages"`` (chat API, text only).
+    mode: ClassVar[Mode]
+    _kinds: ClassVar[dict[str, type[RolloutCache]]] = {}
+
+    def __init_subclass__(cls, mode: Mode | None = None, **kwargs: Any) -> None:
+        """A subclass given ``mode=`` is the kind :meth:`from_dict` builds for that mode."""
+        super().__init_subclass__(**kwargs)
+        if mode is not None:
+            cls.mode = mode
+            RolloutCache._kinds[mode] = cls
 
     def __init__(
         self,
-        *,
-        mode: Mode,
-        tokenizer: Any,
         messages: Sequence[Mapping[str, Any]],
         tools: Sequence[ToolSchema] | None,
         chat_template_kwargs: Mapping[str, Any],
-        debug: bool | None = None,
     ) -> None:
         """Low-level constructor; use :meth:`start` or :meth:`messages_only`."""
-        self._mode: Mode = mode
-        self._tokenizer = tokenizer
-        self._analysis: TemplateAnalysis | None = None
         self._tools: list[ToolSchema] | None = [dict(t) for t in tools] if tools else None
         self._kwargs: dict[str, Any] = dict(chat_template_kwargs)
         self._messages: list[Message] = [dict(m) for m in messages]
         self._num_prompt_messages = len(self._messages)
-        # Whole context (prompt + response) in one list; mask and log-probs cover the
-        # response part only, so response index i is context index prompt_len + i.
-        self._ids: list[int] = []
-        self._prompt_len = 0
-        self._mask: list[int] = []
-        self._logprobs: list[float] = []
-        self._has_logprobs = True
-        # (context length, running CRC-32) when each model call was made: the prefix
-        # invariant is checkable later without storing every context.
-        self._marks: list[tuple[int, int]] = []
         self._num_turns = 0
-        # "messages": the context ends with a generation prompt (after start or
+        # "messages": the conversation ends with the environment's turn (after start or
         # append_messages); "generated": it ends with model output.
         self._last: Literal["messages", "generated"] = "messages"
-        self._open_turn = False  # last generation did not end with the end-of-turn token
-        self._segment_start = 0  # where the pending environment segment begins (ids)
-        self._segment_msg_start = 0  # ... and in messages
-        self._turn_start = 0  # where the current assistant turn's generated ids begin
-        if debug is None:
-            debug = os.environ.get(CHECK_ENV, "") not in ("", "0", "false", "False")
-        self.debug = debug
+        self.debug = False
         self.last_exactness_report: ExactnessReport | None = None
-        # Kept from a snapshot loaded without a tokenizer, so to_dict() round-trips.
-        self._record: dict[str, Any] = {"tokenizer": None, "eot_id": None}
 
     # ----------------------------------------------------------------- construction
 
@@ -127,26 +126,15 @@ class RolloutCache:
         debug: bool | None = None,
         **chat_template_kwargs: Any,
     ) -> RolloutCache:
-        """Render the initial prompt (tools + generation prompt) with the tokenizer's template.
+        """A token rollout: the initial prompt rendered with the tokenizer's chat template.
 
         ``tools`` are OpenAI-style ``{"type": "function", "function": {...}}`` schemas;
         ``chat_template_kwargs`` (e.g. ``enable_thinking=False``) go to every render.
         ``debug`` (default: ``$UNIAGENT_CHECK_EXACTNESS``) re-checks exactness after
         every environment turn and logs a warning on drift.
         """
-        if not messages:
-            raise RolloutError("start() needs at least one message (the task prompt)")
-        cache = cls(
-            mode="tokens",
-            tokenizer=tokenizer,
-            messages=messages,
-            tools=tools,
-            chat_template_kwargs=chat_template_kwargs,
-            debug=debug,
-        )
-        cache._analysis = analyse_chat_template(tokenizer, **chat_template_kwargs)
-        cache._render_prompt(cache._messages)
-        return cache
+        kind = RolloutCache._kinds["tokens"]
+        return kind.start(tokenizer, messages, tools, debug=debug, **chat_template_kwargs)
 
     @classmethod
     def messages_only(
@@ -156,26 +144,10 @@ class RolloutCache:
         **chat_template_kwargs: Any,
     ) -> RolloutCache:
         """A rollout for chat APIs that return no token ids: messages are recorded only."""
-        return cls(
-            mode="messages",
-            tokenizer=None,
-            messages=messages,
-            tools=tools,
-            chat_template_kwargs=chat_template_kwargs,
-            debug=False,
-        )
+        kind = RolloutCache._kinds["messages"]
+        return kind.messages_only(messages, tools, **chat_template_kwargs)
 
-    # ----------------------------------------------------------------- properties
-
-    @property
-    def mode(self) -> Mode:
-        """``"tokens"`` (ids from a token server) or ``"messages"`` (chat API, text only)."""
-        return self._mode
-
-    @property
-    def tokenizer(self) -> Any:
-        """The tokenizer in use (``None`` in message mode or after ``from_dict`` without one)."""
-        return self._tokenizer
+    # ----------------------------------------------------------------- the conversation
 
     @property
     def tools(self) -> list[ToolSchema] | None:
@@ -197,147 +169,23 @@ class RolloutCache:
         """Number of assistant turns recorded."""
         return self._num_turns
 
-    @property
-    def prompt_ids(self) -> list[int]:
-        """Ids of the initial prompt (the part of the context that is not response)."""
-        self._need_tokens("prompt_ids")
-        return self._ids[: self._prompt_len]
+    @abstractmethod
+    def append_messages(self, messages: Sequence[Mapping[str, Any]]) -> None:
+        """Append environment messages (tool results, user turns)."""
 
-    @property
-    def context_ids(self) -> list[int]:
-        """Everything so far: the ids the model is given next (a copy)."""
-        self._need_tokens("context_ids")
-        return list(self._ids)
+    @abstractmethod
+    def append_assistant_message(self, message: Mapping[str, Any]) -> None:
+        """Record an assistant message returned by a chat API (message mode only)."""
 
-    @property
-    def context_length(self) -> int:
-        """``len(context_ids)`` without copying."""
-        self._need_tokens("context_length")
-        return len(self._ids)
+    @abstractmethod
+    def answer_text_call(
+        self, content: str, name: str | None, call_id: str | None, wrap: Callable[[str], str]
+    ) -> Message:
+        """The message that answers a tool call the model wrote as text (not structured).
 
-    @property
-    def response_ids(self) -> list[int]:
-        """Ids after the prompt: model tokens and environment tokens interleaved."""
-        self._need_tokens("response_ids")
-        return self._ids[self._prompt_len :]
-
-    @property
-    def open_turn_ids(self) -> list[int]:
-        """The ids generated so far of an assistant turn left open (cut before its end), else [].
-
-        A following :meth:`append_generation` continues that turn; a backend that
-        constrains decoding resumes its state from exactly these ids.
+        ``wrap`` puts ``content`` in the call format's response markup, for a
+        rollout whose messages cannot carry a ``role: tool`` answer to such a call.
         """
-        self._need_tokens("open_turn_ids")
-        if self._last != "generated" or not self._open_turn:
-            return []
-        return self._ids[self._turn_start :]
-
-    @property
-    def response_mask(self) -> list[int]:
-        """1 for tokens the model generated, 0 for template and environment tokens."""
-        self._need_tokens("response_mask")
-        return list(self._mask)
-
-    @property
-    def response_logprobs(self) -> list[float]:
-        """Log-prob per response token (0.0 where mask is 0 or the server gave none)."""
-        self._need_tokens("response_logprobs")
-        return list(self._logprobs)
-
-    @property
-    def has_logprobs(self) -> bool:
-        """True when every generation came with log-probs."""
-        return self._has_logprobs
-
-    @property
-    def turn_context_lengths(self) -> list[int]:
-        """Length of the context given to the model at each model call."""
-        return [length for length, _ in self._marks]
-
-    @property
-    def template(self) -> TemplateAnalysis | None:
-        """The chat-template analysis (end-of-turn token, boundary text) in use."""
-        return self._analysis
-
-    def _need_tokens(self, what: str) -> None:
-        if self._mode != "tokens":
-            raise RolloutError(
-                f"{what} is not available: this rollout holds messages only (mode='messages'); "
-                "call render_tokens(tokenizer) to render ids for the record"
-            )
-
-    def _need_tokenizer(self, what: str) -> tuple[Any, TemplateAnalysis]:
-        if self._tokenizer is None or self._analysis is None:
-            raise RolloutError(
-                f"{what} needs a tokenizer: this rollout was loaded with from_dict() without "
-                "one; pass tokenizer= to from_dict()"
-            )
-        return self._tokenizer, self._analysis
-
-    # ----------------------------------------------------------------- appending
-
-    def append_generation(
-        self,
-        token_ids: Iterable[int],
-        logprobs: Iterable[float] | None = None,
-        message: Mapping[str, Any] | None = None,
-    ) -> None:
-        """Append model output as returned by the server (mask 1); it is never re-tokenized.
-
-        The output may or may not end with the end-of-turn token (a length or stop-string
-        cut does not). If it does not, the turn stays open: a following
-        :meth:`append_generation` continues it, and :meth:`append_messages` first adds the
-        end-of-turn token with mask 0 (the model did not produce it) so that the context
-        stays what the template would render. ``message`` is the assistant message for
-        the record (content + parsed ``tool_calls``); without it the ids are decoded.
-        """
-        self._need_tokens("append_generation")
-        tokenizer, analysis = self._need_tokenizer("append_generation")
-        if self._last == "generated" and not self._open_turn:
-            raise RolloutError(
-                "the previous generation ended with the end-of-turn token; append the "
-                "environment's messages (append_messages) before the next generation"
-            )
-        if message is not None and message.get("role", "assistant") != "assistant":
-            raise RolloutError(f"message must be an assistant message, got {message!r}")
-        ids = [int(t) for t in token_ids]
-        if logprobs is None:
-            lps = [0.0] * len(ids)
-            if ids:
-                self._has_logprobs = False
-        else:
-            lps = [float(x) for x in logprobs]
-            if len(lps) != len(ids):
-                raise RolloutError(
-                    f"got {len(lps)} log-probs for {len(ids)} generated tokens; they must align"
-                )
-        # Record what the model was given, cheaply: its length and a running checksum.
-        prev_len, prev_crc = self._marks[-1] if self._marks else (0, 0)
-        here = len(self._ids)
-        self._marks.append((here, ids_checksum(self._ids, prev_len, here, prev_crc)))
-
-        continuing = self._last == "generated"
-        if not continuing:
-            self._turn_start = here
-        self._ids.extend(ids)
-        self._mask.extend([1] * len(ids))
-        self._logprobs.extend(lps)
-        self._open_turn = not ids or ids[-1] != analysis.eot_id
-        self._last = "generated"
-
-        if message is not None:
-            record = {**message, "role": "assistant"}
-        else:
-            turn = self._ids[self._turn_start :]
-            if turn and turn[-1] == analysis.eot_id:
-                turn = turn[:-1]
-            record = {"role": "assistant", "content": decode(tokenizer, turn)}
-        if continuing:
-            self._messages[-1] = record
-        else:
-            self._messages.append(record)
-            self._num_turns += 1
 
     def update_last_assistant_message(self, message: Mapping[str, Any]) -> None:
         """Replace the record of the last assistant turn (e.g. once its tool calls are parsed).
@@ -351,28 +199,8 @@ class RolloutCache:
             raise RolloutError(f"message must be an assistant message, got {message!r}")
         self._messages[-1] = {**message, "role": "assistant"}
 
-    def append_assistant_message(self, message: Mapping[str, Any]) -> None:
-        """Record an assistant message returned by a chat API (message mode only)."""
-        if self._mode != "messages":
-            raise RolloutError(
-                "append_assistant_message is for message-mode rollouts; in token mode use "
-                "append_generation(token_ids, logprobs, message)"
-            )
-        if message.get("role", "assistant") != "assistant":
-            raise RolloutError(f"message must be an assistant message, got {message!r}")
-        self._messages.append({**message, "role": "assistant"})
-        self._num_turns += 1
-        self._last = "generated"
-
-    def append_messages(self, messages: Sequence[Mapping[str, Any]]) -> None:
-        """Append environment messages (tool results, user turns): mask 0, log-prob 0.0.
-
-        Tokenized incrementally: only the new messages are rendered, against a fixed
-        dummy prefix, so the cost is proportional to them, never to the history. The ids
-        end with the next generation prompt. Consecutive calls with no generation in
-        between are merged into one render (the template may group them, e.g. Qwen puts
-        consecutive tool results into one user turn).
-        """
+    def _environment(self, messages: Sequence[Mapping[str, Any]]) -> list[Message]:
+        """``messages`` copied, once each is checked to be the environment's."""
         new = [dict(m) for m in messages]
         for m in new:
             if m.get("role") not in _ENV_ROLES:
@@ -380,122 +208,83 @@ class RolloutCache:
                     f"append_messages takes environment messages (roles {sorted(_ENV_ROLES)}), "
                     f"got role {m.get('role')!r}; model output goes through append_generation"
                 )
-        if not new:
-            return
-        if self._mode == "messages":
-            self._messages.extend(new)
-            self._last = "messages"
-            return
-        tokenizer, analysis = self._need_tokenizer("append_messages")
-        # Render first, change state after: a template error leaves the cache as it was.
-        if self._last == "messages" and not self._marks:
-            # No model call yet: the new messages extend the initial prompt.
-            self._render_prompt([*self._messages, *new])
-            self._messages.extend(new)
-            self._num_prompt_messages = len(self._messages)
-            return
-        merging = self._last == "messages"
-        # The model stopped without the end-of-turn token (length or stop string); the
-        # template closes every turn with it, so add it: mask 0, the model did not emit it.
-        close_turn = not merging and self._open_turn
-        if merging:
-            segment_start, segment_msg_start = self._segment_start, self._segment_msg_start
-        else:
-            segment_start = len(self._ids) + (1 if close_turn else 0)
-            segment_msg_start = len(self._messages)
-        pending = [*self._messages[segment_msg_start:], *new]
-        text = suffix_text(
-            tokenizer, analysis, pending, tools=self._tools, chat_template_kwargs=self._kwargs
+        return new
+
+    # ----------------------------------------------------------------- ids (token rollouts)
+
+    def _no_ids(self, what: str) -> RolloutError:
+        return RolloutError(
+            f"{what} is not available: this rollout holds messages only (mode={self.mode!r}); "
+            "call render_tokens(tokenizer) to render ids for the record"
         )
-        new_ids = encode(tokenizer, text)
-        if merging:
-            # Merge with the pending segment: drop its ids, the render above covers it.
-            del self._ids[segment_start:]
-            cut = segment_start - self._prompt_len
-            del self._mask[cut:]
-            del self._logprobs[cut:]
-        elif close_turn:
-            self._push_env([analysis.eot_id])
-            self._open_turn = False
-        self._segment_start, self._segment_msg_start = segment_start, segment_msg_start
-        self._messages.extend(new)
-        self._push_env(new_ids)
-        self._last = "messages"
-        if self.debug:
-            self._debug_check()
 
-    def _push_env(self, ids: list[int]) -> None:
-        self._ids.extend(ids)
-        self._mask.extend([0] * len(ids))
-        self._logprobs.extend([0.0] * len(ids))
+    @property
+    def tokenizer(self) -> Any:
+        """The tokenizer in use (``None`` in message mode or after ``from_dict`` without one)."""
+        return None
 
-    def _render_prompt(self, messages: list[Message]) -> None:
-        tokenizer, _ = self._need_tokenizer("start")
-        text = render_text(
-            tokenizer,
-            messages,
-            tools=self._tools,
-            add_generation_prompt=True,
-            chat_template_kwargs=self._kwargs,
-        )
-        self._ids = encode(tokenizer, text)
-        self._prompt_len = len(self._ids)
+    @property
+    def template(self) -> TemplateAnalysis | None:
+        """The chat-template analysis (end-of-turn token, boundary text) in use."""
+        return None
 
-    def _debug_check(self) -> None:
-        report = self.check_exactness()
-        self.last_exactness_report = report
-        if not report.ok:
-            logger.warning("rollout drifted from the chat template:\n%s", report.summary())
+    @property
+    def prompt_ids(self) -> list[int]:
+        """Ids of the initial prompt (the part of the context that is not response)."""
+        raise self._no_ids("prompt_ids")
 
-    # ----------------------------------------------------------------- checks
+    @property
+    def context_ids(self) -> list[int]:
+        """Everything so far: the ids the model is given next (a copy)."""
+        raise self._no_ids("context_ids")
+
+    @property
+    def context_length(self) -> int:
+        """``len(context_ids)`` without copying."""
+        raise self._no_ids("context_length")
+
+    @property
+    def response_ids(self) -> list[int]:
+        """Ids after the prompt: model tokens and environment tokens interleaved."""
+        raise self._no_ids("response_ids")
+
+    @property
+    def open_turn_ids(self) -> list[int]:
+        """The ids generated so far of an assistant turn left open (cut before its end), else []."""
+        raise self._no_ids("open_turn_ids")
+
+    @property
+    def response_mask(self) -> list[int]:
+        """1 for tokens the model generated, 0 for template and environment tokens."""
+        raise self._no_ids("response_mask")
+
+    @property
+    def response_logprobs(self) -> list[float]:
+        """Log-prob per response token (0.0 where mask is 0 or the server gave none)."""
+        raise self._no_ids("response_logprobs")
+
+    @property
+    def has_logprobs(self) -> bool:
+        """True when every generation came with log-probs."""
+        return True
+
+    @property
+    def turn_context_lengths(self) -> list[int]:
+        """Length of the context given to the model at each model call."""
+        return []
+
+    def append_generation(
+        self,
+        token_ids: Iterable[int],
+        logprobs: Iterable[float] | None = None,
+        message: Mapping[str, Any] | None = None,
+    ) -> None:
+        """Append model output as returned by the server (mask 1); token rollouts only."""
+        raise self._no_ids("append_generation")
 
     def check_exactness(self) -> ExactnessReport:
-        """Check the prefix invariant and compare the ids with a full re-render of ``messages``.
-
-        Costs a full render and tokenization: meant for tests and debugging, not per turn.
-        """
-        self._need_tokens("check_exactness")
-        tokenizer, analysis = self._need_tokenizer("check_exactness")
-        ending_prompt = self._last == "messages"
-        text = render_text(
-            tokenizer,
-            self._messages,
-            tools=self._tools,
-            add_generation_prompt=ending_prompt,
-            chat_template_kwargs=self._kwargs,
-        )
-        if not ending_prompt:
-            # The cache stops where the model stopped; the template also renders the
-            # end-of-turn token (if the model did not emit it) and the closing tail.
-            tail = (analysis.eot_text if self._open_turn else "") + analysis.final_tail_text
-            if tail and text.endswith(tail):
-                text = text[: len(text) - len(tail)]
-        render_ids = encode(tokenizer, text)
-        ids_match = render_ids == self._ids
-        # Compare decoded texts on both sides: the tokenizer may normalize (e.g. NFC), so
-        # the raw template text is not what its ids decode to.
-        text_match = ids_match or decode(tokenizer, self._ids) == decode(tokenizer, render_ids)
-        differences = (
-            ()
-            if ids_match
-            else classify_differences(
-                self._ids, render_ids, lambda ids: decode(tokenizer, ids), analysis.eot_id
-            )
-        )
-        bad = prefix_violations(self._ids, self._marks)
-        return ExactnessReport(
-            num_model_calls=len(self._marks),
-            turn_context_lengths=tuple(length for length, _ in self._marks),
-            prefix_ok=not bad,
-            prefix_violations=bad,
-            ids_match=ids_match,
-            text_match=text_match,
-            cache_length=len(self._ids),
-            render_length=len(render_ids),
-            differences=differences,
-        )
-
-    # ----------------------------------------------------------------- truncation
+        """Compare the ids with a full re-render of ``messages``; token rollouts only."""
+        raise self._no_ids("check_exactness")
 
     def truncated(
         self,
@@ -504,40 +293,8 @@ class RolloutCache:
         *,
         prompt_truncation: PromptTruncation = "left",
     ) -> TruncatedRollout:
-        """Cut to the trainer's lengths, keeping ids, mask and log-probs aligned.
-
-        The response keeps its head (the tail is cut). An over-long prompt keeps its
-        most recent ``prompt_length`` ids (``"left"``, what verl 0.9.1's agent loop does
-        for text prompts) or raises :class:`PromptTooLongError` (``"error"``).
-        """
-        self._need_tokens("truncated")
-        if prompt_length < 0 or response_length < 0:
-            raise ValueError("prompt_length and response_length must be >= 0")
-        prompt = self._ids[: self._prompt_len]
-        prompt_cut = len(prompt) > prompt_length
-        if prompt_cut:
-            if prompt_truncation == "error":
-                raise PromptTooLongError(
-                    f"the prompt has {len(prompt)} tokens, more than prompt_length="
-                    f"{prompt_length}; raise prompt_length or shorten the task prompt"
-                )
-            if prompt_truncation != "left":
-                raise ValueError(
-                    f"prompt_truncation must be 'left' or 'error', not {prompt_truncation!r}"
-                )
-            prompt = prompt[len(prompt) - prompt_length :]
-        response = self._ids[self._prompt_len :]
-        response_cut = len(response) > response_length
-        return TruncatedRollout(
-            prompt_ids=prompt,
-            response_ids=response[:response_length],
-            response_mask=self._mask[:response_length],
-            response_logprobs=self._logprobs[:response_length] if self._has_logprobs else None,
-            prompt_truncated=prompt_cut,
-            response_truncated=response_cut,
-        )
-
-    # ----------------------------------------------------------------- messages mode
+        """Cut to the trainer's lengths, keeping ids, mask and log-probs aligned; token only."""
+        raise self._no_ids("truncated")
 
     def render_tokens(self, tokenizer: Any) -> RolloutCache:
         """A token-mode copy of this rollout, ids rendered from the messages (for the record).
@@ -552,7 +309,7 @@ class RolloutCache:
             debug=False,
             **self._kwargs,
         )
-        analysis = cache._analysis
+        analysis = cache.template
         assert analysis is not None
         pending: list[Message] = []
         for message in self._messages[self._num_prompt_messages :]:
@@ -570,36 +327,23 @@ class RolloutCache:
 
     # ----------------------------------------------------------------- serialization
 
+    @abstractmethod
     def to_dict(self) -> dict[str, Any]:
         """A JSON-serializable snapshot (the tokenizer is not included)."""
+
+    def _snapshot(self, tokenizer: str | None, eot_id: int | None) -> dict[str, Any]:
+        """The fields every kind's snapshot starts with (its ids follow)."""
         return {
             "format": FORMAT,
             "version": FORMAT_VERSION,
-            "mode": self._mode,
-            "tokenizer": (
-                str(getattr(self._tokenizer, "name_or_path", "")) or None
-                if self._tokenizer is not None
-                else self._record["tokenizer"]
-            ),
-            "eot_id": self._analysis.eot_id if self._analysis else self._record["eot_id"],
+            "mode": self.mode,
+            "tokenizer": tokenizer,
+            "eot_id": eot_id,
             "tools": copy.deepcopy(self._tools),
             "chat_template_kwargs": copy.deepcopy(self._kwargs),
             "messages": copy.deepcopy(self._messages),
             "num_prompt_messages": self._num_prompt_messages,
             "num_turns": self._num_turns,
-            "prompt_ids": self._ids[: self._prompt_len],
-            "response_ids": self._ids[self._prompt_len :],
-            "response_mask": list(self._mask),
-            "response_logprobs": list(self._logprobs),
-            "has_logprobs": self._has_logprobs,
-            "turn_marks": [[length, crc] for length, crc in self._marks],
-            "state": {
-                "last": self._last,
-                "open_turn": self._open_turn,
-                "segment_start": self._segment_start,
-                "segment_msg_start": self._segment_msg_start,
-                "turn_start": self._turn_start,
-            },
         }
 
     @classmethod
@@ -610,54 +354,18 @@ class RolloutCache:
                 f"not a {FORMAT} v{FORMAT_VERSION} snapshot: format={data.get('format')!r} "
                 f"version={data.get('version')!r}"
             )
-        if data.get("mode") not in ("tokens", "messages"):
-            raise RolloutError(f"snapshot has an unknown mode {data.get('mode')!r}")
-        cache = cls(
-            mode=data["mode"],
-            tokenizer=tokenizer if data["mode"] == "tokens" else None,
-            messages=copy.deepcopy(data["messages"]),
-            tools=copy.deepcopy(data["tools"]),
-            chat_template_kwargs=copy.deepcopy(data["chat_template_kwargs"]),
-            debug=False,
-        )
-        if tokenizer is not None and data["mode"] == "tokens":
-            analysis = analyse_chat_template(tokenizer, **cache._kwargs)
-            if analysis.eot_id != data["eot_id"]:
-                raise RolloutError(
-                    f"this rollout was built with end-of-turn id {data['eot_id']}, but the given "
-                    f"tokenizer's template ends turns with {analysis.eot_id}: wrong tokenizer"
-                )
-            cache._analysis = analysis
-        cache._record = {"tokenizer": data.get("tokenizer"), "eot_id": data.get("eot_id")}
-        prompt = [int(i) for i in data["prompt_ids"]]
-        response = [int(i) for i in data["response_ids"]]
-        mask = [int(i) for i in data["response_mask"]]
-        logprobs = [float(x) for x in data["response_logprobs"]]
-        if not len(response) == len(mask) == len(logprobs):
-            raise RolloutError(
-                f"misaligned snapshot: {len(response)} response ids, {len(mask)} mask entries, "
-                f"{len(logprobs)} log-probs"
-            )
-        cache._ids = prompt + response
-        cache._prompt_len = len(prompt)
-        cache._mask = mask
-        cache._logprobs = logprobs
-        cache._has_logprobs = bool(data["has_logprobs"])
-        cache._marks = [(int(length), int(crc)) for length, crc in data["turn_marks"]]
-        cache._num_prompt_messages = int(data["num_prompt_messages"])
-        cache._num_turns = int(data["num_turns"])
-        state = data["state"]
-        cache._last = state["last"]
-        cache._open_turn = bool(state["open_turn"])
-        cache._segment_start = int(state["segment_start"])
-        cache._segment_msg_start = int(state["segment_msg_start"])
-        cache._turn_start = int(state["turn_start"])
-        return cache
+        mode = data.get("mode")
+        if mode not in ("tokens", "messages"):
+            raise RolloutError(f"snapshot has an unknown mode {mode!r}")
+        return RolloutCache._kinds[mode]._from_snapshot(data, tokenizer)
 
-    def __repr__(self) -> str:
-        if self._mode == "messages":
-            return f"RolloutCache(mode='messages', messages={len(self._messages)})"
-        return (
-            f"RolloutCache(mode='tokens', prompt={self._prompt_len}, "
-            f"response={len(self._ids) - self._prompt_len}, turns={self._num_turns})"
-        )
+    @classmethod
+    @abstractmethod
+    def _from_snapshot(cls, data: Mapping[str, Any], tokenizer: Any) -> RolloutCache:
+        """This kind rebuilt from a checked snapshot of it."""
+
+    def _restore(self, data: Mapping[str, Any]) -> None:
+        """The conversation's counters and state from a snapshot."""
+        self._num_prompt_messages = int(data["num_prompt_messages"])
+        self._num_turns = int(data["num_turns"])
+        self._last = data["state"]["last"]

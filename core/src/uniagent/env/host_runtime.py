@@ -1,0 +1,234 @@
+"""The ``host`` deployment's runtime: bash sessions and file operations in one episode's sandbox.
+
+:class:`HostRuntime` answers SWE-ReX's runtime calls (sessions, commands, files)
+inside the paths and sandbox that :class:`~uniagent.env.host.HostDeployment`
+laid out for it (:class:`~uniagent.env.host.EpisodeLayout`); the deployment
+owns the episode directory and cgroup, the runtime what runs in them.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+import shlex
+import shutil
+import signal
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from uniagent.env.bash_session import BASH_FLAGS, BashSession
+from uniagent.env.errors import CommandTimeoutError, EnvError, EnvStartError, NonZeroExitError
+from uniagent.env.runtime import (
+    BashObservation,
+    CloseBashSessionResponse,
+    CloseResponse,
+    CommandResponse,
+    CreateBashSessionResponse,
+    IsAliveResponse,
+    ReadFileResponse,
+    UploadResponse,
+    WriteFileResponse,
+)
+
+if TYPE_CHECKING:  # pragma: no cover
+    from uniagent.env.host import EpisodeLayout, HostDeploymentConfig
+
+
+class HostRuntime:
+    """SWE-ReX's runtime interface over :class:`BashSession` s and host file operations."""
+
+    def __init__(self, layout: EpisodeLayout, config: HostDeploymentConfig) -> None:
+        self.layout = layout
+        self.config = config
+        self.sessions: dict[str, BashSession] = {}
+        self._closed = False
+
+    @property
+    def closed(self) -> bool:
+        """Whether :meth:`close` was called."""
+        return self._closed
+
+    async def is_alive(self, *, timeout: float | None = None) -> IsAliveResponse:
+        """Alive while not closed and no session has died."""
+        if self._closed:
+            return IsAliveResponse(is_alive=False, message="the runtime was closed")
+        dead = [name for name, s in self.sessions.items() if not s.alive]
+        if dead:
+            return IsAliveResponse(is_alive=False, message=f"session(s) ended: {', '.join(dead)}")
+        return IsAliveResponse(is_alive=True)
+
+    async def create_session(self, request: Any) -> CreateBashSessionResponse:
+        """Start a bash session (sourcing ``startup_source`` files)."""
+        name = request.session
+        if self._closed:
+            raise EnvError("the host runtime is closed")
+        if name in self.sessions:
+            raise EnvError(f"session {name!r} already exists")
+        cwd = self.layout.workdir if self.layout.bwrap is None else str(self.layout.root)
+        session = BashSession(
+            self.layout.wrap([self.config.bash, *BASH_FLAGS]),
+            cwd=cwd,
+            env=self.layout.env,
+            buffer_limit=self.config.max_output_bytes,
+        )
+        timeout = max(request.startup_timeout, self.config.startup_timeout)
+        output = await session.start(timeout=timeout)
+        self.sessions[name] = session
+        for path in request.startup_source:
+            text, code = await session.run(f"source {_sh_quote(path)}", timeout=timeout)
+            output += text
+            if code != 0:
+                raise EnvStartError(f"sourcing {path!r} failed (exit {code}): {text}")
+        return CreateBashSessionResponse(output=output)
+
+    def _session(self, name: str) -> BashSession:
+        try:
+            return self.sessions[name]
+        except KeyError:
+            raise EnvError(f"no session named {name!r}; call create_session first") from None
+
+    async def run_in_session(self, action: Any) -> BashObservation:
+        """Run a ``BashAction`` (``bash -n`` checked first) or a ``BashInterruptAction``.
+
+        SWE-ReX's semantics: ``is_interactive_command`` starts a program on a
+        terminal, or sends a line to the running one, and returns at one of the
+        ``expect`` patterns (``expect_string`` says which) or when it ends;
+        ``is_interactive_quit`` sends the line and waits for the program to end.
+        """
+        session = self._session(action.session)
+        expect = list(getattr(action, "expect", None) or [])
+        if getattr(action, "action_type", "bash") == "bash_interrupt":
+            output, matched = await session.interrupt_expecting(
+                timeout=action.timeout, n_retry=action.n_retry, expect=expect
+            )
+            return BashObservation(output=output, exit_code=0, expect_string=matched)
+        if action.is_interactive_command or action.is_interactive_quit:
+            output, code, matched = await session.run_interactive(
+                action.command, expect, action.timeout, quit=action.is_interactive_quit
+            )
+            return BashObservation(output=output, exit_code=code, expect_string=matched)
+        if expect:
+            raise EnvError(
+                "expect strings need is_interactive_command=True (a program that prompts)"
+            )
+        # The session checks the syntax itself (ActionSyntaxError), see bash_session.
+        output, code = await session.run(action.command, timeout=action.timeout)
+        if action.check == "raise" and code != 0:
+            raise NonZeroExitError(action.command, code, output)
+        return BashObservation(output=output, exit_code=None if action.check == "ignore" else code)
+
+    async def close_session(self, request: Any) -> CloseBashSessionResponse:
+        """Close one session (kills its process group); an unknown name is an error."""
+        session = self.sessions.pop(request.session, None)
+        if session is None:
+            raise EnvError(f"no session named {request.session!r} to close")
+        await session.close()
+        return CloseBashSessionResponse()
+
+    async def execute(self, command: Any) -> CommandResponse:
+        """Run a one-off subprocess (inside the sandbox with bwrap)."""
+        text = command.command
+        if command.shell:
+            argv = ["bash", "-c", text if isinstance(text, str) else shlex.join(text)]
+        else:  # like subprocess.run: a string is one program name
+            argv = [text] if isinstance(text, str) else list(text)
+        cwd = command.cwd or self.layout.workdir
+        # Like subprocess: a given env is the whole environment (grading relies on it).
+        env = dict(command.env) if command.env is not None else dict(self.layout.env)
+        if self.layout.bwrap is not None:
+            argv, cwd = self.layout.wrap(argv, cwd), str(self.layout.root)
+        else:
+            argv = self.layout.wrap(argv)
+        merge = (
+            asyncio.subprocess.STDOUT if command.merge_output_streams else asyncio.subprocess.PIPE
+        )
+        proc = await asyncio.create_subprocess_exec(
+            *argv,
+            stdin=asyncio.subprocess.DEVNULL,
+            stdout=asyncio.subprocess.PIPE,
+            stderr=merge,
+            cwd=cwd,
+            env=env,
+            start_new_session=True,
+        )
+        try:
+            out, err = await asyncio.wait_for(proc.communicate(), command.timeout)
+        except asyncio.TimeoutError:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(proc.pid, signal.SIGKILL)
+            await proc.wait()
+            raise CommandTimeoutError(
+                f"{text!r} did not finish within {command.timeout} s"
+            ) from None
+        result = CommandResponse(
+            stdout=out.decode("utf-8", "backslashreplace"),
+            stderr=(err or b"").decode("utf-8", "backslashreplace"),
+            exit_code=proc.returncode,
+        )
+        if command.check and proc.returncode != 0:
+            raise NonZeroExitError(
+                str(command.command), proc.returncode, result.stdout + result.stderr
+            )
+        return result
+
+    async def read_file(self, request: Any) -> ReadFileResponse:
+        """Read a text file (host-side, through the sandbox's mounts)."""
+        path = self.layout.to_host(request.path)
+        text = await asyncio.to_thread(
+            path.read_text, encoding=request.encoding or "utf-8", errors=request.errors or "strict"
+        )
+        return ReadFileResponse(content=text)
+
+    async def write_file(self, request: Any) -> WriteFileResponse:
+        """Write a text file, creating parent dirs."""
+        path = self.layout.to_host(request.path, write=True)
+
+        def write() -> None:
+            self.layout.make_parents(path)
+            path.write_text(request.content, encoding="utf-8")
+            self.layout.own(path)
+
+        await asyncio.to_thread(write)
+        return WriteFileResponse()
+
+    async def upload(self, request: Any) -> UploadResponse:
+        """Copy a local file to ``target_path``, or a directory's contents into it."""
+        source = Path(request.source_path)
+        target = self.layout.to_host(request.target_path, write=True)
+
+        def copy() -> None:
+            if source.is_dir():
+                self.layout.make_parents(target)
+                shutil.copytree(source, target, symlinks=True, dirs_exist_ok=True)
+                if self.layout.uid is not None:
+                    self.layout.own(target)
+                    for here, dirs, files in os.walk(target):
+                        for name in (*dirs, *files):
+                            self.layout.own(Path(here, name))
+            elif source.is_file():
+                self.layout.make_parents(target)
+                shutil.copy2(source, target)
+                self.layout.own(target)
+            else:
+                raise EnvError(f"cannot upload {str(source)!r}: no such file or directory")
+
+        await asyncio.to_thread(copy)
+        return UploadResponse()
+
+    async def kill_processes(self) -> None:
+        """End every session and every process of the sandbox (its cgroup); files stay."""
+        sessions, self.sessions = list(self.sessions.values()), {}
+        await asyncio.gather(*(s.close() for s in sessions), return_exceptions=True)
+        if self.layout.cgroup is not None:
+            await asyncio.to_thread(self.layout.cgroup.kill)
+
+    async def close(self) -> CloseResponse:
+        """Close every session and end every process of the sandbox; idempotent."""
+        self._closed = True
+        await self.kill_processes()
+        return CloseResponse()
+
+
+def _sh_quote(text: str) -> str:
+    return "'" + text.replace("'", "'\\''") + "'"
