@@ -16,8 +16,9 @@ def test_plugin_is_discovered() -> None:
 
 def test_config_with_its_type_validates_to_its_model() -> None:
     """``deployment: {type: ...}`` in an agent config now means this backend."""
-    config = get_registry().validate_deployment_config({"type": DEPLOYMENT, "files": {"a.txt": "A"}})
-    assert isinstance(config, get_registry().deployments()[DEPLOYMENT].config)
+    registry = get_registry()
+    config = registry.validate_deployment_config({"type": DEPLOYMENT, "files": {"a.txt": "A"}})
+    assert isinstance(config, registry.deployments()[DEPLOYMENT].config)
 
 
 async def test_sandbox_starts_with_the_files_in_its_work_dir() -> None:
