@@ -25,7 +25,12 @@ def uniagent_run(tmp_path: Path, model: str, *config_lines: str) -> subprocess.C
         ("?guided=bogus", (), "unknown mode 'bogus'; available: tool_call"),
         ("?guided=tool_call&thought=-3", (), "from 0 to 4000, got -3"),
         ("?guided=tool_call", ("tool_parser: qwen3_coder",), "not 'qwen3_coder'"),
-        ("?guided=tool_call", ("sampling: {num_beams: 4}",), "sampling.num_beams=4 cannot"),
+        (
+            "?guided=tool_call",
+            ("sampling: {extra_body: {num_beams: 4}}",),
+            "sampling.extra_body.num_beams=4 cannot",
+        ),
+        ("", ("sampling: {stop: [x]}",), "sampling.stop is not applied by hf: models"),
     ],
 )
 def test_a_bad_hf_spec_exits_2_with_one_line(tmp_path, query, config, message):
@@ -37,6 +42,23 @@ def test_a_bad_hf_spec_exits_2_with_one_line(tmp_path, query, config, message):
     assert len(lines) == 1, proc.stderr
     assert lines[0].startswith("uniagent: error: model spec ") and message in lines[0]
     assert not (tmp_path / "out").exists()  # nothing started, nothing written
+
+
+@pytest.mark.parametrize(
+    ("sampling", "message"),
+    [
+        ("{max_token: 20}", "sampling.max_token: unknown key (did you mean max_tokens?"),
+        ("{temperature: hot}", "sampling.temperature: Input should be a valid number"),
+    ],
+)
+def test_bad_sampling_exits_2_before_anything_starts(tmp_path, sampling, message):
+    # Before: a typo was ignored, and a bad value failed every episode as a retried model_error.
+    model_dir = tmp_path / "model"
+    model_dir.mkdir()
+    proc = uniagent_run(tmp_path, f"hf:{model_dir}", f"sampling: {sampling}")
+    assert proc.returncode == 2, proc.stderr
+    assert message in proc.stderr and "agent.yaml" in proc.stderr
+    assert not (tmp_path / "out").exists()  # no model loaded, no episode, nothing written
 
 
 def test_guided_decoding_without_llguidance_is_refused_up_front(tmp_path, monkeypatch):

@@ -106,6 +106,27 @@ def parse_spec(spec: str) -> tuple[str, dict[str, Any]]:
     return path, kwargs
 
 
+#: The ``sampling`` keys this backend applies; ``extra_body`` goes to ``generate()``.
+HF_SAMPLING_KEYS = ("temperature", "top_p", "top_k", "max_tokens", "seed", "extra_body")
+#: Keys of the config's ``sampling`` that this backend has no equivalent for.
+_UNSUPPORTED_SAMPLING = ("min_p", "presence_penalty", "frequency_penalty", "repetition_penalty",
+                         "stop")  # fmt: skip
+
+
+def check_sampling(sampling: Mapping[str, Any], where: str = "sampling") -> None:
+    """Refuse ``sampling`` keys that in-process generation would ignore (one line)."""
+    for key in _UNSUPPORTED_SAMPLING:
+        if sampling.get(key) is not None:
+            raise ConfigError(
+                f"{where}.{key} is not applied by hf: models (they take "
+                f"{', '.join(HF_SAMPLING_KEYS[:-1])}); pass transformers generate() options "
+                f"under {where}.extra_body (e.g. repetition_penalty, min_p)"
+            )
+    extra = sampling.get("extra_body")
+    if extra is not None and not isinstance(extra, Mapping):
+        raise ConfigError(f"{where}.extra_body: expected a mapping, got {extra!r}")
+
+
 def _looks_like_path(path: str) -> bool:
     # A hub id ("org/name") is not checked here: it may be in the local cache or online.
     return path.startswith(("/", ".", "~")) or path.endswith(".gguf")
@@ -131,11 +152,17 @@ def check_spec(
             ) from None
     elif _looks_like_path(path) and not Path(path).exists():
         raise ConfigError(f"{where}: {path} does not exist")
+    sampling = dict(sampling or {})
+    try:
+        check_sampling(sampling)
+    except ConfigError as exc:
+        raise ConfigError(f"{where}: {exc}") from None
     if options.get("guided") is not None:
         try:
             if parser is not None:
                 require_hermes(parser)
-            check_generation_options(dict(sampling or {}), "sampling")
+            check_generation_options(sampling, "sampling")
+            check_generation_options(sampling.get("extra_body") or {}, "sampling.extra_body")
         except ConfigError as exc:
             raise ConfigError(f"{where}: {exc}") from None
         if importlib.util.find_spec("llguidance") is None:
@@ -151,7 +178,9 @@ class HFLocalModel(TokenChatModel):
     name are split for ``gguf_file=``) or an already loaded model. Sampling:
     ``temperature`` 0 (default) is greedy; ``temperature``/``top_p``/``top_k`` and
     ``max_tokens`` come from ``sampling_params``; ``seed`` makes sampling
-    repeatable. Log-probs are those of the raw model distribution (before
+    repeatable; its ``extra_body`` is passed to ``generate()`` (``generate_kwargs``
+    win over it); keys this backend would ignore (``min_p``, ``stop``, ...) are
+    refused. Log-probs are those of the raw model distribution (before
     temperature and top-p), as vLLM reports by default. Generation stops at the
     tokenizer's eos or the chat template's end-of-turn token (``<|im_end|>``).
     ``guided`` (``"tool_call"`` or a :class:`~uniagent.models.guided.GuidedDecoding`)
@@ -177,9 +206,14 @@ class HFLocalModel(TokenChatModel):
         guided: GuidedDecoding | str | Mapping[str, Any] | None = None,
     ) -> None:
         self.guided = GuidedDecoding.coerce(guided)
+        sampling = dict(sampling_params or {})
+        check_sampling(sampling)
+        # The config's sampling.extra_body: transformers generate() options, as they are.
+        from_sampling = dict(sampling.get("extra_body") or {})
         if self.guided is not None:
             check_generation_options(dict(generate_kwargs or {}), "generate_kwargs")
-            check_generation_options(dict(sampling_params or {}), "sampling")
+            check_generation_options(sampling, "sampling")
+            check_generation_options(from_sampling, "sampling.extra_body")
         source: Any = model_path_or_id
         if isinstance(source, (str, os.PathLike)) and str(source).endswith(".gguf"):
             path = Path(source)
@@ -188,7 +222,7 @@ class HFLocalModel(TokenChatModel):
         self.gguf_file = gguf_file
         self.device = device
         self.dtype = dtype
-        self.generate_kwargs = dict(generate_kwargs or {})
+        self.generate_kwargs = {**from_sampling, **dict(generate_kwargs or {})}
         if tokenizer is None:
             if not isinstance(source, (str, os.PathLike)):
                 raise ModelError("HFLocalModel needs tokenizer= when given a loaded model")
