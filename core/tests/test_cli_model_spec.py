@@ -2,21 +2,31 @@
 
 from __future__ import annotations
 
+import json
+import os
+import socket
 import subprocess
 import sys
+import threading
+from collections.abc import Iterator, Mapping
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
 import pytest
 
 
-def uniagent_run(tmp_path: Path, model: str, *config_lines: str) -> subprocess.CompletedProcess:
+def uniagent_run(
+    tmp_path: Path, model: str, *config_lines: str, env: Mapping[str, str] | None = None
+) -> subprocess.CompletedProcess:
     config = tmp_path / "agent.yaml"
     config.write_text("".join(f"{line}\n" for line in config_lines) or "{}\n")
     tasks = tmp_path / "tasks.jsonl"
     tasks.write_text('{"instance_id": "t1", "problem_statement": "x"}\n')
     command = [sys.executable, "-m", "uniagent.cli", "run", str(config), "--data", str(tasks)]
     command += ["--model", model, "--out", str(tmp_path / "out")]
-    return subprocess.run(command, capture_output=True, text=True, timeout=300)
+    return subprocess.run(
+        command, capture_output=True, text=True, timeout=300, env={**os.environ, **(env or {})}
+    )
 
 
 @pytest.mark.parametrize(
@@ -90,3 +100,112 @@ def test_a_home_relative_hf_path_is_the_same_for_the_check_and_the_loader(tmp_pa
     check_spec("hf:~/m", None)
     with pytest.raises(ConfigError, match="does not exist"):
         check_spec("hf:~/missing", None)
+
+
+# -- hub ids: known names, the local cache, then the Hub (a local stand-in on 127.0.0.1) ------
+class Hub:
+    """The Hub's model-info API (``GET /api/models/ORG/NAME``) for the models it holds."""
+
+    def __init__(self, models: set[str]) -> None:
+        self.models = models
+        self.requests: list[str] = []
+        hub = self
+
+        class Handler(BaseHTTPRequestHandler):
+            def do_GET(self) -> None:
+                hub.requests.append(self.path)
+                repo = self.path.split("?")[0].removeprefix("/api/models/")
+                found = repo in hub.models
+                body = json.dumps({"id": repo} if found else {"error": "Repository not found"})
+                self.send_response(200 if found else 404)
+                if not found:  # what the real Hub sends, so that the client knows the reason
+                    self.send_header("X-Error-Code", "RepoNotFound")
+                self.send_header("Content-Type", "application/json")
+                self.send_header("Content-Length", str(len(body)))
+                self.end_headers()
+                self.wfile.write(body.encode())
+
+            def log_message(self, *args: object) -> None:
+                pass
+
+        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.url = f"http://127.0.0.1:{self.server.server_address[1]}"
+
+
+@pytest.fixture
+def hub(tmp_path: Path) -> Iterator[Hub]:
+    server = Hub({"someorg/real-model"})
+    thread = threading.Thread(target=server.server.serve_forever, daemon=True)
+    thread.start()
+    yield server
+    server.server.shutdown()
+    server.server.server_close()
+    thread.join()
+
+
+def hub_env(tmp_path: Path, endpoint: str, **extra: str) -> dict[str, str]:
+    cache = tmp_path / "hf-cache"
+    cache.mkdir(exist_ok=True)
+    return {"HF_ENDPOINT": endpoint, "HF_HUB_CACHE": str(cache), "HF_HUB_OFFLINE": "0", **extra}
+
+
+def closed_port_url() -> str:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    return f"http://127.0.0.1:{port}"  # nothing listens there now: connection refused
+
+
+def test_a_typo_of_a_known_name_is_one_line_without_asking_the_hub(tmp_path, hub):
+    # Before: hf:smolm2 went to the Hub as an id, retried for ~50 s and printed 22 lines.
+    proc = uniagent_run(tmp_path, "hf:smolm2", env=hub_env(tmp_path, hub.url))
+    assert proc.returncode == 2, proc.stderr
+    lines = proc.stderr.strip().splitlines()
+    assert len(lines) == 1, proc.stderr
+    assert "no model 'smolm2'" in lines[0] and "did you mean hf:smollm2" in lines[0]
+    assert hub.requests == []
+    assert not (tmp_path / "out").exists()
+
+
+@pytest.mark.parametrize(
+    ("where", "offline", "message"),
+    [
+        ("closed", "0", "the Hub (http://127.0.0.1:"),
+        ("hub", "1", "and HF_HUB_OFFLINE is set"),
+        ("hub", "0", "has no such model"),
+    ],
+)
+def test_a_hub_id_that_cannot_load_is_one_line(tmp_path, hub, where, offline, message):
+    endpoint = closed_port_url() if where == "closed" else hub.url
+    env = hub_env(tmp_path, endpoint, HF_HUB_OFFLINE=offline)
+    proc = uniagent_run(tmp_path, "hf:someorg/no-such-model", env=env)
+    assert proc.returncode == 2, proc.stderr
+    lines = proc.stderr.strip().splitlines()
+    assert len(lines) == 1, proc.stderr
+    assert "'someorg/no-such-model' is not a local path and not in the" in lines[0]
+    assert message in lines[0]
+    if where == "closed":
+        assert "cannot be reached" in lines[0]
+    assert not (tmp_path / "out").exists()
+
+
+def test_a_hub_id_in_the_cache_or_on_the_hub_passes_the_check(tmp_path, hub):
+    check = "import sys; from uniagent.models import check_spec; check_spec(sys.argv[1], None)"
+    env = hub_env(tmp_path, closed_port_url(), HF_HUB_OFFLINE="1")
+    snapshot = Path(env["HF_HUB_CACHE"]) / "models--someorg--cached" / "snapshots" / "abc123"
+    snapshot.mkdir(parents=True)
+    (snapshot / "config.json").write_text("{}")
+    for spec, endpoint_env in (
+        ("hf:someorg/cached", env),  # offline, but cached
+        ("hf:someorg/real-model", hub_env(tmp_path, hub.url)),  # the Hub has it
+    ):
+        proc = subprocess.run(
+            [sys.executable, "-c", check, spec],
+            capture_output=True,
+            text=True,
+            timeout=120,
+            env={**os.environ, **endpoint_env},
+        )
+        assert proc.returncode == 0, proc.stderr
+    asked = [path for path in hub.requests if path.startswith("/api/models/")]
+    assert asked == ["/api/models/someorg/real-model"]  # the cached one was not asked about

@@ -281,7 +281,6 @@ def test_check_spec_accepts_good_specs(tmp_path) -> None:
     sampling = {"temperature": 0.7, "num_beams": 1}
     for spec in (
         f"hf:{tmp_path}",
-        "hf:HuggingFaceTB/SmolLM2-135M-Instruct",  # a hub id: not checked as a path
         "openai:http://127.0.0.1:8000/v1#Qwen/Qwen3-8B?tokenizer=Qwen/Qwen3-8B",
     ):
         check_spec(spec, PARSER, sampling=sampling)
