@@ -35,6 +35,8 @@ def plugins_report(*, include_builtins: bool = False) -> dict[str, Any]:
                     "schema": record.openai_schema(),
                     "ends_episode": record.ends_episode,
                 }
+            elif kind == "deployments" and record.missing():
+                details[f"deployments:{record.name}"] = {"needs": record.missing()}
     plugins = []
     for info in manager.report(include_builtins=include_builtins):
         entry = info.to_json()
@@ -46,6 +48,12 @@ def plugins_report(*, include_builtins: bool = False) -> dict[str, Any]:
             for name in provided.get("tools", [])
             if f"tools:{name}" in details
         ]
+        # Contributed but not usable here until a package is installed (an extra, say).
+        entry["needs"] = {
+            name: details[f"deployments:{name}"]["needs"]
+            for name in provided.get("deployments", [])
+            if f"deployments:{name}" in details
+        }
         plugins.append(entry)
     return {"uniagent": __version__, "plugins": plugins, "errors": conflicts}
 
@@ -64,6 +72,13 @@ def _print_plugins(report: dict[str, Any]) -> None:
         for kind, names in plugin["contributes"].items():
             if names:
                 print(f"  {kind.replace('_', ' ')}: {', '.join(names)}")
+        for packages in sorted({tuple(p) for p in plugin["needs"].values()}):
+            names = [n for n, p in plugin["needs"].items() if tuple(p) == packages]
+            install = " ".join(f"'{p}'" for p in packages)
+            print(
+                f"  {', '.join(names)}: not usable without {', '.join(packages)} "
+                f"(pip install {install})"
+            )
     for error in report["errors"]:
         print(f"error: {error}", file=sys.stderr)
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import copy
 import functools
+import importlib.util
 import json
 import shlex
 from collections.abc import Awaitable, Callable, Mapping
@@ -45,6 +46,14 @@ class _Record:
                 f"{type(self).__name__} name {self.name!r} must be non-empty and use only "
                 "letters, digits, '_' and '-'"
             )
+
+
+def _installed(module: str) -> bool:
+    """Whether ``module`` can be imported here (found, not imported)."""
+    try:
+        return importlib.util.find_spec(module) is not None
+    except (ImportError, ValueError):
+        return False
 
 
 @functools.lru_cache(maxsize=1024)
@@ -133,6 +142,13 @@ class DeploymentSpec(_Record, Generic[C]):
 
     config: type[C]
     factory: Callable[[C], Deployment] = field(compare=False)
+    #: Modules the backend imports when it starts, each with the package that provides it
+    #: (``{"swerex": "uniagent[swerex]"}``): ``uniagent plugins`` says when one is missing.
+    needs: Mapping[str, str] = field(default_factory=dict, compare=False)
+
+    def missing(self) -> list[str]:
+        """The packages of :attr:`needs` whose module is not installed here (once each)."""
+        return sorted({pkg for module, pkg in self.needs.items() if not _installed(module)})
 
     def __post_init__(self) -> None:
         super().__post_init__()
