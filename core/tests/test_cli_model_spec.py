@@ -209,3 +209,22 @@ def test_a_hub_id_in_the_cache_or_on_the_hub_passes_the_check(tmp_path, hub):
         assert proc.returncode == 0, proc.stderr
     asked = [path for path in hub.requests if path.startswith("/api/models/")]
     assert asked == ["/api/models/someorg/real-model"]  # the cached one was not asked about
+
+
+def test_run_help_names_the_model_forms_and_how_to_start_vllm_for_tool_calls():
+    proc = subprocess.run(
+        [sys.executable, "-m", "uniagent.cli", "run", "--help"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env={**os.environ, "COLUMNS": "1000"},  # one line per paragraph, for the checks
+    )
+    assert proc.returncode == 0, proc.stderr
+    for needed in (
+        "hf:smollm2",
+        "?guided=tool_call",
+        "?tokenizer=",
+        "openai:BASE_URL#MODEL",
+        "--enable-auto-tool-choice --tool-call-parser",
+    ):
+        assert needed in proc.stdout, needed
