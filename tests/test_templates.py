@@ -12,6 +12,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import shutil
 import subprocess
 import sys
 import venv
@@ -30,6 +31,10 @@ else:  # pragma: no cover - pytest itself brings tomli on Python 3.10
 ROOT = Path(__file__).resolve().parents[1]
 TEMPLATES = ROOT / "templates"
 CORE = ROOT / "core"
+#: The steps a new plugin's author follows: the first bash block of templates/README.md.
+README_STEPS = re.search(
+    r"## Make a plugin\n.*?```bash\n(.*?)```", (TEMPLATES / "README.md").read_text(), re.S
+)
 
 #: Files every baked plugin has, relative to the distribution directory.
 COMMON_FILES = {
@@ -287,3 +292,51 @@ def test_uniagent_plugins_lists_each_baked_plugin_with_its_contribution(env: Ven
         assert plugin["module"] == f"{case.module}.plugin"
         assert plugin["hooks"] == [f"uniagent_{case.kind}"]
         assert {k: v for k, v in plugin["contributes"].items() if v} == {case.kind: [case.record]}
+
+
+# -- the README's own steps ------------------------------------------------------------------
+
+
+def test_the_readme_steps_work_as_written_in_a_fresh_venv(tmp_path: Path) -> None:
+    """templates/README.md's block, run verbatim by bash in a copy of the checkout.
+
+    Only what the steps use is copied (``core/``, ``templates/``), so the bake and its
+    venv land in a scratch folder; ``pip`` and ``cookiecutter`` before the venv is
+    activated are this test environment's, and ``HOME`` is a scratch one (cookiecutter
+    writes its replay files there).
+    """
+    assert README_STEPS, "templates/README.md has no bash block under 'Make a plugin'"
+    steps = README_STEPS.group(1)
+    checkout = tmp_path / "checkout"
+    build_outputs = shutil.ignore_patterns("__pycache__", "*.egg-info", "build", "dist")
+    shutil.copytree(CORE, checkout / "core", ignore=build_outputs)
+    shutil.copytree(TEMPLATES, checkout / "templates", ignore=build_outputs)
+    home = tmp_path / "home"
+    home.mkdir()
+    env = clean_env()
+    env["HOME"] = str(home)
+    env["PATH"] = f"{Path(sys.executable).parent}{os.pathsep}{env.get('PATH', '')}"
+    result = subprocess.run(
+        ["bash", "-euo", "pipefail", "-c", steps],
+        cwd=checkout,
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=1200,
+    )
+    output = result.stdout + result.stderr
+    assert result.returncode == 0, output
+    assert "uniagent-tools-hello 0.1.0  [loaded]" in result.stdout, output
+    assert "  tools: hello\n" in result.stdout, output
+    assert re.search(r"\b\d+ passed\b", result.stdout), output  # the baked plugin's pytest
+
+
+def test_without_the_swerex_extra_plugins_all_says_what_local_and_remote_need(env: Venv) -> None:
+    """The venv has the core without extras: the built-in container backends say so."""
+    assert env.run("python", "-c", "import swerex").returncode != 0  # really not installed
+    result = env.run("uniagent", "plugins", "--all")
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert (
+        "  local, remote: not usable without uniagent[swerex] (pip install 'uniagent[swerex]')"
+        in result.stdout
+    )

@@ -135,3 +135,40 @@ def test_deep_merge_replaces_lists_and_scalars():
         "a": {"b": 1, "c": [2]},
         "d": {"e": 1},
     }
+
+
+@pytest.mark.parametrize(
+    ("sampling", "message"),
+    [
+        ({"max_token": 20}, "sampling.max_token: unknown key (did you mean max_tokens?"),
+        ({"temprature": 0.7}, "sampling.temprature: unknown key (did you mean temperature?"),
+        ({"temperature": "hot"}, "sampling.temperature: Input should be a valid number"),
+        ({"temperature": True}, "sampling.temperature: Input should be a valid number"),
+        ({"temperature": -0.1}, "sampling.temperature: Input should be greater than or equal"),
+        ({"top_p": 0}, "sampling.top_p: Input should be greater than 0"),
+        ({"top_p": 1.5}, "sampling.top_p: Input should be less than or equal to 1"),
+        ({"max_tokens": 0}, "sampling.max_tokens: Input should be greater than or equal to 1"),
+        ({"max_tokens": 20.5}, "sampling.max_tokens: Input should be a valid integer"),
+        ({"seed": "7"}, "sampling.seed: Input should be a valid integer"),
+        ({"stop": 3}, "sampling.stop"),
+        ({"extra_body": [1]}, "sampling.extra_body: Input should be a valid dictionary"),
+    ],
+)
+def test_sampling_is_checked_like_every_section(sampling, message):
+    with pytest.raises(ConfigError) as err:
+        AgentConfig.from_dict({**MINIMAL, "sampling": sampling}, source="agent.yaml")
+    assert message in str(err.value) and "agent.yaml" in str(err.value)
+
+
+def test_sampling_reads_as_the_parameters_that_are_set():
+    written = {"temperature": 0.0, "max_tokens": 160, "extra_body": {"min_tokens": 2}}
+    config = AgentConfig.from_dict({**MINIMAL, "sampling": written})
+    # What the backends receive (dict(config.sampling)) and what a manifest records: as written.
+    assert dict(config.sampling) == config.sampling.params() == written
+    assert config.model_dump()["sampling"] == written
+    assert config.sampling["max_tokens"] == 160 and "top_p" not in config.sampling
+    assert dict(AgentConfig().sampling) == {} and not AgentConfig().sampling
+    merged = config.with_overrides({"sampling": {"temperature": 0.5}})
+    assert dict(merged.sampling) == {**written, "temperature": 0.5}
+    with pytest.raises(ConfigError, match=r"(?s)task 3:.*sampling\.max_token: unknown key"):
+        config.with_overrides({"sampling": {"max_token": 1}}, source="task 3")

@@ -281,7 +281,6 @@ def test_check_spec_accepts_good_specs(tmp_path) -> None:
     sampling = {"temperature": 0.7, "num_beams": 1}
     for spec in (
         f"hf:{tmp_path}",
-        "hf:HuggingFaceTB/SmolLM2-135M-Instruct",  # a hub id: not checked as a path
         "openai:http://127.0.0.1:8000/v1#Qwen/Qwen3-8B?tokenizer=Qwen/Qwen3-8B",
     ):
         check_spec(spec, PARSER, sampling=sampling)
@@ -297,6 +296,23 @@ def test_check_spec_accepts_good_specs(tmp_path) -> None:
         else:
             with pytest.raises(ConfigError, match="guided decoding needs llguidance"):
                 check_spec(spec, PARSER, sampling=sampling)
+
+
+def test_hf_refuses_sampling_it_would_ignore_and_checks_extra_body(tmp_path) -> None:
+    from uniagent.models.hf import HFLocalModel
+
+    for key, value in (("stop", ["x"]), ("min_p", 0.1), ("presence_penalty", 0.5)):
+        with pytest.raises(ConfigError) as info:
+            check_spec(f"hf:{tmp_path}", PARSER, sampling={key: value})
+        assert f"sampling.{key} is not applied by hf: models" in str(info.value)
+        assert "\n" not in str(info.value)
+        with pytest.raises(ConfigError, match=f"sampling.{key} is not applied"):
+            HFLocalModel(object(), tokenizer=object(), sampling_params={key: value})
+    # extra_body is transformers' generate() options: checked against guided decoding.
+    sampling = {"extra_body": {"num_beams": 4}}
+    check_spec(f"hf:{tmp_path}", PARSER, sampling=sampling)  # unguided: beams are fine
+    with pytest.raises(ConfigError, match=r"sampling\.extra_body\.num_beams=4 cannot"):
+        check_spec(f"hf:{tmp_path}?guided=tool_call", PARSER, sampling=sampling)
 
 
 def test_check_spec_rejects_guided_options_that_do_not_fit(tmp_path) -> None:

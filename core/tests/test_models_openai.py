@@ -248,6 +248,23 @@ async def test_sampling_params_split_between_body_and_extra_body(
     assert response.usage.completion_tokens == 1
 
 
+async def test_the_configs_sampling_reaches_the_request_body_with_its_extra_body(
+    server: ScriptedChatServer,
+) -> None:
+    from uniagent.config import AgentConfig
+
+    sampling = {"temperature": 0.2, "top_k": 5, "extra_body": {"min_tokens": 3, "ignore_eos": True}}
+    config = AgentConfig.from_dict({"sampling": sampling})
+    server.add(Reply("hi"))
+    # As `uniagent run` builds the backend: the config's sampling as a mapping.
+    model, _ = make_model(server, sampling_params=dict(config.sampling), extra_body={"a": 1})
+    await model.generate(model.start_cache(MESSAGES))
+    body = server.requests[0]
+    assert (body["temperature"], body["top_k"]) == (0.2, 5)
+    assert (body["min_tokens"], body["ignore_eos"], body["a"]) == (3, True, 1)
+    assert "extra_body" not in body and "top_p" not in body  # flat, and nothing unset sent
+
+
 # -- token mode (vLLM) --------------------------------------------------------------------
 async def test_token_mode_records_vllm_token_ids(tokenizer: Any) -> None:
     im_end = tokenizer.convert_tokens_to_ids("<|im_end|>")

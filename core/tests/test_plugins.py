@@ -2,6 +2,10 @@
 
 from __future__ import annotations
 
+import importlib.util
+import json
+import os
+import subprocess
 import sys
 import textwrap
 import types
@@ -231,3 +235,43 @@ def test_misspelled_hook_in_installed_plugin_is_reported(site):
     manager = load(site)
     info = manager.plugins["fake-typo"]
     assert info.status == "failed" and "uniagent_deployments" in info.error
+
+
+# -- what `uniagent plugins` says about records that need a missing extra --------------------
+#: Run in a fresh interpreter where SWE-ReX cannot be imported: the narrowest stand-in for
+#: an install without the [swerex] extra (the integration suite's template venv is one).
+HIDE_SWEREX = "sys.modules['swerex'] = None; "
+
+
+def uniagent_plugins(*args: str, swerex: bool) -> subprocess.CompletedProcess[str]:
+    hide = "" if swerex else HIDE_SWEREX
+    program = f"import sys; {hide}from uniagent.cli import main; sys.exit(main(sys.argv[1:]))"
+    return subprocess.run(
+        [sys.executable, "-c", program, "plugins", *args],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env={**os.environ, "UNIAGENT_LOAD_PLUGINS": ""},  # the built-ins only
+    )
+
+
+def test_plugins_all_says_which_builtin_deployments_need_the_swerex_extra():
+    proc = uniagent_plugins("--all", swerex=False)
+    assert proc.returncode == 0, proc.stderr
+    assert "  deployments: host, local, remote\n" in proc.stdout
+    assert (
+        "  local, remote: not usable without uniagent[swerex] (pip install 'uniagent[swerex]')"
+        in proc.stdout
+    )
+    report = json.loads(uniagent_plugins("--all", "--json", swerex=False).stdout)
+    (builtin,) = [p for p in report["plugins"] if p["module"] == "uniagent.builtin.deployments"]
+    assert builtin["needs"] == {"local": ["uniagent[swerex]"], "remote": ["uniagent[swerex]"]}
+
+
+def test_with_the_swerex_extra_installed_nothing_is_flagged():
+    assert importlib.util.find_spec("swerex"), "the core suite installs uniagent[swerex]"
+    proc = uniagent_plugins("--all", swerex=True)
+    assert proc.returncode == 0, proc.stderr
+    assert "not usable without" not in proc.stdout
+    report = json.loads(uniagent_plugins("--all", "--json", swerex=True).stdout)
+    assert all(p["needs"] == {} for p in report["plugins"])

@@ -242,3 +242,25 @@ async def test_a_failure_to_save_an_episode_stops_the_run_with_its_cause(
     assert summary["stopped"].startswith("stopped: saving t1#0 failed: FileExistsError")
     assert summary["episodes"] == 1 and summary["pending"] == 3  # t0 saved, t2 and t3 not run
     assert not (out / "episodes" / "t2").exists()
+
+
+async def test_a_resume_adds_its_wall_time_and_one_with_nothing_to_do_keeps_it(
+    config, qwen3_tokenizer, tmp_path
+):
+    out = tmp_path / "out"
+    tasks = [Task(f"t{i}", {"q": f"task {i}", "test_command": "true"}) for i in range(2)]
+    model = ScriptedTokenModel(qwen3_tokenizer, policy=lambda cache: hermes_call("done"))
+    quiet = Progress(io.StringIO(), live=False)
+    await run(config, tasks, [], lambda: model, out, limit=1, progress=quiet)
+    summary_file = out / "summary.json"
+    first = json.loads(summary_file.read_text())
+    assert first["episodes"] == 1 and first["wall_seconds"] > 0
+    # As if the first run had taken 200 s.
+    summary_file.write_text(json.dumps({**first, "wall_seconds": 200.0}))
+
+    again = await run(config, tasks, [], lambda: model, out, limit=1, progress=quiet)
+    assert again["wall_seconds"] == 200.0  # nothing left to run: before, this run's few seconds
+    assert json.loads(summary_file.read_text())["wall_seconds"] == 200.0
+
+    more = await run(config, tasks, [], lambda: model, out, limit=2, progress=quiet)
+    assert more["episodes"] == 2 and more["wall_seconds"] > 200.0  # 200 s, then this run's

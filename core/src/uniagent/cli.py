@@ -35,6 +35,8 @@ def plugins_report(*, include_builtins: bool = False) -> dict[str, Any]:
                     "schema": record.openai_schema(),
                     "ends_episode": record.ends_episode,
                 }
+            elif kind == "deployments" and record.missing():
+                details[f"deployments:{record.name}"] = {"needs": record.missing()}
     plugins = []
     for info in manager.report(include_builtins=include_builtins):
         entry = info.to_json()
@@ -46,6 +48,12 @@ def plugins_report(*, include_builtins: bool = False) -> dict[str, Any]:
             for name in provided.get("tools", [])
             if f"tools:{name}" in details
         ]
+        # Contributed but not usable here until a package is installed (an extra, say).
+        entry["needs"] = {
+            name: details[f"deployments:{name}"]["needs"]
+            for name in provided.get("deployments", [])
+            if f"deployments:{name}" in details
+        }
         plugins.append(entry)
     return {"uniagent": __version__, "plugins": plugins, "errors": conflicts}
 
@@ -64,6 +72,13 @@ def _print_plugins(report: dict[str, Any]) -> None:
         for kind, names in plugin["contributes"].items():
             if names:
                 print(f"  {kind.replace('_', ' ')}: {', '.join(names)}")
+        for packages in sorted({tuple(p) for p in plugin["needs"].values()}):
+            names = [n for n, p in plugin["needs"].items() if tuple(p) == packages]
+            install = " ".join(f"'{p}'" for p in packages)
+            print(
+                f"  {', '.join(names)}: not usable without {', '.join(packages)} "
+                f"(pip install {install})"
+            )
     for error in report["errors"]:
         print(f"error: {error}", file=sys.stderr)
 
@@ -311,14 +326,24 @@ def build_parser() -> argparse.ArgumentParser:
         "failures remain, or the run stopped (model endpoint down, circuit breaker); 2 bad "
         "input (config, task file, option values, an output folder in use or holding another "
         "run), or task rows skipped; 130 / 143 interrupted by SIGINT / SIGTERM (sandboxes "
-        "closed; run again to resume). See docs/running.md.",
+        "closed; run again to resume). See docs/running.md. "
+        "A vLLM server returns tool calls only when started with --enable-auto-tool-choice "
+        "--tool-call-parser P, P the format of the config's tool_parser (hermes for Qwen3, "
+        "qwen3_coder for Qwen3-Coder), e.g. vllm serve Qwen/Qwen3-8B --enable-auto-tool-choice "
+        "--tool-call-parser hermes.",
     )
     run.add_argument("config", help="agent config YAML")
     run.add_argument("--data", required=True, help="tasks: .jsonl or .parquet")
     run.add_argument(
         "--model",
         required=True,
-        help="hf:PATH_OR_GGUF (in-process transformers) or openai:BASE_URL#MODEL",
+        metavar="SPEC",
+        help="hf:PATH (in-process transformers: a model folder, hub id ORG/NAME or .gguf file; "
+        "hf:smollm2 is the bundled SmolLM2-135M test model; add ?guided=tool_call to make "
+        "every turn a valid tool call, &thought=N for the longest thought before it) or "
+        "openai:BASE_URL#MODEL (any OpenAI-compatible server, e.g. "
+        "openai:http://127.0.0.1:8000/v1#Qwen/Qwen3-8B; add ?tokenizer=PATH_OR_ID to record "
+        "token ids and log-probs from vLLM)",
     )
     run.add_argument("--out", required=True, help="output directory (results, episodes, summary)")
     run.add_argument(

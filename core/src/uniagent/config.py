@@ -10,8 +10,9 @@ every plugin's settings against what is installed, before any sandbox starts.
 from __future__ import annotations
 
 import copy
+import difflib
 import warnings
-from collections.abc import Mapping
+from collections.abc import ItemsView, KeysView, Mapping
 from pathlib import Path
 from typing import Any, Literal
 
@@ -21,10 +22,15 @@ from pydantic import (
     ConfigDict,
     Field,
     PrivateAttr,
+    StrictFloat,
+    StrictInt,
     ValidationError,
+    ValidatorFunctionWrapHandler,
     field_validator,
+    model_serializer,
     model_validator,
 )
+from pydantic_core import InitErrorDetails, PydanticCustomError
 
 from uniagent.env.config import EnvConfig
 from uniagent.errors import ConfigError
@@ -107,6 +113,85 @@ class RewardConfig(_Strict):
         return data
 
 
+class SamplingConfig(_Strict):
+    """Sampling parameters for the model backend; unset ones are the backend's defaults.
+
+    The named keys mean what they mean in the OpenAI/vLLM API. ``extra_body`` holds
+    backend-specific parameters, passed on as they are: into the request body
+    (``openai:``), into verl's sampling params, or to ``generate()`` (``hf:``).
+    Read as a mapping (``dict(config.sampling)``), it holds only the keys that are set.
+    """
+
+    temperature: StrictFloat | None = Field(None, ge=0, description="0: greedy")
+    top_p: StrictFloat | None = Field(None, gt=0, le=1, description="nucleus sampling mass")
+    top_k: StrictInt | None = Field(None, ge=-1, description="-1 or 0: off")
+    min_p: StrictFloat | None = Field(None, ge=0, le=1, description="vLLM's min_p")
+    max_tokens: StrictInt | None = Field(None, ge=1, description="tokens per model turn")
+    seed: StrictInt | None = Field(None, description="makes sampling repeatable")
+    presence_penalty: StrictFloat | None = Field(None, ge=-2, le=2)
+    frequency_penalty: StrictFloat | None = Field(None, ge=-2, le=2)
+    repetition_penalty: StrictFloat | None = Field(None, gt=0, description="vLLM's; 1: off")
+    stop: str | list[str] | None = Field(None, description="stop strings")
+    extra_body: dict[str, Any] = Field(
+        default_factory=dict,
+        description="backend-specific parameters, passed on as they are (not checked here)",
+    )
+
+    @model_validator(mode="wrap")
+    @classmethod
+    def _suggest_known_keys(cls, data: Any, handler: ValidatorFunctionWrapHandler) -> Any:
+        try:
+            return handler(data)
+        except ValidationError as exc:
+            raise ValidationError.from_exception_data(
+                exc.title, [_unknown_key_hint(err, cls.model_fields) for err in exc.errors()]
+            ) from None
+
+    @model_serializer(mode="wrap")
+    def _set_only(self, handler: Any) -> dict[str, Any]:
+        # Dumped as written (a run's manifest, task overrides): no unset keys.
+        data: dict[str, Any] = handler(self)
+        return {k: v for k, v in data.items() if v is not None and v != {}}
+
+    def params(self) -> dict[str, Any]:
+        """The parameters that are set, as the backend receives them (``extra_body`` nested)."""
+        return self.model_dump()
+
+    # A read-only mapping of params(), as ``sampling`` was a plain mapping before.
+    def keys(self) -> KeysView[str]:
+        """The keys that are set."""
+        return self.params().keys()
+
+    def items(self) -> ItemsView[str, Any]:
+        """The (key, value) pairs that are set."""
+        return self.params().items()
+
+    def get(self, key: str, default: Any = None) -> Any:
+        """A set parameter, else ``default``."""
+        return self.params().get(key, default)
+
+    def __getitem__(self, key: str) -> Any:
+        return self.params()[key]
+
+    def __contains__(self, key: object) -> bool:
+        return key in self.params()
+
+    def __len__(self) -> int:
+        return len(self.params())
+
+
+def _unknown_key_hint(err: Any, fields: Mapping[str, Any]) -> Any:
+    """An unknown-key error with the close field name, if any (other errors as they are)."""
+    if err["type"] != "extra_forbidden":
+        return err
+    close = difflib.get_close_matches(str(err["loc"][-1]), list(fields), n=1)
+    hint = f"did you mean {close[0]}? " if close else ""
+    message = f"unknown key ({hint}backend-specific parameters go under extra_body)"
+    return InitErrorDetails(
+        type=PydanticCustomError("unknown_key", message), loc=err["loc"], input=err["input"]
+    )
+
+
 class AgentConfig(_Strict):
     """Everything that defines an agent run; loaded from YAML."""
 
@@ -131,8 +216,8 @@ class AgentConfig(_Strict):
         default_factory=dict,
         description="exit reason (or inexact_tokens) -> train | mask, over the defaults",
     )
-    sampling: dict[str, Any] = Field(
-        default_factory=dict, description="sampling parameters passed to the model backend"
+    sampling: SamplingConfig = Field(
+        default_factory=SamplingConfig, description="sampling parameters for the model backend"
     )
     concurrency: int = Field(8, ge=1, description="episodes at once")
     services: dict[str, dict[str, Any]] = Field(

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import copy
 import functools
+import importlib.util
 import json
 import shlex
 import warnings
@@ -71,6 +72,14 @@ class _SettingsRecord(_Record):
         elif self.config is not None and self.config is not self.settings:
             raise ValueError(f"{type(self).__name__} {self.name!r}: give settings=, not config=")
         object.__setattr__(self, "config", self.settings)
+
+
+def _installed(module: str) -> bool:
+    """Whether ``module`` can be imported here (found, not imported)."""
+    try:
+        return importlib.util.find_spec(module) is not None
+    except (ImportError, ValueError):
+        return False
 
 
 @functools.lru_cache(maxsize=1024)
@@ -168,6 +177,13 @@ class DeploymentSpec(_Record, Generic[C]):
     cleanup: Callable[[C | None, Iterable[str]], list[str]] | None = field(
         default=None, compare=False
     )
+    #: Modules the backend imports when it starts, each with the package that provides it
+    #: (``{"swerex": "uniagent[swerex]"}``): ``uniagent plugins`` says when one is missing.
+    needs: Mapping[str, str] = field(default_factory=dict, compare=False)
+
+    def missing(self) -> list[str]:
+        """The packages of :attr:`needs` whose module is not installed here (once each)."""
+        return sorted({pkg for module, pkg in self.needs.items() if not _installed(module)})
 
     def __post_init__(self) -> None:
         super().__post_init__()

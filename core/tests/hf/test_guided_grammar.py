@@ -16,6 +16,7 @@ import pytest
 
 from uniagent.models.base import ModelError
 from uniagent.models.guided import (
+    GrammarCacheInfo,
     GuidedDecoding,
     ToolCallGuide,
     mask_scores,
@@ -239,3 +240,32 @@ def test_a_grammar_is_compiled_once_per_tools_and_parser(smollm2_tokenizer: Any)
     assert guide.compilations == 2
     third = guide.matcher(SCHEMAS, PARSER, encode(smollm2_tokenizer, "Hm.\n<tool_call>"))
     assert guide.compilations == 2 and not third.matcher.is_error()
+
+
+def test_the_grammar_cache_is_a_bounded_lru_and_counts_its_hits(smollm2_tokenizer: Any) -> None:
+    # Tools set per task: each task's settings give another tool set, so another grammar.
+    eot = analyse_chat_template(smollm2_tokenizer).eot_id
+    guide = ToolCallGuide(smollm2_tokenizer, eot, GuidedDecoding(), max_grammars=2)
+
+    def tools(n: int) -> list[Any]:
+        return [{**SUBMIT, "function": {**SUBMIT["function"], "description": f"Finish {n}."}}]
+
+    guide.matcher(tools(1), PARSER)
+    guide.matcher(tools(2), PARSER)
+    guide.matcher(tools(1), PARSER)  # a hit, and now the most recently used
+    guide.matcher(tools(3), PARSER)  # over the bound: evicts tools(2), not tools(1)
+    assert guide.cache_info() == GrammarCacheInfo(
+        hits=1, misses=3, evictions=1, size=2, max_size=2
+    )
+    guide.matcher(tools(1), PARSER)  # still cached
+    assert guide.compilations == 3
+    turn = guide.matcher(tools(2), PARSER)  # evicted: compiled again, and works
+    assert guide.compilations == 4 and not turn.matcher.is_error()
+    info = guide.cache_info()
+    assert (info.hits, info.misses, info.evictions, info.size) == (2, 4, 2, 2)
+    assert info.hit_rate == 2 / 6
+    for n in range(4, 40):  # many tasks' tool sets: the cache stays at its bound
+        guide.matcher(tools(n), PARSER)
+    assert guide.cache_info().size == 2
+    with pytest.raises(ValueError, match="at least 1"):
+        ToolCallGuide(smollm2_tokenizer, eot, GuidedDecoding(), max_grammars=0)

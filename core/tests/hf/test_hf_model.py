@@ -108,6 +108,23 @@ async def test_length_cut_and_budget(model: HFLocalModel) -> None:
         await limited.generate(cache)
 
 
+async def test_sampling_extra_body_goes_to_generate(model: HFLocalModel) -> None:
+    # The config's sampling.extra_body holds transformers generate() options: banning the
+    # tokens of "4" changes the greedy answer to "What is 2+2?".
+    fours = [[i] for i, text in enumerate(model.tokenizer.convert_ids_to_tokens(
+        list(range(len(model.tokenizer))))) if text and text.lstrip("Ġ▁ ") == "4"]  # fmt: skip
+    assert fours
+    banned = HFLocalModel(
+        model.model,
+        model.tokenizer,
+        sampling_params={"max_tokens": 24, "extra_body": {"bad_words_ids": fours}},
+    )
+    cache = banned.start_cache(SHORT)
+    response = await banned.generate(cache)
+    assert not {i for (i,) in fours} & set(cache.response_ids)
+    assert "4" not in response.text
+
+
 async def test_sampling_with_seed_is_repeatable_and_loop_not_blocked(model: HFLocalModel) -> None:
     sampled = HFLocalModel(
         model.model,

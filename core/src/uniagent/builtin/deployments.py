@@ -11,6 +11,9 @@ from uniagent.env.remote import RemoteDeployment, RemoteDeploymentConfig
 from uniagent.hookspecs import hookimpl
 from uniagent.specs import DeploymentSpec
 
+#: What ``local`` and ``remote`` import when they start: SWE-ReX's runtime and its client.
+SWEREX_NEEDS = {"swerex": "uniagent[swerex]", "aiohttp": "uniagent[swerex]"}
+
 
 def _clean_host(config: HostDeploymentConfig | None, run_ids: Iterable[str]) -> list[str]:
     """Episode directories and cgroups whose owner process is gone."""
@@ -30,6 +33,9 @@ def uniagent_deployments() -> Iterator[DeploymentSpec]:
         name="host", config=HostDeploymentConfig, factory=HostDeployment, cleanup=_clean_host
     )
     yield DeploymentSpec(
-        name="local", config=LocalDeploymentConfig, factory=LocalDeployment, cleanup=_clean_local
+        name="local", config=LocalDeploymentConfig, factory=LocalDeployment, cleanup=_clean_local,
+        needs=SWEREX_NEEDS,
     )
-    yield DeploymentSpec(name="remote", config=RemoteDeploymentConfig, factory=RemoteDeployment)
+    yield DeploymentSpec(
+        name="remote", config=RemoteDeploymentConfig, factory=RemoteDeployment, needs=SWEREX_NEEDS
+    )

@@ -27,6 +27,9 @@ only one allowed) gets 0.0. The loop hands the format to the backend
 (``generate(cache, call_format=parser)``); the tools are the cache's
 (``cache.tools``, the OpenAI schemas rendered into the prompt).
 
+Compiled grammars are kept per tool set in an LRU of :data:`GRAMMAR_CACHE_SIZE`, so
+tools set per task cannot grow it without bound; ``bench/guided.py`` prints its hit rate.
+
 Why ``llguidance``: measured by ``bench/guided.py`` against ``xgrammar``,
 ``outlines``, ``lm-format-enforcer`` and ``transformers-cfg`` (see there).
 """
@@ -36,6 +39,7 @@ from __future__ import annotations
 import json
 import logging
 import threading
+from collections import OrderedDict
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -51,6 +55,9 @@ DEFAULT_THOUGHT_CHARS = 200
 #: The longest thought ``thought=`` may ask for (a turn's token budget is far smaller).
 MAX_THOUGHT_CHARS = 4000
 _JSON_STYLE = {"item_separator": ", ", "key_separator": ": ", "whitespace_flexible": False}
+#: Compiled grammars kept per model, least recently used dropped first: a run with one
+#: tool set needs one; with tools set per task, about one per episode running at once.
+GRAMMAR_CACHE_SIZE = 64
 
 
 @dataclass(frozen=True)
@@ -252,24 +259,65 @@ def call_schema(name: str, parameters: Mapping[str, Any] | None) -> dict[str, An
     return wrap({"type": "object"}, _JSON_STYLE)
 
 
+@dataclass(frozen=True)
+class GrammarCacheInfo:
+    """How the compiled-grammar cache of a :class:`ToolCallGuide` has served its turns."""
+
+    hits: int
+    misses: int
+    evictions: int
+    size: int
+    max_size: int
+
+    @property
+    def hit_rate(self) -> float | None:
+        """Hits over lookups (None before the first turn)."""
+        lookups = self.hits + self.misses
+        return self.hits / lookups if lookups else None
+
+
 class ToolCallGuide:
     """Compiles tool-call grammars for one tokenizer and hands out per-turn matchers.
 
     ``end_of_turn`` is the chat template's end-of-turn token: the only token that may
     end a guided turn (not any other eos the tokenizer knows). Compiled grammars are
-    kept per (tools, parser, settings): a turn gets a copy, never a recompile.
+    kept per (tools, parser, settings) in an LRU of ``max_grammars``: a turn gets a
+    copy, never a recompile, while its tool set is among the most recently used.
     """
 
-    def __init__(self, tokenizer: Any, end_of_turn: int, settings: GuidedDecoding):
+    def __init__(
+        self,
+        tokenizer: Any,
+        end_of_turn: int,
+        settings: GuidedDecoding,
+        *,
+        max_grammars: int = GRAMMAR_CACHE_SIZE,
+    ):
+        if max_grammars < 1:
+            raise ValueError(f"max_grammars must be at least 1, got {max_grammars}")
         self.tokenizer = tokenizer
         self.end_of_turn = int(end_of_turn)
         self.settings = settings
-        #: How many grammars were compiled (one per distinct tool set and parser).
+        self.max_grammars = max_grammars
+        #: How many grammars were compiled (cache misses: new tool sets, or evicted ones).
         self.compilations = 0
+        self._hits = 0
+        self._evictions = 0
         self._lock = threading.Lock()
         self._compile_lock = threading.Lock()
         self._ll_tokenizer: Any = None
-        self._compiled: dict[tuple[Any, ...], Any] = {}
+        self._compiled: OrderedDict[tuple[Any, ...], Any] = OrderedDict()
+
+    def cache_info(self) -> GrammarCacheInfo:
+        """Hits, misses (compilations), evictions and size of the compiled-grammar cache."""
+        with self._compile_lock:
+            return GrammarCacheInfo(
+                hits=self._hits,
+                misses=self.compilations,
+                evictions=self._evictions,
+                size=len(self._compiled),
+                max_size=self.max_grammars,
+            )
 
     def _llguidance(self) -> Any:
         try:
@@ -316,7 +364,10 @@ class ToolCallGuide:
         # one compile instead of each doing it (tens of milliseconds, once).
         with self._compile_lock:
             compiled = self._compiled.get(key)
-            if compiled is None:
+            if compiled is not None:
+                self._hits += 1
+                self._compiled.move_to_end(key)
+            else:
                 grammar = self.grammar(tools, parser)
                 compiled = llguidance.LLMatcher(
                     self._ll_tokenizer, llguidance.LLMatcher.grammar_from_lark(grammar)
@@ -327,6 +378,9 @@ class ToolCallGuide:
                     )
                 self._compiled[key] = compiled
                 self.compilations += 1
+                if len(self._compiled) > self.max_grammars:
+                    self._compiled.popitem(last=False)  # the least recently used
+                    self._evictions += 1
             matcher = compiled.deep_copy()
         turn = GuidedTurn(matcher, self._ll_tokenizer.vocab_size, self.end_of_turn)
         if prefix and not matcher.consume_tokens(list(prefix)):

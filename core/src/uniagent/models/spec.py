@@ -5,14 +5,16 @@ One parser per kind serves both, so a spec that passes the check builds the same
 
 from __future__ import annotations
 
-from collections.abc import Mapping
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from uniagent.errors import ConfigError
 from uniagent.models import hf
 from uniagent.models.base import ChatModel
 from uniagent.models.openai_chat import OpenAIChatModel
 from uniagent.parsers import ToolCallParser
+
+if TYPE_CHECKING:  # pragma: no cover - for type checkers only
+    from _typeshed import SupportsKeysAndGetItem  # a mapping, or the config's SamplingConfig
 
 SPEC_FORMS = (
     "hf:PATH (a model folder, hub id or .gguf file; hf:smollm2 for the bundled test model; add "
@@ -57,7 +59,7 @@ def check_spec(
     spec: str,
     parser: ToolCallParser | None,
     *,
-    sampling: Mapping[str, Any] | None = None,
+    sampling: SupportsKeysAndGetItem[str, Any] | None = None,
 ) -> None:
     """Reject a model spec that cannot work, with one line, before anything is loaded.
 

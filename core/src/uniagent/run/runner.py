@@ -48,7 +48,7 @@ from uniagent.run.progress import Progress
 from uniagent.run.results import ResultsFile, done_keys, is_infra_failure, latest
 from uniagent.run.retry import CircuitBreaker, RetryPolicy, default_window
 from uniagent.run.shutdown import Interrupted, SignalGuard
-from uniagent.run.summary import summarize
+from uniagent.run.summary import resumed_wall_seconds, summarize
 from uniagent.run.tasks import BadRow, Task
 from uniagent.services import running_services
 
@@ -298,6 +298,9 @@ async def _run_locked(
             await close_open_envs()  # whatever cancelled the episodes, no sandbox stays
             progress.end(final=status != "interrupted")
             summary = _summary(results, keys, n, started, bad_rows, progress, status, stopped)
+            # Summed over the runs in this folder; a resume with nothing to run adds nothing.
+            this_run = summary["wall_seconds"] if jobs else 0.0
+            summary["wall_seconds"] = resumed_wall_seconds(out / SUMMARY, this_run)
             write_json(out / SUMMARY, summary)
     finally:
         if model is not None and hasattr(model, "aclose"):

@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import json
 from collections import Counter, defaultdict
 from collections.abc import Iterable, Mapping
 from math import comb
+from pathlib import Path
 from typing import Any
 
 from uniagent.run.results import is_infra_failure
@@ -58,6 +60,18 @@ def summarize(
             for k in sorted({1, n} | ({5} if n >= 5 else set()))
         }
     return summary
+
+
+def resumed_wall_seconds(previous: Path, this_run: float) -> float:
+    """``this_run`` plus the ``wall_seconds`` of the summary at ``previous`` (the runs before a
+    resume in the same folder; 0 when there is none or it cannot be read)."""
+    try:
+        earlier = json.loads(previous.read_text()).get("wall_seconds")
+    except (OSError, ValueError, AttributeError):
+        earlier = None
+    if isinstance(earlier, bool) or not isinstance(earlier, int | float) or earlier < 0:
+        earlier = 0.0
+    return round(float(earlier) + this_run, 3)
 
 
 def _mean(values: Iterable[float]) -> float | None:

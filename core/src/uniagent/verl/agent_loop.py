@@ -289,7 +289,10 @@ class UniAgentLoop(AgentLoopBase):
             log.exception("could not write the episode dump under %s", dump.settings.directory)
 
     def _sampling(self, config: AgentConfig, sampling_params: Mapping[str, Any]) -> dict[str, Any]:
-        extra = {k: v for k, v in config.sampling.items() if k not in _VERL_SAMPLING_KEYS}
+        # The config's sampling.extra_body holds server sampling params as they are: flat here.
+        ours = {k: v for k, v in config.sampling.items() if k != "extra_body"}
+        ours.update(config.sampling.extra_body)
+        extra = {k: v for k, v in ours.items() if k not in _VERL_SAMPLING_KEYS}
         return {**plain(extra), **dict(sampling_params)}
 
     def _end_token_id(self) -> int:
