@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import sys
+
 import pytest
 
 from uniagent.config import AgentConfig, deep_merge
@@ -71,9 +73,9 @@ def test_deployment_is_checked_against_installed_backends():
     ):
         resolve(AgentConfig.from_dict({**MINIMAL, "env": {"deployment": {"type": "modal"}}}))
     with pytest.raises(ConfigError, match=r"env\.deployment: .*nope: unknown key"):
-        resolve(AgentConfig.from_dict(
-            {**MINIMAL, "env": {"deployment": {"type": "host", "nope": 1}}}
-        ))
+        resolve(
+            AgentConfig.from_dict({**MINIMAL, "env": {"deployment": {"type": "host", "nope": 1}}})
+        )
 
 
 @pytest.mark.usefixtures("core_only")
@@ -81,10 +83,14 @@ def test_deployment_is_checked_against_installed_backends():
     ("config", "path"),
     [
         ({"env": {"post_setpu": ["x"]}}, "env.post_setpu: unknown key"),
-        ({"reward": {"name": "command", "settings": {"comand": "x"}}},
-         "reward.settings.comand: unknown key"),
-        ({"reward": {"name": "command", "integrity": {"on_tamperr": "zero"}}},
-         "reward.integrity.on_tamperr: unknown key"),
+        (
+            {"reward": {"name": "command", "settings": {"comand": "x"}}},
+            "reward.settings.comand: unknown key",
+        ),
+        (
+            {"reward": {"name": "command", "integrity": {"on_tamperr": "zero"}}},
+            "reward.integrity.on_tamperr: unknown key",
+        ),
         ({"interaction": {"max_turnz": 1}}, "interaction.max_turnz: unknown key"),
         ({"tools": [{"name": "x", "setings": {}}]}, "tools.0.setings: unknown key"),
         ({"exit_policy": {"finishd": "train"}}, "exit_policy.finishd"),
@@ -172,3 +178,18 @@ def test_sampling_reads_as_the_parameters_that_are_set():
     assert dict(merged.sampling) == {**written, "temperature": 0.5}
     with pytest.raises(ConfigError, match=r"(?s)task 3:.*sampling\.max_token: unknown key"):
         config.with_overrides({"sampling": {"max_token": 1}}, source="task 3")
+
+
+def test_a_backend_whose_extra_is_missing_is_refused_at_resolve(monkeypatch):
+    config = AgentConfig.from_dict(
+        {**MINIMAL, "env": {"deployment": {"type": "local", "image": "x"}}}
+    )
+    assert resolve(config).deployment.name == "local"  # the core suite has the [swerex] extra
+    monkeypatch.setitem(sys.modules, "swerex", None)  # as an install without it
+    with pytest.raises(
+        ConfigError,
+        match=r"env\.deployment\.type: the 'local' backend needs "
+        r"uniagent\[swerex\].*pip install 'uniagent\[swerex\]'",
+    ):
+        resolve(config)
+    resolve(AgentConfig.from_dict(MINIMAL))  # host needs nothing more

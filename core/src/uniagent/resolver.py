@@ -142,6 +142,13 @@ def _resolve(
     parser = _lookup(registry.tool_parsers(), config.tool_parser, "tool_parser", source)
     deployment_config = _deployment_config(registry, config.env.deployment, source)
     deployment = registry.deployments()[deployment_config.type]  # type: ignore[attr-defined]
+    missing = deployment.missing()
+    if missing:  # or every episode would fail at its sandbox's start
+        installs = " ".join(f"'{package}'" for package in missing)
+        raise ConfigError(
+            f"invalid {source}:\n  env.deployment.type: the {deployment.name!r} backend needs "
+            f"{', '.join(missing)}, which is not installed: pip install {installs}"
+        )
     reward = None
     if config.reward is not None:
         spec = _lookup(registry.rewards(), config.reward.name, "reward.name", source)
