@@ -44,11 +44,24 @@ class EpisodeResult:
     error: str | None = None
     #: What the grader recorded before the first turn (history scrub, protected files).
     integrity: Mapping[str, Any] = field(default_factory=dict)
+    #: What the saved conversation adds to some messages, by index (see
+    #: :meth:`saved_messages`); never sent to the model.
+    notes: Mapping[int, Mapping[str, Any]] = field(default_factory=dict)
 
     @property
     def messages(self) -> list[dict[str, Any]]:
         """The conversation (empty when the episode failed before the first turn)."""
         return self.cache.messages if self.cache is not None else []
+
+    def saved_messages(self) -> list[dict[str, Any]]:
+        """The conversation as ``messages.json`` holds it: the messages, and on an assistant
+        message whose calls a parser read from its text, those calls (``parsed_tool_calls``)
+        and the text outside them (``parsed_content``); on the user message carrying such a
+        call's output, the tool's name (``tool_output_of``)."""
+        messages = self.messages
+        if not self.notes:
+            return messages
+        return [{**m, **self.notes.get(i, {})} for i, m in enumerate(messages)]
 
     def summary(self) -> dict[str, Any]:
         """The JSON-ready result without the (large) rollout cache."""
@@ -161,6 +174,7 @@ async def run_episode(
             submission=outcome.submission,
             error=outcome.error,
             integrity=integrity,
+            notes=outcome.notes,
         )
         if result.exit_reason is ExitReason.AGENT_KILLED_SHELL:
             # The agent's own command ended its shell: a policy outcome worth nothing.

@@ -69,7 +69,7 @@ def episode_payload(job: Job, result: EpisodeResult) -> dict[str, Any]:
     """What an episode leaves behind, JSON-ready (it may cross processes under Ray)."""
     return {
         "record": {"task_id": job.task.id, "sample": job.sample, **result.summary()},
-        "messages": result.messages,
+        "messages": result.saved_messages(),
         "rollout": result.cache.to_dict() if result.cache is not None else None,
     }
 
