@@ -104,6 +104,7 @@ def cmd_run(args: argparse.Namespace) -> int:
     from uniagent.config import AgentConfig
     from uniagent.models import check_spec, from_spec
     from uniagent.resolve import resolve
+    from uniagent.run.layout import RESULTS, SUMMARY
     from uniagent.run.progress import Progress
     from uniagent.run.runner import exit_status, run_sync
     from uniagent.run.summary import format_summary
@@ -143,7 +144,7 @@ def cmd_run(args: argparse.Namespace) -> int:
         progress=progress,
     )
     print(format_summary(summary))
-    print(f"results: {out / 'results.jsonl'}; summary: {out / 'summary.json'}")
+    print(f"results: {out / RESULTS}; summary: {out / SUMMARY}")
     status = exit_status(summary)
     if summary.get("stopped"):
         print(f"uniagent: {summary['stopped']}", file=sys.stderr)
