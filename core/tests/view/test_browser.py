@@ -314,7 +314,7 @@ def test_calls_written_as_text_read_like_calls_made_through_the_api(
     output = page.locator("#conversation .msg-tool").first
     expect(output.locator(".role")).to_have_text("observation · execute_bash")
     expect(output).to_contain_text("+ 32")
-    screenshot("episode-text-calls", full_page=True)
+    screenshot("episode-text-calls", full_page=True, docs=False)
 
 
 def test_a_run_started_in_the_folder_of_runs_joins_the_page(
