@@ -41,6 +41,8 @@ from pathlib import Path
 
 import httpx
 
+from uniagent.run.layout import LOG, MANIFEST, MESSAGES, RESULT, RESULTS, SUMMARY, episode_path
+
 EXITS = ["finished"] * 14 + ["max_step_limit"] * 3 + ["format_error", "timeout_error", "env_error"]
 TOOLS = ["execute_bash", "str_replace_editor", "submit"]
 
@@ -60,7 +62,7 @@ def make_run(root: Path, episodes: int, *, finished: bool = True, seed: int = 0)
         "host": "elsewhere",
         "jobs": jobs,
     }
-    (root / "manifest.json").write_text(json.dumps(manifest))
+    (root / MANIFEST).write_text(json.dumps(manifest))
     done = jobs if finished else jobs[: len(jobs) // 2]
     lines = []
     for task, sample in done:
@@ -83,7 +85,7 @@ def make_run(root: Path, episodes: int, *, finished: bool = True, seed: int = 0)
             },
             "log_tail": "collected 60 items\n" + "." * 2000,
         }
-        folder = root / "episodes" / task / str(sample)
+        folder = episode_path(root, task, sample)
         record = {
             "task_id": task,
             "sample": sample,
@@ -107,13 +109,13 @@ def make_run(root: Path, episodes: int, *, finished: bool = True, seed: int = 0)
             "episode_dir": str(folder),
         }
         folder.mkdir(parents=True)
-        (folder / "result.json").write_text(json.dumps(record))
-        (folder / "messages.json").write_text(json.dumps([{"role": "user", "content": "fix it"}]))
-        (folder / "log.txt").write_text("start\nfinished\n")
+        (folder / RESULT).write_text(json.dumps(record))
+        (folder / MESSAGES).write_text(json.dumps([{"role": "user", "content": "fix it"}]))
+        (folder / LOG).write_text("start\nfinished\n")
         lines.append(json.dumps(record))
-    (root / "results.jsonl").write_text("\n".join(lines) + "\n")
+    (root / RESULTS).write_text("\n".join(lines) + "\n")
     if finished:
-        (root / "summary.json").write_text(
+        (root / SUMMARY).write_text(
             json.dumps({"episodes": len(done), "samples_per_task": n})
         )
     return root
@@ -228,7 +230,7 @@ def main() -> None:
             for size in (args.baseline, args.episodes)
         }
         live = make_run(Path(tmp) / "live", args.episodes, finished=False, seed=1)
-        mb = (runs[args.episodes] / "results.jsonl").stat().st_size / 1e6
+        mb = (runs[args.episodes] / RESULTS).stat().st_size / 1e6
         print(
             f"made the run folders in {time.perf_counter() - t:.1f} s "
             f"(results.jsonl of {args.episodes} episodes: {mb:.0f} MB)\n"

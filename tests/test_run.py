@@ -16,6 +16,7 @@ import subprocess
 import sys
 import tempfile
 from collections import Counter
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -274,8 +275,10 @@ def test_bad_config_names_what_is_installed(tasks, tmp_path, change, expected):
     assert expected in proc.stderr
 
 
-def test_ray_run_gives_the_same_results_as_a_local_run(tasks, tmp_path, sandbox_tmp):
-    ray_env = {**env_for(sandbox_tmp), "RAY_AUTH_MODE": "disabled"}
+@pytest.fixture(scope="module")
+def ray_cluster() -> Iterator[tuple[str, dict[str, str]]]:
+    """A local Ray cluster: its address and the environment to run against it."""
+    ray_env = {**os.environ, "RAY_AUTH_MODE": "disabled"}
     # The cluster's processes do not have the API key (as on a cluster started elsewhere):
     # the driver hands it to its actors, and the server refuses requests without it.
     cluster_env = {k: v for k, v in ray_env.items() if k != "OPENAI_API_KEY"}
@@ -306,24 +309,30 @@ def test_ray_run_gives_the_same_results_as_a_local_run(tasks, tmp_path, sandbox_
     )
     assert start.returncode == 0, start.stderr
     try:
-        outs = {}
-        with ScriptedChatServer(default=policy(), api_key=ray_env["OPENAI_API_KEY"]) as server:
-            for mode, extra in (
-                ("local", ()),
-                ("ray", ("--ray", f"127.0.0.1:{port}", "--workers", "2")),
-            ):
-                outs[mode] = tmp_path / mode
-                proc = subprocess.run(
-                    uniagent_run(server, tasks, outs[mode], *extra),
-                    capture_output=True,
-                    text=True,
-                    env=ray_env,
-                    timeout=300,
-                )
-                assert proc.returncode == 0, proc.stderr
+        yield f"127.0.0.1:{port}", ray_env
     finally:
         subprocess.run([ray, "stop", "--force"], capture_output=True, env=ray_env)
         shutil.rmtree(ray_tmp, ignore_errors=True)
+
+
+def test_ray_run_gives_the_same_results_as_a_local_run(tasks, tmp_path, sandbox_tmp, ray_cluster):
+    address, cluster_env = ray_cluster
+    ray_env = {**cluster_env, **env_for(sandbox_tmp), "RAY_AUTH_MODE": "disabled"}
+    outs = {}
+    with ScriptedChatServer(default=policy(), api_key=ray_env["OPENAI_API_KEY"]) as server:
+        for mode, extra in (
+            ("local", ()),
+            ("ray", ("--ray", address, "--workers", "2")),
+        ):
+            outs[mode] = tmp_path / mode
+            proc = subprocess.run(
+                uniagent_run(server, tasks, outs[mode], *extra),
+                capture_output=True,
+                text=True,
+                env=ray_env,
+                timeout=300,
+            )
+            assert proc.returncode == 0, proc.stderr
 
     def comparable(out: Path) -> dict:
         return {
@@ -334,3 +343,53 @@ def test_ray_run_gives_the_same_results_as_a_local_run(tasks, tmp_path, sandbox_
     assert comparable(outs["ray"]) == comparable(outs["local"])
     for record in results(outs["ray"]):
         assert (Path(record["episode_dir"]) / "log.txt").read_text()
+
+
+def test_a_ray_episode_shows_as_running_also_when_a_resume_runs_it_again(
+    tasks, tmp_path, sandbox_tmp, ray_cluster
+):
+    """A Ray worker's files come back when its episode ends; the viewer still sees it run,
+    in a fresh run and in the resume of one interrupted while the episode ran."""
+    from uniagent.view.rundir import RunFolder
+
+    address, cluster_env = ray_cluster
+    ray_env = {**cluster_env, **env_for(sandbox_tmp), "RAY_AUTH_MODE": "disabled"}
+    held = tmp_path / "held.jsonl"  # a task the policy does not know: its requests are held
+    held.write_text(
+        next(line for line in tasks.read_text().splitlines() if "palindrome-case" in line) + "\n"
+    )
+    out = tmp_path / "out"
+    key = "episodes/palindrome-case/0"
+    gates = [Gate(), Gate()]
+    current = [0]
+    replies = [policy(gates[0]), policy(gates[1])]
+    extra = ("--ray", address, "--workers", "1", "--concurrency", "1")
+    with ScriptedChatServer(default=lambda body: replies[current[0]](body)) as server:
+        command = uniagent_run(server, held, out, *extra)
+        try:
+            first = subprocess.Popen(
+                command, env=ray_env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+            )
+            assert gates[0].wait_for(1), "the episode never called the model"
+            folder = RunFolder(out)
+            assert folder.state == "live" and folder.rows[key].status == "running"
+            assert "Ray worker" in (out / key / "log.txt").read_text()
+            first.send_signal(signal.SIGINT)
+            _, stderr = first.communicate(timeout=300)
+            assert first.returncode == 128 + signal.SIGINT, stderr
+            assert folder.refresh() and folder.rows[key].status == "interrupted"
+
+            current[0] = 1
+            again = subprocess.Popen(
+                command, env=ray_env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+            )
+            assert gates[1].wait_for(1), "the resume never called the model"
+            folder.refresh()
+            assert folder.state == "live" and folder.rows[key].status == "running"
+            gates[1].release()
+            _, stderr = again.communicate(timeout=300)
+            assert again.returncode == 0, stderr
+        finally:
+            for gate in gates:
+                gate.release()
+    assert folder.refresh() and folder.rows[key].status == "finished"

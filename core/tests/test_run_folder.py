@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+import json
+import os
+
 import pytest
 
 from uniagent.errors import ConfigError
-from uniagent.run.folder import safe_name, start_attempt
+from uniagent.run.folder import safe_name, start_attempt, write_task_error
 from uniagent.run.manifest import differences, public_argv, public_model_spec, resume
 from uniagent.run.results import done_keys, latest
 from uniagent.run.retry import CircuitBreaker, RetryPolicy, cause_of, default_window
@@ -40,7 +43,30 @@ def test_each_attempt_keeps_its_own_log(tmp_path):
     assert start_attempt(directory) == 3
     assert (directory / "attempt-1.log").read_text() == "first"
     assert (directory / "attempt-2.log").read_text() == "second"
-    assert not (directory / "log.txt").exists()
+    assert (directory / "log.txt").read_text() == "", "the new attempt's log, empty so far"
+
+
+def test_an_attempt_marks_its_start_in_a_folder_an_earlier_run_left_without_a_log(tmp_path):
+    """A Ray worker's log arrives when its episode ends: an interrupted ``--ray`` run
+    leaves the folder without ``log.txt``. The next attempt marks the folder anyway."""
+    directory = tmp_path / "ep"
+    directory.mkdir()
+    write_task_error(directory, "t", 0, "task has no field 'problem_statement'")
+    os.utime(directory, (1_000_000, 1_000_000))  # left long ago
+    assert start_attempt(directory) == 1
+    assert directory.stat().st_mtime > 1_000_000
+    assert (directory / "log.txt").exists()
+    assert not (directory / "task_error.json").exists(), "the earlier attempt's error is gone"
+
+
+def test_a_task_that_cannot_start_leaves_its_error_in_its_folder(tmp_path):
+    directory = tmp_path / "ep"
+    write_task_error(directory, "proj/1", 2, "task has no field 'problem_statement'")
+    assert json.loads((directory / "task_error.json").read_text()) == {
+        "task_id": "proj/1",
+        "sample": 2,
+        "error": "task has no field 'problem_statement'",
+    }
 
 
 @pytest.mark.parametrize(

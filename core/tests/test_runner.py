@@ -264,3 +264,71 @@ async def test_a_resume_adds_its_wall_time_and_one_with_nothing_to_do_keeps_it(
 
     more = await run(config, tasks, [], lambda: model, out, limit=2, progress=quiet)
     assert more["episodes"] == 2 and more["wall_seconds"] > 200.0  # 200 s, then this run's
+
+
+class Command(BaseModel):
+    command: str
+
+
+SHELL = ToolSpec(
+    name="shell", description="Run a command.", arguments=Command, render=lambda a: a["command"]
+)
+
+
+@pytest.fixture
+def shell_config():
+    reset_plugins()
+
+    @hookimpl
+    def uniagent_tools():
+        return [SHELL, DONE]
+
+    load_plugins().register(types.SimpleNamespace(uniagent_tools=uniagent_tools), "test-tools")
+    yield AgentConfig.from_dict(
+        {"tools": ["shell", "done"], "tool_parser": "hermes", "instance_template": "{q}"}
+    )
+    reset_plugins()
+
+
+async def test_calls_written_as_text_are_saved_parsed_and_logged_turn_by_turn(
+    shell_config, tmp_path
+):
+    """A chat API that returns the calls as text (no tool parser on the server): the
+    parser reads them; messages.json keeps what it read, and log.txt each call."""
+    from uniagent.models import OpenAIChatModel
+    from uniagent.testing import Reply, ScriptedChatServer
+
+    replies = [
+        Reply(hermes_call("shell", {"command": "echo hi && false"}, thought="Let me look.")),
+        Reply(hermes_call("done")),
+    ]
+    out = tmp_path / "out"
+    with ScriptedChatServer(replies) as server:
+        summary = await run(
+            shell_config,
+            [Task("t", {"q": "say hi"})],
+            [],
+            lambda: OpenAIChatModel(server.base_url, "scripted", api_key="test"),
+            out,
+            progress=Progress(io.StringIO(), live=False),
+        )
+        sent = [m for body in server.requests for m in body["messages"]]
+    assert summary["episodes"] == 1
+    episode = out / "episodes" / "t" / "0"
+    messages = json.loads((episode / "messages.json").read_text())
+    call, answer, submit = messages[2], messages[3], messages[4]
+    assert call["role"] == "assistant" and "<tool_call>" in call["content"]
+    parsed = [{"name": "shell", "arguments": {"command": "echo hi && false"}}]
+    assert call["parsed_tool_calls"] == parsed
+    assert call["parsed_content"] == "Let me look."
+    assert answer["role"] == "user" and answer["tool_output_of"] == "shell"
+    assert "hi" in answer["content"] and "[exit code 1]" in answer["content"]
+    assert submit["parsed_tool_calls"] == [{"name": "done", "arguments": {}}]
+    assert not any(k.startswith(("parsed_", "tool_output")) for m in sent for k in m), (
+        "what the record notes is never sent to the model"
+    )
+    log = (episode / "log.txt").read_text().splitlines()
+    assert any("turn 1: model " in line for line in log)
+    assert any("turn 1: shell $ echo hi && false -> exit 1, " in line for line in log)
+    assert any("turn 2: done {} -> exit 0, " in line for line in log)
+    assert "start" in log[0] and "finished: finished" in log[-1]

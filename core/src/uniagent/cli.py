@@ -119,6 +119,7 @@ def cmd_run(args: argparse.Namespace) -> int:
     from uniagent.config import AgentConfig
     from uniagent.models import check_spec, from_spec
     from uniagent.resolver import resolve
+    from uniagent.run.layout import RESULTS, SUMMARY
     from uniagent.run.options import RunOptions
     from uniagent.run.progress import Progress
     from uniagent.run.runner import exit_status, run_sync
@@ -155,7 +156,7 @@ def cmd_run(args: argparse.Namespace) -> int:
     progress = Progress.for_stream(verbose=args.verbose)
     summary = run_sync(agent, tasks, bad_rows, factory, out, run_options, progress=progress)
     print(format_summary(summary))
-    print(f"results: {out / 'results.jsonl'}; summary: {out / 'summary.json'}")
+    print(f"results: {out / RESULTS}; summary: {out / SUMMARY}")
     status = exit_status(summary)
     if summary.get("stopped"):
         print(f"uniagent: {summary['stopped']}", file=sys.stderr)

@@ -40,6 +40,16 @@ class EpisodeResult(InteractionResult):
     #: What the grader recorded before the first turn (history scrub, protected files).
     integrity: Mapping[str, Any] = field(default_factory=dict)
 
+    def saved_messages(self) -> list[dict[str, Any]]:
+        """The conversation as ``messages.json`` holds it: the messages, and on an assistant
+        message whose calls a parser read from its text, those calls (``parsed_tool_calls``)
+        and the text outside them (``parsed_content``); on the user message carrying such a
+        call's output, the tool's name (``tool_output_of``)."""
+        messages = self.messages
+        if not self.notes:
+            return messages
+        return [{**m, **self.notes.get(i, {})} for i, m in enumerate(messages)]
+
     def summary(self) -> dict[str, Any]:
         """The JSON-ready result without the (large) rollout cache."""
         return {
@@ -151,6 +161,7 @@ async def run_episode(
             submission=outcome.submission,
             error=outcome.error,
             integrity=integrity,
+            notes=outcome.notes,
         )
         if result.exit_reason is ExitReason.AGENT_KILLED_SHELL:
             # The agent's own command ended its shell: a policy outcome worth nothing.

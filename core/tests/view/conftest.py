@@ -41,6 +41,12 @@ def messages_run(workdir: Path) -> Path:
 
 
 @pytest.fixture(scope="session")
+def text_run(workdir: Path) -> Path:
+    """A finished run whose model writes its tool calls as text (hermes), 2 tasks × 1."""
+    return view_runs.text_run(workdir / "c")
+
+
+@pytest.fixture(scope="session")
 def token_run(workdir: Path, qwen3_tokenizer: Any) -> Path:
     """A finished run in token mode (ids, mask, log-probs), 6 tasks × 1, the B policy."""
     return view_runs.token_run(workdir / "b", qwen3_tokenizer)

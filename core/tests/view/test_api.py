@@ -308,3 +308,23 @@ def test_a_damaged_file_is_reported_for_its_episode_and_the_rest_still_shows(vie
     assert odd["record"]["seed"] == 10**30
     tokens = viewer.json("/api/runs/0/episode/tokens", key="episodes/fahrenheit/0")
     assert tokens["available"] is False and "rollout.json is malformed" in tokens["reason"]
+
+
+def test_calls_written_as_text_come_parsed_with_the_conversation(viewer_of, text_run):
+    viewer = viewer_of(str(text_run))
+    episode = viewer.json("/api/runs/0/episode", key="episodes/fahrenheit/0")
+    call, output = episode["messages"][2], episode["messages"][3]
+    assert "<tool_call>" in call["content"] and "tool_calls" not in call
+    command = "sed -i 's/- 32/+ 32/' temperature.py && git diff"
+    parsed = [{"name": "execute_bash", "arguments": {"command": command}}]
+    assert call["parsed_tool_calls"] == parsed
+    assert call["parsed_content"] == "Step 1: execute bash."
+    assert output["role"] == "user" and output["tool_output_of"] == "execute_bash"
+    log = viewer.json("/api/runs/0/episode/log", key="episodes/fahrenheit/0")["text"]
+    assert f"turn 1: execute_bash $ {command} -> exit 0, " in log
+    assert "turn 2: submit {} -> exit 0, " in log
+
+
+def test_calls_made_through_the_chat_api_are_not_noted_again(viewer):
+    messages = viewer.json("/api/runs/0/episode", key="episodes/fahrenheit/0")["messages"]
+    assert messages[2]["tool_calls"] and "parsed_tool_calls" not in messages[2]

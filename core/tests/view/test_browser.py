@@ -294,3 +294,57 @@ def test_the_page_refuses_inline_script(viewer, browser):
         assert page.evaluate("window.__inline") is None
     finally:
         context.close()
+
+
+def test_calls_written_as_text_read_like_calls_made_through_the_api(
+    viewer_of, text_run, page, screenshot
+):
+    viewer = viewer_of(str(text_run))
+    page.goto(episode_url(viewer, 0, "episodes/fahrenheit/0"))
+    first = page.locator("#conversation .msg-assistant").first
+    expect(first.locator("pre.shell")).to_have_text(
+        "sed -i 's/- 32/+ 32/' temperature.py && git diff"
+    )
+    expect(first.locator(".tool-call[data-source=text]")).to_contain_text("parsed from the text")
+    expect(first.locator("pre.prose").first).to_have_text("Step 1: execute bash.")
+    raw = first.locator("details.raw-text")
+    expect(raw.locator("pre")).not_to_be_visible()  # what the model wrote, folded
+    raw.locator("summary").click()
+    expect(raw.locator("pre")).to_contain_text('<tool_call>\n{"name": "execute_bash"')
+    output = page.locator("#conversation .msg-tool").first
+    expect(output.locator(".role")).to_have_text("observation · execute_bash")
+    expect(output).to_contain_text("+ 32")
+    screenshot("episode-text-calls", full_page=True, docs=False)
+
+
+def test_a_run_started_in_the_folder_of_runs_joins_the_page(
+    viewer_of, messages_run, tmp_path, page
+):
+    runs = tmp_path / "runs"
+    shutil.copytree(messages_run, runs / "old")
+    (runs / "new").mkdir()  # made beforehand, empty
+    viewer = viewer_of(str(runs))
+    page.goto(viewer.url)
+    expect(page.locator("#runs-table tbody tr")).to_have_count(12)
+    expect(page.locator("#run-select")).to_be_hidden()
+    page.evaluate("window.__samePage = true")
+    shutil.copytree(messages_run, runs / "new", dirs_exist_ok=True)  # a run writes into it
+    expect(page.locator("#run-select option")).to_have_count(2)
+    expect(page.locator("#run-select")).to_be_visible()
+    page.select_option("#run-select", label="new")
+    expect(page.locator("#runs-table tbody tr")).to_have_count(12)
+    assert "#/r/1" in page.url
+    assert page.evaluate("window.__samePage") is True, "no reload"
+
+
+def test_earlier_attempts_logs_are_offered_next_to_the_latest(
+    viewer_of, messages_run, tmp_path, page
+):
+    run = tmp_path / "run"
+    shutil.copytree(messages_run, run)
+    (run / "episodes" / "mean-empty" / "0" / "attempt-1.log").write_text("the first try\n")
+    viewer = viewer_of(str(run))
+    page.goto(episode_url(viewer, 0, "episodes/mean-empty/0", "log"))
+    expect(page.locator("#log-text")).to_contain_text("finished: finished")
+    page.locator(".log-picker").get_by_role("button", name="attempt-1.log").click()
+    expect(page.locator("#log-text")).to_have_text("the first try\n")

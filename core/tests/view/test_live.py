@@ -15,6 +15,7 @@ from pathlib import Path
 import httpx
 
 from uniagent.run.manifest import pid_start
+from uniagent.view.access import EpisodeFiles
 from uniagent.view.app import Watcher, create_app
 from uniagent.view.rundir import RunFolder
 
@@ -70,19 +71,19 @@ async def test_a_change_found_by_a_worker_thread_wakes_a_waiting_stream(
 
 
 async def test_a_request_blocked_on_a_slow_disk_does_not_hold_up_the_others(
-    messages_run, tmp_path, runner_process
+    messages_run, tmp_path, runner_process, monkeypatch
 ):
     run, _ = pending_run(messages_run, tmp_path, runner_process.pid)
     folder = RunFolder(run)
     entered, release = threading.Event(), threading.Event()
-    read_text = folder.read_text
+    read_text = EpisodeFiles.read_text
 
-    def slow_read_text(key: str, name: str, *, tail: int) -> tuple[str, int]:
+    def slow_read_text(self: EpisodeFiles, key: str, name: str, *, tail: int) -> tuple[str, int]:
         entered.set()
         release.wait(GUARD_S)  # a disk that does not answer until told
-        return read_text(key, name, tail=tail)
+        return read_text(self, key, name, tail=tail)
 
-    folder.read_text = slow_read_text  # type: ignore[method-assign]
+    monkeypatch.setattr(EpisodeFiles, "read_text", slow_read_text)
     app = create_app([folder])
     transport = httpx.ASGITransport(app=app)
     async with httpx.AsyncClient(transport=transport, base_url="http://127.0.0.1") as client:

@@ -18,6 +18,7 @@ import pytest
 
 from uniagent.run.folder import start_attempt
 from uniagent.run.manifest import pid_start
+from uniagent.view.access import EpisodeFiles
 from uniagent.view.rundir import RunFolder
 
 
@@ -374,7 +375,7 @@ def test_a_results_file_rewritten_in_place_is_read_again(messages_run, tmp_path)
     for line in lines[:2]:
         record = json.loads(line)
         key = f"episodes/{record['task_id']}/{record['sample']}"
-        assert folder.results_record(key) == record
+        assert EpisodeFiles(folder).results_record(key) == record
     assert statuses(folder) == {"finished": 12}
 
 

@@ -9,6 +9,7 @@ call (format errors), an edit of the tests (tampering).
 from __future__ import annotations
 
 import io
+import json
 import os
 import random
 import subprocess
@@ -132,7 +133,12 @@ def next_message(body: dict[str, Any], plans: dict[str, list[Any]] = PLANS) -> d
             return {"role": "assistant", "content": "I think the bug is in the loop bounds."}
         name, args = action
         if "path" in args:  # the editor wants an absolute path: the first output's `pwd`
-            cwd = next(m["content"] for m in messages if m["role"] == "tool").split("\n")[0]
+            outputs = [  # a tool message, or (calls written as text) a user message
+                m["content"].removeprefix("<tool_response>\n")
+                for m in messages
+                if m["role"] == "tool" or str(m["content"]).startswith("<tool_response>")
+            ]
+            cwd = outputs[0].split("\n")[0]
             args = {**args, "path": args["path"].format(cwd=cwd)}
         thought = f"Step {step + 1}: {name.replace('_', ' ')}."
         call = tool_call(name, args, f"call_{step}")
@@ -149,6 +155,22 @@ def chat_policy(gate: threading.Event | None = None) -> Callable[[dict[str, Any]
             gate.wait()
         message = next_message(body)
         return Reply(message.get("content"), tool_calls=message.get("tool_calls"))
+
+    return reply
+
+
+def text_policy() -> Callable[[dict[str, Any]], Reply]:
+    """Replies that write the calls as text, as a model served without a tool parser does:
+    the agent's parser (hermes) reads them."""
+
+    def reply(body: dict[str, Any]) -> Reply:
+        message = next_message(body)
+        text = message.get("content") or ""
+        for call in message.get("tool_calls") or []:
+            fn = call["function"]
+            block = json.dumps({"name": fn["name"], "arguments": json.loads(fn["arguments"])})
+            text += f"\n<tool_call>\n{block}\n</tool_call>"
+        return Reply(text)
 
     return reply
 
@@ -228,6 +250,17 @@ def messages_run(workdir: Path, *, n: int = 2) -> Path:
         "run-messages",
         server,
         lambda config, tasks, out: cli_command(config, tasks, server, out, "--n", str(n)),
+    )
+
+
+def text_run(workdir: Path) -> Path:
+    """A finished run whose model writes its calls as text (messages mode), 2 tasks."""
+    server = ScriptedChatServer(default=text_policy())
+    return finished_run(
+        workdir,
+        "run-text",
+        server,
+        lambda config, tasks, out: cli_command(config, tasks, server, out, "--limit", "2"),
     )
 
 

@@ -6,6 +6,7 @@ decides what the rollout cache holds (token ids and log-probs, or messages).
 
 from __future__ import annotations
 
+import json
 import logging
 import time
 from collections.abc import Callable, Sequence
@@ -55,11 +56,24 @@ class InteractionResult:
     metrics: EpisodeMetrics = field(default_factory=EpisodeMetrics)
     submission: str | None = None
     error: str | None = None
+    #: What the record of the conversation adds to some messages (by index), never sent
+    #: to the model: calls parsed from an assistant message's text (see :data:`PARSED_CALLS`).
+    notes: dict[int, dict[str, Any]] = field(default_factory=dict)
 
     @property
     def messages(self) -> list[dict[str, Any]]:
         """The conversation, as chat messages (empty before the first turn)."""
         return self.cache.messages if self.cache is not None else []
+
+
+#: The key of an assistant message (in ``messages.json``) holding the calls a parser read
+#: from its text: ``[{"name": ..., "arguments": {...}}]``; ``PARSED_CONTENT`` holds the
+#: text outside them. Calls made through a chat API are in ``tool_calls`` already.
+PARSED_CALLS = "parsed_tool_calls"
+PARSED_CONTENT = "parsed_content"
+#: The key of a user message that carries a text-mode call's output: the tool's name.
+TOOL_OUTPUT_OF = "tool_output_of"
+_LOGGED_ARGS = 300  # characters of a call's arguments in the episode log
 
 
 @dataclass
@@ -69,6 +83,10 @@ class _Turn:
     messages: list[dict[str, Any]] = field(default_factory=list)
     exit_reason: ExitReason | None = None
     submission: str | None = None
+    #: Notes on the turn's assistant message (calls parsed from its text), if any.
+    note: dict[str, Any] | None = None
+    #: Notes on :attr:`messages`, one per message (None: nothing to note).
+    notes: list[dict[str, Any] | None] = field(default_factory=list)
 
 
 class AgentInteraction:
@@ -95,6 +113,8 @@ class AgentInteraction:
         self.log = logger or log
         self.timeout_left = config.timeout_budget
         self.consecutive_format_errors = 0
+        self.notes: dict[int, dict[str, Any]] = {}
+        self._turn = 0
 
     async def run(
         self, cache: RolloutCache, metrics: EpisodeMetrics | None = None
@@ -103,6 +123,7 @@ class AgentInteraction:
         metrics = metrics or EpisodeMetrics()
         for _ in range(self.config.max_turns):
             metrics.turns += 1
+            self._turn = metrics.turns
             self.observer.turn(metrics.turns)
             started = time.perf_counter()
             try:
@@ -111,22 +132,33 @@ class AgentInteraction:
                 )
             except ContextLimitError as exc:
                 self.log.info("context full: %s", exc)
-                return InteractionResult(ExitReason.TOKEN_LIMIT, cache, metrics)
+                return self._result(ExitReason.TOKEN_LIMIT, cache, metrics)
             except ModelError as exc:
                 self.log.error("model failed: %s", exc)
-                return InteractionResult(ExitReason.MODEL_ERROR, cache, metrics, error=str(exc))
+                return self._result(ExitReason.MODEL_ERROR, cache, metrics, error=str(exc))
             finally:
-                metrics.model_seconds += time.perf_counter() - started
+                elapsed = time.perf_counter() - started
+                metrics.model_seconds += elapsed
+                self.log.info("turn %d: model %.2f s", metrics.turns, elapsed)
             if response.prompt_exact is False:
                 metrics.inexact_turns += 1
 
             turn = await self._act(response, metrics, cache)
+            if turn.note is not None and cache.messages:
+                self.notes[len(cache.messages) - 1] = turn.note  # this turn's assistant message
             if turn.exit_reason is not None:
-                return InteractionResult(
-                    turn.exit_reason, cache, metrics, submission=turn.submission
-                )
+                return self._result(turn.exit_reason, cache, metrics, submission=turn.submission)
+            first = len(cache.messages)
             cache.append_messages(turn.messages)
-        return InteractionResult(ExitReason.MAX_STEP_LIMIT, cache, metrics)
+            for index, note in enumerate(turn.notes, start=first):
+                if note is not None:
+                    self.notes[index] = note
+        return self._result(ExitReason.MAX_STEP_LIMIT, cache, metrics)
+
+    def _result(
+        self, reason: ExitReason, cache: RolloutCache, metrics: EpisodeMetrics, **more: Any
+    ) -> InteractionResult:
+        return InteractionResult(reason, cache, metrics, notes=dict(self.notes), **more)
 
     def parse(self, response: ModelTurn) -> ParseResult:
         """This turn's validated calls (see :func:`parse_turn`)."""
@@ -140,10 +172,12 @@ class AgentInteraction:
         """Parse the model's calls and run them; errors the model can fix become messages."""
         answer = self._answerer(response, cache)
         try:
-            calls = self.parse(response).tool_calls
+            parsed = self.parse(response)
         except ToolCallFormatError as exc:
             metrics.format_errors += 1
             self.consecutive_format_errors += 1
+            self.log.info("turn %d: format error (%s): %s", self._turn, exc.kind,
+                          _first_line(str(exc)))
             limit = self.config.max_format_errors
             if limit is not None and self.consecutive_format_errors >= limit:
                 return _Turn(exit_reason=ExitReason.FORMAT_ERROR)
@@ -151,30 +185,44 @@ class AgentInteraction:
             ids = [c.get("id") for c in response.raw_tool_calls or ()] or [None]
             return _Turn(messages=[answer(str(exc), None, i) for i in ids])
         self.consecutive_format_errors = 0
+        calls = parsed.tool_calls
 
         turn = _Turn()
+        from_text = not response.raw_tool_calls
+        if from_text and calls:
+            turn.note = {
+                PARSED_CALLS: [{"name": c.name, "arguments": c.arguments} for c in calls],
+                PARSED_CONTENT: parsed.content,
+            }
         for call in calls:
             metrics.tool_calls[call.name] += 1
             spec = self.tools_by_name[call.name]
             self.observer.tool(call.name)
             started = time.perf_counter()
+            outcome = "failed"
             try:
                 observation = await self.env.run_action(
                     spec.to_command(call.arguments), timeout=self.config.action_timeout
                 )
                 text = _observation_text(observation.output, observation.exit_code)
+                code = observation.exit_code
+                outcome = "done" if code is None else f"exit {code}"
             except ActionSyntaxError as exc:
                 metrics.syntax_errors += 1
+                outcome = "not run: a syntax error"
                 text = f"Your command was not run: bash reports a syntax error.\n{exc}"
             except CommandEncodingError as exc:
                 metrics.syntax_errors += 1
+                outcome = "not run: cannot be encoded"
                 text = f"Your command was not run: {exc}"
             except SessionProtocolError as exc:
                 # The command tampered with the shell's control channel (its own doing): the
                 # session was resynchronised; the model sees its output and what went wrong.
+                outcome = "the shell was resynchronised"
                 text = f"{exc.partial_output.rstrip()}\n[the shell reports: {exc}]".lstrip("\n")
             except ActionTimeoutError as exc:
                 metrics.timeouts += 1
+                outcome = f"timed out after {self.config.action_timeout:g} s"
                 self.timeout_left -= self.config.action_timeout
                 if self.timeout_left <= 0:
                     return _Turn(exit_reason=ExitReason.TIMEOUT_ERROR)
@@ -185,16 +233,25 @@ class AgentInteraction:
                     "or in the background with output to a file."
                 ).lstrip("\n")
             except ShellKilledError as exc:
+                outcome = "its shell ended"
                 self.log.warning("the agent's command ended its shell: %s", exc)
                 return _Turn(exit_reason=ExitReason.AGENT_KILLED_SHELL)
             except TerminalNotAliveError as exc:
+                outcome = "the terminal died"
                 self.log.warning("terminal died: %s", exc)
                 return _Turn(exit_reason=ExitReason.TERMINAL_NOT_ALIVE)
             finally:
-                metrics.env_seconds += time.perf_counter() - started
+                elapsed = time.perf_counter() - started
+                metrics.env_seconds += elapsed
+                self.log.info("turn %d: %s -> %s, %.2f s", self._turn, _describe(call.name,
+                              call.arguments), outcome, elapsed)
             if spec.ends_episode:
-                return _Turn(exit_reason=ExitReason.FINISHED, submission=text)
-            turn.messages.append(answer(text, call.name, call.id))
+                return _Turn(exit_reason=ExitReason.FINISHED, submission=text, note=turn.note)
+            message = answer(text, call.name, call.id)
+            turn.messages.append(message)
+            # A text call's output that goes back as a user message: the record names the tool.
+            carried = from_text and message.get("role") == "user"
+            turn.notes.append({TOOL_OUTPUT_OF: call.name} if carried else None)
         return turn
 
     def _answerer(self, response: ModelTurn, cache: RolloutCache) -> _Answer:
@@ -236,6 +293,22 @@ def parse_turn(
         )
         return ParseResult(content=turn.text, tool_calls=calls)
     return parser.parse(turn.text, tools, max_calls=max_calls)
+
+
+def _describe(name: str, arguments: dict[str, Any]) -> str:
+    """A call as the episode log shows it: ``name $ command``, or its arguments as JSON."""
+    if set(arguments) == {"command"} and isinstance(arguments["command"], str):
+        text = "$ " + arguments["command"].replace("\n", "\\n")
+    else:
+        text = json.dumps(arguments, ensure_ascii=False, default=str)
+    if len(text) > _LOGGED_ARGS:
+        text = text[: _LOGGED_ARGS - 3] + "..."
+    return f"{name} {text}"
+
+
+def _first_line(text: str) -> str:
+    line = (text.strip().splitlines() or [""])[0]
+    return line if len(line) <= _LOGGED_ARGS else line[: _LOGGED_ARGS - 3] + "..."
 
 
 def _observation_text(output: str, exit_code: int | None) -> str:

@@ -1,48 +1,41 @@
-"""The output folder of a run: its lock, its episode directories and their files.
+"""Writing the output folder of a run: its lock, its episode directories and their files.
 
-Layout::
-
-    OUT/.lock                          held (flock) while a run uses the folder
-    OUT/manifest.json                  what the run is (see uniagent.run.manifest)
-    OUT/results.jsonl                  one line per finished (task, sample)
-    OUT/summary.json                   written when a run ends
-    OUT/episodes/<task>/<sample>/      messages.json, rollout.json, result.json, log.txt of
-                                       the latest attempt; attempt-<n>.log: earlier ones
+What goes where is :mod:`uniagent.run.layout`'s to say; this module writes it.
 """
 
 from __future__ import annotations
 
 import contextlib
 import fcntl
-import hashlib
 import json
 import os
-import re
 from collections.abc import Mapping
 from pathlib import Path
 from typing import IO, Any
 
 from uniagent.errors import ConfigError
+from uniagent.run.layout import (
+    LOCK,
+    LOG,
+    MESSAGES,
+    RESULT,
+    ROLLOUT,
+    TASK_ERROR,
+    attempt_log,
+    attempt_of_log,
+    safe_name,
+)
 
-LOCK = ".lock"
-LOG = "log.txt"
-_UNSAFE = re.compile(r"[^A-Za-z0-9._-]+")
-_MAX_NAME = 96
-
-
-def safe_name(task_id: str) -> str:
-    """A directory name for a task id, different for different ids.
-
-    Ids made only of letters, digits, ``.``, ``_`` and ``-`` (and not starting with
-    ``.``) are used as they are; any other id is sanitised and gets ``+`` and a
-    digest of the id, a character no id used as it is contains, so ``proj/issue-1``
-    and ``proj_issue-1`` never share a directory.
-    """
-    cleaned = _UNSAFE.sub("_", task_id).strip("._")
-    if cleaned == task_id and 0 < len(task_id) <= _MAX_NAME:
-        return task_id
-    digest = hashlib.sha256(task_id.encode("utf-8")).hexdigest()[:10]
-    return f"{cleaned[:_MAX_NAME] or 'task'}+{digest}"
+__all__ = [
+    "LOCK",
+    "LOG",
+    "FolderLock",
+    "safe_name",
+    "start_attempt",
+    "write_episode",
+    "write_json",
+    "write_task_error",
+]
 
 
 class FolderLock:
@@ -90,18 +83,28 @@ def start_attempt(directory: Path) -> int:
 
     The previous attempt's ``log.txt`` (finished, failed or cut short by a crash) is
     moved to ``attempt-<n>.log`` first, so every attempt keeps exactly one log and
-    ``log.txt`` is always the latest attempt's.
+    ``log.txt`` is always the latest attempt's. A new, empty ``log.txt`` marks the
+    attempt as started, whichever backend runs it (a Ray worker's log comes at its end);
+    a task error of an earlier attempt is removed.
     """
     directory.mkdir(parents=True, exist_ok=True)
     earlier = 0
-    for path in directory.glob("attempt-*.log"):
-        with contextlib.suppress(ValueError):
-            earlier = max(earlier, int(path.stem.removeprefix("attempt-")))
+    with os.scandir(directory) as entries:
+        for entry in entries:
+            earlier = max(earlier, attempt_of_log(entry.name) or 0)
     log = directory / LOG
     if log.exists():
         earlier += 1
-        log.replace(directory / f"attempt-{earlier}.log")
+        log.replace(directory / attempt_log(earlier))
+    (directory / TASK_ERROR).unlink(missing_ok=True)
+    log.touch()
     return earlier + 1
+
+
+def write_task_error(directory: Path, task_id: str, sample: int, error: str) -> None:
+    """Record in its episode directory that a task could not start (bad input), and why."""
+    directory.mkdir(parents=True, exist_ok=True)
+    write_json(directory / TASK_ERROR, {"task_id": task_id, "sample": sample, "error": error})
 
 
 def write_episode(
@@ -111,13 +114,13 @@ def write_episode(
     directory.mkdir(parents=True, exist_ok=True)
     record = {**payload["record"], **extra, "episode_dir": str(directory)}
     # Compact: the C encoder (indentation would take the pure-Python one, ~10x the CPU).
-    write_json(directory / "messages.json", payload["messages"], indent=None)
-    rollout = directory / "rollout.json"
+    write_json(directory / MESSAGES, payload["messages"], indent=None)
+    rollout = directory / ROLLOUT
     if payload["rollout"] is not None:
         write_json(rollout, payload["rollout"], indent=None)
     else:  # not an earlier attempt's
         rollout.unlink(missing_ok=True)
-    write_json(directory / "result.json", record)
+    write_json(directory / RESULT, record)
     return record
 
 

@@ -21,7 +21,8 @@ from uniagent.exit import ExitReason
 from uniagent.interaction.metrics import EpisodeMetrics
 from uniagent.observer import EpisodeObserver
 from uniagent.resolver import ResolvedAgent
-from uniagent.run.folder import LOG, safe_name, write_episode
+from uniagent.run.folder import write_episode
+from uniagent.run.layout import LOG, RESULT, attempt_log, episode_path
 from uniagent.run.progress import EpisodeState, Progress
 from uniagent.run.results import is_infra_failure
 from uniagent.run.retry import cause_of
@@ -46,8 +47,8 @@ Attempt = Callable[[Job, int, EpisodeState], Awaitable[dict[str, Any]]]
 
 
 def episode_dir(out: Path, job: Job) -> Path:
-    """Where a job's files go: one directory per task id (see :func:`safe_name`)."""
-    return out / "episodes" / safe_name(job.task.id) / str(job.sample)
+    """Where a job's files go: one directory per task id (see :mod:`uniagent.run.layout`)."""
+    return episode_path(out, job.task.id, job.sample)
 
 
 def episode_logger(path: Path, name: str) -> tuple[logging.Logger, logging.Handler]:
@@ -67,7 +68,7 @@ def episode_payload(job: Job, result: EpisodeResult) -> dict[str, Any]:
     """What an episode leaves behind, JSON-ready (it may cross processes under Ray)."""
     return {
         "record": {"task_id": job.task.id, "sample": job.sample, **result.summary()},
-        "messages": result.messages,
+        "messages": result.saved_messages(),
         "rollout": result.cache.to_dict() if result.cache is not None else None,
     }
 
@@ -141,14 +142,14 @@ def attempt_extra(
     """What the runner adds to an attempt's record: attempt number, history, timings."""
     previous: list[dict[str, Any]] = []
     with contextlib.suppress(OSError, ValueError):
-        before = json.loads((directory / "result.json").read_text(encoding="utf-8"))
+        before = json.loads((directory / RESULT).read_text(encoding="utf-8"))
         previous = [
             *before.get("previous_attempts", []),
             {
                 "attempt": before.get("attempt", attempt - 1),
                 "exit_reason": before.get("exit_reason"),
                 "cause": cause_of(before) if before.get("error") else None,
-                "log": f"attempt-{before.get('attempt', attempt - 1)}.log",
+                "log": attempt_log(before.get("attempt", attempt - 1)),
             },
         ]
     return {

@@ -24,13 +24,12 @@ from importlib import metadata
 from pathlib import Path
 from typing import Any
 
-from uniagent import __version__
+from uniagent import __version__, procfs
 from uniagent.config import AgentConfig
-from uniagent.env import procfs
 from uniagent.errors import ConfigError
 from uniagent.models.openai_chat import public_url
+from uniagent.run.layout import MANIFEST
 
-MANIFEST = "manifest.json"
 FORMAT = 1
 #: What must be the same for a resume to continue a run.
 CHECKED = ("config", "model.spec", "tasks.sha256")

@@ -25,7 +25,6 @@ from uniagent.env.aio import wait_through_cancellation
 from uniagent.env.containers import RUN_ID_ENV
 from uniagent.errors import ConfigError, UniAgentError
 from uniagent.resolver import ResolvedAgent, resolve
-from uniagent.run.folder import LOG
 from uniagent.run.jobs import (
     Attempt,
     Job,
@@ -35,11 +34,14 @@ from uniagent.run.jobs import (
     failure_payload,
     write_payload,
 )
+from uniagent.run.layout import LOG
 from uniagent.run.progress import EpisodeState
 from uniagent.services import ensure_services
 
 #: Seconds the actors get to close their sandboxes when the run is interrupted.
 CLOSE_TIMEOUT = 120.0
+#: What a running episode's log says until its worker's log arrives.
+RAY_LOG_NOTE = "running on a Ray worker: its log is written here when the episode ends\n"
 
 
 class EpisodeWorker:
@@ -122,6 +124,8 @@ async def ray_attempts(
 
     async def attempt_job(job: Job, attempt: int, state: EpisodeState) -> dict[str, Any]:
         index = await free.get()
+        # The worker's log replaces this line when the episode ends.
+        (episode_dir(out, job) / LOG).write_text(RAY_LOG_NOTE, encoding="utf-8")
         state.phase("setup")
         started = time.monotonic()
         actor = actors[index]

@@ -1,13 +1,7 @@
 """``uniagent run``: many episodes at once, results streamed to disk, resumable.
 
-Layout of the output directory (see :mod:`uniagent.run.folder`)::
-
-    OUT/.lock                          the folder's lock, held while a run uses it
-    OUT/manifest.json                  config, model, versions, task digest, run id
-    OUT/results.jsonl                  one line per finished (task, sample), appended as it ends
-    OUT/summary.json                   written when the run ends
-    OUT/episodes/<task>/<sample>/      messages.json, rollout.json, log.txt, result.json
-                                       (the latest attempt), attempt-<n>.log (earlier ones)
+The output directory is laid out as :mod:`uniagent.run.layout` says (the lock, the
+manifest, the results file, the summary, one folder per (task, sample)).
 
 A (task, sample) is done when it ended with a policy outcome. An infrastructure
 failure is retried within the run (``retries``, with backoff) and, if it remains,
@@ -33,7 +27,7 @@ from uniagent.env.containers import RUN_ID_ENV
 from uniagent.errors import ConfigError, UniAgentError
 from uniagent.resolver import ResolvedAgent, resolve
 from uniagent.run import manifest as manifests
-from uniagent.run.folder import FolderLock, safe_name, start_attempt, write_json
+from uniagent.run.folder import FolderLock, start_attempt, write_json, write_task_error
 from uniagent.run.jobs import (
     Attempt,
     Job,
@@ -42,6 +36,7 @@ from uniagent.run.jobs import (
     local_attempt,
     write_payload,
 )
+from uniagent.run.layout import MANIFEST, RESULTS, SUMMARY, safe_name
 from uniagent.run.options import RunOptions
 from uniagent.run.preflight import check_model
 from uniagent.run.progress import Progress
@@ -54,10 +49,7 @@ from uniagent.services import running_services
 
 log = logging.getLogger(__name__)
 
-MANIFEST = manifests.MANIFEST
-RESULTS = "results.jsonl"
-SUMMARY = "summary.json"
-#: The folder name of a task's episodes (``OUT/episodes/<this>/<sample>``); the viewer's too.
+#: The folder name of a task's episodes (an old name of :func:`uniagent.run.layout.safe_name`).
 task_dirname = safe_name
 
 __all__ = [
@@ -133,6 +125,7 @@ async def run_jobs(
             try:
                 record = await attempt_job(job, attempt, state)
             except UniAgentError as exc:  # the task itself is unusable: report, keep going
+                write_task_error(episode_dir(out, job), job.task.id, job.sample, str(exc))
                 progress.finished(job, None, exc)
                 return
             tripped = breaker.observe(record, first=retry == 0)
@@ -261,7 +254,7 @@ async def _run_locked(
             if jobs:
                 await check_model(model)
         # Written once the model is known to load: a typo in --model leaves no manifest.
-        write_json(out / manifests.MANIFEST, run_manifest, indent=None)  # one line, 100k jobs
+        write_json(out / MANIFEST, run_manifest, indent=None)  # one line, 100k jobs
         os.environ[RUN_ID_ENV] = run_id  # every sandbox started from here on carries it
         leftovers = await asyncio.to_thread(agent.cleanup_leftovers, [run_id])
         if leftovers:

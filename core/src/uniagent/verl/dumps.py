@@ -30,8 +30,8 @@ from typing import Any
 
 from uniagent.episode import EpisodeResult
 from uniagent.errors import ConfigError
+from uniagent.run.layout import RESULTS
 from uniagent.run.runner import (
-    RESULTS,
     Job,
     ResultsFile,
     episode_dir,

@@ -1,7 +1,7 @@
 """The web app of ``uniagent view``: a JSON API over run folders, live events, the page.
 
-Read-only by construction: there are only GET routes, and every file is reached through
-:class:`~uniagent.view.rundir.RunFolder`, which refuses paths outside its folder.
+Read-only by construction: there are only GET routes, and every episode file is reached
+through :class:`~uniagent.view.access.EpisodeFiles`, which refuses paths outside its folder.
 """
 
 from __future__ import annotations
@@ -27,18 +27,13 @@ from starlette.routing import Mount, Route
 from starlette.staticfiles import StaticFiles
 
 from uniagent.errors import ConfigError
+from uniagent.run.layout import LOG, MESSAGES, RESULT, ROLLOUT
 from uniagent.view import index
+from uniagent.view.access import EpisodeFiles, OutsideRunFolder, StaleIndex
+from uniagent.view.catalog import Catalog
 from uniagent.view.files import Unreadable
-from uniagent.view.rundir import (
-    INFRA_EXITS,
-    MESSAGES,
-    RESULT,
-    ROLLOUT,
-    NotFound,
-    OutsideRunFolder,
-    RunFolder,
-    StaleIndex,
-)
+from uniagent.view.row import INFRA_EXITS
+from uniagent.view.rundir import NotFound, RunFolder
 from uniagent.view.security import Guard, host_names
 from uniagent.view.tokens import Tokenizers, exactness, token_page
 
@@ -57,25 +52,31 @@ class Watcher:
 
     Polling, not inotify: it works on network filesystems (a cluster's shared disk), costs
     a few ``stat`` calls per run per tick, and needs no watch per episode folder. Runs are
-    refreshed in worker threads (their file reads never block the event loop); the wake-up
-    comes back to the loop.
+    refreshed, and folders of runs looked into for new ones, in worker threads (their file
+    reads never block the event loop); the wake-up comes back to the loop.
     """
 
-    def __init__(self, runs: list[RunFolder], interval: float) -> None:
+    def __init__(self, runs: list[RunFolder] | Catalog, interval: float) -> None:
         """Watch ``runs`` every ``interval`` seconds."""
-        self.runs = runs
+        self.catalog = runs if isinstance(runs, Catalog) else Catalog.of(runs)
         self.interval = interval
         self.listeners = 0
         self._changed = asyncio.Event()  # set, then replaced, at every change
         self._loop: asyncio.AbstractEventLoop | None = None
 
+    @property
+    def runs(self) -> list[RunFolder]:
+        """The runs on show (their ids are their positions)."""
+        return self.catalog.runs
+
     async def loop(self) -> None:
-        """Refresh every run each tick while a stream is open."""
+        """Look for new runs and refresh every run each tick while a stream is open."""
         self._loop = asyncio.get_running_loop()
         while True:
             await asyncio.sleep(self.interval)
             if self.listeners:
-                for run in self.runs:
+                await run_in_threadpool(self.rescan)
+                for run in list(self.runs):
                     await run_in_threadpool(self.refresh, run)
 
     def refresh(self, run: RunFolder) -> bool:
@@ -84,6 +85,13 @@ class Watcher:
         if changed:
             self._wake_soon()
         return changed
+
+    def rescan(self) -> bool:
+        """Look for new runs (from any thread) and wake the streams if one appeared."""
+        added = self.catalog.rescan()
+        if added:
+            self._wake_soon()
+        return added
 
     def _wake_soon(self) -> None:
         loop = self._loop
@@ -105,24 +113,23 @@ class Watcher:
 
     async def stream(self, run: RunFolder) -> AsyncIterator[dict[str, Any]]:
         """Server-sent events for one run: ``update`` whenever its rows change, with the
-        keys of the rows that changed (``null``: too many versions ago to list)."""
+        keys of the rows that changed (``null``: too many versions ago to list), or when
+        the runs on show change (a new run appeared: ``runs_version`` tells)."""
         self._loop = asyncio.get_running_loop()
         self.listeners += 1
         try:
-            seen: int | None = None
+            seen: tuple[int, int] | None = None
             while True:
-                # Taken before the version is read, and nothing is awaited in between: a
+                # Taken before the versions are read, and nothing is awaited in between: a
                 # change after the read wakes this very event, so none is missed (also
                 # one made while the last update was being sent).
                 waiter = self._changed
-                current = run.version
+                current = (run.version, self.catalog.version)
                 if current != seen:
-                    changed = None if seen is None else run.changes_since(seen)
+                    changed = None if seen is None else run.changes_since(seen[0])
                     seen = current
-                    yield {
-                        "event": "update",
-                        "data": json.dumps({**_brief(run), "changed": changed}),
-                    }
+                    info = {**_brief(run), "changed": changed, "runs_version": current[1]}
+                    yield {"event": "update", "data": json.dumps(info)}
                     continue
                 await waiter.wait()
         finally:
@@ -193,32 +200,35 @@ def _finite(value: Any) -> Any:
 
 
 def create_app(
-    runs: list[RunFolder],
+    runs: list[RunFolder] | Catalog,
     *,
     tokenizer: str | None = None,
     poll_interval: float = 0.5,
     host: str = "127.0.0.1",
 ) -> Starlette:
-    """The Starlette app serving ``runs`` (their order gives their ids: 0, 1, ...), bound
-    to ``host`` (which decides the ``Host`` names it answers, see :mod:`.security`).
+    """The Starlette app serving ``runs`` (their order gives their ids: 0, 1, ...; a
+    catalog adds the runs that start later in its folders of runs), bound to ``host``
+    (which decides the ``Host`` names it answers, see :mod:`.security`).
 
     The handlers that read files are plain functions: Starlette runs them in its thread
     pool, so a large file or a slow disk never holds up the event loop.
     """
-    if not runs:
-        raise ConfigError("uniagent view needs at least one run folder")
     watcher = Watcher(runs, poll_interval)
+    catalog = watcher.catalog
+    if not catalog.runs:
+        raise ConfigError("uniagent view needs at least one run folder")
     tokenizers = Tokenizers(tokenizer)
     rollouts = _FileCache(8)
     reports = _FileCache(64)
 
     def run_by_id(value: Any, name: str = "run") -> RunFolder:
         text = str(value)
-        if not (text.isascii() and text.isdigit()) or int(text) >= len(runs):
+        shown = catalog.runs
+        if not (text.isascii() and text.isdigit()) or int(text) >= len(shown):
             raise NotFound(
-                f"{name}: no run {value!r}; there are {len(runs)} (ids 0 to {len(runs) - 1})"
+                f"{name}: no run {value!r}; there are {len(shown)} (ids 0 to {len(shown) - 1})"
             )
-        return runs[int(text)]
+        return shown[int(text)]
 
     def get_run(request: Request) -> RunFolder:
         run = run_by_id(request.path_params.get("run", request.query_params.get("run", "0")))
@@ -245,11 +255,12 @@ def create_app(
 
     def load_rollout(run: RunFolder, key: str) -> tuple[dict[str, Any] | None, str]:
         """The episode's rollout, or None and why there is none."""
-        path = run.path(key, ROLLOUT)
+        episode_files = EpisodeFiles(run)
+        path = episode_files.path(key, ROLLOUT)
 
         def load() -> tuple[dict[str, Any] | None, str]:
             try:
-                value = run.load_json(key, ROLLOUT)
+                value = episode_files.load_json(key, ROLLOUT)
             except Unreadable as exc:
                 return None, str(exc)
             if value is None:
@@ -264,12 +275,16 @@ def create_app(
         return FileResponse(STATIC / "index.html", headers={"Cache-Control": "no-cache"})
 
     def list_runs(request: Request) -> Response:
-        for run in runs:
+        if time.monotonic() - catalog.scanned_at > _FRESH_S:
+            watcher.rescan()
+        shown = list(catalog.runs)
+        for run in shown:
             if _stale(run):
                 watcher.refresh(run)
         return JSON(
             {
-                "runs": [{"id": i, **_brief(run)} for i, run in enumerate(runs)],
+                "runs": [{"id": i, **_brief(run)} for i, run in enumerate(shown)],
+                "runs_version": catalog.version,
                 "infra_exits": sorted(INFRA_EXITS),
             }
         )
@@ -296,12 +311,13 @@ def create_app(
 
     def episode(request: Request) -> Response:
         run = get_run(request)
+        episode_files = EpisodeFiles(run)
         key = key_of(request)
         errors: dict[str, str] = {}  # files that are there but cannot be shown, and why
 
         def load(name: str) -> Any:
             try:
-                return run.load_json(key, name)
+                return episode_files.load_json(key, name)
             except Unreadable as exc:
                 errors[name] = str(exc)
                 return None
@@ -319,16 +335,16 @@ def create_app(
         record = load(RESULT)
         if not isinstance(record, dict):
             try:
-                record = run.results_record(key)
+                record = episode_files.results_record(key)
             except StaleIndex:  # the results file changed under the index: look again
                 watcher.refresh(run)
-                record = run.results_record(key) if key in run.rows else None
+                record = episode_files.results_record(key) if key in run.rows else None
         return JSON(
             {
                 "row": run.row(key).to_json() if key in run.rows else row.to_json(),
                 "record": record,
                 "messages": messages if isinstance(messages, list) else None,
-                "files": run.files(key),
+                "files": episode_files.listing(key),
                 "errors": errors,
                 "run": run.info(),
             }
@@ -370,14 +386,14 @@ def create_app(
             except Exception as exc:  # a wrong tokenizer, a malformed snapshot: say so
                 return {"available": False, "reason": f"the check failed: {_broken(exc)}"}
 
-        report = reports.get(run.path(key, ROLLOUT), check)
+        report = reports.get(EpisodeFiles(run).path(key, ROLLOUT), check)
         return JSON(report or {"available": False, "reason": "rollout.json is gone"})
 
     def log(request: Request) -> Response:
         run = get_run(request)
         key = key_of(request)
-        name = request.query_params.get("name") or "log.txt"
-        text, size = run.read_text(key, name, tail=LOG_TAIL_BYTES)
+        name = request.query_params.get("name") or LOG
+        text, size = EpisodeFiles(run).read_text(key, name, tail=LOG_TAIL_BYTES)
         return JSON({"name": name, "text": text, "size": size, "truncated": size > LOG_TAIL_BYTES})
 
     async def events(request: Request) -> Response:
@@ -445,7 +461,8 @@ def create_app(
             StaleIndex: error(409),
         },
     )
-    app.state.runs = runs
+    app.state.runs = catalog.runs
+    app.state.catalog = catalog
     app.state.watcher = watcher
     return app
 

@@ -17,6 +17,23 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, BinaryIO
 
+try:  # twice as fast on a results file of many megabytes; json does the same job
+    import orjson
+
+    def loads(data: bytes) -> Any:
+        """The JSON value in ``data`` (orjson where it takes it, else json)."""
+        try:
+            return orjson.loads(data)
+        except orjson.JSONDecodeError:  # NaN, integers past 64 bits: json takes them
+            return json.loads(data)
+
+except ImportError:  # pragma: no cover - orjson comes with the view extra
+
+    def loads(data: bytes) -> Any:
+        """The JSON value in ``data``."""
+        return json.loads(data)
+
+
 CHUNK_BYTES = 1 << 20  # how much of the results file is read at a time
 #: The largest JSON file (messages, rollout, result) the viewer parses: a bigger one is
 #: reported as such instead of taking the server's memory.

@@ -1,5 +1,6 @@
 """Whether a run is still going, and which of its episode folders the current invocation
-wrote: from the manifest's pid, its start time and its (re)start times, and file times.
+wrote: from the folder's lock, the manifest's pid, its start time and its (re)start times,
+and file times.
 """
 
 from __future__ import annotations
@@ -9,7 +10,8 @@ from datetime import datetime
 from pathlib import Path
 from typing import Any
 
-from uniagent.env import procfs
+from uniagent import procfs
+from uniagent.view.files import open_regular
 
 _SINCE_WINDOW_NS = 60 * 10**9  # a manifest written this long after its start is its own
 
@@ -57,6 +59,25 @@ def touched_since(folder: Path, since_ns: int | None) -> bool:
             return any(e.stat(follow_symlinks=False).st_mtime_ns >= since_ns for e in entries)
     except OSError:
         return False
+
+
+def lock_held(path: Path) -> bool:
+    """Whether a process holds the run folder's lock ``path`` now (``uniagent run`` takes it
+    before anything else, and keeps it to the end); False where ``/proc/locks`` is missing.
+
+    Only looked at, never taken: a reader must not make a starting run find it in use.
+    """
+    handle = open_regular(path)
+    if handle is None:
+        return False
+    with handle:
+        try:
+            st = os.fstat(handle.fileno())
+            text = handle.read(64).decode("ascii", errors="replace").strip()
+        except OSError:
+            return False
+    pid = int(text) if text.isascii() and text.isdigit() else None
+    return bool(procfs.flock_held(st.st_dev, st.st_ino, pid))
 
 
 def owner_alive(pid: int, start: Any) -> bool:

@@ -3,12 +3,19 @@ run folder into and :mod:`uniagent.view.index` queries."""
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 from typing import Any, Literal
+
+from uniagent.exit import DEFAULT_EXIT_POLICY
 
 Status = Literal["queued", "running", "finished", "failed", "interrupted"]
 STATUSES: tuple[Status, ...] = ("queued", "running", "finished", "failed", "interrupted")
 TIME_KEYS = ("setup_seconds", "model_seconds", "env_seconds", "reward_seconds")
+ERROR_CHARS = 300  # how much of an error a row keeps
+#: Exit reasons of infrastructure failures (masked by default): such an episode "failed";
+#: any other exit reason is the policy's own outcome, so the episode "finished".
+INFRA_EXITS = frozenset(r.value for r, t in DEFAULT_EXIT_POLICY.items() if t == "mask")
 
 
 @dataclass(slots=True)
@@ -79,3 +86,71 @@ class Row:
             "traj_masked": self.masked,
             "metrics": {**metrics, "tool_calls": self.tool_calls},
         }
+
+
+def row_from_record(record: dict[str, Any], key: str, order: int, offset: int | None) -> Row:
+    """A finished episode's row from its results record (unknown fields ignored)."""
+    metrics = as_mapping(record.get("metrics"))
+    exit_reason = as_str(record.get("exit_reason"))
+    tool_calls = metrics.get("tool_calls")
+    error = as_str(record.get("error"))
+    info = as_mapping(record.get("reward_info"))
+    tampered = as_mapping(info.get("integrity")).get("tampered")
+    return Row(
+        key=key,
+        task_id=str(record.get("task_id", key)),
+        sample=as_int(record.get("sample")),
+        order=order,
+        status="failed" if exit_reason in INFRA_EXITS else "finished",
+        exit_reason=exit_reason,
+        reward=as_float(record.get("reward")),
+        masked=bool(record.get("traj_masked")),
+        turns=as_int(metrics.get("turns")),
+        tool_calls={str(k): int(v) for k, v in tool_calls.items() if as_int(v) is not None}
+        if isinstance(tool_calls, dict)
+        else {},
+        format_errors=as_int(metrics.get("format_errors")) or 0,
+        syntax_errors=as_int(metrics.get("syntax_errors")) or 0,
+        timeouts=as_int(metrics.get("timeouts")) or 0,
+        inexact_turns=as_int(metrics.get("inexact_turns")) or 0,
+        **{k: as_float(metrics.get(k)) for k in TIME_KEYS},
+        error=error[:ERROR_CHARS] if error else None,
+        score_reason=as_str(info.get("score_reason")),
+        tampered=len(tampered) if isinstance(tampered, list) else 0,
+        offset=offset,
+        attempt=as_int(record.get("attempt")),
+    )
+
+
+def as_mapping(value: Any) -> dict[str, Any]:
+    """``value`` if it is a JSON object, else an empty one."""
+    return value if isinstance(value, dict) else {}
+
+
+def as_str(value: Any) -> str | None:
+    """``value`` as text; None stays None."""
+    return None if value is None else str(value)
+
+
+def as_int(value: Any) -> int | None:
+    """``value`` as a whole number (a number or a string of ASCII digits), else None."""
+    if isinstance(value, bool):
+        return None
+    if isinstance(value, int):
+        return value
+    if isinstance(value, str) and value.isascii() and value.isdigit():
+        return int(value)  # not "²", which isdigit() admits and int() refuses
+    return None
+
+
+def as_float(value: Any) -> float | None:
+    """``value`` as a finite float (booleans count as 0 and 1), else None."""
+    if isinstance(value, bool):
+        return float(value)
+    if isinstance(value, int | float):
+        try:
+            number = float(value)
+        except OverflowError:  # an integer of hundreds of digits
+            return None
+        return number if math.isfinite(number) else None  # NaN sorts nowhere
+    return None

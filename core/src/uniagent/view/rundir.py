@@ -1,31 +1,28 @@
-"""Reading a run folder: the one module of ``uniagent view`` that knows its layout.
+"""The index of a run folder: which episodes it has and what state each is in.
 
-What ``uniagent run`` writes (see ``uniagent.run.runner``)::
+What ``uniagent run`` writes, and where, is :mod:`uniagent.run.layout`'s to say; what the
+manifest, results and summary hold (read here)::
 
     manifest.json   at each start: run_id, started_at (resumed_at: later starts), n,
                     pid and pid_start, host, jobs [[task_id, sample], ...]
     results.jsonl   one record per finished episode, appended as it finishes
-    summary.json    written at the end of each invocation
-    episodes/<task>/<sample>/  messages.json, rollout.json, result.json, log.txt (the
-                    latest attempt's), attempt-<n>.log (earlier attempts')
+    summary.json    written at the end of each invocation (failed_tasks among it)
+    .lock           held while a run uses the folder (from before its model loads)
 
 Everything is optional and read tolerantly: a folder without a manifest (an older run),
 unknown files and fields, a half-written last line. A folder with none of these is read
 as a tree of episode folders (any folder holding ``result.json``, ``messages.json`` or
 ``rollout.json``), which is how training dumps lay them out.
 
-Nothing here writes: every file is opened for reading, only regular files are read, and
-every path read or handed out is checked to lie inside the run folder after symlinks are
-resolved (see :mod:`uniagent.view.files`).
+Nothing here writes, and every file read is a regular file inside the run folder after
+symlinks are resolved (see :mod:`uniagent.view.files`); reading an episode's own files
+for a page is :mod:`uniagent.view.access`.
 """
 
 from __future__ import annotations
 
 import dataclasses
-import json
-import math
 import os
-import re
 import socket
 import threading
 import time
@@ -34,49 +31,42 @@ from pathlib import Path
 from typing import Any, Literal
 
 from uniagent.errors import UniAgentError
-from uniagent.exit import DEFAULT_EXIT_POLICY
-from uniagent.run.runner import MANIFEST, RESULTS, SUMMARY, task_dirname
-from uniagent.view import files, liveness
+from uniagent.run.layout import (
+    EPISODE_MARKERS,
+    EPISODES,
+    LOCK,
+    MANIFEST,
+    RESULT,
+    RESULTS,
+    SUMMARY,
+    TASK_ERROR,
+    attempt_log,
+    episode_key,
+    is_run_folder,
+    key_of_episode_dir,
+)
+from uniagent.view import liveness
 from uniagent.view.files import (
     OutsideFolder,
     ResultsTail,
     contained,
+    inside,
+    loads,
     read_json_object,
     signature,
 )
-from uniagent.view.row import TIME_KEYS, Row
-
-try:  # twice as fast on a results file of many megabytes; json does the same job
-    import orjson
-
-    def _loads(data: bytes) -> Any:
-        try:
-            return orjson.loads(data)
-        except orjson.JSONDecodeError:  # NaN, integers past 64 bits: json takes them
-            return json.loads(data)
-
-except ImportError:  # pragma: no cover - orjson comes with the view extra
-
-    def _loads(data: bytes) -> Any:
-        return json.loads(data)
-
+from uniagent.view.row import (
+    ERROR_CHARS,
+    Row,
+    as_int,
+    as_str,
+    row_from_record,
+)
 
 RunState = Literal["live", "finished", "interrupted", "unknown"]
 
-#: Exit reasons of infrastructure failures (masked by default): such an episode "failed";
-#: any other exit reason is the policy's own outcome, so the episode "finished".
-INFRA_EXITS = frozenset(r.value for r, t in DEFAULT_EXIT_POLICY.items() if t == "mask")
-
-EPISODES = "episodes"
-RESULT = "result.json"
-MESSAGES = "messages.json"
-ROLLOUT = "rollout.json"
-EPISODE_MARKERS = (RESULT, MESSAGES, ROLLOUT)
-# log.txt is the latest attempt's; attempt-<n>.log earlier ones (log.<name>.txt: older runs)
-_LOG = re.compile(r"log(\.[A-Za-z0-9_-]{1,64})?\.txt|attempt-[0-9]{1,9}\.log")
 _TREE_DEPTH = 8  # how deep a tree of episode folders is searched
 _TREE_RESCAN_S = 2.0  # a tree has no results file to tail: rescan it at most this often
-_ERROR_CHARS = 300
 _CHANGES_KEPT = 64  # versions whose changed rows are remembered, for the live events
 
 
@@ -88,61 +78,15 @@ class NotFound(ViewError, LookupError):
     """No such run, episode or file."""
 
 
-class OutsideRunFolder(ViewError, OutsideFolder):
-    """A path that would leave the run folder (``..``, an absolute path, a symlink out)."""
-
-
-class StaleIndex(ViewError):
-    """The results file changed under the index (its line for an episode moved): refresh."""
-
-
-def row_from_record(record: dict[str, Any], key: str, order: int, offset: int | None) -> Row:
-    """A finished episode's row from its results record (unknown fields ignored)."""
-    metrics = _mapping(record.get("metrics"))
-    exit_reason = _str(record.get("exit_reason"))
-    tool_calls = metrics.get("tool_calls")
-    error = _str(record.get("error"))
-    info = _mapping(record.get("reward_info"))
-    tampered = _mapping(info.get("integrity")).get("tampered")
-    return Row(
-        key=key,
-        task_id=str(record.get("task_id", key)),
-        sample=_int(record.get("sample")),
-        order=order,
-        status="failed" if exit_reason in INFRA_EXITS else "finished",
-        exit_reason=exit_reason,
-        reward=_float(record.get("reward")),
-        masked=bool(record.get("traj_masked")),
-        turns=_int(metrics.get("turns")),
-        tool_calls={str(k): int(v) for k, v in tool_calls.items() if _int(v) is not None}
-        if isinstance(tool_calls, dict)
-        else {},
-        format_errors=_int(metrics.get("format_errors")) or 0,
-        syntax_errors=_int(metrics.get("syntax_errors")) or 0,
-        timeouts=_int(metrics.get("timeouts")) or 0,
-        inexact_turns=_int(metrics.get("inexact_turns")) or 0,
-        **{k: _float(metrics.get(k)) for k in TIME_KEYS},
-        error=error[:_ERROR_CHARS] if error else None,
-        score_reason=_str(info.get("score_reason")),
-        tampered=len(tampered) if isinstance(tampered, list) else 0,
-        offset=offset,
-        attempt=_int(record.get("attempt")),
-    )
-
-
 def job_key(task_id: str, sample: int) -> str:
     """Where ``uniagent run`` puts a job's folder, relative to the run folder."""
-    return f"{EPISODES}/{task_dirname(task_id)}/{sample}"
+    return episode_key(task_id, sample)
 
 
 def record_key(record: dict[str, Any]) -> str:
     """The episode folder of a results record, relative to the run folder."""
-    # episode_dir is as the runner saw it (relative to its working directory, or
-    # absolute); its last three parts are the same wherever the folder was moved.
-    parts = str(record.get("episode_dir") or "").replace("\\", "/").rstrip("/").split("/")
-    if len(parts) >= 3 and parts[-3] == EPISODES and parts[-2] not in ("", ".", ".."):
-        return "/".join(parts[-3:])
-    return job_key(str(record.get("task_id")), _int(record.get("sample")) or 0)
+    key = key_of_episode_dir(str(record.get("episode_dir") or ""))
+    return key or job_key(str(record.get("task_id")), as_int(record.get("sample")) or 0)
 
 
 class RunFolder:
@@ -167,7 +111,11 @@ class RunFolder:
         self._results = ResultsTail()
         self._dirs: set[str] = set()
         self._jobs: list[tuple[str, int, str]] = []
-        self._since_ns: int | None = None  # when the invocation that wrote the manifest began
+        self._since_ns: int | None = None  # when the invocation that is (or was) running began
+        self._manifest_since: int | None = None  # when the one that wrote the manifest began
+        self._lock_seen: tuple[int, ...] | None = None  # the lock file as last looked at
+        self._lock_held = False  # whether a run held it then
+        self._task_errors: dict[str, str | None] = {}  # started jobs whose task cannot start
         self._reruns_seen: set[str] = set()
         self._failed: dict[str, int] = {}  # infrastructure failures on record: their attempt
         self._planned: set[str] = set()
@@ -218,19 +166,29 @@ class RunFolder:
             self.manifest = read_json_object(path) if path else None
             self._jobs = []
             for job in (self.manifest or {}).get("jobs") or []:
-                if isinstance(job, list | tuple) and len(job) >= 2 and _int(job[1]) is not None:
+                if isinstance(job, list | tuple) and len(job) >= 2 and as_int(job[1]) is not None:
                     task_id, sample = str(job[0]), int(job[1])
                     self._jobs.append((task_id, sample, job_key(task_id, sample)))
             self._planned = {key for _, _, key in self._jobs}
-            # A new invocation (a resume) decides afresh which of its jobs have started.
-            self._since_ns = liveness.started_ns(self.manifest, self._sigs.get(MANIFEST))
-            self._dirs = set()
+            self._manifest_since = liveness.started_ns(self.manifest, self._sigs.get(MANIFEST))
         if self._changed(SUMMARY):
             dirty = True
             path = self._top(SUMMARY)
             self.summary = read_json_object(path) if path else None
         dirty = self._read_results() or dirty
-        state = self._run_state()
+        taken = self._lock_taken()
+        # A run that holds the lock but has not written its manifest yet (it is loading its
+        # model) began when it took the lock; otherwise the manifest's invocation is the one.
+        since = self._manifest_since
+        if taken is not None and (since is None or taken > since):
+            since = taken
+        if since != self._since_ns or self.version == 0:
+            # A new invocation (a resume) decides afresh which of its jobs have started.
+            self._since_ns = since
+            self._dirs = set()
+            self._task_errors = {}
+            dirty = True
+        state = self._run_state(held=taken is not None)
         dirty = dirty or state != self.state
         self.state = state
         if self.manifest is None:
@@ -244,6 +202,7 @@ class RunFolder:
             started = self._started_jobs()
             dirty = dirty or bool(started)
             self._dirs |= started
+            dirty = self._find_task_errors() or dirty
             reruns = self._reruns() if state in ("live", "unknown") else set()
             dirty = dirty or reruns != self._reruns_seen
             self._reruns_seen = reruns
@@ -254,12 +213,44 @@ class RunFolder:
             self._merge()
         return dirty
 
+    def _lock_taken(self) -> int | None:
+        """When the run that holds the folder's lock took it (ns), None when none holds it.
+
+        ``/proc/locks`` is read only while the lock is held, or after the lock file changed
+        (a run that takes it rewrites it): a finished run costs one ``stat``.
+        """
+        path = self._top(LOCK)
+        sig = signature(path)
+        if sig is None or path is None:
+            self._lock_seen, self._lock_held = sig, False
+            return None
+        if sig != self._lock_seen or self._lock_held:
+            self._lock_seen, self._lock_held = sig, liveness.lock_held(path)
+        return sig[2] if self._lock_held else None
+
+    def _find_task_errors(self) -> bool:
+        """Started jobs without a result whose task could not start: True if new ones."""
+        found = False
+        for key in self._dirs:
+            if key in self._done or key in self._task_errors:
+                continue
+            if not os.path.lexists(self.root / key / TASK_ERROR):
+                continue
+            try:  # the episode folder may be a link: read only what stays in the run folder
+                path = inside(self.root, f"{key}/{TASK_ERROR}")
+            except OutsideFolder:
+                continue
+            error = (read_json_object(path) or {}).get("error")
+            self._task_errors[key] = as_str(error) or "the task could not start"
+            found = True
+        return found
+
     def _reruns(self) -> set[str]:
         """Planned jobs with an infrastructure failure on record that a later attempt is
         running (a retry or a resume): their recorded attempt's log was moved aside."""
         found = set()
         for key, attempt in self._failed.items():  # a stat per failure, not per job
-            if key in self._planned and os.path.lexists(self.root / key / f"attempt-{attempt}.log"):
+            if key in self._planned and os.path.lexists(self.root / key / attempt_log(attempt)):
                 found.add(key)
         return found
 
@@ -303,7 +294,7 @@ class RunFolder:
             self.unreadable_lines = 0
         for offset, line in batch.lines:
             try:
-                record = _loads(line)
+                record = loads(line)
             except ValueError:
                 self.unreadable_lines += 1  # no key to show it under: counted instead
                 continue
@@ -315,7 +306,7 @@ class RunFolder:
                     row = Row(
                         key=key,
                         task_id=str(record.get("task_id")),
-                        sample=_int(record.get("sample")),
+                        sample=as_int(record.get("sample")),
                         order=len(self._done),
                         status="failed",
                         error=f"its results record could not be read: {type(exc).__name__}",
@@ -329,7 +320,9 @@ class RunFolder:
         }
         return True
 
-    def _run_state(self) -> RunState:
+    def _run_state(self, *, held: bool) -> RunState:
+        if held:  # a run uses the folder now (perhaps still loading its model)
+            return "live"
         manifest_sig = self._sigs.get(MANIFEST)
         summary_sig = self._sigs.get(SUMMARY)
         if self.manifest is None:
@@ -339,7 +332,7 @@ class RunFolder:
             # breaker leave episodes unrun, which a resume runs.
             status = (self.summary or {}).get("status")
             return "interrupted" if status in ("interrupted", "stopped") else "finished"
-        pid, host = _int(self.manifest.get("pid")), self.manifest.get("host")
+        pid, host = as_int(self.manifest.get("pid")), self.manifest.get("host")
         if pid is None or host != socket.gethostname():
             return "unknown"  # another machine's run: assume it goes on
         alive = liveness.owner_alive(pid, self.manifest.get("pid_start"))
@@ -352,8 +345,8 @@ class RunFolder:
         if ended and self.summary:  # tasks that could not even start
             for item in self.summary.get("failed_tasks") or []:
                 if isinstance(item, dict):
-                    key = job_key(str(item.get("task_id")), _int(item.get("sample")) or 0)
-                    failed[key] = _str(item.get("error"))
+                    key = job_key(str(item.get("task_id")), as_int(item.get("sample")) or 0)
+                    failed[key] = as_str(item.get("error"))
         plan = list(self._jobs)
         planned = {key for _, _, key in plan}
         extra = sorted(
@@ -365,7 +358,7 @@ class RunFolder:
                 plan.append((self._done[key].task_id, self._done[key].sample or 0, key))
             else:
                 task, _, number = key.removeprefix(EPISODES + "/").rpartition("/")
-                plan.append((task or key, _int(number) or 0, key))
+                plan.append((task or key, as_int(number) or 0, key))
         rows: dict[str, Row] = {}
         for task_id, sample, key in plan:
             if key in rows:
@@ -375,9 +368,10 @@ class RunFolder:
                 row = dataclasses.replace(row, status="running")
             if row is None:
                 row = Row(key=key, task_id=task_id, sample=sample, order=0)
-                if key in failed:
+                if key in self._task_errors or key in failed:
                     row.status = "failed"
-                    row.error = (failed[key] or "")[:_ERROR_CHARS] or None
+                    error = self._task_errors.get(key) or failed.get(key)
+                    row.error = (error or "")[:ERROR_CHARS] or None
                 elif key in self._dirs:
                     row.status = "interrupted" if ended else "running"
             row.order = len(rows)
@@ -419,7 +413,7 @@ class RunFolder:
                 row = Row(
                     key=key,
                     task_id=parent if parent != "." else key,
-                    sample=_int(directory.name),
+                    sample=as_int(directory.name),
                     order=len(rows),
                     status="running",
                 )
@@ -428,7 +422,7 @@ class RunFolder:
         self.rows = rows
         return changed
 
-    # ----------------------------------------------------------------- episode files
+    # ----------------------------------------------------------------- look-ups
 
     def row(self, key: str) -> Row:
         """The row of episode ``key``; :class:`NotFound` for a key the index does not hold."""
@@ -437,98 +431,12 @@ class RunFolder:
             raise NotFound(f"no episode {key!r} in run {self.name!r}")
         return row
 
-    def path(self, key: str, name: str | None = None) -> Path:
-        """The episode folder (or one of its files), refusing anything outside the run folder."""
-        self.row(key)
-        if name is not None and not _is_episode_file(name):
-            raise NotFound(f"{name!r} is not an episode file")
-        return self.inside(f"{key}/{name}" if name else key)
-
-    def inside(self, relative: str) -> Path:
-        """``relative`` resolved against the run folder; :class:`OutsideRunFolder` if it leaves."""
-        try:
-            return files.inside(self.root, relative)
-        except OutsideFolder as exc:
-            raise OutsideRunFolder(str(exc)) from None
-
-    def files(self, key: str) -> list[dict[str, Any]]:
-        """The episode's files that the viewer shows, with their sizes."""
-        directory = self.path(key)
-        found: list[dict[str, Any]] = []
-        try:
-            with os.scandir(directory) as listing:
-                entries = sorted(listing, key=lambda e: e.name)
-        except OSError:  # not there (yet), or not a directory
-            return found
-        for entry in entries:
-            try:
-                if not (entry.is_file() and _is_episode_file(entry.name)):
-                    continue
-                self.path(key, entry.name)  # a symlink out is not listed
-                found.append({"name": entry.name, "size": entry.stat().st_size})
-            except OutsideRunFolder:
-                continue
-            except OSError:  # gone since the listing (a retry moves log.txt aside)
-                continue
-        return found
-
-    def read_json(self, key: str, name: str) -> Any:
-        """An episode's JSON file, or None when it does not exist (yet) or is not JSON."""
-        return files.read_json(self.path(key, name))
-
-    def load_json(self, key: str, name: str) -> Any:
-        """An episode's JSON file, or None when it does not exist (yet).
-
-        Raises :class:`~uniagent.view.files.Unreadable` for one that is not JSON (or too
-        large), so the page can say so about that file.
-        """
-        return files.load_json(self.path(key, name))
-
-    def read_text(self, key: str, name: str, *, tail: int) -> tuple[str, int]:
-        """The last ``tail`` bytes of an episode's text file and its full size."""
-        handle = files.open_regular(self.path(key, name))
-        if handle is None:
-            return "", 0
-        with handle:
-            try:
-                size = os.fstat(handle.fileno()).st_size
-                handle.seek(max(0, size - tail))
-                return handle.read(tail).decode("utf-8", errors="replace"), size
-            except OSError:
-                return "", 0
-
-    def record(self, key: str) -> dict[str, Any] | None:
-        """The full result record: ``result.json``, else the episode's results.jsonl line.
-
-        Raises :class:`StaleIndex` when the results file no longer holds that line where
-        the index saw it (it was removed or replaced): refresh, then ask again.
-        """
-        record = self.read_json(key, RESULT)
-        return record if isinstance(record, dict) else self.results_record(key)
-
-    def results_record(self, key: str) -> dict[str, Any] | None:
-        """The episode's line of results.jsonl as the index saw it, None if it has none.
-
-        Raises :class:`StaleIndex` when the file no longer holds that line there.
-        """
-        row = self.row(key)
-        if row.offset is None:
-            return None
-        path = self._top(RESULTS)
-        line = files.line_at(path, row.offset) if path else None
-        try:
-            value = _loads(line) if line else None
-        except ValueError:
-            value = None
-        if not isinstance(value, dict) or "task_id" not in value or record_key(value) != key:
-            raise StaleIndex(f"results.jsonl of run {self.name!r} changed; refresh it")
-        return value
-
     @property
     def samples_per_task(self) -> int:
         """``n`` of the run: from the manifest or summary, else the largest sample + 1."""
         for source in (self.manifest, self.summary):
-            value = _int((source or {}).get("n" if source is self.manifest else "samples_per_task"))
+            key = "n" if source is self.manifest else "samples_per_task"
+            value = as_int((source or {}).get(key))
             if value:
                 return value
         return max((r.sample + 1 for r in self.rows.values() if r.sample is not None), default=1)
@@ -550,38 +458,6 @@ class RunFolder:
             "version": self.version,
             "unreadable_lines": self.unreadable_lines,
         }
-
-
-def is_run_folder(path: Path) -> bool:
-    """True for a folder ``uniagent run`` wrote (or is writing)."""
-    return (
-        any((path / name).exists() for name in (MANIFEST, RESULTS, SUMMARY))
-        or (path / EPISODES).is_dir()
-    )
-
-
-def discover(paths: list[Path]) -> list[RunFolder]:
-    """The run folders to show: each path, or the run folders directly inside it."""
-    runs: list[RunFolder] = []
-    for path in paths:
-        if not path.is_dir():
-            raise NotFound(f"{path} is not a folder")
-        children = (
-            [] if is_run_folder(path) else [c for c in _subdirs(path, True) if is_run_folder(c)]
-        )
-        if children:  # a folder the user named: links in it to run folders count too
-            runs.extend(RunFolder(c, c.name) for c in children)
-        else:
-            runs.append(
-                RunFolder(path, path.resolve().name if path.name in ("", ".", "..") else path.name)
-            )
-    names: dict[str, int] = {}
-    for run in runs:  # two folders with one name: tell them apart by their parents
-        names[run.name] = names.get(run.name, 0) + 1
-    for run in runs:
-        if names[run.name] > 1:
-            run.name = f"{run.root.parent.name}/{run.root.name}"
-    return runs
 
 
 def _episode_folders(root: Path) -> Iterator[Path]:
@@ -619,10 +495,6 @@ def _scandir(path: Path) -> list[os.DirEntry[str]]:
         return []
 
 
-def _is_episode_file(name: str) -> bool:
-    return name in EPISODE_MARKERS or _LOG.fullmatch(name) is not None
-
-
 def _subdirs(path: Path, follow: bool = False) -> list[Path]:
     try:
         return sorted(Path(e.path) for e in os.scandir(path) if e.is_dir(follow_symlinks=follow))
@@ -630,35 +502,5 @@ def _subdirs(path: Path, follow: bool = False) -> list[Path]:
         return []
 
 
-def _mapping(value: Any) -> dict[str, Any]:
-    return value if isinstance(value, dict) else {}
-
-
 def _list(value: Any) -> list[Any]:
     return value if isinstance(value, list) else []
-
-
-def _str(value: Any) -> str | None:
-    return None if value is None else str(value)
-
-
-def _int(value: Any) -> int | None:
-    if isinstance(value, bool):
-        return None
-    if isinstance(value, int):
-        return value
-    if isinstance(value, str) and value.isascii() and value.isdigit():
-        return int(value)  # not "²", which isdigit() admits and int() refuses
-    return None
-
-
-def _float(value: Any) -> float | None:
-    if isinstance(value, bool):
-        return float(value)
-    if isinstance(value, int | float):
-        try:
-            number = float(value)
-        except OverflowError:  # an integer of hundreds of digits
-            return None
-        return number if math.isfinite(number) else None  # NaN sorts nowhere
-    return None

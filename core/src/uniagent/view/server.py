@@ -65,24 +65,29 @@ def serve(
             f"uniagent view needs its web server ({exc.name} is missing): "
             "pip install 'uniagent[view]'"
         ) from None
-    from uniagent.view.rundir import NotFound, discover
+    from uniagent.view.catalog import Catalog
+    from uniagent.view.rundir import NotFound
 
     out = out or sys.stdout
     if poll_interval <= 0:
         raise ConfigError("--poll must be a positive number of seconds")
     try:
-        runs = discover([Path(p) for p in paths])
+        catalog = Catalog([Path(p) for p in paths])
     except NotFound as exc:
         raise ConfigError(str(exc)) from None
+    runs = catalog.runs
     # The Host names answered follow from the address (see uniagent.view.security): a
     # web page elsewhere cannot read the runs through DNS rebinding.
-    app = create_app(runs, tokenizer=tokenizer, poll_interval=poll_interval, host=host)
+    app = create_app(catalog, tokenizer=tokenizer, poll_interval=poll_interval, host=host)
     sock = bind(host, port)
     bound_port = sock.getsockname()[1]
     shown = f"[{host}]" if ":" in host else host
     total = sum(len(r.rows) for r in runs)
     names = ", ".join(r.name for r in runs[:5]) + (" ..." if len(runs) > 5 else "")
     print(f"uniagent view: {len(runs)} run(s), {total} episodes ({names})", file=out)
+    if catalog.watched:
+        folders = ", ".join(str(p) for p in catalog.watched)
+        print(f"uniagent view: runs that start in {folders} appear as they start", file=out)
     if not is_loopback(host):
         where = "every address of this machine" if is_wildcard(host) else host
         print(

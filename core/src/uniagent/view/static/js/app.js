@@ -6,13 +6,11 @@ import { renderSummary } from "./summary.js";
 import { renderEpisode } from "./episode.js";
 import { renderCompare } from "./compare.js";
 
-const state = { runs: [], view: null, source: null, sourceRun: null, routes: 0, missed: false };
+const state = { runs: [], runsVersion: null, view: null, source: null, sourceRun: null, routes: 0, missed: false };
 
-async function route() {
+// Which run and page the URL names.
+function where() {
   const { parts, params } = parseHash();
-  const main = document.getElementById("view");
-  if (state.view && state.view.dispose) state.view.dispose();
-  state.view = null;
   let runId = 0;
   let page = "episodes";
   if (parts[0] === "r" && parts[1] !== undefined) {
@@ -23,6 +21,14 @@ async function route() {
     page = "compare";
   }
   if (!state.runs[runId]) runId = 0;
+  return { runId, page, params };
+}
+
+async function route() {
+  const { runId, page, params } = where();
+  const main = document.getElementById("view");
+  if (state.view && state.view.dispose) state.view.dispose();
+  state.view = null;
   header(runId, page);
   listen(page === "compare" ? null : runId);
   const titles = { episodes: "episodes", summary: "summary", compare: "compare" };
@@ -84,6 +90,7 @@ function listen(runId) {
     const info = JSON.parse(event.data);
     state.runs[runId] = { ...state.runs[runId], ...info };
     showLive(state.runs[runId]);
+    if (info.runs_version !== undefined && info.runs_version !== state.runsVersion) loadRuns();
     if (state.view && state.view.update) state.view.update(info);
     else state.missed = true;
   });
@@ -117,10 +124,29 @@ function showLive(run, broken) {
   el.append(h("span", { class: "muted" }, " · " + parts.join(" · ")));
 }
 
+// A run started in a folder of runs: the picker offers it. Were the run on screen an empty
+// folder of runs that the new run took the place of, the page shows the new run.
+async function loadRuns() {
+  const listed = await api("/api/runs");
+  const { runId, page } = where();
+  const before = state.runs[runId];
+  state.runs = listed.runs;
+  state.runsVersion = listed.runs_version;
+  const after = state.runs[runId];
+  if (!before || !after || before.root !== after.root) {
+    if (state.source) state.source.close();
+    state.source = null;
+    route();
+  } else {
+    header(runId, page);
+  }
+}
+
 async function start() {
   try {
     const listed = await api("/api/runs");
     state.runs = listed.runs;
+    state.runsVersion = listed.runs_version;
     setInfraExits(listed.infra_exits);
   } catch (err) {
     clear(document.getElementById("view")).append(h("div", { class: "error pad" }, err.message));

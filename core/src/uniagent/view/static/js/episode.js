@@ -127,25 +127,39 @@ function message(m, index, turn) {
       h("summary", {}, h("span", { class: "role" }, "system prompt"), h("span", { class: "preview" }, content.split("\n")[0].slice(0, 140))),
       textBlock(content, { lines: 400, chars: 40000, cls: "prose" }));
   }
-  const titles = { user: "user", assistant: `assistant · turn ${turn}`, tool: `observation${m.name ? " · " + m.name : ""}` };
-  const card = h("div", { class: `msg msg-${role}`, dataset: { index } },
-    h("div", { class: "msg-head" }, h("span", { class: "role" }, titles[role] || role)));
+  // Calls a parser read from the text (messages.json notes them): shown like API calls,
+  // the text outside them as the message, the text as written folded below.
+  const parsed = Array.isArray(m.parsed_tool_calls) ? m.parsed_tool_calls : null;
+  const observation = role === "tool" || (role === "user" && typeof m.tool_output_of === "string");
+  const toolName = role === "tool" ? m.name : m.tool_output_of;
+  const titles = { user: "user", assistant: `assistant · turn ${turn}` };
+  const title = observation ? `observation${toolName ? " · " + toolName : ""}` : titles[role] || role;
+  const card = h("div", { class: `msg msg-${observation ? "tool" : role}`, dataset: { index } },
+    h("div", { class: "msg-head" }, h("span", { class: "role" }, title)));
   if (m.reasoning_content) {
     card.append(h("details", { class: "reasoning" }, h("summary", {}, "reasoning"), textBlock(m.reasoning_content, { cls: "prose" })));
   }
-  if (role === "tool") card.append(textBlock(content, { lines: 24 }));
-  else if (content.trim()) card.append(textBlock(content, { lines: 60, chars: 8000, cls: "prose" }));
+  const shown = parsed && typeof m.parsed_content === "string" ? m.parsed_content : content;
+  if (observation) card.append(textBlock(content, { lines: 24 }));
+  else if (shown.trim()) card.append(textBlock(shown, { lines: 60, chars: 8000, cls: "prose" }));
   for (const call of m.tool_calls || []) card.append(toolCall(call));
+  for (const call of parsed || []) card.append(toolCall(call, true));
+  if (parsed) {
+    card.append(h("details", { class: "raw-text" }, h("summary", {}, "as the model wrote it"),
+      textBlock(content, { lines: 60, chars: 8000 })));
+  }
   return card;
 }
 
-function toolCall(call) {
+function toolCall(call, fromText) {
   const fn = call.function || call;
   let args = fn.arguments;
   if (typeof args === "string") {
     try { args = JSON.parse(args); } catch { /* shown as the raw text below */ }
   }
-  const box = h("div", { class: "tool-call" }, h("div", { class: "tool-name" }, "→ ", h("b", {}, fn.name || "?")));
+  const box = h("div", { class: "tool-call", dataset: { source: fromText ? "text" : "api" } },
+    h("div", { class: "tool-name" }, "→ ", h("b", {}, fn.name || "?"),
+      fromText ? h("span", { class: "muted small", title: "the parser read this call from the model's text" }, " · parsed from the text") : null));
   if (args && typeof args === "object" && !Array.isArray(args)) {
     const entries = Object.entries(args);
     if (entries.length === 1 && entries[0][0] === "command" && typeof entries[0][1] === "string") {
@@ -281,7 +295,8 @@ function testsStatus(status) {
 // ------------------------------------------------------------------ log
 
 async function logView(body, runId, key, data) {
-  const logs = (data.files || []).filter((f) => /^log(\..+)?\.txt$/.test(f.name)).map((f) => f.name);
+  // log.txt: the latest attempt's; attempt-<n>.log: earlier attempts' (log.<name>.txt: older runs)
+  const logs = (data.files || []).filter((f) => /^(log(\..+)?\.txt|attempt-\d+\.log)$/.test(f.name)).map((f) => f.name);
   let name = logs.includes("log.txt") ? "log.txt" : logs[0] || "log.txt";
   const picker = logs.length > 1 ? h("div", { class: "log-picker" }) : null;
   const pre = h("pre", { class: "block log", id: "log-text" });
