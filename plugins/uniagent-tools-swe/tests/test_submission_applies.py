@@ -158,6 +158,36 @@ async def test_a_text_change_applies(sandbox: Sandbox) -> None:
     assert not (clone / "debug.log").exists()
 
 
+async def test_files_the_observation_would_change_go_as_binary_patches(
+    sandbox: Sandbox,
+) -> None:
+    # The loop records submit's output cleaned of \r and control characters and decoded as
+    # UTF-8: the text patch of a CRLF file, a latin-1 file or one with escape codes would
+    # not apply any more.
+    repo = make_repo(
+        sandbox.workdir / "repo",
+        {"win.txt": b"one\r\ntwo\r\n", "latin.py": b"# caf\xe9\nx = 1\n",
+         "notes.md": b"# notes\n", "plain.py": b"p = 1\n",
+         ".gitattributes": b"*.md diff=markdown\n"},
+    )
+    changed = {
+        "win.txt": b"one\r\nTWO\r\n",
+        "latin.py": b"# caf\xe9\nx = 2\n",
+        "notes.md": b"# notes\n\x1b[1mbold\x1b[0m\n",  # its repository gives it a diff driver
+        "plain.py": b"p = 2\n",
+        "new.log.txt": b"progress\r100%\n",
+    }
+    for name, data in changed.items():
+        (repo / name).write_bytes(data)
+    patch = await submission(sandbox, repo)
+    assert sorted(paths_in(patch)) == sorted(changed)
+    assert "-p = 1\n+p = 2\n" in patch  # the others stay readable text patches
+    assert patch.count("GIT binary patch") == 4
+    clone = apply_to_a_fresh_clone(repo, patch, sandbox.workdir)
+    for name, data in changed.items():
+        assert (clone / name).read_bytes() == data, name
+
+
 async def test_files_of_the_base_are_diffed_whatever_their_name(sandbox: Sandbox) -> None:
     repo = make_repo(sandbox.workdir / "repo", {"vendored/__pycache__/mod.pyc": b"\x00old"})
     (repo / "vendored" / "__pycache__" / "mod.pyc").write_bytes(b"\x00new")
