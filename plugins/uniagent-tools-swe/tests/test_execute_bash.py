@@ -146,6 +146,9 @@ def test_words_that_are_not_blocking_commands_are_not_refused(command: str) -> N
         ("echo $((1 + 2)); python", "repl"),  # so is arithmetic
         ("files=(a b); nano ${files[0]}", "editor"),  # and arrays
         ("time vim x", "editor"),  # and the time keyword
+        ("time (make && nano log)", "editor"),
+        ("tail -f app.log > /tmp/copy.log 2>&1 &", None),  # the session does not wait
+        ("tail -f app.log &", "background"),  # but its output would go everywhere
     ],
 )
 def test_commands_are_found_where_bash_runs_them(command: str, rule: str | None) -> None:

@@ -83,9 +83,10 @@ class BlockRule(BaseModel):
         description="Only catch commands of the session's own shell, not inside ( ), $( ), "
         "a pipeline or a background job.",
     )
-    bounded_by_timeout: bool = Field(
+    hangs: bool = Field(
         default=True,
-        description="Let commands run under `timeout` through: they cannot hang.",
+        description="The rule catches commands that would hang the session: let them through "
+        "where they cannot (run under `timeout`, or in a background job).",
     )
 
     @field_validator("pattern")
@@ -111,7 +112,7 @@ class BlockRule(BaseModel):
     def catches(self, command: SimpleCommand) -> bool:
         """Whether this rule catches a simple command found by :func:`split_commands`."""
         if (self.top_level_only and command.subshell) or (
-            self.bounded_by_timeout and command.bounded
+            self.hangs and (command.bounded or command.detached)
         ):
             return False
         return self._test(command)
@@ -201,7 +202,7 @@ DEFAULT_BLOCKED: tuple[BlockRule, ...] = (
         "observations and may outlive the command. Run it in the foreground (bound it with "
         "`timeout` if it may not finish), or redirect its output to a file: "
         "CMD > /tmp/cmd.log 2>&1 &",
-        bounded_by_timeout=False,
+        hangs=False,
     ),
     BuiltinRule(
         ends_session,
@@ -210,7 +211,7 @@ DEFAULT_BLOCKED: tuple[BlockRule, ...] = (
         reason="This would end or take over the persistent shell session that runs all your "
         "commands. It is not needed: the exit code of every command is reported to you.",
         top_level_only=True,
-        bounded_by_timeout=False,
+        hangs=False,
     ),
 )
 

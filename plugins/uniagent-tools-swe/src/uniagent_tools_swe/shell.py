@@ -58,6 +58,7 @@ class SimpleCommand:
     ``stdin_redirected`` / ``stdout_redirected``: stdin does not read, or stdout does
     not write, the terminal (a pipe, a file, a here-document, a capture, also one
     set on an enclosing group or loop). ``bounded``: it runs under ``timeout``.
+    ``detached``: it is part of a background job, which the session does not wait for.
     """
 
     words: tuple[str, ...]
@@ -69,6 +70,7 @@ class SimpleCommand:
     stdout_redirected: bool = False
     bounded: bool = False
     dynamic: frozenset[int] = frozenset()
+    detached: bool = False
     #: The program and its arguments once assignments and wrappers are looked through.
     argv: tuple[str, ...] = field(init=False, compare=False)
     #: ``NAME=value`` words given to the program (before it, or to ``env``).
@@ -149,6 +151,7 @@ class _Context:
     stdin: bool = False  # stdin does not read the terminal
     stdout: bool = False  # stdout does not write the terminal
     bounded: bool = False
+    detached: bool = False
     nesting: int = 0
 
 
@@ -211,7 +214,7 @@ def _list(parts: list[Any], ctx: _Context, out: list[SimpleCommand]) -> None:
         following = parts[i + 1] if i + 1 < len(parts) else None
         if following is not None and getattr(following, "op", None) == "&":
             job: list[SimpleCommand] = []
-            _walk(part, replace(ctx, subshell=True), job)
+            _walk(part, replace(ctx, subshell=True, detached=True), job)
             if job:
                 job[-1] = replace(job[-1], background=True)
             out.extend(job)
@@ -255,6 +258,7 @@ def _command(node: Any, ctx: _Context, out: list[SimpleCommand]) -> None:
         stdout_redirected=ctx.stdout or own.stdout,
         bounded=ctx.bounded,
         dynamic=frozenset(dynamic),
+        detached=ctx.detached,
     )
     out.append(command)
     _nested_script(command, ctx, out)
@@ -377,21 +381,21 @@ def _redirect_text(redirect: Any) -> str:
 # bashlex does not implement a few constructs that agents write, and compares a quoted
 # here-document delimiter (<<'EOF', a quarter of all the commands of the agent corpus in
 # the tests) with the body's lines quotes and all. The rewrites below turn each into a
-# plain word the parser takes, with no command inside: they touch only text where no
-# program is run (the delimiter's quotes, arithmetic, [[ test ]] expressions, array
-# literals), so they cannot put a word into command position. Anything else bashlex
-# rejects makes parse_commands return None.
+# plain word the parser takes, with no command inside (or drop the `time` keyword): they
+# touch only text where no program is run (the delimiter's quotes, arithmetic, [[ test ]]
+# expressions, array literals), so they cannot put a word into command position.
+# Anything else bashlex rejects makes parse_commands return None.
 _HEREDOC_QUOTED = re.compile(
     r"(?<!<)<<(-?)[ \t]*(?:'([\w.@%+-]+)'|\"([\w.@%+-]+)\"|\\([\w.@%+-]+))"
 )
-_TIME = re.compile(r"(^|[\n;&|({!]|\b(?:then|do|else)\b)([ \t]*)time(?=[ \t])")
+_TIME = re.compile(r"(^|[\n;&|({!]|\b(?:then|do|else)\b)([ \t]*)time(?:[ \t]+-p)?(?=[ \t])")
 _ARRAY = re.compile(r"(?:^|(?<=[\s;&|(]))[A-Za-z_][A-Za-z0-9_]*\+?=\(")
 _TEST_OPEN = re.compile(r"(?:^|(?<=[\s;&|(!]))\[\[(?=[ \t])")
 
 
 def _bashlex_friendly(script: str) -> str:
     script = _HEREDOC_QUOTED.sub(lambda m: "<<" + m[1] + (m[2] or m[3] or m[4]), script)
-    script = _TIME.sub(r"\1\2command", script)
+    script = _TIME.sub(r"\1\2", script)  # the time keyword times the pipeline after it
     for opener, start_at in _constructs(script):
         script = _replace_spans(script, opener, start_at)
     return script
