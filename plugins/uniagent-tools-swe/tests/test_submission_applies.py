@@ -94,9 +94,11 @@ async def test_after_running_the_tests_in_a_repo_without_gitignore(sandbox: Sand
     obs = await sandbox.call("execute_bash", command=f"cd {repo} && {RUN_TESTS}")
     assert obs.exit_code == 1, obs.output  # the bug is there
     fix = "calc/ops.py"
+    # A fix of another size: Python trusts a .pyc whose source has the same size and mtime
+    # second, and the fix may land in the second of the first run.
     obs = await sandbox.call(
         "str_replace_editor", command="str_replace", path=str(repo / fix),
-        old_str="return a - b", new_str="return a + b",
+        old_str="return a - b", new_str="return a + b  # fixed",
     )
     assert obs.exit_code == 0, obs.output
     obs = await sandbox.call("execute_bash", command=RUN_TESTS)
