@@ -121,6 +121,8 @@ def test_screen_lets_ordinary_commands_through(command: str) -> None:
         "GIT_EDITOR=true git commit",
         "less README.md | head -n 5",
         "vim --version",
+        'git commit -m "-e is for edit"',  # the message, not the -e option
+        "git commit -uno -m msg",
     ],
 )
 def test_words_that_are_not_blocking_commands_are_not_refused(command: str) -> None:

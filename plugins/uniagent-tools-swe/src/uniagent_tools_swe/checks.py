@@ -20,10 +20,13 @@ def _info(args: Sequence[str], *short: str) -> bool:
     return any(a in ("--version", "--help", *short) for a in args)
 
 
-def _flags(args: Sequence[str], values: str = "", long_values: Iterable[str] = ()) -> set[str]:
+def _flags(
+    args: Sequence[str], values: str = "", long_values: Iterable[str] = (), optional: str = ""
+) -> set[str]:
     """The short flags (letters) and long options (``--name``) given before ``--``.
 
-    ``values``: short options that take a value (attached or the next argument);
+    ``values``: short options that take a value (attached, else the next argument);
+    ``optional``: short options whose value, if any, is attached (``-uno``);
     ``long_values``: long options that take the next argument (unless ``=`` is used).
     """
     found: set[str] = set()
@@ -42,8 +45,8 @@ def _flags(args: Sequence[str], values: str = "", long_values: Iterable[str] = (
         elif arg.startswith("-") and len(arg) > 1:
             for k, letter in enumerate(arg[1:], start=1):
                 found.add(letter)
-                if letter in values:
-                    if k == len(arg) - 1 and i < len(args) and not args[i].startswith("-"):
+                if letter in values or letter in optional:
+                    if letter in values and k == len(arg) - 1:
                         i += 1  # the value is the next argument
                     break
     return found
@@ -100,7 +103,8 @@ def git_interactive(c: SimpleCommand) -> bool:
     if subcommand == "commit":
         return _commit_opens_editor(rest) and not _editor_overridden(c, config, sequence=False)
     if subcommand == "rebase":
-        flags = _flags(rest, values="sXxCS", long_values={"--exec", "--strategy", "--onto"})
+        flags = _flags(rest, values="sXx", optional="CS",
+                       long_values={"--exec", "--strategy", "--onto"})
         return bool(flags & {"i", "--interactive"}) and not _editor_overridden(
             c, config, sequence=True
         )
@@ -114,7 +118,7 @@ def git_interactive(c: SimpleCommand) -> bool:
 
 
 def _commit_opens_editor(args: Sequence[str]) -> bool:
-    flags = _flags(args, values="mFCctuS",
+    flags = _flags(args, values="mFCct", optional="uS",
                    long_values={"--message", "--file", "--reuse-message", "--reedit-message",
                                 "--template", "--fixup", "--squash", "--author", "--date",
                                 "--cleanup", "--trailer", "--pathspec-from-file"})
@@ -143,7 +147,7 @@ def monitor(c: SimpleCommand) -> bool:
     if c.program not in _MONITORS or _info(c.args, "-v", "-V", "-h"):
         return False
     if c.program in ("top", "iotop"):  # batch mode, or a number of refreshes, ends
-        return not _flags(c.args, values="dnpuUowsE") & {"b", "--batch", "n", "--iter"}
+        return not _flags(c.args, values="dnpuUoE") & {"b", "--batch", "n", "--iter"}
     return True
 
 
@@ -257,7 +261,8 @@ def repl(c: SimpleCommand) -> bool:
         flags = _flags(args, values="sgG", long_values={"--shell", "--group"})
         return not flags & {"c", "--command", "--session-command", "h", "--help", "--version"}
     if program in ("sudo", "doas"):  # no command after the options: `sudo -i`, `sudo -s`
-        return bool(_flags(args, values="ugpCDUhrtT") & {"i", "s", "--login", "--shell"})
+        flags = _flags(args, values="ugpCDUrtT", optional="h")
+        return bool(flags & {"i", "s", "--login", "--shell"})
     return False
 
 
