@@ -10,6 +10,7 @@ from uniagent import AgentConfig, ConfigError, resolve
 
 from uniagent_tools_swe import BLOCKED_EXIT_CODE, DEFAULT_BLOCKED, BlockRule, make_execute_bash
 from uniagent_tools_swe.blocking import screen, split_commands
+from uniagent_tools_swe.shell import parse_commands
 
 if TYPE_CHECKING:
     from conftest import Sandbox
@@ -54,7 +55,7 @@ BLOCKED = {
     "set -o errexit": "session",
     "{ make || exit 1; }": "session",
     "for f in a b; do vim $f; done": "editor",
-    "echo $(less x)": "pager",
+    "echo $(python)": "repl",  # its output is captured, but it reads the terminal
 }
 
 ALLOWED = [
@@ -92,6 +93,7 @@ ALLOWED = [
     "# vim is not run here\necho hi",
     "echo \"less; vim\"",
     "git diff HEAD~1 -- src/ | head -n 40",
+    "echo $(less x)",  # less with its output captured copies the file like cat
 ]
 
 
@@ -105,6 +107,74 @@ def test_screen_catches_commands_that_would_hang_the_session(command: str, rule:
 @pytest.mark.parametrize("command", ALLOWED)
 def test_screen_lets_ordinary_commands_through(command: str) -> None:
     assert screen(command) is None
+
+
+# -- the words bash runs, found by parsing (bashlex) ----------------------------------------
+@pytest.mark.parametrize(
+    "command",
+    [
+        "for n in python python3; do command -v $n; done",
+        "for n in\n  python\n  python3\ndo\n  $n --version\ndone",
+        "git commit-tree $(git write-tree) -p HEAD -m msg",
+        "echo msg | git commit-tree HEAD^{tree}",
+        "command -v vim && echo have vim",
+        "GIT_EDITOR=true git commit",
+        "less README.md | head -n 5",
+        "vim --version",
+        'git commit -m "-e is for edit"',  # the message, not the -e option
+        "git commit -uno -m msg",
+    ],
+)
+def test_words_that_are_not_blocking_commands_are_not_refused(command: str) -> None:
+    assert screen(command) is None
+
+
+@pytest.mark.parametrize(
+    ("command", "rule"),
+    [
+        ("sudo env PYTHONPATH=src timeout 10 python", None),  # bounded: cannot hang
+        ("sudo env PYTHONPATH=src nice -n 5 python", "repl"),
+        ("ls | (cd src && less)", "pager"),
+        ("if true; then git commit; fi", "git-interactive"),
+        ("while true; do top; done", "monitor"),
+        ("echo `vim notes`", "editor"),
+        ("cat <(python3)", "repl"),
+        ("bash -c 'cd /repo && vim x'", "editor"),
+        ("bash -c 'exit 1'", None),  # its own process
+        ("eval 'exit 1'", "session"),  # this shell
+        ("ls | exit", None),  # a pipeline's command runs in a subshell
+        ("cat <<'EOF' > f.txt\nvim\nEOF\nvim f.txt", "editor"),  # after a quoted heredoc
+        ("[[ -f setup.py ]] && vim setup.py", "editor"),  # [[ ]] made parsable
+        ("echo $((1 + 2)); python", "repl"),  # so is arithmetic
+        ("files=(a b); nano ${files[0]}", "editor"),  # and arrays
+        ("time vim x", "editor"),  # and the time keyword
+        ("time (make && nano log)", "editor"),
+        ("tail -f app.log > /tmp/copy.log 2>&1 &", None),  # the session does not wait
+        ("tail -f app.log &", "background"),  # but its output would go everywhere
+    ],
+)
+def test_commands_are_found_where_bash_runs_them(command: str, rule: str | None) -> None:
+    verdict = screen(command)
+    assert (verdict and verdict.rule.name) == rule
+
+
+def test_what_bashlex_cannot_parse_runs_unscreened() -> None:
+    # bash accepts `case`, bashlex does not implement it: the command is not refused on a
+    # guess (the old regex screen refused valid commands that way).
+    command = "case $1 in edit) vim x ;; esac"
+    assert parse_commands(command) is None
+    assert screen(command) is None
+
+
+def test_a_builtin_rule_matches_a_command_line_given_as_text() -> None:
+    editor = next(rule for rule in DEFAULT_BLOCKED if rule.name == "editor")
+    assert editor.matches("cd /x && vim a.py")
+    assert not editor.matches("command -v vim")
+
+
+def test_a_rule_from_the_config_needs_a_pattern() -> None:
+    with pytest.raises(ValueError, match="needs a `pattern`"):
+        BlockRule(name="x", label="x", reason="x")
 
 
 def test_split_commands_marks_pipes_and_background_jobs() -> None:
@@ -190,6 +260,14 @@ async def test_a_refused_exit_keeps_the_session_alive(sandbox: Sandbox) -> None:
     assert obs.exit_code == BLOCKED_EXIT_CODE
     obs = await sandbox.call("execute_bash", command="echo alive")
     assert obs.output.strip() == "alive"
+
+
+@pytest.mark.asyncio
+async def test_a_command_bashlex_cannot_parse_still_runs(sandbox: Sandbox) -> None:
+    obs = await sandbox.call(
+        "execute_bash", command='for n in python python3; do case $n in python3) echo "$n";; esac; done'
+    )
+    assert (obs.exit_code, obs.output.strip()) == (0, "python3")
 
 
 @pytest.mark.asyncio

@@ -146,14 +146,19 @@ async def test_submit_in_a_repository_without_commits_shows_new_files(sandbox: S
 
 async def test_submit_can_also_write_the_exact_patch_to_a_file(sandbox: Sandbox) -> None:
     repo = make_repo(sandbox.workdir / "repo")
+    (repo / "a.py").write_text("a = 5\n")
     (repo / "w.txt").write_bytes(b"crlf\r\nline\r\n")
     patch = sandbox.workdir / "out.patch"
     await sandbox.export(UNIAGENT_SUBMIT_PATCH_FILE=str(patch))
     await sandbox.call("execute_bash", command=f"cd {repo}")
     obs = await sandbox.call("submit")
     assert obs.exit_code == 0, obs.output
-    assert b"+crlf\r\n+line\r\n" in patch.read_bytes()  # the observation drops the \r
-    assert "+crlf\n+line" in obs.output
+    assert patch.read_bytes().decode() == obs.output  # nothing the observation drops
+    clone = sandbox.workdir / "clone"
+    git(sandbox.workdir, "clone", "-q", str(repo), str(clone))
+    git(clone, "apply", str(patch))
+    assert (clone / "w.txt").read_bytes() == b"crlf\r\nline\r\n"
+    assert (clone / "a.py").read_text() == "a = 5\n"
 
 
 async def test_submit_outside_a_repository_explains_itself(sandbox: Sandbox) -> None:

@@ -5,8 +5,10 @@ from __future__ import annotations
 from uniagent_tools_swe.blocking import DEFAULT_BLOCKED, BlockRule, screen
 from uniagent_tools_swe.tools import (
     BLOCKED_EXIT_CODE,
+    DEFAULT_SUBMIT_EXCLUDE,
     SCRIPTS_DIR,
     ExecuteBashSettings,
+    SubmitSettings,
     make_execute_bash,
     make_finish,
     make_str_replace_editor,
@@ -17,9 +19,11 @@ from uniagent_tools_swe.tools import (
 __all__ = [
     "BLOCKED_EXIT_CODE",
     "DEFAULT_BLOCKED",
+    "DEFAULT_SUBMIT_EXCLUDE",
     "SCRIPTS_DIR",
     "BlockRule",
     "ExecuteBashSettings",
+    "SubmitSettings",
     "make_execute_bash",
     "make_finish",
     "make_str_replace_editor",

@@ -272,15 +272,85 @@ SUBMIT_DESCRIPTION = (
 )
 
 
-def make_submit() -> ToolSpec:
-    """The ``submit`` tool: ends the episode; its output (the repo's diff) is the submission."""
+#: New files left out of ``submit``'s diff by default (gitignore syntax): what running
+#: Python code, its tests and its linters drops into a repository that ignores nothing.
+DEFAULT_SUBMIT_EXCLUDE: tuple[str, ...] = (
+    "__pycache__/",
+    "*.py[cod]",
+    "*$py.class",
+    ".pytest_cache/",
+    ".mypy_cache/",
+    ".ruff_cache/",
+    ".hypothesis/",
+    ".coverage",
+    ".coverage.*",
+    "*.egg-info/",
+)
+
+
+class SubmitSettings(BaseModel):
+    """Settings of ``submit`` in the agent config (``tools: [{name: submit, settings}]``)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    exclude: list[str] = Field(
+        default_factory=lambda: list(DEFAULT_SUBMIT_EXCLUDE),
+        description="gitignore-style patterns of new files left out of the submission (files "
+        "of the base commit are always diffed); [] leaves nothing out; default: bytecode and "
+        "test/lint caches (" + ", ".join(DEFAULT_SUBMIT_EXCLUDE) + ")",
+    )
+    extra_exclude: list[str] = Field(
+        default_factory=list, description="patterns left out besides `exclude`"
+    )
+
+    @field_validator("exclude", "extra_exclude")
+    @classmethod
+    def _one_line_patterns(cls, patterns: list[str]) -> list[str]:
+        for pattern in patterns:
+            if not pattern.strip() or pattern.lstrip().startswith("#"):
+                raise ValueError(f"{pattern!r} is not a pattern (empty, or a gitignore comment)")
+            if any(c in pattern for c in "\n\r\0"):
+                raise ValueError(f"pattern {pattern!r} spans lines; give one pattern per item")
+        return patterns
+
+    def patterns(self) -> tuple[str, ...]:
+        """The patterns in force."""
+        return (*self.exclude, *self.extra_exclude)
+
+
+def render_submit(exclude: Iterable[str] = DEFAULT_SUBMIT_EXCLUDE) -> str:
+    """The bash command for a ``submit`` call: the script, with the patterns it leaves out."""
+    return shlex.join(["submit", *(f"--exclude={pattern}" for pattern in exclude)])
+
+
+def make_submit(exclude: Iterable[str] | None = None) -> ToolSpec:
+    """The ``submit`` tool: ends the episode; its output (the repo's diff) is the submission.
+
+    New files matching an ``exclude`` pattern (gitignore syntax; ``None``:
+    :data:`DEFAULT_SUBMIT_EXCLUDE`, ``()``: none) are left out of the diff.
+    """
+    patterns = (
+        DEFAULT_SUBMIT_EXCLUDE if exclude is None else SubmitSettings(exclude=list(exclude)).patterns()
+    )
+    command = render_submit(patterns)
+    description = SUBMIT_DESCRIPTION
+    if patterns:
+        shown = ", ".join(f"`{pattern}`" for pattern in patterns)
+        description += f"\n* New files matching these patterns are left out: {shown}."
     return ToolSpec(
         name="submit",
-        description=SUBMIT_DESCRIPTION,
+        description=description,
         arguments=SubmitArguments,
         scripts=(SCRIPTS_DIR / "submit",),
+        render=lambda arguments: command,
         ends_episode=True,
+        settings=SubmitSettings,
+        configure=_configure_submit,
     )
+
+
+def _configure_submit(settings: SubmitSettings) -> ToolSpec:
+    return make_submit(settings.patterns())
 
 
 class FinishArguments(ToolArguments):
