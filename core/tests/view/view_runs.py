@@ -37,7 +37,7 @@ env:
     type: host
 reward:
   name: command
-  config:
+  settings:
     timeout: 60
   integrity:
     protect_paths: [tests/]
