@@ -50,7 +50,7 @@ def tests(session: nox.Session, suite: str) -> None:
     """One test suite in a fresh venv: ``nox -s tests`` runs them all."""
     if suite == "core":
         # Only the core (and its light extras): plugins must not be needed here.
-        session.install("./core[test,tokenizers,swerex,openai,data]")
+        session.install("./core[test,tokenizers,swerex,openai,data,mcp]")
         pytest(
             session,
             "core/tests",

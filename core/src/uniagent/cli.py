@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import json
 import sys
 from collections.abc import Sequence
@@ -55,7 +56,13 @@ def plugins_report(*, include_builtins: bool = False) -> dict[str, Any]:
             if f"deployments:{name}" in details
         }
         plugins.append(entry)
-    return {"uniagent": __version__, "plugins": plugins, "errors": conflicts}
+    mcp = {
+        "supported": True,
+        "config": "tools: [{mcp: {name, command | url, ...}}]",
+        # The helper runs inside the sandbox, with the `python` each server names.
+        "sdk_installed_here": importlib.util.find_spec("mcp") is not None,
+    }
+    return {"uniagent": __version__, "plugins": plugins, "errors": conflicts, "mcp": mcp}
 
 
 def _print_plugins(report: dict[str, Any]) -> None:

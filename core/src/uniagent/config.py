@@ -35,6 +35,7 @@ from pydantic_core import InitErrorDetails, PydanticCustomError
 from uniagent.env.config import EnvConfig
 from uniagent.errors import ConfigError
 from uniagent.exit import DEFAULT_EXIT_POLICY, ExitReason, Treatment
+from uniagent.mcp.config import McpServerConfig
 from uniagent.protect.settings import GradeIn, IntegritySettings
 
 #: Keys of the exit policy: every exit reason, and ``inexact_tokens`` (a trajectory whose
@@ -74,10 +75,25 @@ EnvSection = EnvConfig
 
 
 class ToolRef(_Strict):
-    """A tool by name, with its settings (validated by the tool's own model at resolve)."""
+    """A tool by name, with its settings (validated by the tool's own model at resolve);
+    or an MCP server whose tools the agent gets (``{mcp: {name, command | url, ...}}``)."""
 
-    name: str
+    name: str = ""
     settings: dict[str, Any] | None = None
+    mcp: McpServerConfig | None = None
+
+    @model_validator(mode="after")
+    def _name_or_mcp(self) -> ToolRef:
+        if self.mcp is None and not self.name:
+            raise ValueError("give a tool `name`, or an `mcp` server")
+        if self.mcp is not None and (self.name or self.settings is not None):
+            raise ValueError("an `mcp` entry takes no `name` or `settings` (they go inside mcp)")
+        return self
+
+    @property
+    def label(self) -> str:
+        """The tool's name, or ``mcp:SERVER`` for an MCP server's tools."""
+        return f"mcp:{self.mcp.name}" if self.mcp is not None else self.name
 
 
 class RewardConfig(_Strict):
@@ -199,7 +215,8 @@ class AgentConfig(_Strict):
     tools: tuple[ToolRef, ...] = Field(
         (),
         description="the tools, by name (`execute_bash`), or with settings "
-        "(`{name: execute_bash, settings: {...}}`)",
+        "(`{name: execute_bash, settings: {...}}`), or an MCP server's tools "
+        "(`{mcp: {name: fs, command: [...]}}`, listed at episode start)",
     )
     system_prompt: str | None = Field(
         None,
@@ -239,8 +256,8 @@ class AgentConfig(_Strict):
 
     @property
     def tool_names(self) -> tuple[str, ...]:
-        """The configured tools' names, in order."""
-        return tuple(t.name for t in self.tools)
+        """The configured tools' names, in order (``mcp:SERVER`` for an MCP server's)."""
+        return tuple(t.label for t in self.tools)
 
     def treatment(self, reason: ExitReason) -> Treatment:
         """Whether an episode that ended this way is trained on or masked."""

@@ -16,6 +16,7 @@ from typing import Any
 
 from uniagent.config import DEFAULT_SYSTEM_PROMPT, AgentConfig
 from uniagent.env import AgentEnv
+from uniagent.env.errors import EnvStartError
 from uniagent.errors import ConfigError
 from uniagent.exit import ExitReason
 from uniagent.grading.grader import EpisodeGrader, GradingPlan
@@ -121,8 +122,6 @@ async def run_episode(
     tools = list(agent.tools)
     parser = agent.new_parser()
     prompt = [dict(m) for m in messages] if messages else first_messages(agent, task)
-    if not model.renders_tools():  # the chat template would silently drop the tool schemas
-        describe_tools(prompt, tool_instructions(tools, parser))
     metrics = EpisodeMetrics()
     started = time.perf_counter()
     env: AgentEnv | None = None
@@ -133,6 +132,8 @@ async def run_episode(
         await env.start()
         observer.phase("tools")
         await env.install_tools(tools)
+        if agent.mcp_servers:  # their tools are known once the servers answer, in the sandbox
+            tools += await _mcp_tools(agent, env, tools)
         if grader is not None:
             observer.phase("baseline")
             integrity = await grader.prepare(env)
@@ -145,6 +146,8 @@ async def run_episode(
     finally:
         metrics.setup_seconds = time.perf_counter() - started
 
+    if not model.renders_tools():  # the chat template would silently drop the tool schemas
+        describe_tools(prompt, tool_instructions(tools, parser))
     try:
         cache = model.start_cache(prompt, [t.openai_schema() for t in tools])
         interaction = AgentInteraction(
@@ -176,6 +179,22 @@ async def run_episode(
     finally:
         observer.phase("close")
         await env.close()
+
+
+async def _mcp_tools(agent: ResolvedAgent, env: AgentEnv, tools: list[Any]) -> list[Any]:
+    """The MCP servers' tools, listed in the sandbox; a clash of names fails the set-up."""
+    from uniagent.mcp.tools import list_mcp_tools
+
+    listed = await list_mcp_tools(env, agent.mcp_servers, timeout=agent.env.setup_timeout)
+    taken = {t.name for t in tools}
+    for tool in listed:
+        if tool.name in taken:
+            raise EnvStartError(
+                f"tool {tool.name!r} of MCP server {tool.server!r} has the name of another "
+                f"tool; leave one out (`exclude: [{tool.name}]`)"
+            )
+        taken.add(tool.name)
+    return list(listed)
 
 
 def make_grader(agent: ResolvedAgent, task: Mapping[str, Any]) -> EpisodeGrader | None:

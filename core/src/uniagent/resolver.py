@@ -35,9 +35,17 @@ from uniagent.config import AgentConfig, ToolRef, format_validation_error
 from uniagent.env.agent_env import AgentEnv
 from uniagent.env.config import EnvConfig
 from uniagent.errors import ConfigError, UnknownPluginNameError
+from uniagent.mcp.config import McpServerConfig
 from uniagent.parsers.base import ToolCallParser
 from uniagent.registry import Registry, get_registry
-from uniagent.specs import DeploymentSpec, ParserSpec, RewardSpec, ServiceSpec, ToolSpec
+from uniagent.specs import (
+    DeploymentSpec,
+    ParserSpec,
+    RewardSpec,
+    ServiceSpec,
+    ToolSpec,
+    _installed,
+)
 
 log = logging.getLogger(__name__)
 
@@ -67,6 +75,8 @@ class ResolvedAgent:
     env: EnvConfig
     reward: ResolvedReward | None
     services: tuple[tuple[ServiceSpec[Any], Any], ...] = ()
+    #: MCP servers whose tools each episode lists at its start (:mod:`uniagent.mcp`).
+    mcp_servers: tuple[McpServerConfig, ...] = ()
     source: str = "config"
     registry: Registry | None = field(default=None, compare=False, repr=False)
     _per_task: dict[str, ResolvedAgent] = field(
@@ -133,9 +143,17 @@ def _resolve(
 ) -> ResolvedAgent:
     log.debug("resolved %s%s", source, " (overrides)" if overrides else "")
     tools = tuple(
-        _tool(registry, ref, f"tools.{i}", source) for i, ref in enumerate(config.tools)
+        _tool(registry, ref, f"tools.{i}", source)
+        for i, ref in enumerate(config.tools)
+        if ref.mcp is None
     )
-    names = [t.name for t in tools]
+    mcp_servers = tuple(ref.mcp for ref in config.tools if ref.mcp is not None)
+    if mcp_servers and not _installed("jsonschema"):  # it checks the calls, in this process
+        raise ConfigError(
+            f"invalid {source}:\n  tools: MCP servers need uniagent's `mcp` extra here: "
+            "pip install 'uniagent[mcp]'"
+        )
+    names = [t.name for t in tools] + [f"mcp:{m.name}" for m in mcp_servers]
     duplicate = next((n for n in names if names.count(n) > 1), None)
     if duplicate is not None:
         raise ConfigError(f"invalid {source}:\n  tools: {duplicate!r} is listed twice")
@@ -171,6 +189,7 @@ def _resolve(
         env=config.env,
         reward=reward,
         services=services,
+        mcp_servers=mcp_servers,
         source=source,
         registry=registry,
     )
