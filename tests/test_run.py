@@ -257,7 +257,7 @@ def test_unusable_task_file_is_a_clear_error(tmp_path, data, message):
     [
         ("tools: [execute_bash, grep_tool]", "unknown tool 'grep_tool'; installed tools:"),
         ("tool_parser: json_mode", "unknown tool parser 'json_mode'; installed tool parsers:"),
-        ("env: {deployment: {type: modal}}", "uniagent-deploy-modal"),
+        ("env: {deployment: {type: modal}}", "unknown deployment 'modal'; installed deployments:"),
         ("interaction: {max_turn: 3}", "interaction.max_turn: unknown key"),
     ],
 )
