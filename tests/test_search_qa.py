@@ -69,7 +69,7 @@ def config(prepared, tmp_path) -> Path:
     data["services"]["search"].update(index=str(prepared["dir"] / "index"), unix_socket=str(socket))
     data["env"]["deployment"]["ro_binds"] = [str(sockets)]
     data["env"]["env"]["UNIAGENT_SEARCH_URL"] = f"unix://{socket}"
-    data["reward"]["config"]["check_service_url"] = f"unix://{socket}"
+    data["reward"]["settings"]["check_service_url"] = f"unix://{socket}"
     path = tmp_path / "config.yaml"
     path.write_text(yaml.safe_dump(data))
     yield path
