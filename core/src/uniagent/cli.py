@@ -10,6 +10,7 @@ from typing import Any, NoReturn
 
 from uniagent import __version__
 from uniagent.errors import UniAgentError
+from uniagent.gateway.cli import add_gateway_parser
 from uniagent.specs import KINDS
 
 
@@ -424,6 +425,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     add_data_parser(sub)
     add_view_parser(sub)
+    add_gateway_parser(sub)
     return parser
 
 
