@@ -132,6 +132,7 @@ class Session:
         self.undelivered: list[dict[str, Any]] = []
         self._prompts: dict[bytes, Node] = {}  # key of a request's messages -> its turn's end
         self._ends: dict[bytes, Node] = {}  # key of request + its reply -> the turn's end
+        self._served = 0  # completions generated (for tool-call ids)
         self._turn_of: dict[int, Turn] = {}  # id(end node) + prompt key -> turn (identical)
 
     # ------------------------------------------------------------------ the request
@@ -295,11 +296,17 @@ class Session:
             content, raw = extract_calls(self.parser, rest, tools)
         except BlockError as exc:
             return reasoning, rest.strip(), [], f"{exc.kind}: {exc.problem}"
+        self._served += 1
         calls = [
-            {"id": f"{prefix}{uuid.uuid4().hex[:24]}", "name": name, "arguments": args}
-            for name, args in raw
+            {"id": f"{prefix}{self._call_id(i)}", "name": name, "arguments": args}
+            for i, (name, args) in enumerate(raw)
         ]
         return reasoning, content, calls, None
+
+    def _call_id(self, i: int) -> str:
+        """A tool-call id, unique in the session and reproducible from its id and order."""
+        seed = f"{self.id}/{self._served}/{i}".encode()
+        return hashlib.blake2b(seed, digest_size=12).hexdigest()
 
     # ------------------------------------------------------------------ exactness
     def _check(self, turn: Turn, end: Node, prompt_ids: list[int] | None = None) -> None:
