@@ -92,9 +92,11 @@ def tests(session: nox.Session, suite: str) -> None:
         )
         pytest(session, "core/tests/view")
     elif suite == "gateway":
-        # `uniagent gateway` driven by the official openai and anthropic clients (their own
-        # suite: the anthropic client is a test dependency only, not one of the core's extras).
-        session.install("./core[test,tokenizers,openai,gateway]", "anthropic>=0.40")
+        # `uniagent gateway` driven by the official openai and anthropic clients and by a real
+        # harness, mini-swe-agent (test dependencies only, not extras of the core).
+        session.install(
+            "./core[test,tokenizers,openai,gateway]", "anthropic>=0.40", "mini-swe-agent>=2.0"
+        )
         pytest(session, "core/tests/gateway")
     else:
         # Cross-package: real pip installs into fresh venvs, end-to-end runs.

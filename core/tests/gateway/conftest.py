@@ -7,8 +7,6 @@ from typing import Any
 
 import pytest
 
-pytest.importorskip("starlette", reason="the gateway needs uniagent[gateway]")
-
 from uniagent.gateway import Gateway, ScriptedBackend, Session, TrajectoryTree
 from uniagent.gateway.server import RunningGateway, start
 from uniagent.testing import load_qwen3_tokenizer
