@@ -41,7 +41,7 @@ def pytest(session: nox.Session, *paths: str) -> None:
     )
 
 
-SUITES = ["core", *PLUGINS, "verl", "hf", "view", "integration"]
+SUITES = ["core", *PLUGINS, "verl", "hf", "view", "gateway", "integration"]
 
 
 @nox.session(python="3.11")
@@ -57,6 +57,7 @@ def tests(session: nox.Session, suite: str) -> None:
             "--ignore=core/tests/verl",
             "--ignore=core/tests/hf",
             "--ignore=core/tests/view",
+            "--ignore=core/tests/gateway",
         )
     elif suite in PLUGINS:
         # The core and this one plugin, so a hidden cross-plugin dependency fails.
@@ -90,6 +91,13 @@ def tests(session: nox.Session, suite: str) -> None:
             "httpx>=0.27",
         )
         pytest(session, "core/tests/view")
+    elif suite == "gateway":
+        # `uniagent gateway` driven by the official openai and anthropic clients and by a real
+        # harness, mini-swe-agent (test dependencies only, not extras of the core).
+        session.install(
+            "./core[test,tokenizers,openai,gateway]", "anthropic>=0.40", "mini-swe-agent>=2.0"
+        )
+        pytest(session, "core/tests/gateway")
     else:
         # Cross-package: real pip installs into fresh venvs, end-to-end runs.
         session.install("./core[test,tokenizers,swerex,openai,data,ray]", "build", "cookiecutter")

@@ -11,6 +11,7 @@ from typing import Any, NoReturn
 
 from uniagent import __version__
 from uniagent.errors import UniAgentError
+from uniagent.gateway.cli import add_gateway_parser
 from uniagent.specs import KINDS
 
 
@@ -431,6 +432,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     add_data_parser(sub)
     add_view_parser(sub)
+    add_gateway_parser(sub)
     return parser
 
 

@@ -1,0 +1,122 @@
+"""Token backends: prompt ids in, generated ids and log-probs out.
+
+The gateway talks to a model only through :class:`TokenBackend`. :class:`TokenModelBackend`
+wraps the token models ``uniagent run`` builds (``hf:`` in process, verl's server); the
+``openai:`` backend sends chat messages, not ids, so it does not fit (see docs/gateway.md).
+:class:`ScriptedBackend` replays scripted texts as token ids for tests and benches.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass
+from typing import Any, Protocol, runtime_checkable
+
+from uniagent.models.base import Generation, ModelError, TokenChatModel, cut_at_stop
+from uniagent.rollout.template import decode
+
+__all__ = ["Generation", "ScriptedBackend", "TokenBackend", "TokenModelBackend"]
+
+
+@runtime_checkable
+class TokenBackend(Protocol):
+    """Anything that continues prompt ids: the gateway's only view of a model."""
+
+    #: The tokenizer whose chat template renders requests (``apply_chat_template``).
+    tokenizer: Any
+
+    async def generate(
+        self, prompt_ids: list[int], *, max_tokens: int | None, stop: Sequence[str] = ()
+    ) -> Generation:
+        """Generated ids (end-of-turn included when produced) and one log-prob per id."""
+        ...
+
+
+class TokenModelBackend:
+    """A :class:`~uniagent.models.base.TokenChatModel` (``hf:``, verl's server) as a backend."""
+
+    def __init__(self, model: TokenChatModel) -> None:
+        if not isinstance(model, TokenChatModel):
+            raise TypeError(
+                f"{type(model).__name__} is not a token model (it does not continue prompt "
+                "ids); the gateway needs hf: or verl's server, not a chat API"
+            )
+        self.model = model
+        self.tokenizer = model.tokenizer
+
+    async def generate(
+        self, prompt_ids: list[int], *, max_tokens: int | None, stop: Sequence[str] = ()
+    ) -> Generation:
+        """Call the model's ``_generate`` and cut at ``stop`` (ids kept as generated)."""
+        per_turn = self.model.sampling_params.get("max_tokens")
+        limits = [x for x in (max_tokens, per_turn) if x is not None]
+        out = await self.model._generate(list(prompt_ids), min(limits) if limits else None)
+        return cut_at_stop(self.tokenizer, out, stop) if stop else out
+
+
+#: A script step: the reply text, an exception to raise, or a function of the decoded prompt.
+Step = str | BaseException | Callable[[str], "str | BaseException"]
+
+
+@dataclass
+class BackendCall:
+    """One recorded call of :class:`ScriptedBackend`."""
+
+    prompt_ids: list[int]
+    token_ids: list[int]
+    logprobs: list[float]
+
+
+class ScriptedBackend:
+    """Replays scripted replies as token ids ending with the end-of-turn token.
+
+    Each reply is tokenized once, here, as a model server would produce it; log-probs
+    are deterministic (:meth:`logprob`) so tests can check where every id went.
+    ``default`` answers once the script is spent (``None``: a :class:`ModelError`).
+    """
+
+    def __init__(
+        self,
+        tokenizer: Any,
+        script: Iterable[Step] = (),
+        *,
+        default: Step | None = None,
+        end_of_turn: str = "<|im_end|>",
+    ) -> None:
+        self.tokenizer = tokenizer
+        self.script: deque[Step] = deque(script)
+        self.default = default
+        self.eot_id = int(tokenizer.convert_tokens_to_ids(end_of_turn))
+        self.calls: list[BackendCall] = []
+        self._generated = 0
+
+    @staticmethod
+    def logprob(position: int) -> float:
+        """The log-prob of the ``position``-th token this backend generated (never 0.0)."""
+        return -0.001 * (1 + position)
+
+    def reply_ids(self, text: str) -> list[int]:
+        """The ids a reply text is generated as (text ids, then the end-of-turn token)."""
+        return [*self.tokenizer.encode(text, add_special_tokens=False), self.eot_id]
+
+    async def generate(
+        self, prompt_ids: list[int], *, max_tokens: int | None, stop: Sequence[str] = ()
+    ) -> Generation:
+        """The next scripted reply as ids and log-probs."""
+        step: Step | None = self.script.popleft() if self.script else self.default
+        if step is None:
+            raise ModelError("the scripted backend has no more replies")
+        if callable(step) and not isinstance(step, BaseException):
+            step = step(decode(self.tokenizer, prompt_ids))
+        if isinstance(step, BaseException):
+            raise step
+        ids = self.reply_ids(step)
+        finish = None
+        if max_tokens is not None and len(ids) > max_tokens:
+            ids, finish = ids[:max_tokens], "length"
+        logprobs = [self.logprob(self._generated + i) for i in range(len(ids))]
+        self._generated += len(ids)
+        self.calls.append(BackendCall(list(prompt_ids), ids, logprobs))
+        out = Generation(ids, logprobs, finish)  # type: ignore[arg-type]
+        return cut_at_stop(self.tokenizer, out, stop) if stop else out

@@ -1,0 +1,88 @@
+"""The gateway's sessions: open, find (by id or API key), inspect, close."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+from uniagent.gateway.backend import TokenBackend
+from uniagent.gateway.session import Exactness, GatewayError, Session, new_key, new_session_id
+from uniagent.parsers import HermesParser, Qwen3CoderParser, ToolCallParser
+
+PARSERS: dict[str, type[ToolCallParser]] = {"hermes": HermesParser, "qwen3_coder": Qwen3CoderParser}
+
+
+class Gateway:
+    """Sessions in front of one token backend (the HTTP app is :func:`create_app`)."""
+
+    def __init__(
+        self,
+        backend: TokenBackend,
+        *,
+        parser: str | ToolCallParser = "hermes",
+        chat_template_kwargs: Mapping[str, Any] | None = None,
+        exactness: Exactness = "on_close",
+        open_sessions: bool = False,
+    ) -> None:
+        if isinstance(parser, str):
+            if parser not in PARSERS:
+                raise GatewayError(f"unknown tool parser {parser!r} (known: {', '.join(PARSERS)})")
+            parser = PARSERS[parser]()
+        if exactness not in ("eager", "on_close", "off"):
+            raise GatewayError(f"exactness must be eager, on_close or off, not {exactness!r}")
+        self.backend, self.parser = backend, parser
+        self.chat_template_kwargs = dict(chat_template_kwargs or {})
+        self.exactness: Exactness = exactness
+        #: Whether ``POST /sessions`` may open sessions over HTTP (the CLI's mode).
+        self.open_sessions = open_sessions
+        self.sessions: dict[str, Session] = {}
+        self._by_key: dict[str, Session] = {}
+
+    def open_session(self, session_id: str | None = None) -> Session:
+        """A new session with its own id and API key."""
+        session_id = session_id or new_session_id()
+        if session_id in self.sessions:
+            raise GatewayError(f"session {session_id!r} exists", status=409)
+        session = Session(
+            session_id,
+            new_key(),
+            self.backend,
+            self.parser,
+            self.chat_template_kwargs,
+            self.exactness,
+        )
+        self.sessions[session_id] = session
+        self._by_key[session.key] = session
+        return session
+
+    def find(self, session_id: str | None, key: str | None) -> Session:
+        """The session named by the URL path, else by the API key; a clear error otherwise."""
+        if session_id is not None:
+            session = self.sessions.get(session_id)
+            if session is None:
+                raise GatewayError(
+                    f"unknown session {session_id!r}", status=404, kind="not_found_error"
+                )
+        else:
+            session = self._by_key.get(key or "")
+            if session is None:
+                raise GatewayError(
+                    "no session: use a base URL /s/{session}/v1 or the API key of a session",
+                    status=401,
+                    kind="authentication_error",
+                )
+        if session.closed:
+            raise GatewayError(
+                f"session {session.id!r} is closed", status=404, kind="not_found_error"
+            )
+        return session
+
+    def close(self, session_id: str) -> dict[str, Any]:
+        """Close a session and return its state and tree."""
+        session = self.sessions.get(session_id)
+        if session is None:
+            raise GatewayError(
+                f"unknown session {session_id!r}", status=404, kind="not_found_error"
+            )
+        self._by_key.pop(session.key, None)
+        return session.close()

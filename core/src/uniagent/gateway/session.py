@@ -1,0 +1,438 @@
+"""Gateway sessions: render a request, call the token backend, record the turn in the tree.
+
+A request arrives as :class:`ChatRequest` (chat messages in the internal form every wire
+format converts to, see :mod:`uniagent.gateway.wire`). Its prompt ids come from the
+longest earlier token prefix: the same prompt as an earlier turn (its exact ids), or an
+earlier turn's exact context plus the new messages rendered incrementally with the chat
+template (observations, mask 0); otherwise the whole request is rendered and the tree
+branches where its ids leave the earlier ones. Generated ids are never re-tokenized.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import secrets
+import uuid
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+import orjson
+
+from uniagent.errors import UniAgentError
+from uniagent.gateway.backend import TokenBackend
+from uniagent.gateway.tree import Node, TrajectoryTree, Turn
+from uniagent.parsers import TaggedToolCallParser, ToolCallParser
+from uniagent.parsers.qwen3_coder import Qwen3CoderParser
+from uniagent.parsers.text import BlockError
+from uniagent.rollout.template import (
+    analyse_chat_template,
+    decode,
+    encode,
+    render_text,
+    suffix_text,
+)
+
+Exactness = Literal["eager", "on_close", "off"]
+
+
+class GatewayError(UniAgentError):
+    """A request the gateway refuses; ``status`` and ``kind`` shape the wire error."""
+
+    def __init__(
+        self,
+        message: str,
+        *,
+        status: int = 400,
+        kind: str = "invalid_request_error",
+        param: str | None = None,
+    ) -> None:
+        super().__init__(message)
+        self.status, self.kind, self.param = status, kind, param
+
+
+@dataclass
+class ChatRequest:
+    """A request in the internal form: OpenAI-style messages, tool schemas, limits."""
+
+    wire: str
+    body: dict[str, Any]
+    messages: list[dict[str, Any]]
+    tools: list[dict[str, Any]] | None = None
+    max_tokens: int | None = None
+    stop: list[str] = field(default_factory=list)
+    call_id_prefix: str = "call_"
+
+
+@dataclass
+class Completion:
+    """The parsed model output of one request, recorded when :meth:`commit` is called."""
+
+    content: str
+    reasoning: str | None
+    tool_calls: list[dict[str, Any]]  # {"id", "name", "arguments": dict}
+    finish_reason: Literal["stop", "length", "tool_calls"]
+    prompt_tokens: int
+    completion_tokens: int
+    turn: Turn
+    commit: Callable[[], None] = field(repr=False)
+
+    def assistant_message(self) -> dict[str, Any]:
+        """The internal assistant message a harness sends back for this completion."""
+        return assistant_message(self.content, self.reasoning, self.tool_calls)
+
+
+def assistant_message(
+    content: str, reasoning: str | None, tool_calls: Sequence[Mapping[str, Any]]
+) -> dict[str, Any]:
+    """An assistant message in the internal form (what every wire format converts to)."""
+    message: dict[str, Any] = {"role": "assistant", "content": content}
+    if reasoning:
+        message["reasoning_content"] = reasoning
+    if tool_calls:
+        message["tool_calls"] = [
+            {
+                "id": c["id"],
+                "type": "function",
+                "function": {"name": c["name"], "arguments": c["arguments"]},
+            }
+            for c in tool_calls
+        ]
+    return message
+
+
+def _digest(value: Any) -> bytes:
+    return hashlib.blake2b(
+        orjson.dumps(value, option=orjson.OPT_SORT_KEYS), digest_size=16
+    ).digest()
+
+
+class Session:
+    """One episode's conversation with the gateway and its :class:`TrajectoryTree`."""
+
+    def __init__(
+        self,
+        session_id: str,
+        key: str,
+        backend: TokenBackend,
+        parser: ToolCallParser,
+        chat_template_kwargs: Mapping[str, Any],
+        exactness: Exactness,
+    ) -> None:
+        self.id, self.key = session_id, key
+        self.backend, self.parser = backend, parser
+        self.tokenizer = backend.tokenizer
+        self.kwargs = dict(chat_template_kwargs)
+        self.analysis = analyse_chat_template(self.tokenizer, **self.kwargs)
+        self.exactness: Exactness = exactness
+        self.tree = TrajectoryTree()
+        self.closed = False
+        #: Completions generated but never delivered (the client went away): not in the tree.
+        self.undelivered: list[dict[str, Any]] = []
+        self._prompts: dict[bytes, Node] = {}  # key of a request's messages -> its turn's end
+        self._ends: dict[bytes, Node] = {}  # key of request + its reply -> the turn's end
+        self._served = 0  # completions generated (for tool-call ids)
+        self._turn_of: dict[int, Turn] = {}  # id(end node) + prompt key -> turn (identical)
+
+    # ------------------------------------------------------------------ the request
+    def _keys(self, request: ChatRequest) -> list[bytes]:
+        """keys[k]: the digest of the tools and the first k messages."""
+        key = _digest([request.tools or [], self.kwargs])
+        keys = [key]
+        for message in request.messages:
+            key = hashlib.blake2b(key + _digest(message), digest_size=16).digest()
+            keys.append(key)
+        return keys
+
+    async def complete(self, request: ChatRequest) -> Completion:
+        """Build the prompt, generate, parse; the turn is recorded on ``commit()``."""
+        if self.closed:
+            raise GatewayError(f"session {self.id!r} is closed", status=404, kind="not_found_error")
+        messages = request.messages
+        if not messages:
+            raise GatewayError("the request has no messages", param="messages")
+        if messages[-1]["role"] == "assistant":
+            raise GatewayError(
+                "the last message is an assistant message; continuing a partial assistant "
+                "turn (prefill) is not supported",
+                param="messages",
+            )
+        keys = self._keys(request)
+        n = len(messages)
+        start: Node | None = None
+        seq_ids: list[int]
+        seq_mask: list[int]
+        seq_lp: list[float]
+        same = self._prompts.get(keys[n])
+        if same is not None:
+            source = "identical"
+            earlier = self._turn_of[id(same)]
+            ids, mask, lp = self.tree.context(same)
+            seq_ids, seq_mask, seq_lp = (
+                ids[: earlier.prompt_len],
+                mask[: earlier.prompt_len],
+                lp[: earlier.prompt_len],
+            )
+            prompt_ids = seq_ids
+        else:
+            k = next((k for k in range(n - 1, 0, -1) if keys[k] in self._ends), 0)
+            if k:
+                source = "extension"
+                start = self._ends[keys[k]]
+                base = self.tree.context_ids(start)
+                obs = [] if base[-1] == self.analysis.eot_id else [self.analysis.eot_id]
+                text = self._render_suffix(messages[k:], request.tools)
+                obs += encode(self.tokenizer, text)
+                seq_ids, seq_mask, seq_lp = obs, [0] * len(obs), [0.0] * len(obs)
+                prompt_ids = base + obs
+            else:
+                source = "render"
+                prompt_ids = self._render(messages, request.tools)
+                seq_ids, seq_mask = list(prompt_ids), [0] * len(prompt_ids)
+                seq_lp = [0.0] * len(prompt_ids)
+        out = await self.backend.generate(
+            prompt_ids, max_tokens=request.max_tokens, stop=request.stop
+        )
+        if not out.token_ids:
+            raise GatewayError("the token backend returned no tokens", status=502, kind="api_error")
+        gen_lp = list(out.logprobs) if out.logprobs is not None else [0.0] * len(out.token_ids)
+        if len(gen_lp) != len(out.token_ids):
+            raise GatewayError(
+                f"the token backend returned {len(gen_lp)} log-probs for {len(out.token_ids)} ids",
+                status=502,
+                kind="api_error",
+            )
+        ended = out.token_ids[-1] == self.analysis.eot_id
+        body = out.token_ids[:-1] if ended else out.token_ids
+        reasoning, content, calls, problem = self._parse(
+            decode(self.tokenizer, body), request.tools, request.call_id_prefix
+        )
+        finish: Literal["stop", "length", "tool_calls"] = (
+            "tool_calls" if calls else "length" if out.finish_reason == "length" else "stop"
+        )
+        turn = Turn(
+            index=-1,
+            wire=request.wire,
+            request=request.body,
+            prompt_len=len(prompt_ids),
+            generated=len(out.token_ids),
+            source=source,
+            finish_reason=finish,
+            parse_error=problem,
+            messages=messages,
+            tools=request.tools,
+        )
+        completion: Completion
+
+        def commit() -> None:
+            turn.index = len(self.tree.turns)
+            end = self.tree.insert(
+                seq_ids + out.token_ids,
+                seq_mask + [1] * len(out.token_ids),
+                seq_lp + gen_lp,
+                start,
+            )
+            self.tree.record(end, turn)
+            if id(end) not in self._turn_of:
+                self._turn_of[id(end)] = turn
+            self._prompts.setdefault(keys[n], end)
+            reply = completion.assistant_message()
+            self._ends[hashlib.blake2b(keys[n] + _digest(reply), digest_size=16).digest()] = end
+            if self.exactness == "eager":
+                self._check(turn, end, prompt_ids)
+
+        completion = Completion(
+            content, reasoning, calls, finish, len(prompt_ids), len(out.token_ids), turn, commit
+        )
+        return completion
+
+    def discard(self, completion: Completion) -> None:
+        """Note a completion the client never received (it is not added to the tree)."""
+        self.undelivered.append(
+            {"wire": completion.turn.wire, "generated": completion.completion_tokens}
+        )
+
+    # ------------------------------------------------------------------ rendering
+    def _render(
+        self, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None
+    ) -> list[int]:
+        try:
+            text = render_text(
+                self.tokenizer,
+                messages,
+                tools=tools,
+                add_generation_prompt=True,
+                chat_template_kwargs=self.kwargs,
+            )
+        except Exception as exc:
+            raise GatewayError(
+                f"the chat template cannot render this request: {exc}", param="messages"
+            ) from None
+        return encode(self.tokenizer, text)
+
+    def _render_suffix(
+        self, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None
+    ) -> str:
+        try:
+            return suffix_text(
+                self.tokenizer,
+                self.analysis,
+                messages,
+                tools=tools,
+                chat_template_kwargs=self.kwargs,
+            )
+        except Exception as exc:
+            raise GatewayError(
+                f"the chat template cannot render the new messages: {exc}", param="messages"
+            ) from None
+
+    def _parse(
+        self, text: str, tools: list[dict[str, Any]] | None, prefix: str
+    ) -> tuple[str | None, str, list[dict[str, Any]], str | None]:
+        """(reasoning, content, calls, problem) of the model's text."""
+        reasoning, rest = split_thinking(text)
+        try:
+            content, raw = extract_calls(self.parser, rest, tools)
+        except BlockError as exc:
+            return reasoning, rest.strip(), [], f"{exc.kind}: {exc.problem}"
+        self._served += 1
+        calls = [
+            {"id": f"{prefix}{self._call_id(i)}", "name": name, "arguments": args}
+            for i, (name, args) in enumerate(raw)
+        ]
+        return reasoning, content, calls, None
+
+    def _call_id(self, i: int) -> str:
+        """A tool-call id, unique in the session and reproducible from its id and order."""
+        seed = f"{self.id}/{self._served}/{i}".encode()
+        return hashlib.blake2b(seed, digest_size=12).hexdigest()
+
+    # ------------------------------------------------------------------ exactness
+    def _check(self, turn: Turn, end: Node, prompt_ids: list[int] | None = None) -> None:
+        fresh = self._render(turn.messages, turn.tools)
+        if prompt_ids is None:
+            prompt_ids = self.tree.context_ids(end)[: turn.prompt_len]
+        turn.exact = fresh == prompt_ids
+        if turn.exact:
+            turn.drift = None
+            return
+        at = next(
+            (i for i, (a, b) in enumerate(zip(prompt_ids, fresh, strict=False)) if a != b),
+            min(len(prompt_ids), len(fresh)),
+        )
+        turn.drift = {
+            "first_difference": at,
+            "prompt_len": len(prompt_ids),
+            "render_len": len(fresh),
+            "prompt_text": decode(self.tokenizer, prompt_ids[at : at + 24]),
+            "render_text": decode(self.tokenizer, fresh[at : at + 24]),
+        }
+
+    def check_exactness(self) -> None:
+        """Compare every unchecked turn's prompt ids with a fresh render of its request."""
+        for node in self.tree.nodes():
+            for turn in node.turns:
+                if turn.exact is None:
+                    self._check(turn, node)
+
+    def state(self) -> dict[str, Any]:
+        """A summary for inspection: turns, branches, tokens."""
+        nodes = list(self.tree.nodes())
+        return {
+            "id": self.id,
+            "closed": self.closed,
+            "turns": len(self.tree.turns),
+            "branches": len(self.tree.leaves()),
+            "nodes": len(nodes),
+            "tokens": sum(len(n.ids) for n in nodes),
+            "generated_tokens": sum(sum(n.mask) for n in nodes),
+            "undelivered": list(self.undelivered),
+        }
+
+    def close(self) -> dict[str, Any]:
+        """Close the session and return its tree (exactness checked unless ``off``)."""
+        self.closed = True
+        if self.exactness != "off":
+            self.check_exactness()
+        return {"session": self.state(), "tree": self.tree.to_dict()}
+
+
+def split_thinking(
+    text: str, tags: tuple[str, str] = ("<think>", "</think>")
+) -> tuple[str | None, str]:
+    """(reasoning, rest): a leading think block, or text up to a ``</think>`` the prompt opened."""
+    opening, closing = tags
+    stripped = text.lstrip()
+    if stripped.startswith(opening):
+        end = stripped.find(closing)
+        if end < 0:
+            return stripped[len(opening) :].strip("\n"), ""
+        return stripped[len(opening) : end].strip("\n"), stripped[end + len(closing) :].lstrip("\n")
+    end = text.find(closing)
+    if end >= 0 and opening not in text[:end]:
+        return text[:end].strip("\n"), text[end + len(closing) :].lstrip("\n")
+    return None, text
+
+
+def extract_calls(
+    parser: ToolCallParser, text: str, tools: list[dict[str, Any]] | None
+) -> tuple[str, list[tuple[str, dict[str, Any]]]]:
+    """The content outside tool calls and each call's (name, arguments), unvalidated.
+
+    The harness validates calls against its own tools; the gateway only reads them.
+    Raises :class:`BlockError` for a malformed block.
+    """
+    if not isinstance(parser, TaggedToolCallParser):
+        raise GatewayError(
+            f"the gateway reads tagged tool-call formats; {parser.name!r} is not one",
+            status=500,
+            kind="api_error",
+        )
+    segments: list[str] = []
+    calls: list[tuple[str, dict[str, Any]]] = []
+    pos = 0
+    while True:
+        opening = text.find(parser.open_tag, pos)
+        if opening < 0:
+            segments.append(text[pos:])
+            break
+        segments.append(text[pos:opening])
+        raw, pos = parser._parse_block(text, opening + len(parser.open_tag))
+        if not isinstance(raw.name, str) or not isinstance(raw.arguments, dict):
+            raise BlockError("a call needs a string name and an object of arguments", "malformed")
+        arguments = dict(raw.arguments)
+        if isinstance(parser, Qwen3CoderParser):
+            arguments = _typed(arguments, raw.name, tools)
+        calls.append((raw.name, arguments))
+    content = "\n".join(s.strip() for s in segments if s.strip())
+    return content, calls
+
+
+def _typed(
+    arguments: dict[str, Any], name: str, tools: list[dict[str, Any]] | None
+) -> dict[str, Any]:
+    """qwen3_coder values are text: read non-string parameters as JSON where the schema says so."""
+    schema: dict[str, Any] = next(
+        (t.get("function", {}) for t in tools or () if t.get("function", {}).get("name") == name),
+        {},
+    )
+    props = (schema.get("parameters") or {}).get("properties") or {}
+    out: dict[str, Any] = {}
+    for key, value in arguments.items():
+        kind = (props.get(key) or {}).get("type", "string")
+        if isinstance(value, str) and kind != "string":
+            with contextlib.suppress(orjson.JSONDecodeError):
+                value = orjson.loads(value)
+        out[key] = value
+    return out
+
+
+def new_session_id() -> str:
+    """A fresh session id."""
+    return uuid.uuid4().hex[:16]
+
+
+def new_key() -> str:
+    """A fresh API key for a session."""
+    return "ua-" + secrets.token_urlsafe(24)
