@@ -95,7 +95,7 @@ def tests(session: nox.Session, suite: str) -> None:
         # `uniagent gateway` driven by the official openai and anthropic clients and by a real
         # harness, mini-swe-agent (test dependencies only, not extras of the core).
         session.install(
-            "./core[test,tokenizers,openai,gateway]", "anthropic>=0.40", "mini-swe-agent>=2.0"
+            "./core[test,tokenizers,openai,gateway]", "anthropic>=0.40", "mini-swe-agent==2.4.6"
         )
         pytest(session, "core/tests/gateway")
     else:
