@@ -245,3 +245,12 @@ def test_one_uniagent_run_resolves_its_config_once(done_tool, tmp_path, monkeypa
     assert [m for m in resolved if not m.endswith("(overrides)")] == [f"resolved {config}"]
     # Three tasks with the same override: resolved once, by whichever task came first.
     assert len([m for m in resolved if m.endswith("(overrides)")]) == 1
+
+
+async def test_prepare_grader_takes_the_old_config_keyword_with_a_warning() -> None:
+    from uniagent.testing import prepare_grader
+
+    async with uniagent.open_env({"type": "host"}) as env:
+        with pytest.warns(DeprecationWarning, match=r"prepare_grader\(config=...\)"):
+            grader = await prepare_grader(env, "command", {}, config={"command": "true"})
+    assert grader.plan.settings.command == "true"

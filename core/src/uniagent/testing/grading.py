@@ -13,6 +13,7 @@ and screens, and runs the reward in a clean grading shell.
 
 from __future__ import annotations
 
+import warnings
 from collections.abc import Callable, Mapping
 from typing import Any
 
@@ -29,14 +30,24 @@ async def prepare_grader(
     task: Mapping[str, Any],
     *,
     settings: Mapping[str, Any] | None = None,
+    config: Mapping[str, Any] | None = None,
     grade_in: GradeIn = "episode",
     integrity: Mapping[str, Any] | None = None,
     fresh_env: Callable[[], AgentEnv] | None = None,
 ) -> EpisodeGrader:
     """An :class:`EpisodeGrader` for reward ``reward`` with its baseline taken in ``env``.
 
-    ``settings`` are the reward's raw settings, validated by its own model.
+    ``settings`` are the reward's raw settings, validated by its own model (``config`` is
+    their deprecated name, until 0.4).
     """
+    if config is not None:
+        warnings.warn(
+            "prepare_grader(config=...) is deprecated since uniagent 0.3 and goes in 0.4: "
+            "pass settings=",
+            DeprecationWarning,
+            stacklevel=2,
+        )
+        settings = config if settings is None else settings
     spec = get_registry().rewards()[reward]
     plan = GradingPlan(
         spec=spec,
