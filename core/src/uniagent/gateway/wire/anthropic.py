@@ -48,9 +48,13 @@ def parse(body: Json) -> ChatRequest:
             messages += _user(content, path)
         elif role == "assistant":
             messages.append(_assistant(content, path))
+        elif role == "system":
+            # Claude Code sends mid-conversation system messages (its environment notes).
+            messages.append({"role": "system", "content": text_parts(content, f"{path}.content")})
         else:
             raise GatewayError(
-                f"{path}.role must be user or assistant, not {role!r}", param=f"{path}.role"
+                f"{path}.role must be user, assistant or system, not {role!r}",
+                param=f"{path}.role",
             )
     tools = []
     for i, tool in enumerate(opt(body, "tools", list) or ()):
