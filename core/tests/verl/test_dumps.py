@@ -18,6 +18,7 @@ from verl_helpers import (
 )
 
 from uniagent.errors import ConfigError
+from uniagent.interaction.loop import PARSED_CALLS, PARSED_CONTENT, TOOL_OUTPUT_OF
 from uniagent.run.runner import RESULTS, ResultsFile
 from uniagent.run.summary import summarize
 from uniagent.verl.dumps import DumpSettings
@@ -85,7 +86,12 @@ async def test_classic_worker_dumps_every_sample_in_run_layout(
     fin = run_dir / "episodes" / "fin" / "0"
     rollout = json.loads((fin / "rollout.json").read_text())
     assert rollout["response_ids"] in (unpadded_response(out, 0), unpadded_response(out, 1))
-    assert json.loads((fin / "messages.json").read_text()) == rollout["messages"]
+    # messages.json is the conversation plus what the record notes of calls parsed from text
+    # (never sent to the model): without those notes, it is the rollout's conversation.
+    notes = (PARSED_CALLS, PARSED_CONTENT, TOOL_OUTPUT_OF)
+    saved = json.loads((fin / "messages.json").read_text())
+    assert [{k: v for k, v in m.items() if k not in notes} for m in saved] == rollout["messages"]
+    assert saved[2][PARSED_CALLS][0]["name"] == "execute_bash"
     log_text = (fin / "log.txt").read_text()
     assert "task fin: start" in log_text and "finished: finished reward=1.0" in log_text
     broken_log = (run_dir / "episodes" / "broken" / "0" / "log.txt").read_text()
