@@ -142,6 +142,11 @@ def _resolve(
     parser = _lookup(registry.tool_parsers(), config.tool_parser, "tool_parser", source)
     deployment_config = _deployment_config(registry, config.env.deployment, source)
     deployment = registry.deployments()[deployment_config.type]  # type: ignore[attr-defined]
+    if deployment.check is not None:  # what every sandbox would fail with at start
+        problems = deployment.check(deployment_config, config.env)
+        if problems:
+            listed = "\n  ".join(f"env.{problem}" for problem in problems)
+            raise ConfigError(f"invalid {source}:\n  {listed}")
     reward = None
     if config.reward is not None:
         spec = _lookup(registry.rewards(), config.reward.name, "reward.name", source)
@@ -231,7 +236,12 @@ def open_env(
             print((await env.run("uname -a")).output)
     """
     spec, config = resolve_deployment(deployment, registry=registry)
-    return AgentEnv(spec.factory(config), settings)
+    env = settings if isinstance(settings, EnvConfig) else EnvConfig.model_validate(settings or {})
+    if spec.check is not None:  # what the sandbox would fail with at start, said now
+        problems = spec.check(config, env)
+        if problems:
+            raise ConfigError("invalid settings:\n  " + "\n  ".join(f"env.{p}" for p in problems))
+    return AgentEnv(spec.factory(config), env)
 
 
 def resolve_deployment(

@@ -29,6 +29,7 @@ from uniagent.env.errors import (
     TerminalNotAliveError,
     ToolInstallError,
     check_encodable,
+    setup_failure,
 )
 from uniagent.env.open_envs import OpenEnvs, close_open_envs, env_scope, opened, stopped
 from uniagent.env.output import clean_output, truncate_output
@@ -204,8 +205,11 @@ class AgentEnv:
         for command in (setup, *self.config.post_setup):
             obs = await self.run_action(command, timeout=self.config.setup_timeout)
             if obs.exit_code != 0:
+                log.info("setup command %r exited with %s; its output:\n%s", command,
+                         obs.exit_code, obs.output)  # fmt: skip
+                places = getattr(self.deployment, "writable_places", None)
                 raise EnvStartError(
-                    f"setup command {command!r} exited with {obs.exit_code}:\n{obs.output}"
+                    setup_failure(command, obs.exit_code, obs.output, places)
                 )
 
     async def close(self) -> None:

@@ -34,6 +34,7 @@ from uniagent.env.bwrap import (
     host_path,
     stage_mounts,
     system_mounts,
+    writable_places,
 )
 from uniagent.env.cgroups import SandboxCgroup
 from uniagent.env.errors import EnvError, EnvStartError
@@ -328,10 +329,7 @@ class HostDeployment:
         """The bwrap executable (None: no isolation) and the uid the sandbox's root maps to."""
         global _fallback_warned
         config = self.config
-        uid = config.sandbox_uid
-        if uid is None and os.geteuid() == 0:
-            uid = SANDBOX_UID
-        uid = None if uid == 0 else uid
+        uid = sandbox_uid(config)
         if config.isolation == "none":
             return None, None
         problem = bwrap_problem(config.bwrap, uid)
@@ -391,6 +389,22 @@ class HostDeployment:
     def root(self) -> Path | None:
         """The episode directory on the host (None before start and after stop)."""
         return self._root
+
+    @property
+    def writable_places(self) -> list[str] | None:
+        """Under bwrap, the sandbox paths commands may write to (the rest is read-only)."""
+        layout = self._layout
+        if layout is None or layout.bwrap is None:
+            return None
+        return writable_places(layout.mounts, layout.workdir)
+
+
+def sandbox_uid(config: HostDeploymentConfig) -> int | None:
+    """The host uid bwrap runs as and maps the sandbox's root to (None: this process's)."""
+    uid = config.sandbox_uid
+    if uid is None and os.geteuid() == 0:
+        uid = SANDBOX_UID
+    return None if uid == 0 else uid
 
 
 EPISODE_PREFIX = "uniagent-"
