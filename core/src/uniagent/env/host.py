@@ -144,6 +144,13 @@ class HostDeploymentConfig(BaseModel):
         description="processes, memory and disk of one sandbox (enforced where the kernel "
         "allows: cgroups and mounts need root or a delegated cgroup)",
     )
+    pty: bool = Field(
+        False,
+        description="every command on a pseudo-terminal (stdin, stdout and stderr), as in a "
+        "terminal or SWE-ReX's runtime: a pager or a prompt waits for input until the command's "
+        "timeout and an interrupt brings the shell back; default: stdin /dev/null and output "
+        "on a pipe (faster: a program that waits for input ends at once)",
+    )
     startup_timeout: float = Field(10.0, gt=0, description="seconds for bash to answer at start")
     max_output_bytes: int = Field(
         16 * 1024 * 1024, ge=1024, description="bytes of one command's output kept (head and tail)"
