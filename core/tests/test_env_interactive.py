@@ -8,9 +8,14 @@ the ``expect`` patterns; ``is_interactive_quit`` ends it; ``BashInterruptAction`
 
 from __future__ import annotations
 
-import pytest
+import shutil
+from collections.abc import AsyncIterator
 
-from uniagent.env import AgentEnv, EnvError
+import pytest
+import pytest_asyncio
+
+from uniagent import open_env
+from uniagent.env import ActionTimeoutError, AgentEnv, EnvError
 from uniagent.env.errors import CommandTimeoutError
 from uniagent.env.runtime import (
     BashAction,
@@ -20,6 +25,8 @@ from uniagent.env.runtime import (
 )
 
 PROMPT = [">>> "]
+NEEDS_BWRAP = pytest.mark.skipif(shutil.which("bwrap") is None, reason="needs bubblewrap")
+ISOLATIONS = ["none", pytest.param("bwrap", marks=NEEDS_BWRAP)]  # as conftest's `env`
 
 
 def typed(command: str, expect: list[str] = PROMPT, timeout: float = 60) -> BashAction:
@@ -98,3 +105,48 @@ async def test_interrupting_when_nothing_runs_is_a_no_op(env: AgentEnv) -> None:
     obs = await env.runtime.run_in_session(BashInterruptAction())
     assert (obs.output, obs.exit_code) == ("", 0)
     assert (await env.run_action("echo fine")).output == "fine\n"
+
+
+# -- pty: every command on a terminal, as SWE-ReX's runtime runs them ------------------
+@pytest_asyncio.fixture(params=ISOLATIONS)
+async def terminal(request: pytest.FixtureRequest) -> AsyncIterator[AgentEnv]:
+    """A host sandbox with ``pty: true``, without isolation and under bubblewrap."""
+    async with open_env({"type": "host", "isolation": request.param, "pty": True}) as env:
+        yield env
+
+
+async def test_interrupt_pager(terminal: AgentEnv) -> None:
+    # SWE-ReX's test_interrupt_pager: the pager waits for a key, so the command times out;
+    # an interrupt brings the shell back and the session keeps working.
+    run = terminal.runtime.run_in_session
+    await run(BashAction(command="cd /tmp && export KEPT=yes", check="raise"))
+    with pytest.raises(CommandTimeoutError):
+        # -+F to force less to start
+        await run(BashAction(command="echo 'blargh'|less -+F", timeout=0.1))
+    await run(BashInterruptAction())
+    r = await run(BashAction(command="echo 'asdf'", check="raise"))
+    assert r.output == "asdf\n"
+    assert (await run(BashAction(command='echo "$PWD $KEPT"'))).output == "/tmp yes\n"
+
+
+async def test_without_pty_the_pager_dumps_and_reads_nothing(env: AgentEnv) -> None:
+    # The default: stdin is /dev/null and output a pipe, so nothing waits for a key.
+    obs = await env.runtime.run_in_session(BashAction(command="echo 'blargh'|less -+F", timeout=60))
+    assert (obs.output, obs.exit_code) == ("blargh\n", 0)
+    obs = await env.runtime.run_in_session(BashAction(command="read -r x; echo $?", timeout=60))
+    assert obs.output == "1\n"
+
+
+async def test_on_a_pty_a_prompt_waits_and_a_timeout_keeps_the_session(terminal: AgentEnv) -> None:
+    assert (await terminal.run_action("[ -t 0 ] && [ -t 1 ] && echo terminal")).output == (
+        "terminal\n"
+    )
+    with pytest.raises(ActionTimeoutError):
+        await terminal.run_action("read -r x; echo got $x", timeout=0.5)
+    # A program killed while the terminal was raw leaves it as it was at start.
+    with pytest.raises(ActionTimeoutError):
+        await terminal.run_action("stty raw -echo; sleep 1000", timeout=0.5)
+    modes = (await terminal.run_action("stty -a")).output.split()
+    assert "icanon" in modes and "-icanon" not in modes
+    obs = await terminal.run_action("printf 'a\\nb\\n'; echo err >&2; (exit 3)")
+    assert (obs.output, obs.exit_code) == ("a\nb\nerr\n", 3)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import io
 import json
 import logging
@@ -16,6 +17,7 @@ from pydantic import BaseModel
 from uniagent import ToolSpec, hookimpl
 from uniagent.config import AgentConfig
 from uniagent.env import procfs
+from uniagent.env.containers import current_run_id
 from uniagent.plugins import load_plugins, reset_plugins
 from uniagent.run.progress import Progress
 from uniagent.run.runner import ResultsFile, run
@@ -332,3 +334,99 @@ async def test_calls_written_as_text_are_saved_parsed_and_logged_turn_by_turn(
     assert any("turn 1: shell $ echo hi && false -> exit 1, " in line for line in log)
     assert any("turn 2: done {} -> exit 0, " in line for line in log)
     assert "start" in log[0] and "finished: finished" in log[-1]
+
+
+class Held(BaseModel):
+    pass
+
+
+HOLD = ToolSpec(
+    name="hold",
+    description="Wait for the test.",
+    arguments=Held,
+    render=lambda a: 'cat "$HOLD"',  # a FIFO: the command runs until the test closes it
+)
+
+
+async def writer_of(fifo: Path, the_run: asyncio.Task) -> int:
+    """The FIFO's write end, once the sandbox's command opened the read end."""
+    opening = asyncio.ensure_future(asyncio.to_thread(os.open, fifo, os.O_WRONLY))
+    await asyncio.wait({opening, the_run}, return_when=asyncio.FIRST_COMPLETED)
+    if not opening.done():  # the run ended first: free the thread, report the run
+        os.close(os.open(fifo, os.O_RDONLY | os.O_NONBLOCK))
+        os.close(await opening)
+        pytest.fail(f"the run ended before its command ran: {the_run.result()}")
+    return opening.result()
+
+
+@pytest.mark.parametrize("first", ["interrupted", "finished"])
+async def test_two_runs_in_one_process_close_only_their_own_sandboxes(
+    qwen3_tokenizer, tmp_path, first
+):
+    reset_plugins()
+
+    @hookimpl
+    def uniagent_tools():
+        return [DONE, HOLD]
+
+    load_plugins().register(types.SimpleNamespace(uniagent_tools=uniagent_tools), "test-tools")
+
+    labels: dict[str, set[str | None]] = {"a": set(), "b": set()}
+
+    def policy_of(name: str):
+        def policy(cache):  # hold once, then finish
+            labels[name].add(current_run_id())  # the id its sandboxes are labelled with
+            held = any(m.get("role") == "tool" for m in cache.messages)
+            return hermes_call("done" if held else "hold")
+
+        return policy
+
+    fifos = {name: tmp_path / f"{name}.fifo" for name in ("a", "b")}
+    runs = {}
+    for name, fifo in fifos.items():
+        policy = policy_of(name)
+        os.mkfifo(fifo)
+        config = AgentConfig.from_dict({
+            "tools": ["hold", "done"], "instance_template": "{q}",
+            "reward": {"name": "command"},
+            "env": {"env": {"HOLD": str(fifo)}, "deployment": {"type": "host",
+                                                              "isolation": "none"}},
+        })  # fmt: skip
+        model = ScriptedTokenModel(qwen3_tokenizer, policy=policy)
+        runs[name] = asyncio.create_task(run(
+            config, [Task(f"{name}0", {"q": "wait", "test_command": "true"})], [],
+            lambda model=model: model, tmp_path / name, retries=0,
+            progress=Progress(io.StringIO(), live=False),
+        ))  # fmt: skip
+    try:
+        # Both runs' episodes wait in their sandboxes' commands.
+        writers = {name: await writer_of(fifo, runs[name]) for name, fifo in fifos.items()}
+        if first == "interrupted":
+            runs["a"].cancel()
+            with pytest.raises(asyncio.CancelledError):
+                await runs["a"]
+            assert json.loads((tmp_path / "a" / "summary.json").read_text())["status"] == (
+                "interrupted"
+            )
+        else:
+            os.write(writers["a"], b"a may go\n")
+            os.close(writers.pop("a"))
+            assert (await runs["a"])["exit_reasons"] == {"finished": 1}
+        # Run b's sandbox is untouched: its command goes on when the test lets it.
+        try:
+            os.write(writers["b"], b"b may go\n")
+        except BrokenPipeError:
+            pytest.fail(f"run b's command was killed when run a was {first}")
+        os.close(writers.pop("b"))
+        summary = await runs["b"]
+    finally:
+        for fd in locals().get("writers", {}).values():
+            os.close(fd)
+        reset_plugins()
+    assert summary["status"] == "complete", summary
+    assert summary["exit_reasons"] == {"finished": 1} and summary["mean_reward"] == 1.0
+    messages = json.loads((tmp_path / "b" / "episodes" / "b0" / "0" / "messages.json").read_text())
+    assert any("b may go" in str(m.get("content")) for m in messages if m["role"] == "tool")
+    for name in ("a", "b"):  # each run's sandboxes carry its own id, not the other's
+        manifest = json.loads((tmp_path / name / "manifest.json").read_text())
+        assert labels[name] == {manifest["run_id"]}

@@ -45,6 +45,7 @@ class Recorder:
     def __init__(self) -> None:
         self.events: list[str] = []
         self.gate: asyncio.Event | None = None
+        self.stop_gate: asyncio.Event | None = None  # hold the stop (a slow shutdown)
 
     async def start(self, settings: MarkerSettings) -> Recorder.Handle:
         self.events.append("start")
@@ -61,6 +62,8 @@ class Recorder:
 
         async def stop(self) -> None:
             self.owner.events.append("stop")
+            if self.owner.stop_gate is not None:
+                await self.owner.stop_gate.wait()
             self.marker.unlink()
 
 
@@ -169,6 +172,27 @@ async def test_running_services_stops_what_it_started_when_the_block_fails(recor
             assert (tmp_path / "marker").read_text() == "up"
             raise KeyError("the run failed")
     assert recorder.events == ["start", "stop"]
+
+
+async def test_a_run_cancelled_while_its_services_stop_waits_for_the_stop(recorder, tmp_path):
+    config = config_for(tmp_path / "marker")
+    recorder.stop_gate = asyncio.Event()
+
+    async def the_run() -> None:
+        async with running_services(resolve(config)):
+            pass
+
+    task = asyncio.create_task(the_run())
+    while "stop" not in recorder.events:  # the run's teardown is stopping the service
+        await asyncio.sleep(0)
+    task.cancel()  # as a signal in the teardown of `uniagent run` does
+    for _ in range(20):  # the task's turns come and go: it keeps waiting for the stop
+        await asyncio.sleep(0)
+    assert not task.done(), "the stop is not abandoned"
+    recorder.stop_gate.set()
+    with pytest.raises(asyncio.CancelledError):
+        await task
+    assert not (tmp_path / "marker").exists(), "the stop ran to its end"
 
 
 async def test_a_task_cannot_change_the_services(recorder, qwen3_tokenizer, tmp_path):

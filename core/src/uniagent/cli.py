@@ -120,7 +120,16 @@ def check_api_key_env(spec: str, api_key_env: str | None) -> None:
 
 
 def cmd_run(args: argparse.Namespace) -> int:
-    """Run (and score) an agent over a task set."""
+    """Run (and score) an agent over a task set; SIGINT and SIGTERM are guarded throughout."""
+    from uniagent.run.shutdown import SignalGuard
+
+    # One guard for every phase (loading, set-up, episodes, teardown, the summary): a
+    # signal anywhere closes what the run opened, then exits 130 / 143 with one line.
+    with SignalGuard():
+        return _run(args)
+
+
+def _run(args: argparse.Namespace) -> int:
     import functools
     from pathlib import Path
 
@@ -168,6 +177,7 @@ def cmd_run(args: argparse.Namespace) -> int:
     status = exit_status(summary)
     if summary.get("stopped"):
         print(f"uniagent: {summary['stopped']}", file=sys.stderr)
+    sys.stdout.flush()  # inside the guard: a signal while the output blocks is handled
     return status
 
 

@@ -167,6 +167,11 @@ def _resolve(
             f"invalid {source}:\n  env.deployment.type: the {deployment.name!r} backend needs "
             f"{', '.join(missing)}, which is not installed: pip install {installs}"
         )
+    if deployment.check is not None:  # what every sandbox would fail with at start
+        problems = deployment.check(deployment_config, config.env)
+        if problems:
+            listed = "\n  ".join(f"env.{problem}" for problem in problems)
+            raise ConfigError(f"invalid {source}:\n  {listed}")
     reward = None
     if config.reward is not None:
         spec = _lookup(registry.rewards(), config.reward.name, "reward.name", source)
@@ -257,7 +262,12 @@ def open_env(
             print((await env.run("uname -a")).output)
     """
     spec, config = resolve_deployment(deployment, registry=registry)
-    return AgentEnv(spec.factory(config), settings)
+    env = settings if isinstance(settings, EnvConfig) else EnvConfig.model_validate(settings or {})
+    if spec.check is not None:  # what the sandbox would fail with at start, said now
+        problems = spec.check(config, env)
+        if problems:
+            raise ConfigError("invalid settings:\n  " + "\n  ".join(f"env.{p}" for p in problems))
+    return AgentEnv(spec.factory(config), env)
 
 
 def resolve_deployment(

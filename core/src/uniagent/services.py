@@ -26,6 +26,7 @@ from typing import TYPE_CHECKING
 
 from pydantic import BaseModel
 
+from uniagent.env.aio import wait_through_cancellation
 from uniagent.errors import UniAgentError
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -111,4 +112,5 @@ async def running_services(agent: ResolvedAgent) -> AsyncIterator[None]:
         yield
     finally:
         for spec, settings in reversed(started):
-            await asyncio.shield(stop_service(spec, settings))
+            # To the end even when the run is cancelled meanwhile (a signal in teardown).
+            await wait_through_cancellation(stop_service(spec, settings))

@@ -164,6 +164,11 @@ class DeploymentSpec(_Record, Generic[C]):
     ``config`` is a pydantic model whose ``type`` field is ``Literal[name]``;
     it becomes one member of the deployment-config discriminated union.
     ``factory(config)`` returns a :class:`uniagent.sandbox.Deployment`.
+    ``check(config, env)``, when given, is called when an agent config resolves, with the
+    validated config and the agent's ``env`` settings (:class:`uniagent.env.config.EnvConfig`):
+    it returns what every sandbox would fail with at start, each ``KEY.PATH: message`` with
+    the key path under ``env`` (``deployment.bwrap_args.3: ...``), and ``resolve`` raises
+    one :class:`~uniagent.errors.ConfigError` listing them, before any sandbox starts.
     ``cleanup(config, run_ids)``, when given, removes what sandboxes of killed runs left
     behind (directories, cgroups, containers of dead owners, and those of ``run_ids``)
     and returns a line per thing removed. ``uniagent run`` calls it with the run's config
@@ -184,6 +189,7 @@ class DeploymentSpec(_Record, Generic[C]):
     def missing(self) -> list[str]:
         """The packages of :attr:`needs` whose module is not installed here (once each)."""
         return sorted({pkg for module, pkg in self.needs.items() if not _installed(module)})
+    check: Callable[[C, Any], list[str]] | None = field(default=None, compare=False)
 
     def __post_init__(self) -> None:
         super().__post_init__()

@@ -6,6 +6,7 @@ from collections.abc import Iterable, Iterator
 
 from uniagent.env.containers import remove_leftovers
 from uniagent.env.host import HostDeployment, HostDeploymentConfig, cleanup_leftovers
+from uniagent.env.host_check import check_host_config
 from uniagent.env.local import LocalDeployment, LocalDeploymentConfig
 from uniagent.env.remote import RemoteDeployment, RemoteDeploymentConfig
 from uniagent.hookspecs import hookimpl
@@ -30,8 +31,9 @@ def _clean_local(config: LocalDeploymentConfig | None, run_ids: Iterable[str]) -
 def uniagent_deployments() -> Iterator[DeploymentSpec]:
     """The built-in deployments; ``local`` and ``remote`` need ``uniagent[swerex]`` to start."""
     yield DeploymentSpec(
-        name="host", config=HostDeploymentConfig, factory=HostDeployment, cleanup=_clean_host
-    )
+        name="host", config=HostDeploymentConfig, factory=HostDeployment, cleanup=_clean_host,
+        check=check_host_config,
+    )  # fmt: skip
     yield DeploymentSpec(
         name="local", config=LocalDeploymentConfig, factory=LocalDeployment, cleanup=_clean_local,
         needs=SWEREX_NEEDS,

@@ -17,7 +17,7 @@ from typing import Any
 
 from pydantic import BaseModel
 
-from uniagent.env.aio import use_pidfd_child_watcher, wait_through_cancellation
+from uniagent.env.aio import use_pidfd_child_watcher
 from uniagent.env.config import DEFAULT_TOOLS_DIR, EnvConfig
 from uniagent.env.errors import (
     ActionSyntaxError,
@@ -29,7 +29,9 @@ from uniagent.env.errors import (
     TerminalNotAliveError,
     ToolInstallError,
     check_encodable,
+    setup_failure,
 )
+from uniagent.env.open_envs import OpenEnvs, close_open_envs, env_scope, opened, stopped
 from uniagent.env.output import clean_output, truncate_output
 from uniagent.env.runtime import (
     BashAction,
@@ -47,9 +49,9 @@ from uniagent.specs import ToolSpec
 
 log = logging.getLogger(__name__)
 
+__all__ = ["AgentEnv", "Observation", "OpenEnvs", "close_open_envs", "env_scope"]
+
 SESSION = "default"
-#: Every sandbox started and not yet stopped, so that an interrupted run can close them all.
-_OPEN: set[AgentEnv] = set()
 #: Outputs longer than this are cleaned on a worker thread, not on the event loop.
 _THREAD_CLEAN_CHARS = 1_000_000
 
@@ -113,6 +115,7 @@ class AgentEnv:
         self._installed: set[str] = set()
         self._stop_task: asyncio.Task[None] | None = None
         self._agent_stopped = False
+        self._scope: OpenEnvs | None = None
 
     @classmethod
     def from_config(
@@ -161,7 +164,7 @@ class AgentEnv:
         if self._started:
             raise EnvError("this AgentEnv was already started; make a new one per episode")
         self._started = True
-        _OPEN.add(self)
+        self._scope = opened(self)  # so that an interrupted run can close it
         use_pidfd_child_watcher()  # no thread per subprocess on Python 3.11 (safe, idempotent)
         try:
             await asyncio.wait_for(self._start(), self.config.startup_timeout)
@@ -202,8 +205,11 @@ class AgentEnv:
         for command in (setup, *self.config.post_setup):
             obs = await self.run_action(command, timeout=self.config.setup_timeout)
             if obs.exit_code != 0:
+                log.info("setup command %r exited with %s; its output:\n%s", command,
+                         obs.exit_code, obs.output)  # fmt: skip
+                places = getattr(self.deployment, "writable_places", None)
                 raise EnvStartError(
-                    f"setup command {command!r} exited with {obs.exit_code}:\n{obs.output}"
+                    setup_failure(command, obs.exit_code, obs.output, places)
                 )
 
     async def close(self) -> None:
@@ -220,7 +226,7 @@ class AgentEnv:
         except Exception as exc:
             log.warning("stopping the sandbox failed: %s: %s", type(exc).__name__, exc)
         finally:
-            _OPEN.discard(self)
+            stopped(self, self._scope)
 
     async def __aenter__(self) -> AgentEnv:
         await self.start()
@@ -516,22 +522,3 @@ def _install_error(tool: str, exc: Exception) -> ToolInstallError:
     if isinstance(exc, ActionTimeoutError | ActionSyntaxError | TerminalNotAliveError):
         return ToolInstallError(tool, str(exc), getattr(exc, "partial_output", ""))
     return ToolInstallError(tool, f"{type(exc).__name__}: {exc}")
-
-
-async def close_open_envs() -> int:
-    """Close every sandbox of this process that is started and not yet stopped.
-
-    For shutdown: cancelled episodes close their sandboxes themselves, but a task
-    cancelled again while closing (as anyio's cancel scopes do) stops waiting
-    before the sandbox is gone. This waits for every pending close, whatever
-    cancels the caller meanwhile, and returns how many sandboxes it waited for.
-    """
-    count = 0
-    while _OPEN:  # a close may race a start that registers a new sandbox
-        envs = list(_OPEN)
-        count += len(envs)
-        await wait_through_cancellation(
-            asyncio.gather(*(env.close() for env in envs), return_exceptions=True)
-        )
-        _OPEN.difference_update(envs)
-    return count

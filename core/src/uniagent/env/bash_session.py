@@ -78,8 +78,12 @@ class BashSession:
         cwd: str | None = None,
         env: Mapping[str, str] | None = None,
         buffer_limit: int = 16 * 1024 * 1024,
+        pty: bool = False,
     ) -> None:
         self.argv = list(argv)
+        #: Every command on the session's terminal (stdin, stdout, stderr), not just
+        #: interactive ones: a pager or a prompt waits for input until the timeout.
+        self.pty = pty
         self.cwd = cwd
         self.env = dict(env) if env is not None else None
         self.buffer_limit = max(buffer_limit, 1024)
@@ -149,6 +153,12 @@ class BashSession:
             ) from None
         await asyncio.to_thread(wire.resolve_pids)
         wire.parser.take_junk()  # bash's notes about job control
+        if self.pty and wire.pty_slave is None:
+            await self.close()
+            raise EnvStartError(
+                "pty: true needs a pseudo-terminal and this machine gives none (/dev/ptmx, "
+                "devpts); set pty: false"
+            )
         return self._render_now(line.output)
 
     async def close(self) -> None:
@@ -175,7 +185,7 @@ class BashSession:
                     "an interactive program is running in this session; send it input "
                     "(is_interactive_command), end it (is_interactive_quit) or interrupt it"
                 )
-            line = self._send_command(prepared, interactive=False)
+            line = self._send_command(prepared, interactive=self.pty)
             try:
                 result = await asyncio.wait_for(asyncio.shield(line.done), timeout)
             except asyncio.TimeoutError:
@@ -187,7 +197,10 @@ class BashSession:
             except asyncio.CancelledError:
                 self._abandon(line)
                 raise
-        return await self._finish(line, result, command)
+        output, code = await self._finish(line, result, command)
+        if self.pty:  # a terminal's \r\n and control codes, as interactive output is cleaned
+            output = await _clean(output)
+        return output, code
 
     async def run_interactive(
         self,
@@ -340,11 +353,14 @@ class BashSession:
                     out = clean_output(before.decode("utf-8", "backslashreplace"))
                     return out, found.decode("utf-8", "backslashreplace")
         end, cut_short = line.done.result()
-        return await self._render(line.output, _status(line, end, cut_short)[0]), ""
+        output = await self._render(line.output, _status(line, end, cut_short)[0])
+        return (await _clean(output) if self.pty else output), ""
 
     async def _stop(self, line: Line, window: float, n_retry: int) -> None:
         try:
             await bash_stop.stop(self.wire, line, window, n_retry)
+            if line.kind == "interactive" and line.done.done():
+                self.wire.reset_pty()  # the stopped program may have left it raw
         except TerminalNotAliveError:
             raise
         except Exception as exc:  # never leave a half-stopped session behind
@@ -437,6 +453,12 @@ class BashSession:
     def _render_now(self, buffer: OutputBuffer) -> str:
         head, dropped, tail = buffer.take()
         return render_output(head, dropped, tail, self.buffer_limit, None)
+
+
+async def _clean(text: str) -> str:
+    if len(text) > _THREAD_DECODE:  # megabytes: not on the event loop
+        return await asyncio.to_thread(clean_output, text)
+    return clean_output(text)
 
 
 def _status(line: Line, end: Marker, cut_short: bool) -> tuple[int | None, bool, bool | None]:

@@ -26,6 +26,7 @@ import threading
 import time
 from collections import deque
 from collections.abc import Callable, Mapping, Sequence
+from typing import Any
 
 from uniagent.env import procfs
 from uniagent.env.aio import pidfd_supported
@@ -108,6 +109,7 @@ class BashWire:
         self._out_fd: int | None = None
         self._pty_fd: int | None = None  # our end of the terminal for interactive programs
         self.pty_slave: int | None = None  # its descriptor number inside bash
+        self._pty_modes: list[Any] | None = None  # the terminal's modes at start
         self._pidfd: int | None = None
         self._pending_write = bytearray()
         self.parser = MarkerParser()
@@ -152,6 +154,8 @@ class BashWire:
         try:
             self._pty_fd, slave = os.openpty()
             _configure_pty(slave)
+            with contextlib.suppress(termios.error):
+                self._pty_modes = termios.tcgetattr(slave)
         except OSError as exc:  # no ptys here: interactive programs are unavailable
             log.info("no pseudo-terminal for interactive commands: %s", exc)
         try:
@@ -364,6 +368,12 @@ class BashWire:
             except BlockingIOError:
                 raise EnvError("the interactive program does not read its input") from None
             view = view[n:]
+
+    def reset_pty(self) -> None:
+        """Give the terminal back its modes of the start (a killed program may leave it raw)."""
+        if self._pty_fd is not None and self._pty_modes is not None:
+            with contextlib.suppress(termios.error, OSError):  # on the master: the slave's
+                termios.tcsetattr(self._pty_fd, termios.TCSANOW, self._pty_modes)
 
     # -- receiving --------------------------------------------------------------------
     def _on_output(self) -> None:

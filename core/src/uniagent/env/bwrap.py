@@ -159,6 +159,12 @@ def system_mounts() -> list[Mount]:
     ]
 
 
+def writable_places(mounts: list[Mount], workdir: str) -> list[str]:
+    """The sandbox paths commands may write to, the work dir first (the rest is read-only)."""
+    inside = {m.inside for m in mounts if m.writable}
+    return sorted(inside, key=lambda p: (p != workdir, p != "/tmp", p))
+
+
 def bind_mounts(specs: list[str] | tuple[str, ...], *, writable: bool) -> list[Mount]:
     """Mounts for ``PATH`` or ``HOST:INSIDE`` entries; a host path that is missing is an error."""
     mounts = []

@@ -10,6 +10,7 @@ process still uses it. Containers without these labels are never touched.
 
 from __future__ import annotations
 
+import contextvars
 import json
 import os
 import shutil
@@ -23,20 +24,30 @@ from uniagent.env import cgroups
 OWNER_LABEL = "uniagent.owner"
 HOST_LABEL = "uniagent.host"
 RUN_LABEL = "uniagent.run"
-#: Set by ``uniagent run``: the run's id, carried by every sandbox it starts.
+#: The run's id, carried by every sandbox it starts: a process's (a Ray actor's) default.
 RUN_ID_ENV = "UNIAGENT_RUN_ID"
+#: ``uniagent run``'s id in its own context (asyncio tasks inherit it), so that two runs in
+#: one process label their sandboxes each with its own id; it wins over ``RUN_ID_ENV``.
+RUN_ID: contextvars.ContextVar[str | None] = contextvars.ContextVar(
+    "uniagent_run_id", default=None
+)
 ENGINES = ("podman", "docker")
+
+
+def current_run_id() -> str | None:
+    """The id of the run this context belongs to: :data:`RUN_ID`, else ``$UNIAGENT_RUN_ID``."""
+    return RUN_ID.get() or os.environ.get(RUN_ID_ENV) or None
 
 
 def name_prefix() -> str:
     """The start of a container's name: ``uniagent-<run id or owner pid>-``."""
-    return f"uniagent-{os.environ.get(RUN_ID_ENV) or os.getpid()}-"
+    return f"uniagent-{current_run_id() or os.getpid()}-"
 
 
 def label_args() -> list[str]:
     """``run`` flags labelling a container with its owner, host and run."""
     labels = {OWNER_LABEL: str(os.getpid()), HOST_LABEL: socket.gethostname()}
-    run_id = os.environ.get(RUN_ID_ENV)
+    run_id = current_run_id()
     if run_id:
         labels[RUN_LABEL] = run_id
     return [arg for key, value in labels.items() for arg in ("--label", f"{key}={value}")]

@@ -17,6 +17,8 @@
 
 from __future__ import annotations
 
+import re
+
 from uniagent.errors import UniAgentError
 
 
@@ -141,3 +143,30 @@ class CommandTimeoutError(EnvError, TimeoutError):
     Same name and meaning as ``swerex.exceptions.CommandTimeoutError``.
     :class:`uniagent.env.AgentEnv` turns it into :class:`ActionTimeoutError`.
     """
+
+
+#: What a command says when it could not write where it tried (a read-only sandbox root).
+_WRITE_FAILED = re.compile(
+    r"read-only file system|cannot create|cannot touch|permission denied|no such file or "
+    r"directory",
+    re.IGNORECASE,
+)
+
+
+def setup_failure(
+    command: str, exit_code: int | None, output: str, writable: list[str] | None = None
+) -> str:
+    """One line for a failed set-up command: its status, the end of its output and, when it
+    could not write, the places of the sandbox that are ``writable`` (if the backend says)."""
+    lines = [line.strip() for line in output.splitlines() if line.strip()]
+    tail = " / ".join(lines[-3:])
+    tail = tail if len(tail) <= 400 else "..." + tail[-397:]
+    message = f"setup command {command!r} exited with {exit_code}" + (
+        f": {tail}" if tail else " (no output)"
+    )
+    if writable and _WRITE_FAILED.search(output):
+        message += (
+            f"; in this sandbox only {', '.join(writable)} are writable (the rest is "
+            "read-only): write there, or bind a host directory there with `binds`"
+        )
+    return message

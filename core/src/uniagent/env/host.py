@@ -34,6 +34,7 @@ from uniagent.env.bwrap import (
     host_path,
     stage_mounts,
     system_mounts,
+    writable_places,
 )
 from uniagent.env.cgroups import SandboxCgroup
 from uniagent.env.errors import EnvError, EnvStartError
@@ -142,6 +143,13 @@ class HostDeploymentConfig(BaseModel):
         default_factory=SandboxLimits,
         description="processes, memory and disk of one sandbox (enforced where the kernel "
         "allows: cgroups and mounts need root or a delegated cgroup)",
+    )
+    pty: bool = Field(
+        False,
+        description="every command on a pseudo-terminal (stdin, stdout and stderr), as in a "
+        "terminal or SWE-ReX's runtime: a pager or a prompt waits for input until the command's "
+        "timeout and an interrupt brings the shell back; default: stdin /dev/null and output "
+        "on a pipe (faster: a program that waits for input ends at once)",
     )
     startup_timeout: float = Field(10.0, gt=0, description="seconds for bash to answer at start")
     max_output_bytes: int = Field(
@@ -328,10 +336,7 @@ class HostDeployment:
         """The bwrap executable (None: no isolation) and the uid the sandbox's root maps to."""
         global _fallback_warned
         config = self.config
-        uid = config.sandbox_uid
-        if uid is None and os.geteuid() == 0:
-            uid = SANDBOX_UID
-        uid = None if uid == 0 else uid
+        uid = sandbox_uid(config)
         if config.isolation == "none":
             return None, None
         problem = bwrap_problem(config.bwrap, uid)
@@ -391,6 +396,22 @@ class HostDeployment:
     def root(self) -> Path | None:
         """The episode directory on the host (None before start and after stop)."""
         return self._root
+
+    @property
+    def writable_places(self) -> list[str] | None:
+        """Under bwrap, the sandbox paths commands may write to (the rest is read-only)."""
+        layout = self._layout
+        if layout is None or layout.bwrap is None:
+            return None
+        return writable_places(layout.mounts, layout.workdir)
+
+
+def sandbox_uid(config: HostDeploymentConfig) -> int | None:
+    """The host uid bwrap runs as and maps the sandbox's root to (None: this process's)."""
+    uid = config.sandbox_uid
+    if uid is None and os.geteuid() == 0:
+        uid = SANDBOX_UID
+    return None if uid == 0 else uid
 
 
 EPISODE_PREFIX = "uniagent-"

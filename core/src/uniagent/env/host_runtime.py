@@ -71,6 +71,7 @@ class HostRuntime:
             cwd=cwd,
             env=self.layout.env,
             buffer_limit=self.config.max_output_bytes,
+            pty=self.config.pty,
         )
         timeout = max(request.startup_timeout, self.config.startup_timeout)
         output = await session.start(timeout=timeout)

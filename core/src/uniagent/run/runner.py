@@ -14,16 +14,15 @@ import asyncio
 import contextlib
 import logging
 import os
-import signal
 import time
 from collections.abc import Callable, Iterable, Mapping
 from pathlib import Path
 from typing import Any
 
 from uniagent.config import AgentConfig
-from uniagent.env.agent_env import close_open_envs
 from uniagent.env.aio import wait_through_cancellation
-from uniagent.env.containers import RUN_ID_ENV
+from uniagent.env.containers import RUN_ID
+from uniagent.env.open_envs import close_open_envs, env_scope
 from uniagent.errors import ConfigError, UniAgentError
 from uniagent.resolver import ResolvedAgent, resolve
 from uniagent.run import manifest as manifests
@@ -42,7 +41,7 @@ from uniagent.run.preflight import check_model
 from uniagent.run.progress import Progress
 from uniagent.run.results import ResultsFile, done_keys, is_infra_failure, latest
 from uniagent.run.retry import CircuitBreaker, RetryPolicy, default_window
-from uniagent.run.shutdown import Interrupted, SignalGuard
+from uniagent.run.shutdown import SignalGuard
 from uniagent.run.summary import resumed_wall_seconds, summarize
 from uniagent.run.tasks import BadRow, Task
 from uniagent.services import running_services
@@ -207,10 +206,11 @@ async def run(
     lock = FolderLock(out)
     lock.acquire()
     try:
-        return await _run_locked(
-            agent, tasks, bad_rows, model_factory, out, options,
-            progress or Progress.for_stream(),
-        )  # fmt: skip
+        with env_scope():  # its clean-up closes its own sandboxes, no other run's
+            return await _run_locked(
+                agent, tasks, bad_rows, model_factory, out, options,
+                progress or Progress.for_stream(),
+            )  # fmt: skip
     finally:
         lock.release()
 
@@ -248,6 +248,7 @@ async def _run_locked(
     rerun = sum(1 for job in jobs if job.key in records)
     started = time.time()
     model = None
+    run_token = RUN_ID.set(run_id)  # every sandbox started from here on carries it
     try:
         if not options.ray_address:
             model = build_model(model_factory, str(model_info.get("spec")))
@@ -255,7 +256,6 @@ async def _run_locked(
                 await check_model(model)
         # Written once the model is known to load: a typo in --model leaves no manifest.
         write_json(out / MANIFEST, run_manifest, indent=None)  # one line, 100k jobs
-        os.environ[RUN_ID_ENV] = run_id  # every sandbox started from here on carries it
         leftovers = await asyncio.to_thread(agent.cleanup_leftovers, [run_id])
         if leftovers:
             progress.warn(f"removed {len(leftovers)} leftovers of killed runs (uniagent clean)")
@@ -288,7 +288,7 @@ async def _run_locked(
             status = "interrupted"
             raise
         finally:
-            await close_open_envs()  # whatever cancelled the episodes, no sandbox stays
+            await close_open_envs()  # whatever cancelled the episodes, none of the run's stays
             progress.end(final=status != "interrupted")
             summary = _summary(results, keys, n, started, bad_rows, progress, status, stopped)
             # Summed over the runs in this folder; a resume with nothing to run adds nothing.
@@ -296,9 +296,10 @@ async def _run_locked(
             summary["wall_seconds"] = resumed_wall_seconds(out / SUMMARY, this_run)
             write_json(out / SUMMARY, summary)
     finally:
+        RUN_ID.reset(run_token)
         if model is not None and hasattr(model, "aclose"):
-            with contextlib.suppress(Exception, asyncio.CancelledError):
-                await model.aclose()
+            with contextlib.suppress(Exception):  # closed even when cancelled meanwhile
+                await wait_through_cancellation(model.aclose())
     return summary
 
 
@@ -365,28 +366,14 @@ def exit_status(summary: Mapping[str, Any]) -> int:
 def run_sync(*args: Any, **kwargs: Any) -> dict[str, Any]:
     """:func:`run` under ``asyncio.run``; SIGINT and SIGTERM stop it cleanly.
 
-    After a signal every open sandbox is closed, then :class:`Interrupted` is raised
-    (exit status 128 + the signal number).
+    After a signal every open sandbox of the run is closed, then
+    :class:`~uniagent.run.shutdown.Interrupted` is raised (exit status 128 + the signal
+    number). The command's :class:`SignalGuard` is used when one is in effect (``uniagent
+    run`` guards its every phase), else one guards this call.
     """
     progress: Progress | None = kwargs.get("progress")
-
-    async def main() -> dict[str, Any]:
-        task = asyncio.current_task()
-        assert task is not None
-        with SignalGuard(task) as guard:
-            try:
-                return await run(*args, **kwargs)
-            except asyncio.CancelledError:
-                if guard.signum is None:
-                    raise
-                await close_open_envs()
-                name = signal.Signals(guard.signum).name
-                counts = f"{progress.done} of {progress.total} episodes finished; " if (
-                    progress is not None) else ""
-                raise Interrupted(
-                    guard.signum,
-                    f"interrupted by {name}: {counts}running episodes stopped and their "
-                    "sandboxes closed; run the same command again to resume",
-                ) from None
-
-    return asyncio.run(main())
+    guard = SignalGuard.current()
+    with contextlib.ExitStack() as stack:
+        if guard is None:
+            guard = stack.enter_context(SignalGuard())
+        return guard.run(lambda: run(*args, **kwargs), progress=progress)

@@ -1,0 +1,136 @@
+"""What would fail every bwrap sandbox at start is a config error when the config resolves.
+
+Real bubblewrap, real permissions: when uniagent runs as root the sandbox runs as
+uid 65534, which cannot enter a 0700 directory of root (what ``mktemp -d`` makes).
+"""
+
+from __future__ import annotations
+
+import os
+import tempfile
+from pathlib import Path
+
+import pytest
+
+from uniagent import open_env
+from uniagent.config import AgentConfig
+from uniagent.env import EnvStartError
+from uniagent.env.host import BWRAP_WORKDIR
+from uniagent.errors import ConfigError
+from uniagent.resolver import resolve
+
+
+@pytest.fixture
+def private_data() -> Path:
+    """A readable file in a directory the sandbox's user cannot enter: ``mktemp -d``'s 0700
+    as root (the sandbox is uid 65534), no access at all otherwise (the sandbox is us)."""
+    folder = Path(tempfile.mkdtemp())
+    (folder / "data").mkdir()
+    (folder / "data" / "f.txt").write_text("hi\n")
+    (folder / "data").chmod(0o755)
+    folder.chmod(0o700 if os.geteuid() == 0 else 0o000)
+    yield folder / "data"
+    folder.chmod(0o700)
+    (folder / "data" / "f.txt").unlink()
+    (folder / "data").rmdir()
+    folder.rmdir()
+
+
+def agent(deployment: dict, **env: object) -> AgentConfig:
+    return AgentConfig.from_dict(
+        {"env": {"deployment": {"type": "host", "isolation": "bwrap", **deployment}, **env}}
+    )
+
+
+def test_a_bwrap_args_bind_the_sandbox_user_cannot_reach_is_a_config_error(private_data):
+    args = ["--ro-bind", str(private_data), "/data"]
+    with pytest.raises(ConfigError) as caught:
+        resolve(agent({"bwrap_args": args}), source="agent.yaml")
+    message = str(caught.value)
+    assert message.startswith("invalid agent.yaml:\n  env.deployment.bwrap_args.1: ")
+    assert str(private_data) in message and "Can't find source path" in message
+    assert "chmod o+x" in message and "ro_binds" in message and "sandbox_uid: 0" in message
+    # open_env (scripts, tests) says it too, before the sandbox starts.
+    with pytest.raises(ConfigError, match=r"env\.deployment\.bwrap_args\.1: "):
+        open_env({"type": "host", "isolation": "bwrap", "bwrap_args": args})
+
+
+async def test_the_fixes_it_names_work(private_data):
+    # ro_binds: root brings the path in, so the directories above it do not matter.
+    resolve(agent({"ro_binds": [f"{private_data}:/data"]}))
+    async with open_env(
+        {"type": "host", "isolation": "bwrap", "ro_binds": [f"{private_data}:/data"]}
+    ) as env:
+        assert (await env.run_action("cat /data/f.txt")).output == "hi\n"
+    if os.geteuid() == 0:  # bwrap as host root reaches it as it is
+        resolve(agent({"sandbox_uid": 0, "bwrap_args": ["--ro-bind", str(private_data), "/d"]}))
+
+
+def test_reachable_or_missing_bwrap_args_binds_pass():
+    data = Path(tempfile.mkdtemp(dir="/tmp"))  # /tmp itself is open to everyone
+    try:
+        data.chmod(0o755)
+        args = ["--ro-bind", str(data), "/data", "--ro-bind-try", "/nope", "/x"]
+        resolve(agent({"bwrap_args": [*args, "--bind", "/not/yet", "/y"]}))  # left to start
+    finally:
+        data.rmdir()
+
+
+@pytest.mark.parametrize(
+    ("settings", "key", "target"),
+    [
+        ({"post_setup": ["mkdir /opt/cache"]}, "env.post_setup.0", "/opt/cache"),
+        ({"post_setup": ["true", "mkdir -p /tmp/x && touch /usr/local/stamp"]},
+         "env.post_setup.1", "/usr/local/stamp"),
+        ({"post_setup": ["echo ready > /etc/ready"]}, "env.post_setup.0", "/etc/ready"),
+        ({"workdir": "/testbed"}, "env.workdir", "/testbed"),
+    ],
+)  # fmt: skip
+def test_a_set_up_that_writes_to_the_read_only_root_is_a_config_error(settings, key, target):
+    with pytest.raises(ConfigError) as caught:
+        resolve(agent({}, **settings), source="agent.yaml")
+    message = str(caught.value)
+    assert f"\n  {key}: " in message and f"writes {target}, where the bwrap sandbox is" in message
+    assert f"only {BWRAP_WORKDIR}, /tmp, /root, /uniagent/tools are writable" in message
+
+
+@pytest.mark.parametrize(
+    "command",
+    [
+        "mkdir -p /tmp/a/b && touch /uniagent/work/x && echo hi > /root/.note",
+        "mkdir -p /usr/bin",  # exists: nothing is written
+        "mkdir /opt/x || true",  # may fail: not certain from the text
+        "mkdir /opt/x; true",
+        'mkdir "$HOME/x"',  # not literal
+        "git clone -q /src . && pip install -e .",
+    ],
+)
+def test_a_set_up_that_may_work_resolves(command):
+    resolve(agent({}, post_setup=[command]))
+
+
+def test_a_task_override_is_checked_too():
+    base = resolve(AgentConfig.from_dict(
+        {"env": {"deployment": {"type": "host", "isolation": "bwrap"}}}
+    ))  # fmt: skip
+    with pytest.raises(ConfigError, match=r"task t1:\n  env\.post_setup\.0: 'mkdir /opt/x'"):
+        base.for_task({"env": {"post_setup": ["mkdir /opt/x"]}}, source="task t1")
+
+
+async def test_a_set_up_write_found_only_at_start_is_one_line_naming_the_writable_places():
+    env = open_env(
+        {"type": "host", "isolation": "bwrap"}, {"post_setup": ["d=/opt/x; mkdir $d"]}
+    )
+    with pytest.raises(EnvStartError) as caught:
+        await env.start()
+    message = str(caught.value)
+    assert "\n" not in message
+    assert message.startswith("setup command 'd=/opt/x; mkdir $d' exited with 1: mkdir: ")
+    assert f"only {BWRAP_WORKDIR}, /tmp, /root, /uniagent/tools are writable" in message
+
+
+def test_without_isolation_nothing_is_refused():
+    resolve(AgentConfig.from_dict(
+        {"env": {"deployment": {"type": "host", "isolation": "none"},
+                 "post_setup": ["mkdir -p /tmp/x"], "workdir": "/tmp/w"}}
+    ))  # fmt: skip
