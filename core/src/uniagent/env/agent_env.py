@@ -263,17 +263,19 @@ class AgentEnv:
 
         After this, :meth:`run_action` refuses: grading uses one-off clean shells
         (:meth:`execute`). The deployment's ``kill_processes()`` ends the processes
-        that left the session's process group (``setsid``, daemons).
+        that left the session's process group (``setsid``, daemons). Called again
+        (a second grading), it ends whatever an earlier grading's commands left running.
         """
-        if self._agent_stopped or self._closed or not self._started:
+        if self._closed or not self._started:
             self._agent_stopped = True
             return
-        self._agent_stopped = True
-        with contextlib.suppress(Exception):
-            await asyncio.wait_for(
-                self.runtime.close_session(CloseBashSessionRequest(session=SESSION)),
-                self.config.close_timeout,
-            )
+        if not self._agent_stopped:
+            self._agent_stopped = True
+            with contextlib.suppress(Exception):
+                await asyncio.wait_for(
+                    self.runtime.close_session(CloseBashSessionRequest(session=SESSION)),
+                    self.config.close_timeout,
+                )
         await asyncio.wait_for(self.deployment.kill_processes(), self.config.close_timeout)
 
     async def execute(

@@ -19,6 +19,8 @@ infrastructure (``reward_error``, masked).
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import logging
 import time
 from collections.abc import Mapping, Sequence
@@ -86,6 +88,10 @@ class EpisodeGrader:
         self.baseline: Baseline | None = None
         self._tampered: list[Tamper] = []
         self.prepare_seconds = 0.0
+        #: What grading does now ("checking", "starting the fresh sandbox", "the reward") and
+        #: in which sandbox: a grading timeout is the agent's unless it hit a fresh start.
+        self._phase = "checking"
+        self._active: AgentEnv | None = None
 
     @property
     def uses_sandbox(self) -> bool:
@@ -128,6 +134,23 @@ class EpisodeGrader:
             return await self._run_reward(None, context, {})
         assert self.baseline is not None, "prepare() was not called"
         await env.stop_agent()
+        self._phase, self._active = "checking", env
+        limit = self.plan.integrity.grading_timeout
+        work = asyncio.ensure_future(self._grade_open(env, context))
+        try:
+            done, _ = await asyncio.wait({work}, timeout=limit)
+        except asyncio.CancelledError:
+            work.cancel()
+            raise
+        if work in done:
+            return work.result()
+        work.cancel()
+        with contextlib.suppress(BaseException):
+            await work
+        return await self._timed_out(limit)
+
+    async def _grade_open(self, env: AgentEnv, context: dict[str, Any]) -> Grade:
+        assert self.baseline is not None
         try:
             sandbox = await GradingSandbox.open(
                 env, self.baseline.environment, workdir=self.baseline.repo
@@ -138,6 +161,18 @@ class EpisodeGrader:
             return await self._grade(env, sandbox, context)
         finally:
             await sandbox.close()
+
+    async def _timed_out(self, limit: float) -> Grade:
+        """Grading ran past ``grading_timeout``: the tested code's doing unless infrastructure."""
+        what = f"grading did not finish within {limit:g} s (integrity.grading_timeout)"
+        if self._phase == "starting the fresh sandbox":
+            raise GradingInfraError(f"{what}: the fresh sandbox did not start in time")
+        active = self._active
+        if active is not None and not await active.sandbox_alive():
+            raise GradingInfraError(f"{what}, and the sandbox died ({self._phase})")
+        log.info("%s while %s (scored 0)", what, self._phase)
+        info = {"grade_in": self.plan.grade_in, **(self.baseline.report() if self.baseline else {})}
+        return self._zero(info, "grading_timed_out", f"{what}, while {self._phase}")
 
     async def _grade(
         self, env: AgentEnv, sandbox: GradingSandbox, context: dict[str, Any]
@@ -171,6 +206,7 @@ class EpisodeGrader:
         if settings.on_tamper == "zero" and any(t.scores for t in self._tampered):
             return self._zero(info, "tampered", "protected files, code or tools were changed")
         if mode == "episode":
+            self._phase = "the reward"
             return await self._run_reward(sandbox, context, info, env=env)
         kept = [p for p in parts if not integrity.is_protected(baseline.rules, p.path)]
         return await self._grade_fresh(env, join_patch(kept), context, info)
@@ -181,6 +217,7 @@ class EpisodeGrader:
         baseline = self.baseline
         assert baseline is not None and baseline.repo is not None
         started = time.perf_counter()
+        self._phase = "starting the fresh sandbox"
         try:
             fresh = self.plan.fresh_env()
             await fresh.start()
@@ -209,6 +246,7 @@ class EpisodeGrader:
             if problem is not None:
                 return self._zero(info, "patch_did_not_apply", problem)
             sandbox = await GradingSandbox.open(fresh, environment, workdir=repo)
+            self._phase, self._active = "the reward", fresh
             try:
                 return await self._run_reward(
                     sandbox, context, info, env=fresh, fresh=True, repo=repo
