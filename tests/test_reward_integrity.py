@@ -406,7 +406,8 @@ ROUND2 = integrity_round2.flat()
 def round2_tasks(tmp_path_factory) -> dict[str, Path]:
     """swe_bench tasks for the round-two attacks and the legitimate fixes."""
     root = tmp_path_factory.mktemp("integrity2")
-    rows = [swe_row(root / "repos", name) for name in {**ROUND2, **LEGIT}]
+    rows = [{**swe_row(root / "repos", name), **integrity_round2.TASK_FIELDS.get(name, {})}
+            for name in {**ROUND2, **LEGIT}]
     tasks = root / "swe.jsonl"
     tasks.write_text("".join(json.dumps(r) + "\n" for r in rows))
     return {"swe": tasks, "repos": root / "repos"}
@@ -427,3 +428,40 @@ def test_round_two_attacks_score_zero_and_are_trained_on(
     check(records, ROUND2)
     held = records["artifacts.hold-output"]["reward_info"]
     assert held["failure_reason"] == "tests_timed_out", held  # bounded: killed at eval_timeout
+
+
+@pytest.mark.slow
+def test_a_policy_that_kills_its_containers_server_is_trained_on(tmp_path):
+    """The container's server killed from inside is the policy's doing (agent_killed_shell,
+    reward 0, trained on), as a killed shell on the host: not masked and retried."""
+    from uniagent.testing.images import TEST_IMAGE, engine_with_test_image
+
+    engine = engine_with_test_image(TEST_IMAGE)
+    kills = {"kill-server": ["kill -9 $PPID; sleep 5"], "kill-all": ["kill -KILL -1; sleep 5"]}
+    rows = [{"instance_id": name, "problem_statement": f"[attack:{name}] do it",
+             "test_command": "true"} for name in kills]  # fmt: skip
+    tasks = tmp_path / "tasks.jsonl"
+    tasks.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    config = tmp_path / "config.yaml"
+    config.write_text(yaml.safe_dump({
+        "tool_parser": "hermes",
+        "tools": ["execute_bash", "submit"],
+        "instance_template": "{problem_statement}",
+        "env": {"workdir": "/testbed", "deployment": {
+            "type": "local", "image": TEST_IMAGE, "engine": engine, "pull": "never"}},
+        "reward": {"name": "command"},
+    }))
+    out = tmp_path / "out"
+    with ScriptedChatServer(default=attacker(kills)) as server:
+        proc = subprocess.run(
+            [sys.executable, "-m", "uniagent.cli", "run", str(config), "--data", str(tasks),
+             "--model", f"openai:{server.base_url}#attacker", "--out", str(out)],
+            capture_output=True, text=True, timeout=900,
+            env={**os.environ, "OPENAI_API_KEY": "test"},
+        )  # fmt: skip
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    records = [json.loads(line) for line in (out / "results.jsonl").read_text().splitlines()]
+    assert {r["task_id"]: (r["exit_reason"], r["traj_masked"], r["reward"]) for r in records} == {
+        name: ("agent_killed_shell", False, 0.0) for name in kills
+    }
+    assert "retrying" not in proc.stderr

@@ -288,10 +288,15 @@ async def test_a_fresh_sandbox_that_cannot_start_is_infrastructure(env):
 # -- failures ------------------------------------------------------------------------------
 
 
-async def test_a_reward_bug_in_a_healthy_sandbox_is_infrastructure(env):
-    grader = await prepare_grader(env, "explodes", {})
-    with pytest.raises(GradingInfraError, match="a bug in the reward"):
-        await grade(grader, env)
+@pytest.mark.parametrize("grade_in", ["episode", "fresh"])
+async def test_a_reward_exception_in_a_healthy_sandbox_scores_zero_and_is_recorded(env, grade_in):
+    # The tested code's output can make a reward fail: the policy must not be able to
+    # have its episode masked that way.
+    grader = await prepare_grader(env, "explodes", {}, grade_in=grade_in, fresh_env=fresh_env)
+    result = await grade(grader, env)
+    assert result.score == 0.0
+    assert result.info["score_reason"] == "reward_failed"
+    assert "ValueError: a bug in the reward" in result.info["error"]
 
 
 async def test_reward_infra_errors_pass_through(env):

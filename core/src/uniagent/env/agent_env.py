@@ -258,6 +258,24 @@ class AgentEnv:
         except Exception:
             return False
 
+    async def ended_from_inside(self) -> bool:
+        """Whether a sandbox that is gone ended on its own, not stopped or lost from outside.
+
+        A container whose server was killed from inside (the agent's command, or the
+        tested code while grading) is the policy's doing, like a shell the agent ended
+        on the host. Deployments may provide ``ended_from_inside()``; without it a
+        sandbox that died counts as infrastructure.
+        """
+        if self._closed or not self._started:
+            return False
+        probe = getattr(self.deployment, "ended_from_inside", None)
+        if probe is None:
+            return False
+        try:
+            return bool(await probe())
+        except Exception:
+            return False
+
     async def stop_agent(self) -> None:
         """End the agent's session and every process it started; the sandbox's files stay.
 
@@ -358,6 +376,12 @@ class AgentEnv:
             return ShellKilledError(
                 f"{message} (the sandbox still runs: the command itself ended or wedged the "
                 "shell)",
+                partial,
+            )
+        if await self.ended_from_inside():
+            return ShellKilledError(
+                f"{message} (the sandbox's server ended from inside during the command: the "
+                "command itself ended it)",
                 partial,
             )
         return TerminalNotAliveError(message, partial)
