@@ -19,6 +19,7 @@ import textwrap
 from pathlib import Path
 from typing import Any
 
+import integrity_round2
 import pytest
 import yaml
 
@@ -233,34 +234,36 @@ def task_sets(tmp_path_factory) -> dict[str, Path]:
         make_repo(repo, {"calc.py": BUGGY, "tests/__init__.py": "", "tests/test_calc.py":
                          UNIT_TESTS})
         command_rows.append(row(name, repo, test_command="python3 -m unittest discover -s tests"))
-    for name, _ in {**SWE_ATTACKS, **LEGIT}.items():
-        repo = root / "repos" / f"swe-{name}"
-        base = make_repo(repo, {"calc.py": BUGGY, "test_calc.py": BASE_PYTESTS})
-        (repo / "test_calc.py").write_text(PATCHED_PYTESTS)
-        (repo / "test_more.py").write_text(NEW_PYTESTS)
-        git(repo, "add", "-A")
-        test_patch = git(repo, "diff", "--cached")
-        git(repo, "reset", "-q", "--hard", base)
-        hide_the_fix(repo, base)
-        swe_rows.append(
-            row(
-                name,
-                repo,
-                repo="local/calc",
-                base_commit=base,
-                test_patch=test_patch,
-                FAIL_TO_PASS=["test_calc.py::test_add", "test_more.py::test_add_many"],
-                PASS_TO_PASS=["test_calc.py::test_sub"],
-                test_cmd=PYTEST,
-                log_parser="parse_log_pytest",
-            )
-        )
+    swe_rows = [swe_row(root / "repos", name) for name in {**SWE_ATTACKS, **LEGIT}]
     out = {}
     for kind, rows in (("command", command_rows), ("swe", swe_rows)):
         out[kind] = root / f"{kind}.jsonl"
         out[kind].write_text("".join(json.dumps(r) + "\n" for r in rows))
     out["repos"] = root / "repos"
     return out
+
+
+def swe_row(repos: Path, name: str, files: dict[str, str] | None = None) -> dict[str, Any]:
+    """A swe_bench task: the calc repository (plus ``files``), its test patch, hidden fix."""
+    repo = repos / f"swe-{name}"
+    base = make_repo(repo, {"calc.py": BUGGY, "test_calc.py": BASE_PYTESTS, **(files or {})})
+    (repo / "test_calc.py").write_text(PATCHED_PYTESTS)
+    (repo / "test_more.py").write_text(NEW_PYTESTS)
+    git(repo, "add", "-A")
+    test_patch = git(repo, "diff", "--cached")
+    git(repo, "reset", "-q", "--hard", base)
+    hide_the_fix(repo, base)
+    return row(
+        name,
+        repo,
+        repo="local/calc",
+        base_commit=base,
+        test_patch=test_patch,
+        FAIL_TO_PASS=["test_calc.py::test_add", "test_more.py::test_add_many"],
+        PASS_TO_PASS=["test_calc.py::test_sub"],
+        test_cmd=PYTEST,
+        log_parser="parse_log_pytest",
+    )
 
 
 def row(name: str, source: Path, **fields: Any) -> dict[str, Any]:
@@ -323,19 +326,20 @@ COMBINATIONS = [
 
 
 def run_attacks(tmp_path: Path, tasks: Path, attacks: dict[str, list[str]],
-                reward: dict[str, Any], isolation: str, repos: Path) -> dict[str, dict]:
+                reward: dict[str, Any], isolation: str, repos: Path,
+                legit: dict[str, list[str]] = LEGIT) -> dict[str, dict]:
     config = write_config(tmp_path / "config.yaml", reward, isolation, repos)
     out = tmp_path / "out"
     sandbox_tmp = tmp_path / "tmp"
     sandbox_tmp.mkdir()
-    with ScriptedChatServer(default=attacker({**attacks, **LEGIT})) as server:
+    with ScriptedChatServer(default=attacker({**attacks, **legit})) as server:
         proc = subprocess.run(
             [sys.executable, "-m", "uniagent.cli", "run", str(config), "--data", str(tasks),
              "--model", f"openai:{server.base_url}#attacker", "--out", str(out)],
             capture_output=True,
             text=True,
             env={**os.environ, "TMPDIR": str(sandbox_tmp), "OPENAI_API_KEY": "test"},
-            timeout=1200,
+            timeout=1200,  # the bound: no grading may hang (the FIFO and hold-output attacks)
         )
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert (out / "results.jsonl").exists(), proc.stderr[-3000:]
@@ -391,3 +395,73 @@ def test_swe_bench_attacks_score_zero_and_are_trained_on(
     legit = records["legit-fix"]["reward_info"]
     assert legit["resolution_status"] == "RESOLVED_FULL"
     assert legit["integrity"]["tampered"] == []
+
+
+# -- round two: what the tested code and the agent's files can do -------------------------------
+
+ROUND2 = integrity_round2.flat()
+
+
+@pytest.fixture(scope="module")
+def round2_tasks(tmp_path_factory) -> dict[str, Path]:
+    """swe_bench tasks for the round-two attacks and the legitimate fixes."""
+    root = tmp_path_factory.mktemp("integrity2")
+    rows = [{**swe_row(root / "repos", name), **integrity_round2.TASK_FIELDS.get(name, {})}
+            for name in {**ROUND2, **LEGIT}]
+    tasks = root / "swe.jsonl"
+    tasks.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    return {"swe": tasks, "repos": root / "repos"}
+
+
+@pytest.mark.parametrize(("isolation", "grade_in"), COMBINATIONS)
+def test_round_two_attacks_score_zero_and_are_trained_on(
+    round2_tasks, tmp_path, isolation, grade_in
+):
+    reward = {
+        "name": "swe_bench",
+        "grade_in": grade_in,
+        "settings": {"eval_timeout": 60, "workdir": None},
+        "integrity": {"grading_timeout": 600},
+    }
+    records = run_attacks(tmp_path, round2_tasks["swe"], ROUND2, reward, isolation,
+                          round2_tasks["repos"])
+    check(records, ROUND2)
+    held = records["artifacts.hold-output"]["reward_info"]
+    assert held["failure_reason"] == "tests_timed_out", held  # bounded: killed at eval_timeout
+
+
+@pytest.mark.slow
+def test_a_policy_that_kills_its_containers_server_is_trained_on(tmp_path):
+    """The container's server killed from inside is the policy's doing (agent_killed_shell,
+    reward 0, trained on), as a killed shell on the host: not masked and retried."""
+    from uniagent.testing.images import TEST_IMAGE, engine_with_test_image
+
+    engine = engine_with_test_image(TEST_IMAGE)
+    kills = {"kill-server": ["kill -9 $PPID; sleep 5"], "kill-all": ["kill -KILL -1; sleep 5"]}
+    rows = [{"instance_id": name, "problem_statement": f"[attack:{name}] do it",
+             "test_command": "true"} for name in kills]  # fmt: skip
+    tasks = tmp_path / "tasks.jsonl"
+    tasks.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    config = tmp_path / "config.yaml"
+    config.write_text(yaml.safe_dump({
+        "tool_parser": "hermes",
+        "tools": ["execute_bash", "submit"],
+        "instance_template": "{problem_statement}",
+        "env": {"workdir": "/testbed", "deployment": {
+            "type": "local", "image": TEST_IMAGE, "engine": engine, "pull": "never"}},
+        "reward": {"name": "command"},
+    }))
+    out = tmp_path / "out"
+    with ScriptedChatServer(default=attacker(kills)) as server:
+        proc = subprocess.run(
+            [sys.executable, "-m", "uniagent.cli", "run", str(config), "--data", str(tasks),
+             "--model", f"openai:{server.base_url}#attacker", "--out", str(out)],
+            capture_output=True, text=True, timeout=900,
+            env={**os.environ, "OPENAI_API_KEY": "test"},
+        )  # fmt: skip
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    records = [json.loads(line) for line in (out / "results.jsonl").read_text().splitlines()]
+    assert {r["task_id"]: (r["exit_reason"], r["traj_masked"], r["reward"]) for r in records} == {
+        name: ("agent_killed_shell", False, 0.0) for name in kills
+    }
+    assert "retrying" not in proc.stderr

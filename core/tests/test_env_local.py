@@ -17,7 +17,13 @@ import pytest
 from pydantic import BaseModel
 
 from uniagent import ToolSpec, open_env
-from uniagent.env import ActionTimeoutError, AgentEnv, EnvStartError, LocalDeployment
+from uniagent.env import (
+    ActionTimeoutError,
+    AgentEnv,
+    EnvStartError,
+    LocalDeployment,
+    ShellKilledError,
+)
 from uniagent.env.local import LocalDeploymentConfig
 from uniagent.testing.images import TEST_IMAGE, engine_with_test_image, run
 
@@ -108,3 +114,22 @@ async def test_limits_reach_the_container(engine: str) -> None:
         assert "64" in obs.output.split() and str(128 << 20) in obs.output.split()
     finally:
         await env.close()
+
+
+@pytest.mark.parametrize("kill", ["kill -9 $PPID", "kill -KILL -1"], ids=["server", "all"])
+async def test_a_command_that_kills_the_containers_server_killed_its_own_shell(
+    engine: str, kill: str
+) -> None:
+    # The policy's doing (agent_killed_shell, trained on), as on the host: not a sandbox
+    # that died under it (masked and retried).
+    deployment = LocalDeployment(LocalDeploymentConfig(image=IMAGE, engine=engine, pull="never"))
+    env = AgentEnv(deployment, {"workdir": "/testbed"})
+    await env.start()
+    try:
+        with pytest.raises(ShellKilledError):
+            await env.run_action(f"{kill}; sleep 5", timeout=60)
+        assert not await env.sandbox_alive()
+        assert await env.ended_from_inside()
+    finally:
+        await env.close()
+    assert not await env.ended_from_inside(), "closing it is not an end from inside"

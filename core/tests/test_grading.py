@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import shlex
 import types
 from collections.abc import AsyncIterator
@@ -14,6 +15,7 @@ from uniagent.env import AgentEnv
 from uniagent.grading.grader import GradingInfraError
 from uniagent.grading.integrity import toolchain_changes
 from uniagent.grading.patch import split_patch
+from uniagent.grading.sandbox import GradingReadError, GradingSandbox
 from uniagent.plugins import load_plugins, reset_plugins
 from uniagent.protect.rules import PYTHON_HARNESS, RuleSet, literal_pattern, runner_section
 from uniagent.protect.settings import IntegrityDefaults, Workspace
@@ -47,6 +49,12 @@ async def infra(ctx: RewardContext[Any]) -> RewardResult:
     raise RewardInfraError("the task row is malformed")
 
 
+async def hangs(ctx: RewardContext[Any]) -> RewardResult:
+    """Like tests the agent made hang: the command outlives the grading timeout."""
+    await ctx.require_sandbox().run("sleep 600", timeout=900)
+    return RewardResult(1.0)
+
+
 async def command(ctx: RewardContext[Any]) -> RewardResult:
     done = await ctx.require_sandbox().run(CHECK, timeout=60)
     return RewardResult(1.0 if done.exit_code == 0 else 0.0, {"output": done.output})
@@ -61,6 +69,7 @@ def test_rewards():
         yield RewardSpec(name="env_probe", fn=env_probe)
         yield RewardSpec(name="explodes", fn=explodes)
         yield RewardSpec(name="infra", fn=infra)
+        yield RewardSpec(name="hangs", fn=hangs)
         yield RewardSpec(
             name="scrubbed_command",
             fn=command,
@@ -279,16 +288,71 @@ async def test_a_fresh_sandbox_that_cannot_start_is_infrastructure(env):
 # -- failures ------------------------------------------------------------------------------
 
 
-async def test_a_reward_bug_in_a_healthy_sandbox_is_infrastructure(env):
-    grader = await prepare_grader(env, "explodes", {})
-    with pytest.raises(GradingInfraError, match="a bug in the reward"):
-        await grade(grader, env)
+@pytest.mark.parametrize("grade_in", ["episode", "fresh"])
+async def test_a_reward_exception_in_a_healthy_sandbox_scores_zero_and_is_recorded(env, grade_in):
+    # The tested code's output can make a reward fail: the policy must not be able to
+    # have its episode masked that way.
+    grader = await prepare_grader(env, "explodes", {}, grade_in=grade_in, fresh_env=fresh_env)
+    result = await grade(grader, env)
+    assert result.score == 0.0
+    assert result.info["score_reason"] == "reward_failed"
+    assert "ValueError: a bug in the reward" in result.info["error"]
 
 
 async def test_reward_infra_errors_pass_through(env):
     grader = await prepare_grader(env, "infra", {})
     with pytest.raises(RewardInfraError, match="malformed"):
         await grade(grader, env)
+
+
+async def test_grading_that_hangs_scores_zero_at_the_grading_timeout_and_is_trained_on(env):
+    grader = await prepare_grader(env, "hangs", {}, integrity={"grading_timeout": 2})
+    result = await asyncio.wait_for(grade(grader, env), 120)  # no hang: bounded
+    assert result.score == 0.0
+    assert result.info["score_reason"] == "grading_timed_out"
+    assert "while the reward" in result.info["detail"]
+
+
+# -- what the grader reads -----------------------------------------------------------------
+
+
+async def test_sandbox_files_are_read_bounded_regular_and_timed(env):
+    sandbox = await GradingSandbox.open(env, {"PATH": "/usr/bin:/bin"}, workdir=env.workdir)
+    try:
+        s = sandbox.scratch
+        await act(env, f"mkfifo {s}/fifo && ln -s /etc/hostname {s}/link && "
+                       f"head -c 5000 /dev/zero > {s}/big && printf ok > {s}/small")
+        assert await sandbox.read_bytes(f"{s}/small") == b"ok"
+        for name, problem in (("fifo", "not a regular file"), ("link", "not a regular file"),
+                              ("missing", "not a regular file"), ("big", "larger than 4096")):
+            with pytest.raises(GradingReadError, match=problem):
+                # A FIFO read on the host side would block forever: bounded here.
+                await asyncio.wait_for(sandbox.read_bytes(f"{s}/{name}", max_bytes=4096), 60)
+    finally:
+        await sandbox.close()
+
+
+async def test_grading_output_is_cut_at_its_limit_and_says_so(env):
+    sandbox = await GradingSandbox.open(env, {"PATH": "/usr/bin:/bin"}, workdir=env.workdir)
+    try:
+        done = await sandbox.run("yes | head -c 3000000; exit 7", timeout=60, max_bytes=1000)
+        assert (len(done.output), done.truncated, done.exit_code) == (1000, True, 7)
+        whole = await sandbox.run("printf abc", timeout=60, max_bytes=3)
+        assert (whole.output, whole.truncated) == ("abc", False)
+    finally:
+        await sandbox.close()
+
+
+async def test_a_process_left_holding_the_output_cannot_hang_a_command(env):
+    sandbox = await GradingSandbox.open(env, {"PATH": "/usr/bin:/bin"}, workdir=env.workdir)
+    try:
+        # Same process group: killed when the command ends; its own session: the limit.
+        left = await sandbox.run("sleep 600 & echo started", timeout=60)
+        assert (left.output, left.timed_out) == ("started\n", False)
+        escaped = sandbox.run("setsid sleep 600 > /proc/$$/fd/1 & echo started", timeout=1)
+        assert (await asyncio.wait_for(escaped, 120)).timed_out
+    finally:
+        await sandbox.close()
 
 
 async def _exists(env: AgentEnv, path: str) -> bool:

@@ -64,6 +64,7 @@ _EXPORTS: dict[str, str] = {
     "RewardInfraError": "uniagent.reward",
     "GradingSandbox": "uniagent.grading.sandbox",
     "GradingOutput": "uniagent.grading.sandbox",
+    "GradingReadError": "uniagent.grading.sandbox",
     "GradingSetupError": "uniagent.grading.integrity",
     "Workspace": "uniagent.protect.settings",
     "IntegrityDefaults": "uniagent.protect.settings",
@@ -121,6 +122,7 @@ __all__ = [
     "ErrorKind",
     "ExitReason",
     "GradingOutput",
+    "GradingReadError",
     "GradingSandbox",
     "GradingSetupError",
     "IntegrityDefaults",
@@ -209,7 +211,7 @@ if TYPE_CHECKING:  # pragma: no cover - what type checkers and IDEs see
     )
     from uniagent.exit import ExitReason
     from uniagent.grading.integrity import GradingSetupError
-    from uniagent.grading.sandbox import GradingOutput, GradingSandbox
+    from uniagent.grading.sandbox import GradingOutput, GradingReadError, GradingSandbox
     from uniagent.hookspecs import hookimpl
     from uniagent.parsers.base import (
         ErrorKind,

@@ -8,6 +8,7 @@ from pathlib import Path
 
 import pytest
 from uniagent_reward_swebench import EvalSpec, grade
+from uniagent_reward_swebench.evalrun import EvalRun, marker, with_exit_status
 from uniagent_reward_swebench.rows import r2e_test_name
 from uniagent_reward_swebench.scripts import (
     APPLY_PATCH_FAIL,
@@ -140,3 +141,72 @@ def test_log_parsers_run_on_real_output_of_this_python(pytest_log: str) -> None:
     assert "PASSED test_mod.py::test_ok" in pytest_log
     assert "FAILED test_mod.py::test_broken" in pytest_log
     assert Path(sys.executable).exists()
+
+
+# -- the run read by its structure (evalrun) -------------------------------------------------
+
+NONCE = "0123456789abcdef"
+
+
+def test_the_runners_steps_count_only_before_the_test_region(pytest_log: str) -> None:
+    # Everything the tested code prints is after the start line, nonce and all.
+    forged = "\n".join([
+        marker(NONCE, "workdir-missing"),
+        marker(NONCE, "patch-failed"),
+        ">>>>> Tests Errored: Cannot allocate memory",
+        ">>>>> Patch Apply Failed",
+        ">>>>> Test Exit Code: 0",
+    ])
+    output = f"Checking patch x\n{marker(NONCE, 'tests')}\n{pytest_log}{forged}\n"
+    run = EvalRun.read(output, NONCE, exit_code=1, exit_known=True)
+    assert run.started and not run.workdir_missing and not run.patch_failed
+    log = run.swebench_log()
+    assert ">>>>> Tests Errored" not in log and ">>>>> Patch Apply Failed" not in log
+    assert log.count(">>>>> Test Exit Code") == 1 and log.endswith(">>>>> Test Exit Code: 1\n")
+    result = grade(spec(["test_mod.py::test_ok"]), log)
+    # graded on the real results: the forged lines neither mask nor pass
+    assert result["test_output_found"] and result["resolved"]
+    assert result["failure_reason"] is None
+
+
+def test_the_exit_status_comes_from_the_process_not_the_log(pytest_log: str) -> None:
+    # A log without failures of the required test, but the test command failed: not graded.
+    region = pytest_log.replace("FAILED test_mod.py::test_broken", "") + (
+        ">>>>> Test Exit Code: 0\n")
+    output = f"{marker(NONCE, 'tests')}\n{region}"
+    run = EvalRun.read(output, NONCE, exit_code=1, exit_known=True)
+    result = grade(spec(["test_mod.py::test_ok"]), run.swebench_log())
+    assert not result["resolved"] and not result["test_output_found"]
+
+
+def test_runner_failures_before_the_region_are_read_from_their_markers() -> None:
+    missing = EvalRun.read(f"{marker(NONCE, 'workdir-missing')}\n", NONCE, exit_code=3,
+                           exit_known=True)
+    assert missing.workdir_missing and not missing.started
+    failed = EvalRun.read(f"error: patch failed\n{marker(NONCE, 'patch-failed')}\n", NONCE,
+                          exit_code=4, exit_known=True)
+    assert failed.patch_failed
+    assert grade(spec(["test_mod.py::test_ok"]), failed.swebench_log())["failure_reason"] == (
+        "test_patch_did_not_apply")
+    other = EvalRun.read(f"{marker('f' * 16, 'workdir-missing')}\n", NONCE, exit_code=3,
+                         exit_known=True)
+    assert not other.workdir_missing  # another nonce: not this runner's
+
+
+def test_a_parser_that_fails_on_the_test_output_grades_unresolved() -> None:
+    # Django's parser fails on a bare "ERROR:" line, which the tested code can print.
+    log = f"+ : '{START_TEST_OUTPUT}'\ntest_x (m.T) ... ok\nERROR:\n+ : '{END_TEST_OUTPUT}'\n"
+    result = grade(spec(["test_x (m.T)"], log_parser="parse_log_django"), log)
+    assert not result["resolved"]
+    assert result["failure_reason"] == "log_parser_failed"
+    assert "IndexError" in result["parser_error"]
+
+
+def test_the_eval_script_exits_with_its_test_commands_status() -> None:
+    script = f": '{START_TEST_OUTPUT}'\npytest -x\n: '{END_TEST_OUTPUT}'\ngit checkout x t.py\n"
+    text, known = with_exit_status(script)
+    assert known
+    lines = text.splitlines()
+    assert lines[-1] == 'exit "$SWEBENCH_TEST_EXIT_CODE"'
+    assert lines.index("SWEBENCH_TEST_EXIT_CODE=$?") == lines.index("pytest -x") + 1
+    assert with_exit_status("pytest -x\n")[1] is False

@@ -264,22 +264,42 @@ class AgentEnv:
         except Exception:
             return False
 
+    async def ended_from_inside(self) -> bool:
+        """Whether a sandbox that is gone ended on its own, not stopped or lost from outside.
+
+        A container whose server was killed from inside (the agent's command, or the
+        tested code while grading) is the policy's doing, like a shell the agent ended
+        on the host. Deployments may provide ``ended_from_inside()``; without it a
+        sandbox that died counts as infrastructure.
+        """
+        if self._closed or not self._started:
+            return False
+        probe = getattr(self.deployment, "ended_from_inside", None)
+        if probe is None:
+            return False
+        try:
+            return bool(await probe())
+        except Exception:
+            return False
+
     async def stop_agent(self) -> None:
         """End the agent's session and every process it started; the sandbox's files stay.
 
         After this, :meth:`run_action` refuses: grading uses one-off clean shells
         (:meth:`execute`). The deployment's ``kill_processes()`` ends the processes
-        that left the session's process group (``setsid``, daemons).
+        that left the session's process group (``setsid``, daemons). Called again
+        (a second grading), it ends whatever an earlier grading's commands left running.
         """
-        if self._agent_stopped or self._closed or not self._started:
+        if self._closed or not self._started:
             self._agent_stopped = True
             return
-        self._agent_stopped = True
-        with contextlib.suppress(Exception):
-            await asyncio.wait_for(
-                self.runtime.close_session(CloseBashSessionRequest(session=SESSION)),
-                self.config.close_timeout,
-            )
+        if not self._agent_stopped:
+            self._agent_stopped = True
+            with contextlib.suppress(Exception):
+                await asyncio.wait_for(
+                    self.runtime.close_session(CloseBashSessionRequest(session=SESSION)),
+                    self.config.close_timeout,
+                )
         await asyncio.wait_for(self.deployment.kill_processes(), self.config.close_timeout)
 
     async def execute(
@@ -362,6 +382,12 @@ class AgentEnv:
             return ShellKilledError(
                 f"{message} (the sandbox still runs: the command itself ended or wedged the "
                 "shell)",
+                partial,
+            )
+        if await self.ended_from_inside():
+            return ShellKilledError(
+                f"{message} (the sandbox's server ended from inside during the command: the "
+                "command itself ended it)",
                 partial,
             )
         return TerminalNotAliveError(message, partial)

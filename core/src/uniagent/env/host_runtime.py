@@ -34,6 +34,52 @@ from uniagent.env.runtime import (
 if TYPE_CHECKING:  # pragma: no cover
     from uniagent.env.host import EpisodeLayout, HostDeploymentConfig
 
+#: Bytes a one-off command (``execute``) may print, stdout and stderr each; beyond it the
+#: command is killed: what a sandbox prints never grows this process's memory unbounded.
+EXECUTE_OUTPUT_LIMIT = 1 << 30
+
+
+class _OutputTooLarge(Exception):
+    pass
+
+
+async def _read_bounded(stream: asyncio.StreamReader | None) -> bytes:
+    if stream is None:
+        return b""
+    chunks: list[bytes] = []
+    size = 0
+    while chunk := await stream.read(1 << 20):
+        size += len(chunk)
+        if size > EXECUTE_OUTPUT_LIMIT:
+            raise _OutputTooLarge
+        chunks.append(chunk)
+    return b"".join(chunks)
+
+
+def _close_pipes(proc: asyncio.subprocess.Process) -> None:
+    """Stop reading ``proc``'s output: a process it left behind may hold the pipes open, and
+    asyncio's ``wait()`` waits for them to close as well as for the exit."""
+    transport = getattr(proc, "_transport", None)
+    if transport is not None:
+        with contextlib.suppress(Exception):
+            transport.close()
+
+
+async def _abandon(proc: asyncio.subprocess.Process) -> None:
+    """Kill ``proc``'s process group and stop waiting for anything else that holds its output."""
+    with contextlib.suppress(ProcessLookupError):
+        os.killpg(proc.pid, signal.SIGKILL)
+    _close_pipes(proc)
+    with contextlib.suppress(asyncio.TimeoutError):
+        await asyncio.wait_for(proc.wait(), 30)
+
+
+async def _bounded_communicate(proc: asyncio.subprocess.Process) -> tuple[bytes, bytes]:
+    """``proc.communicate()`` that gives up past :data:`EXECUTE_OUTPUT_LIMIT` bytes."""
+    out, err = await asyncio.gather(_read_bounded(proc.stdout), _read_bounded(proc.stderr))
+    await proc.wait()
+    return out, err
+
 
 class HostRuntime:
     """SWE-ReX's runtime interface over :class:`BashSession` s and host file operations."""
@@ -154,14 +200,22 @@ class HostRuntime:
             start_new_session=True,
         )
         try:
-            out, err = await asyncio.wait_for(proc.communicate(), command.timeout)
+            out, err = await asyncio.wait_for(_bounded_communicate(proc), command.timeout)
         except asyncio.TimeoutError:
-            with contextlib.suppress(ProcessLookupError):
-                os.killpg(proc.pid, signal.SIGKILL)
-            await proc.wait()
+            await _abandon(proc)
             raise CommandTimeoutError(
                 f"{text!r} did not finish within {command.timeout} s"
             ) from None
+        except _OutputTooLarge:
+            await _abandon(proc)
+            raise EnvError(
+                f"{text!r} printed more than {EXECUTE_OUTPUT_LIMIT} bytes; it was killed"
+            ) from None
+        except BaseException:  # cancelled: leave nothing running
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(proc.pid, signal.SIGKILL)
+            _close_pipes(proc)
+            raise
         result = CommandResponse(
             stdout=out.decode("utf-8", "backslashreplace"),
             stderr=(err or b"").decode("utf-8", "backslashreplace"),

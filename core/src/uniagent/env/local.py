@@ -166,6 +166,8 @@ def _container_class() -> type:
             super().__init__(logger=log, **kwargs)
             self.options = options
             self._proc: asyncio.subprocess.Process | None = None
+            #: Set when uniagent stops the container (so its end is not "from inside").
+            self.stopping = False
             # Closed in stop(); the engine writes to it for the container's whole life.
             self._log = tempfile.NamedTemporaryFile(  # noqa: SIM115
                 prefix="uniagent-container-", suffix=".log"
@@ -234,7 +236,19 @@ def _container_class() -> type:
                 return IsAliveResponse(is_alive=False, message=self._exit_reason() or "not started")
             return await self._runtime.is_alive(timeout=timeout)
 
+        async def ended_by_itself(self) -> bool:
+            """Whether the container is gone or its server stopped answering, uniagent not
+            having stopped it: something inside ended it (waits for the engine to notice)."""
+            proc = self._proc
+            if self.stopping or proc is None:
+                return False
+            if proc.returncode is None:
+                with contextlib.suppress(asyncio.TimeoutError):
+                    await asyncio.wait_for(asyncio.shield(proc.wait()), 15)
+            return not self.stopping
+
         async def stop(self) -> None:  # replaces upstream's blocking stop
+            self.stopping = True
             self._runtime = None  # the container goes, and its server with it
             proc, name = self._proc, self._container_name
             self._proc = None
@@ -320,6 +334,13 @@ class LocalDeployment:
     async def sandbox_alive(self) -> bool:
         """Whether the container and its server run (the agent's shell may be gone)."""
         return await self.is_alive()
+
+    async def ended_from_inside(self) -> bool:
+        """Whether the container (or its server) ended without uniagent stopping it: the
+        agent's command or the tested code killed the server, or the container's memory
+        limit did. Asked only once the server no longer answers."""
+        container = self._container
+        return container is not None and bool(await container.ended_by_itself())
 
     async def kill_processes(self) -> None:
         """End every process in the container except its server (before grading)."""

@@ -200,7 +200,9 @@ class Deployment(Protocol):
     :attr:`runtime` (a :class:`Runtime`), then :meth:`stop`. SWE-ReX
     deployments provide the first four members; a uniagent deployment adds the
     rest (``None`` / :meth:`is_alive` / a no-op where a backend cannot do more,
-    said in its docs).
+    said in its docs). Optionally, ``async ended_from_inside() -> bool`` says that a
+    sandbox that stopped answering ended on its own (its server killed from inside:
+    the policy's doing, see :meth:`uniagent.env.AgentEnv.ended_from_inside`).
     """
 
     async def start(self) -> None:

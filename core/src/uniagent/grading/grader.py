@@ -10,17 +10,23 @@ scan in the episode's sandbox, whose only use is then to give up the agent's
 patch; a new sandbox is started from the task's own deployment and set-up, the
 patch applied there, and the reward runs in it.
 
-Failures are classified so that neither side can pass for the other: what
-worked before the agent's first turn and fails after it, in a sandbox still
-alive, is the agent's doing (score 0, trained on); a sandbox that died, a fresh
-sandbox that cannot start, a :class:`~uniagent.reward.RewardInfraError` is
-infrastructure (``reward_error``, masked).
+Failures are classified so that the policy cannot choose to be masked: what
+fails after the agent's first command, in a sandbox still alive or one whose
+server was ended from inside, is the policy's doing (score 0, trained on, the
+exception in ``reward_info.error``), the reward's own exceptions included (the
+tested code's output can cause them); so is grading past ``grading_timeout``.
+Infrastructure (``reward_error``, masked) is only what the agent cannot reach: a
+sandbox that died from outside, a fresh sandbox that cannot start or does not
+reproduce the base, a :class:`~uniagent.reward.RewardInfraError`.
 """
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import logging
 import time
+import traceback
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
@@ -86,6 +92,10 @@ class EpisodeGrader:
         self.baseline: Baseline | None = None
         self._tampered: list[Tamper] = []
         self.prepare_seconds = 0.0
+        #: What grading does now ("checking", "starting the fresh sandbox", "the reward") and
+        #: in which sandbox: a grading timeout is the agent's unless it hit a fresh start.
+        self._phase = "checking"
+        self._active: AgentEnv | None = None
 
     @property
     def uses_sandbox(self) -> bool:
@@ -128,6 +138,23 @@ class EpisodeGrader:
             return await self._run_reward(None, context, {})
         assert self.baseline is not None, "prepare() was not called"
         await env.stop_agent()
+        self._phase, self._active = "checking", env
+        limit = self.plan.integrity.grading_timeout
+        work = asyncio.ensure_future(self._grade_open(env, context))
+        try:
+            done, _ = await asyncio.wait({work}, timeout=limit)
+        except asyncio.CancelledError:
+            work.cancel()
+            raise
+        if work in done:
+            return work.result()
+        work.cancel()
+        with contextlib.suppress(BaseException):
+            await work
+        return await self._timed_out(limit)
+
+    async def _grade_open(self, env: AgentEnv, context: dict[str, Any]) -> Grade:
+        assert self.baseline is not None
         try:
             sandbox = await GradingSandbox.open(
                 env, self.baseline.environment, workdir=self.baseline.repo
@@ -138,6 +165,19 @@ class EpisodeGrader:
             return await self._grade(env, sandbox, context)
         finally:
             await sandbox.close()
+
+    async def _timed_out(self, limit: float) -> Grade:
+        """Grading ran past ``grading_timeout``: the tested code's doing unless infrastructure."""
+        what = f"grading did not finish within {limit:g} s (integrity.grading_timeout)"
+        if self._phase == "starting the fresh sandbox":
+            raise GradingInfraError(f"{what}: the fresh sandbox did not start in time")
+        active = self._active
+        alive = active is None or await active.sandbox_alive()
+        if not alive and not (active is not None and await active.ended_from_inside()):
+            raise GradingInfraError(f"{what}, and the sandbox died ({self._phase})")
+        log.info("%s while %s (scored 0)", what, self._phase)
+        info = {"grade_in": self.plan.grade_in, **(self.baseline.report() if self.baseline else {})}
+        return self._zero(info, "grading_timed_out", f"{what}, while {self._phase}")
 
     async def _grade(
         self, env: AgentEnv, sandbox: GradingSandbox, context: dict[str, Any]
@@ -171,6 +211,7 @@ class EpisodeGrader:
         if settings.on_tamper == "zero" and any(t.scores for t in self._tampered):
             return self._zero(info, "tampered", "protected files, code or tools were changed")
         if mode == "episode":
+            self._phase = "the reward"
             return await self._run_reward(sandbox, context, info, env=env)
         kept = [p for p in parts if not integrity.is_protected(baseline.rules, p.path)]
         return await self._grade_fresh(env, join_patch(kept), context, info)
@@ -181,6 +222,7 @@ class EpisodeGrader:
         baseline = self.baseline
         assert baseline is not None and baseline.repo is not None
         started = time.perf_counter()
+        self._phase = "starting the fresh sandbox"
         try:
             fresh = self.plan.fresh_env()
             await fresh.start()
@@ -209,9 +251,10 @@ class EpisodeGrader:
             if problem is not None:
                 return self._zero(info, "patch_did_not_apply", problem)
             sandbox = await GradingSandbox.open(fresh, environment, workdir=repo)
+            self._phase, self._active = "the reward", fresh
             try:
                 return await self._run_reward(
-                    sandbox, context, info, env=fresh, fresh=True, repo=repo
+                    sandbox, context, info, env=fresh, repo=repo
                 )
             finally:
                 await sandbox.close()
@@ -229,7 +272,6 @@ class EpisodeGrader:
         info: dict[str, Any],
         *,
         env: AgentEnv | None = None,
-        fresh: bool = False,
         repo: str | None = None,
     ) -> Grade:
         ctx = RewardContext(
@@ -246,10 +288,6 @@ class EpisodeGrader:
         except Exception as exc:
             if sandbox is None or env is None:
                 raise
-            if fresh:  # the agent never touched this sandbox
-                raise GradingInfraError(
-                    f"the reward failed in the fresh sandbox: {type(exc).__name__}: {exc}"
-                ) from exc
             return await self._after_agent(env, exc, "the reward", info, probe=sandbox)
         return Grade(float(outcome.score), {**dict(outcome.info), **({"integrity": info}
                                                                      if info else {})})
@@ -269,25 +307,45 @@ class EpisodeGrader:
         *,
         probe: GradingSandbox | None = None,
     ) -> Grade:
-        """A step failed after the agent acted: the agent's doing unless infrastructure."""
+        """A step failed after the agent acted: scored 0 and trained on, unless infrastructure.
+
+        Infrastructure is only a sandbox that died from outside (and a
+        :class:`~uniagent.reward.RewardInfraError`). A sandbox whose server was ended
+        from inside, a step that broke in a sandbox that still runs, and an exception
+        of the reward itself (``probe``: the tested code's output can make one) score 0,
+        the exception recorded in ``error``.
+        """
         info = dict(info or {})
         if isinstance(exc, RewardInfraError):
             raise exc
+        failure = f"{what}: {type(exc).__name__}: {exc}"
         if not await env.sandbox_alive():
-            raise GradingInfraError(f"the sandbox died while {what}: {exc}") from exc
+            if not await env.ended_from_inside():
+                raise GradingInfraError(f"the sandbox died while {what}: {exc}") from exc
+            log.info("the sandbox ended from inside while %s (scored 0): %s", what, exc)
+            return self._zero(info, "sandbox_ended_by_agent", failure, error=_traceback(exc))
         if probe is not None and await _writable(probe):
-            # The sandbox is healthy and the step is the reward's own: a bug, not the agent.
-            raise GradingInfraError(f"{what} failed: {type(exc).__name__}: {exc}") from exc
+            log.warning("%s failed in a healthy sandbox (scored 0, recorded): %s", what, exc)
+            return self._zero(info, "reward_failed", failure, error=_traceback(exc))
         log.info("%s failed after the agent acted (scored 0): %s", what, exc)
-        return self._zero(info, "sandbox_broken_by_agent", f"{what}: {type(exc).__name__}: {exc}")
+        return self._zero(info, "sandbox_broken_by_agent", failure, error=_traceback(exc))
 
     def _record(self, found: list[Tamper]) -> None:
         seen = {(t.kind, t.path, t.change, t.rule) for t in self._tampered}
         self._tampered += [t for t in found if (t.kind, t.path, t.change, t.rule) not in seen]
 
-    def _zero(self, info: dict[str, Any], reason: str, detail: str) -> Grade:
+    def _zero(
+        self, info: dict[str, Any], reason: str, detail: str, *, error: str | None = None
+    ) -> Grade:
         info = {**info, "tampered": [t.to_dict() for t in self._tampered]}
-        return Grade(0.0, {"score_reason": reason, "detail": detail[-2000:], "integrity": info})
+        out: dict[str, Any] = {"score_reason": reason, "detail": detail[-2000:], "integrity": info}
+        if error is not None:
+            out["error"] = error[-4000:]
+        return Grade(0.0, out)
+
+
+def _traceback(exc: BaseException) -> str:
+    return "".join(traceback.format_exception(exc)).rstrip()
 
 
 async def _writable(sandbox: GradingSandbox) -> bool:

@@ -23,7 +23,7 @@ from typing import TYPE_CHECKING, Any
 
 from uniagent.env.errors import EnvError
 from uniagent.grading import scripts
-from uniagent.grading.sandbox import GradingSandbox, grading_environment
+from uniagent.grading.sandbox import OUTPUT_LIMIT, GradingSandbox, grading_environment
 from uniagent.protect.rules import RuleSet, runner_section
 from uniagent.protect.settings import IntegrityDefaults, IntegritySettings, Workspace
 
@@ -103,17 +103,38 @@ class Baseline:
 
 
 async def run_script(
-    sandbox: GradingSandbox, script: str, variables: Mapping[str, str], *, what: str
+    sandbox: GradingSandbox,
+    script: str,
+    variables: Mapping[str, str],
+    *,
+    what: str,
+    max_bytes: int = OUTPUT_LIMIT,
 ) -> str:
     """Run one of :mod:`uniagent.grading.scripts`; its output, or a :class:`GradingSetupError`."""
     done = await sandbox.run(
-        scripts.with_vars(script, variables), timeout=SCRIPT_TIMEOUT, cwd="/"
+        scripts.with_vars(script, variables), timeout=SCRIPT_TIMEOUT, cwd="/", max_bytes=max_bytes
     )
+    if done.timed_out:
+        raise GradingSetupError(f"{what} did not finish within {SCRIPT_TIMEOUT:g} s")
+    if done.truncated:
+        raise GradingSetupError(f"{what} printed more than {max_bytes} bytes")
     if done.exit_code != 0:
         raise GradingSetupError(
             f"{what} failed in the sandbox (exit {done.exit_code}): {done.output[-800:]}"
         )
     return done.output
+
+
+def blob(output: str, name: str) -> bytes:
+    """The bytes a script printed as ``blob:NAME=<base64>`` (a :class:`GradingSetupError` if
+    it printed none)."""
+    for line in output.splitlines():
+        if line.startswith(f"blob:{name}="):
+            try:
+                return base64.b64decode(line.split("=", 1)[1].strip(), validate=True)
+            except ValueError as exc:
+                raise GradingSetupError(f"the sandbox's {name} is garbled: {exc}") from None
+    raise GradingSetupError(f"the sandbox printed no {name}: {output[-500:]}")
 
 
 async def capture(
@@ -136,12 +157,10 @@ async def capture(
         # sandbox costs a process start, under bubblewrap a namespace set-up too).
         scrub = settings.scrub_history
         scrub = scrub if scrub is not None else defaults.scrub_history
-        out = f"{sandbox.scratch}/list"
-        variables = {"REPO": repo, "BASE": workspace.base_commit or "", "OUT": out,
+        variables = {"REPO": repo, "BASE": workspace.base_commit or "",
                      "SCRUB": "1" if scrub else "0"}
-        report = _key_values(
-            await run_script(sandbox, scripts.PREPARE, variables, what="taking the baseline")
-        )
+        output = await run_script(sandbox, scripts.PREPARE, variables, what="taking the baseline")
+        report = key_values(output)
         if report.get("missing"):
             raise GradingSetupError(
                 f"the repository to grade, {repo!r}, does not exist in the sandbox; set the "
@@ -155,7 +174,7 @@ async def capture(
                                                   else None)
         if baseline.base is not None:
             baseline.base_tree = str(report.get("tree")) if report.get("tree") else None
-        baseline.listing = _parse_listing(await sandbox.read_bytes(out))
+        baseline.listing = _parse_listing(blob(output, "list"))
         protected = [p for p, kind in baseline.listing.items()
                      if kind in "fl" and is_protected(rules, p)]
         baseline.snapshot = await pack(sandbox, repo, protected, settings.snapshot_max_bytes)
@@ -206,12 +225,12 @@ async def scrub_history(
     """Remove what could reveal the fix from the repository's git data (see ``SCRUB``)."""
     variables = {"REPO": repo, "BASE": base or ""}
     output = await run_script(sandbox, scripts.SCRUB, variables, what="the history scrub")
-    report = _key_values(output)
+    report = key_values(output)
     report["head_is_base"] = bool(report.get("head_is_base"))
     return report
 
 
-def _key_values(output: str) -> dict[str, Any]:
+def key_values(output: str) -> dict[str, Any]:
     """``key=value`` lines (numbers as ints)."""
     report: dict[str, Any] = {}
     for line in output.splitlines():
@@ -223,9 +242,8 @@ def _key_values(output: str) -> dict[str, Any]:
 
 async def list_tree(sandbox: GradingSandbox, repo: str) -> dict[str, str]:
     """Every entry under ``repo``: path -> ``f`` / ``l`` / ``d`` (git's bulk skipped)."""
-    out = f"{sandbox.scratch}/list"
-    await run_script(sandbox, scripts.LIST, {"REPO": repo, "OUT": out}, what="listing the repo")
-    return _parse_listing(await sandbox.read_bytes(out))
+    output = await run_script(sandbox, scripts.LIST, {"REPO": repo}, what="listing the repo")
+    return _parse_listing(blob(output, "list"))
 
 
 def _parse_listing(data: bytes) -> dict[str, str]:
@@ -245,12 +263,16 @@ async def pack(
     if not paths:
         return {}
     names = f"{sandbox.scratch}/names"
-    out = f"{sandbox.scratch}/pack"
-    await sandbox.write_file(names, "".join(f"{p}\0" for p in paths))
-    await run_script(
-        sandbox, scripts.PACK, {"REPO": repo, "LIST": names, "OUT": out}, what="packing files"
+    listed = "".join(f"{p}\0" for p in paths)
+    try:
+        await sandbox.write_file(names, listed)
+    except UnicodeEncodeError:  # a name that is not UTF-8: byte for byte
+        await sandbox.write_bytes(names, _nul_list(paths))
+    output = await run_script(
+        sandbox, scripts.PACK, {"REPO": repo, "LIST": names}, what="packing files",
+        max_bytes=min(limit, 1 << 40) * 4 // 3 + (1 << 20),
     )
-    raw = base64.b64decode((await sandbox.read_bytes(out)).strip() or b"")
+    raw = blob(output, "pack")
     if len(raw) > limit:
         raise GradingSetupError(
             f"the protected files of {repo} take {len(raw)} bytes, more than snapshot_max_bytes "

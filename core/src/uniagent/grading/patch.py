@@ -20,7 +20,9 @@ from uniagent.grading.integrity import (
     Baseline,
     GradingSetupError,
     Tamper,
+    blob,
     is_protected,
+    key_values,
     run_script,
 )
 from uniagent.grading.sandbox import GradingSandbox
@@ -49,17 +51,22 @@ async def extract_patch(sandbox: GradingSandbox, baseline: Baseline, limit: int)
     """The agent's whole change against the base, binary-safe; ``None`` without git."""
     if baseline.repo is None or baseline.base is None:
         return None
-    out = f"{sandbox.scratch}/agent.patch"
-    size = await run_script(
+    output = await run_script(
         sandbox,
         scripts.DIFF,
-        {"REPO": baseline.repo, "BASE": baseline.base, "OUT": out},
+        {"REPO": baseline.repo, "BASE": baseline.base, "LIMIT": str(limit)},
         what="taking the agent's patch",
+        max_bytes=limit * 4 // 3 + (1 << 16),
     )
-    lines = size.strip().splitlines()
-    if lines and lines[-1].strip().isdigit() and int(lines[-1]) > limit:
-        raise PatchTooLarge(int(lines[-1]), limit)
-    return await sandbox.read_bytes(out)
+    size = key_values(output).get("size")
+    if not isinstance(size, int):
+        raise GradingSetupError(f"taking the agent's patch gave no size: {output[-500:]}")
+    if size > limit:
+        raise PatchTooLarge(size, limit)
+    patch = blob(output, "patch")
+    if len(patch) != size:
+        raise GradingSetupError(f"the agent's patch has {len(patch)} bytes, not {size}")
+    return patch
 
 
 class PatchTooLarge(Exception):

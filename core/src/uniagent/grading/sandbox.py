@@ -7,6 +7,13 @@ test runners or git), a fresh ``HOME`` and a fresh scratch directory made at
 grading time, so nothing the agent left behind in its shell (aliases,
 functions, exported variables, ``PATH``, ``BASH_ENV``, traps, background jobs)
 or in its home directory reaches the grader.
+
+The grader reads nothing from the sandbox's files on the host side: every
+command's output comes back through the exec channel, cut at a size limit (the
+command's own output cannot grow the grader's memory), and every read of a
+sandbox file (:meth:`GradingSandbox.read_bytes`) is such a command, with a
+regular-file check, a size limit and a timeout; so a file that the tested code
+replaced (by a FIFO, a symlink, a huge file) can neither hang nor flood the grader.
 """
 
 from __future__ import annotations
@@ -14,6 +21,7 @@ from __future__ import annotations
 import base64
 import contextlib
 import re
+import secrets
 import shlex
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -56,6 +64,43 @@ GIT_FUNCTION = (
     '-c "safe.directory=*" -c advice.detachedHead=false -c gc.auto=0 "$@"; }'
 )
 
+#: Bytes of one grading command's output kept by default; more is cut (``truncated``).
+OUTPUT_LIMIT = 64 << 20
+#: Bytes :meth:`GradingSandbox.read_bytes` reads at most by default.
+READ_LIMIT = 64 << 20
+#: Seconds a file read in the sandbox may take.
+READ_TIMEOUT = 120.0
+#: Exit status of :data:`_READ` for a path that is not a regular file.
+_NOT_REGULAR = 66
+
+#: Runs ``$1`` (under ``$5 -s KILL $4`` when ``$5`` names ``timeout``) in a process group of its
+#: own, its output cut at ``$2`` bytes: what was cut is counted (and drained) and reported on
+#: a last line starting with ``$3``. When the command ends, what is left of its process
+#: group is killed, so a process it left behind cannot hold the output open. Exits with the
+#: command's status.
+_BOUNDED = r"""exec 2>/dev/null
+set -m
+{
+  if [ -n "$5" ]; then "$5" -s KILL "$4" bash --norc --noprofile -c "$1" 2>&1 &
+  else bash --norc --noprofile -c "$1" 2>&1 &
+  fi
+  pid=$!
+  wait "$pid"; rc=$?
+  kill -KILL -- "-$pid"
+  exit "$rc"
+} | { head -c "$2"; n=$(wc -c); if [ "$n" -gt 0 ]; then printf '\n%s %s\n' "$3" "$n"; fi; }
+exit "${PIPESTATUS[0]}"
+"""
+#: Reads the regular file ``$p`` (not a symlink), at most ``$n`` bytes, as base64.
+_READ = (
+    '[ -f "$p" ] && [ ! -L "$p" ] || exit 66; set -o pipefail; '
+    'head -c "$n" -- "$p" | base64 -w0'
+)
+
+
+class GradingReadError(EnvError):
+    """A sandbox file could not be read for grading: not a regular file, too large, too slow."""
+
 
 def grading_environment(
     start_env: Mapping[str, str], *, exclude_path: tuple[str, ...] = (), extra: Mapping[str, str]
@@ -85,6 +130,8 @@ class GradingOutput:
     output: str
     exit_code: int | None
     timed_out: bool = False
+    #: The output was longer than the command's limit and was cut there.
+    truncated: bool = False
 
 
 class GradingSandbox:
@@ -108,6 +155,7 @@ class GradingSandbox:
         self.workdir = workdir
         self.scratch = scratch
         self._timeout_bin = timeout_bin
+        self._cut = f"[uniagent-output-cut-{secrets.token_hex(8)}]"
 
     @classmethod
     async def open(
@@ -130,19 +178,23 @@ class GradingSandbox:
         return cls(env, environment, workdir=workdir, scratch=scratch, timeout_bin=timeout_bin)
 
     async def run(
-        self, command: str, *, timeout: float, cwd: str | None = None
+        self,
+        command: str,
+        *,
+        timeout: float,
+        cwd: str | None = None,
+        max_bytes: int = OUTPUT_LIMIT,
     ) -> GradingOutput:
         """Run ``command`` with ``bash -c`` in a clean process (in ``cwd``, default the workdir).
 
-        Killed with its process group after ``timeout`` s (``timed_out``).
+        Killed with its process group after ``timeout`` s (``timed_out``); its merged
+        output is cut after ``max_bytes`` bytes (``truncated``).
         """
-        argv = ["bash", "--norc", "--noprofile", "-c", command]
-        if self._timeout_bin:
-            seconds = f"{max(1.0, timeout):g}"
-            argv = [self._timeout_bin, "-s", "KILL", seconds, *argv]
+        argv = ["bash", "--norc", "--noprofile", "-c", _BOUNDED, "bash", command,
+                str(max_bytes), self._cut, f"{max(1.0, timeout):g}", self._timeout_bin or ""]
         try:
             response = await self._env.execute(
-                argv, env=self.environment, cwd=cwd or self.workdir, timeout=timeout + 60
+                argv, env=self.environment, cwd=cwd or self.workdir, timeout=timeout + 30
             )
         except Exception as exc:
             if "CommandTimeoutError" not in {c.__name__ for c in type(exc).__mro__}:
@@ -150,15 +202,50 @@ class GradingSandbox:
             return GradingOutput(f"[killed after {timeout:g} s]", None, timed_out=True)
         code = response.exit_code
         timed_out = bool(self._timeout_bin) and code in (137, -9)
-        return GradingOutput(response.stdout + response.stderr, code, timed_out)
+        output, truncated = self._uncut(response.stdout + response.stderr)
+        return GradingOutput(output, code, timed_out, truncated)
 
-    async def read_file(self, path: str, errors: str | None = "replace") -> str:
-        """A text file of the sandbox."""
-        return await self._env.read_file(path, errors=errors)
+    def _uncut(self, output: str) -> tuple[str, bool]:
+        """The output without the cut report, and whether it was cut."""
+        head, sep, tail = output.rpartition(f"\n{self._cut} ")
+        if sep and re.fullmatch(r"\d+\n", tail):
+            return head, True
+        return output, False
 
-    async def read_bytes(self, path: str) -> bytes:
-        """A file of the sandbox, byte for byte."""
-        return (await self._env.read_file(path, encoding="latin-1")).encode("latin-1")
+    async def read_bytes(
+        self, path: str, *, max_bytes: int = READ_LIMIT, timeout: float = READ_TIMEOUT
+    ) -> bytes:
+        """A regular file of the sandbox, byte for byte, read by a command in the sandbox.
+
+        Raises :class:`GradingReadError` for a path that is not a regular file (a
+        symlink, a FIFO, a directory, missing), is larger than ``max_bytes``, or is
+        not read within ``timeout`` s.
+        """
+        script = f"p={shlex.quote(path)} n={max_bytes + 1}\n{_READ}"
+        done = await self.run(
+            script, timeout=timeout, cwd="/", max_bytes=(max_bytes + 1) * 4 // 3 + 8
+        )
+        if done.timed_out:
+            raise GradingReadError(f"reading {path} took longer than {timeout:g} s")
+        if done.exit_code == _NOT_REGULAR:
+            raise GradingReadError(f"{path} is not a regular file (or does not exist)")
+        if done.exit_code != 0 or done.truncated:
+            raise GradingReadError(f"could not read {path}: {done.output[-300:]}")
+        try:
+            data = base64.b64decode(done.output.strip(), validate=True)
+        except ValueError as exc:
+            raise GradingReadError(f"could not read {path}: {exc}") from None
+        if len(data) > max_bytes:
+            raise GradingReadError(f"{path} is larger than {max_bytes} bytes")
+        return data
+
+    async def read_file(
+        self, path: str, errors: str | None = "replace", *, max_bytes: int = READ_LIMIT
+    ) -> str:
+        """A regular text file of the sandbox (UTF-8), read as :meth:`read_bytes` does."""
+        return (await self.read_bytes(path, max_bytes=max_bytes)).decode(
+            "utf-8", errors or "strict"
+        )
 
     async def write_file(self, path: str, content: str) -> None:
         """Write a text file (UTF-8) in the sandbox."""
@@ -166,7 +253,7 @@ class GradingSandbox:
 
     async def write_bytes(self, path: str, data: bytes, *, timeout: float = 120) -> None:
         """Write a file byte for byte (sent as base64, decoded in the sandbox)."""
-        staged = f"{path}.b64"
+        staged = f"{path}.{secrets.token_hex(6)}.b64"
         await self._env.write_file(staged, base64.b64encode(data).decode("ascii"))
         q = shlex.quote
         done = await self.run(f"base64 -d {q(staged)} > {q(path)} && rm -f {q(staged)}",

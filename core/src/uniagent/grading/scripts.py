@@ -1,8 +1,10 @@
 """The bash the grader runs in the sandbox (always in clean one-off shells, in the repository).
 
 Every script reads its inputs from variables set on its first line by
-:func:`with_vars` and writes bulk output to files the grader reads back; file
-lists are NUL-separated. Bytes travel as base64 (runtimes carry text).
+:func:`with_vars` and prints what it found on its standard output, the exec
+channel (``key=value`` lines, and bulk data as one ``blob:NAME=<base64>`` line):
+the grader reads no file of the sandbox back. File lists are NUL-separated.
+Bytes travel as base64 (runtimes carry text).
 """
 
 from __future__ import annotations
@@ -19,20 +21,30 @@ def with_vars(script: str, variables: Mapping[str, str]) -> str:
     return f"{head}\n{GIT_FUNCTION}\n{script}"
 
 
-#: Every entry of the tree as ``TYPE PATH\0`` (f file, l symlink, d dir), .git's bulk skipped.
+#: ``blob:list=``: every entry of the tree as ``TYPE PATH\0`` (f file, l symlink, d dir),
+#: .git's bulk skipped.
 LIST = r"""
 cd "$REPO" || exit 3
-find . \( -path ./.git/objects -o -path ./.git/refs -o -path ./.git/logs -o -path ./.git/lfs \
-    -o -path ./.git/modules -o -path ./.git/worktrees \) -prune -o -printf '%y %P\0' \
-    > "$OUT" || exit 4
-if [ -d .git/objects/info ]; then find .git/objects/info -printf '%y %p\0' >> "$OUT"; fi
+set -o pipefail
+printf 'blob:list='
+{
+  find . \( -path ./.git/objects -o -path ./.git/refs -o -path ./.git/logs -o -path ./.git/lfs \
+      -o -path ./.git/modules -o -path ./.git/worktrees \) -prune -o -printf '%y %P\0' \
+      2>"$TMPDIR/list.err" || exit 4
+  if [ -d .git/objects/info ]; then find .git/objects/info -printf '%y %p\0' 2>/dev/null; fi
+} | base64 -w0 || { echo; cat "$TMPDIR/list.err"; exit 4; }
+echo
 exit 0
 """
 
-#: A tar (base64) of the NUL-separated paths in $LIST, without recursing into directories.
+#: ``blob:pack=``: a tar of the NUL-separated paths in $LIST, without recursing into
+#: directories.
 PACK = r"""
 cd "$REPO" || exit 3
-tar --null --no-recursion -T "$LIST" -cf - 2>"$OUT.err" | base64 -w0 > "$OUT" || exit 4
+printf 'blob:pack='
+# tar's own status is not checked: an unreadable file is missing from the pack (a change).
+tar --null --no-recursion -T "$LIST" -cf - 2>/dev/null | base64 -w0 || exit 4
+echo
 exit 0
 """
 
@@ -147,17 +159,22 @@ TOOLCHAIN_TOOLS = (
 )
 
 #: The agent's change as one binary-safe patch against $BASE (untracked files included,
-#: ignored ones not), written to $OUT; the repository's own index is left alone.
+#: ignored ones not): ``size=N``, then ``blob:patch=`` unless it is over $LIMIT bytes; the
+#: repository's own index is left alone.
 DIFF = r"""
 cd "$REPO" || exit 3
 idx="$TMPDIR/index.$$"
+out="$TMPDIR/patch.$$"
 if [ -f .git/index ]; then cp -p .git/index "$idx" || exit 4; else rm -f "$idx"; fi
 export GIT_INDEX_FILE="$idx"
-gitc add -A . >/dev/null 2>"$OUT.err" || exit 5
+gitc add -A . >/dev/null || exit 5
 gitc diff --cached --binary --full-index --no-color --no-ext-diff --no-textconv --no-renames \
-  "$BASE" > "$OUT" 2>>"$OUT.err" || exit 6
+  "$BASE" > "$out" || exit 6
 rm -f "$idx"
-wc -c < "$OUT"
+size=$(wc -c < "$out") || exit 7
+echo "size=$size"
+if [ "$size" -le "$LIMIT" ]; then printf 'blob:patch='; base64 -w0 < "$out" || exit 8; echo; fi
+rm -f "$out"
 exit 0
 """
 
@@ -172,7 +189,7 @@ exit 0
 
 #: Everything the baseline reads in one call: ``missing=1`` when $REPO is not there; the
 #: history scrub when $SCRUB is 1; ``head=`` and ``tree=`` (of $BASE, default HEAD); the
-#: listing of the tree into $OUT (as :data:`LIST`).
+#: listing of the tree (``blob:list=``, as :data:`LIST`).
 PREPARE = r"""
 cd "$REPO" 2>/dev/null || { echo "missing=1"; exit 0; }
 if [ "$SCRUB" = 1 ]; then

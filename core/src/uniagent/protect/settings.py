@@ -95,6 +95,14 @@ class IntegritySettings(BaseModel):
     grading_env: dict[str, str] = Field(
         default_factory=dict, description="variables set for grading commands, applied last"
     )
+    grading_timeout: float = Field(
+        3600.0,
+        gt=0,
+        description="seconds grading an episode may take in all (stop, checks, a fresh "
+        "sandbox, the reward); past it the episode scores 0 (score_reason grading_timed_out, "
+        "trained on: the tested code can hang), unless a fresh sandbox was still starting "
+        "(reward_error). Keep it above the reward's own test timeout",
+    )
     max_patch_bytes: int = Field(
         50_000_000, ge=1, description="a larger patch (grade_in: fresh, content rules) scores 0"
     )

@@ -53,11 +53,13 @@ class SweBenchRewardConfig(BaseModel):
         ),
     )
     infra_failure_is_error: bool = Field(
-        default=True,
+        default=False,
         description=(
             "raise (exit reason reward_error, trajectory masked) instead of scoring 0.0 when "
-            "the log shows an environment failure (swebench's classifier: out of memory, "
-            "network, ...) or the work dir is missing"
+            "the test output shows an environment failure (swebench's classifier: out of "
+            "memory, network, ...). Off by default: the tested code prints into that output, "
+            "so a policy could print such a line to have its own episode masked; turn it on "
+            "only for trusted policies (evaluation). A missing work dir always raises"
         ),
     )
     log_tail_chars: int = Field(

@@ -2,13 +2,17 @@
 
 The core's grader has already stopped the agent's processes, restored the
 files of the test patch and the test-harness files from the task's base, and
-opens a clean shell per command (see the core's docs/rewards.md).
+opens a clean shell per command (see the core's docs/rewards.md). The log comes
+back through the exec channel and is read by its structure
+(:mod:`uniagent_reward_swebench.evalrun`): nothing the tested code prints or
+writes decides what the grader believes about the run.
 """
 
 from __future__ import annotations
 
 import asyncio
 import re
+import secrets
 import shlex
 import tempfile
 import time
@@ -18,6 +22,12 @@ from typing import Any
 from uniagent import RewardContext, RewardResult
 from uniagent_reward_swebench.config import SweBenchRewardConfig
 from uniagent_reward_swebench.errors import EvaluationInfraError
+from uniagent_reward_swebench.evalrun import (
+    EvalRun,
+    revert_script,
+    runner_script,
+    with_exit_status,
+)
 from uniagent_reward_swebench.rows import EvalSpec
 from uniagent_reward_swebench.scripts import (
     APPLY_PATCH_FAIL,
@@ -25,22 +35,38 @@ from uniagent_reward_swebench.scripts import (
     RESET_FAILED,
     START_TEST_OUTPUT,
     TESTS_TIMEOUT,
-    WORKDIR_MISSING,
-    runner_script,
 )
 
-#: Seconds the sandbox call may take beyond ``eval_timeout`` (the script enforces the limit).
-GRACE_SECONDS = 60.0
+#: Seconds the revert of the test patch may take.
+REVERT_TIMEOUT = 60.0
+#: Bytes of test output graded at most; a longer output scores 0 (``test_output_too_large``).
+MAX_LOG_BYTES = 64 << 20
 #: At most this many R2E-Gym status mismatches are listed in the result.
 MAX_MISMATCHES = 50
 
 
 def final_eval_script(spec: EvalSpec) -> str:
-    """The eval script as swebench runs it: its header, and the test exit code recorded."""
-    from swebench.harness.utils import parse_eval_script, record_test_exit_code
+    """The eval script as the grader runs it: swebench's header, and it exits with the test
+    command's status (see :func:`~uniagent_reward_swebench.evalrun.with_exit_status`)."""
+    return with_exit_status(spec.eval_script)[0]
 
-    body = record_test_exit_code(parse_eval_script(spec.eval_script))
-    return "\n".join(["#!/bin/bash", "set -uxo pipefail", *body]) + "\n"
+
+def _unparsed(spec: EvalSpec, error: str) -> dict[str, Any]:
+    """The report of a log its parser failed on: nothing resolved."""
+    f2p, p2p = list(spec.fail_to_pass), list(spec.pass_to_pass)
+    return {
+        "resolution_status": "RESOLVED_NO",
+        "tests_status": {
+            "FAIL_TO_PASS": {"success": [], "failure": f2p},
+            "PASS_TO_PASS": {"success": [], "failure": p2p},
+        },
+        "test_output_found": False,
+        "failure_reason": "log_parser_failed",
+        "parser_error": error[-500:],
+        "infra_failure": False,
+        "infra_failure_reason": None,
+        "resolved": False,
+    }
 
 
 def _failure_reason(log: str) -> str:
@@ -56,7 +82,11 @@ def _failure_reason(log: str) -> str:
 
 
 def grade(spec: EvalSpec, log: str) -> dict[str, Any]:
-    """Parse the test log and grade it with swebench's harness; returns the report."""
+    """Parse the test log and grade it with swebench's harness; returns the report.
+
+    A log parser that fails on the log (the tested code's output can make one
+    fail) grades as unresolved, ``failure_reason: log_parser_failed``.
+    """
     from swebench.harness.constants import FAIL_TO_PASS, PASS_TO_PASS, EvalType, ResolvedStatus
     from swebench.harness.grading import (
         get_eval_tests_report,
@@ -79,8 +109,11 @@ def grade(spec: EvalSpec, log: str) -> dict[str, Any]:
     )
     with tempfile.TemporaryDirectory(prefix="uniagent-swebench-") as tmp:
         log_path = Path(tmp) / "test_output.txt"
-        log_path.write_text(log)
-        status_map, found = get_logs_eval(test_spec, str(log_path))
+        log_path.write_text(log, errors="surrogateescape")
+        try:
+            status_map, found = get_logs_eval(test_spec, str(log_path))
+        except Exception as exc:  # a parser that chokes on what the tests printed
+            return _unparsed(spec, f"{type(exc).__name__}: {exc}")
 
     f2p, p2p = list(spec.fail_to_pass), list(spec.pass_to_pass)
     normalize = spec.normalize_test_name
@@ -155,68 +188,62 @@ async def evaluate(
     """Apply the test patch, run the eval script in the grading sandbox, grade; 1.0 if resolved."""
     sandbox = ctx.require_sandbox()
     q = shlex.quote
+    nonce = secrets.token_hex(16)
     scratch = f"{sandbox.scratch}/swebench"
-    eval_path, run_path, log_path = f"{scratch}/eval.sh", f"{scratch}/run.sh", f"{scratch}/log.txt"
+    eval_path = f"{scratch}/eval.sh"
     patch_path = f"{scratch}/test.patch" if spec.apply_test_patch else None
+    patch = spec.test_patch if spec.test_patch.endswith("\n") else spec.test_patch + "\n"
     # Importing swebench's harness takes about a second: keep it off the event loop.
-    eval_text = await asyncio.to_thread(final_eval_script, spec)
+    eval_text, exit_known = await asyncio.to_thread(with_exit_status, spec.eval_script)
 
     made = await sandbox.run(f"mkdir -p {q(scratch)}", timeout=60, cwd="/")
     if made.exit_code != 0:
-        raise EvaluationInfraError(
-            f"could not create {scratch} in the sandbox ({made.output.strip()[-300:]})"
-        )
+        raise RuntimeError(f"could not create {scratch} in the sandbox ({made.output[-300:]})")
     started = time.monotonic()
     await sandbox.write_file(eval_path, eval_text)
     if patch_path is not None:
-        patch = spec.test_patch if spec.test_patch.endswith("\n") else spec.test_patch + "\n"
         await sandbox.write_file(patch_path, patch)
-    await sandbox.write_file(
-        run_path,
-        runner_script(
-            workdir=spec.workdir,
-            eval_script_path=eval_path,
-            timeout=config.eval_timeout,
-            test_patch_path=patch_path,
-        ),
+    runner = runner_script(
+        workdir=spec.workdir, eval_script_path=eval_path, test_patch_path=patch_path, nonce=nonce
     )
-    await sandbox.run(
-        f"bash {q(run_path)} > {q(log_path)} 2>&1",
-        timeout=config.eval_timeout + GRACE_SECONDS,
-        cwd="/",
-    )
-    try:
-        log = await sandbox.read_file(log_path, errors="replace")
-    except Exception as exc:
-        raise EvaluationInfraError(
-            f"the evaluation of {spec.instance_id} left no log at {log_path} ({exc})"
-        ) from exc
+    done = await sandbox.run(runner, timeout=config.eval_timeout, cwd="/", max_bytes=MAX_LOG_BYTES)
     elapsed = time.monotonic() - started
-
-    if WORKDIR_MISSING in log:
+    run = EvalRun.read(
+        done.output, nonce, exit_code=done.exit_code, exit_known=exit_known,
+        timed_out=done.timed_out, truncated=done.truncated,
+    )  # fmt: skip
+    if run.workdir_missing:
         raise EvaluationInfraError(
             f"the work dir {spec.workdir!r} does not exist in the sandbox; set the reward "
             "config's workdir to the repository checkout (default /testbed, as in SWE-bench "
             "images)"
         )
+    revert = None
+    if patch_path is not None and run.started:
+        revert = revert_script(workdir=spec.workdir, test_patch=patch, nonce=nonce)
+    if revert is not None:
+        reverted = await sandbox.run(revert, timeout=REVERT_TIMEOUT, cwd="/", max_bytes=1 << 16)
+        run = run.with_revert(reverted.output, nonce)
+    log = run.swebench_log()
     result = await asyncio.to_thread(grade, spec, log)
+    if run.truncated:
+        result.update(resolved=False, failure_reason="test_output_too_large")
     if result["infra_failure"] and config.infra_failure_is_error:
         raise EvaluationInfraError(
             f"the evaluation of {spec.instance_id} failed for environmental reasons "
             f"({result['infra_failure_reason']}); the log ends with:\n{log[-1500:]}"
         )
-    conflicts = conflicting_results(log, [*spec.fail_to_pass, *spec.pass_to_pass])
+    conflicts = conflicting_results(run.region, [*spec.fail_to_pass, *spec.pass_to_pass])
     if conflicts:
         result["resolved"] = False
         result["conflicting_results"] = conflicts
-    tail = log[-config.log_tail_chars :] if config.log_tail_chars else ""
+    tail = done.output[-config.log_tail_chars :] if config.log_tail_chars else ""
     info: dict[str, Any] = {
         "dataset": spec.dataset,
         "instance_id": spec.instance_id,
         **result,
-        "test_patch_applied": (
-            None if patch_path is None else result["failure_reason"] != "test_patch_did_not_apply"
-        ),
+        "test_patch_applied": None if patch_path is None else not run.patch_failed,
+        "test_exit_code": run.exit_code if run.exit_known else None,
         "log_parser": spec.log_parser,
         "eval_type": spec.eval_type,
         "eval_seconds": round(elapsed, 3),

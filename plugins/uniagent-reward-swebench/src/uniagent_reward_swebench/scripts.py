@@ -18,7 +18,8 @@ END_TEST_OUTPUT = ">>>>> End Test Output"
 APPLY_PATCH_FAIL = ">>>>> Patch Apply Failed"
 RESET_FAILED = ">>>>> Reset Failed"
 TESTS_TIMEOUT = ">>>>> Tests Timed Out"
-#: Printed by the runner when the work dir is missing: an environment problem, not the policy's.
+#: Formerly printed by the runner when the work dir is missing; the runner now prints a nonce
+#: marker before the test region (see :mod:`uniagent_reward_swebench.evalrun`).
 WORKDIR_MISSING = ">>>>> uniagent: work dir missing"
 
 _PYTEST = "pytest --no-header -rA --tb=no -p no:cacheprovider"
@@ -116,47 +117,4 @@ def generate_eval_script(
             lines.append(f"{command} {args}".rstrip() + " || uniagent_rc=$?")
         lines.append("( exit $uniagent_rc )")
     lines.append(f": '{END_TEST_OUTPUT}'")
-    return "\n".join(lines) + "\n"
-
-
-def runner_script(
-    *,
-    workdir: str,
-    eval_script_path: str,
-    timeout: float,
-    test_patch_path: str | None,
-) -> str:
-    """The wrapper that applies the test patch, runs the eval script under a timeout, reverts.
-
-    The test patch's files were already put back as they were at the base (the
-    core's grader restores them from its snapshot: SWE-bench's rule that test
-    files are the benchmark's, not the agent's). Afterwards the patch is
-    reversed, so the sandbox can be graded again.
-    """
-    q = shlex.quote
-    lines = [
-        "#!/bin/bash",
-        f"cd {q(workdir)} 2>/dev/null || {{ echo {q(f'{WORKDIR_MISSING}: {workdir}')}; exit 3; }}",
-    ]
-    restore = "true"
-    if test_patch_path is not None:
-        lines.append(
-            f"if ! git apply -v {q(test_patch_path)}; then echo {q(APPLY_PATCH_FAIL)}; exit 0; fi"
-        )
-        restore = f"git apply -R {q(test_patch_path)} >/dev/null 2>&1 || echo {q(RESET_FAILED)}"
-    seconds = max(1, round(timeout))
-    lines += [
-        "if command -v timeout >/dev/null 2>&1; then",
-        f"  timeout -s KILL {seconds} bash {q(eval_script_path)}",
-        "else",
-        f"  bash {q(eval_script_path)}",
-        "fi",
-        "uniagent_rc=$?",
-        # 137: killed by `timeout -s KILL`; 124 if a plain `timeout` is on PATH instead.
-        "if [ $uniagent_rc -eq 137 ] || [ $uniagent_rc -eq 124 ]; then",
-        f"  echo {q(TESTS_TIMEOUT)}",
-        "fi",
-        restore,
-        "exit 0",
-    ]
     return "\n".join(lines) + "\n"
