@@ -438,7 +438,7 @@ class HFLocalModel(TokenChatModel):
         }
         if turn is not None:
             processors = list(kwargs.pop("logits_processor", None) or ())
-            processors.append(GuidedLogitsProcessor(turn, len(prompt_ids)))
+            processors.append(GuidedLogitsProcessor(turn, len(prompt_ids), limit))
             kwargs["logits_processor"] = _transformers().LogitsProcessorList(processors)
         if temperature > 0:
             kwargs.update(do_sample=True, temperature=temperature)
