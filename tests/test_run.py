@@ -7,6 +7,7 @@ unfixed, so the rewards are known in advance.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import shutil
@@ -15,6 +16,7 @@ import socket
 import subprocess
 import sys
 import tempfile
+import threading
 from collections import Counter
 from collections.abc import Iterator
 from pathlib import Path
@@ -174,8 +176,10 @@ def test_interrupted_run_resumes_and_runs_each_pair_exactly_once(tasks, tmp_path
         gate.release()
         if how != signal.SIGKILL:
             assert proc.returncode == 128 + how, stderr
-            assert stderr.strip().splitlines()[-1].startswith(
-                f"uniagent: interrupted by {signal.Signals(how).name}"
+            assert (
+                stderr.strip()
+                .splitlines()[-1]
+                .startswith(f"uniagent: interrupted by {signal.Signals(how).name}")
             )
             assert "Traceback" not in stderr
             assert sandbox_processes(sandbox_tmp) == [], "every sandbox's processes are gone"
@@ -275,13 +279,14 @@ def test_bad_config_names_what_is_installed(tasks, tmp_path, change, expected):
     assert expected in proc.stderr
 
 
-@pytest.fixture(scope="module")
-def ray_cluster() -> Iterator[tuple[str, dict[str, str]]]:
-    """A local Ray cluster: its address and the environment to run against it."""
-    ray_env = {**os.environ, "RAY_AUTH_MODE": "disabled"}
-    # The cluster's processes do not have the API key (as on a cluster started elsewhere):
-    # the driver hands it to its actors, and the server refuses requests without it.
-    cluster_env = {k: v for k, v in ray_env.items() if k != "OPENAI_API_KEY"}
+@contextlib.contextmanager
+def local_ray_cluster(env: dict[str, str]) -> Iterator[int]:
+    """A head node of a real local Ray cluster (2 CPUs) for the block; yields its port.
+
+    Its processes get ``env`` without the API key (as on a cluster started elsewhere):
+    the driver hands the key to its actors, and the server refuses requests without it.
+    """
+    cluster_env = {k: v for k, v in env.items() if k != "OPENAI_API_KEY"}
     ray = str(Path(sys.executable).parent / "ray")
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
@@ -309,10 +314,18 @@ def ray_cluster() -> Iterator[tuple[str, dict[str, str]]]:
     )
     assert start.returncode == 0, start.stderr
     try:
-        yield f"127.0.0.1:{port}", ray_env
+        yield port
     finally:
-        subprocess.run([ray, "stop", "--force"], capture_output=True, env=ray_env)
+        subprocess.run([ray, "stop", "--force"], capture_output=True, env=env)
         shutil.rmtree(ray_tmp, ignore_errors=True)
+
+
+@pytest.fixture(scope="module")
+def ray_cluster() -> Iterator[tuple[str, dict[str, str]]]:
+    """A local Ray cluster the module's Ray tests share: its address and environment."""
+    ray_env = {**os.environ, "RAY_AUTH_MODE": "disabled"}
+    with local_ray_cluster(ray_env) as port:
+        yield f"127.0.0.1:{port}", ray_env
 
 
 def test_ray_run_gives_the_same_results_as_a_local_run(tasks, tmp_path, sandbox_tmp, ray_cluster):
@@ -393,3 +406,80 @@ def test_a_ray_episode_shows_as_running_also_when_a_resume_runs_it_again(
             for gate in gates:
                 gate.release()
     assert folder.refresh() and folder.rows[key].status == "finished"
+
+
+def test_an_episode_whose_ray_actor_dies_is_retried_once_on_a_new_actor(
+    tasks, tmp_path, sandbox_tmp
+):
+    """``ray.kill`` of the actor while its episode waits on the model (held by a gate):
+    the episode is retried once, on the actor that replaces it; the others run once."""
+    import ray
+
+    ray_env = {**env_for(sandbox_tmp), "RAY_AUTH_MODE": "disabled"}
+    gate = Gate()
+    firsts: Counter[str] = Counter()  # an attempt's first request, by task
+    lock = threading.Lock()
+    answer = policy()
+
+    def reply(body: dict) -> Reply:
+        messages = body["messages"]
+        if len(messages) == 2:  # the system prompt and the task: an attempt's first request
+            task = "mean-empty" if PROBLEMS["mean-empty"] in messages[1]["content"] else "other"
+            with lock:
+                firsts[task] += 1
+                hold = task == "mean-empty" and firsts[task] == 1
+            if hold:
+                gate.hold()  # the first attempt waits here while its actor is killed
+        return answer(body)
+
+    out = tmp_path / "out"
+    with (
+        local_ray_cluster(ray_env) as port,
+        ScriptedChatServer(default=reply, api_key=ray_env["OPENAI_API_KEY"]) as server,
+    ):
+        argv = uniagent_run(
+            server, tasks, out, "--ray", f"127.0.0.1:{port}", "--workers", "1",
+            "--concurrency", "1", "--retry-delay", "0", "--limit", "3",
+        )  # fmt: skip
+        proc = subprocess.Popen(
+            argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=ray_env
+        )
+        try:
+            assert gate.wait_for(1), "the first episode never reached the model"
+            ray.init(address=f"127.0.0.1:{port}", log_to_driver=False)
+            try:
+                (actor,) = ray.util.list_named_actors(all_namespaces=True)
+                killed = actor["name"]
+                ray.kill(ray.get_actor(killed, namespace=actor["namespace"]), no_restart=True)
+            finally:
+                ray.shutdown()
+            _, stderr = proc.communicate(timeout=300)
+            # Nothing of the killed actor's sandbox goes on (the cluster still runs), and
+            # its successor removed the directory it left.
+            assert not sandbox_processes(sandbox_tmp)
+            assert not [p.name for p in sandbox_tmp.glob("uniagent-[0-9]*")]
+        finally:
+            gate.release()  # the killed attempt's request is answered to nobody
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait()
+    assert proc.returncode == 0, stderr
+    records = {r["task_id"]: r for r in results(out)}
+    assert len(results(out)) == 3 == len(records)  # one line per episode
+    retried = records.pop("mean-empty")
+    assert retried["attempt"] == 2 and retried["reward"] == 1.0  # the retry fixed it
+    (previous,) = retried["previous_attempts"]  # exactly one retry
+    assert previous["exit_reason"] == "unknown_error"
+    assert previous["cause"] == (
+        f"unknown_error: the Ray worker {killed} failed (ActorDiedError): "
+        "The actor is dead because it was killed by `ray.kill`."
+    )
+    run_id = json.loads((out / "manifest.json").read_text())["run_id"]
+    assert killed == f"uniagent-{run_id}-0"
+    assert retried["ray_worker"] == f"uniagent-{run_id}-1"  # its successor
+    for record in records.values():
+        assert record["attempt"] == 1 and record["ray_worker"] == f"uniagent-{run_id}-1"
+    assert firsts == {"mean-empty": 2, "other": 2}  # the killed attempt and its one retry
+    directory = Path(retried["episode_dir"])
+    assert "ActorDiedError" in (directory / "attempt-1.log").read_text()
+    assert "finished" in (directory / "log.txt").read_text()

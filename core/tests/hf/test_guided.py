@@ -182,6 +182,32 @@ async def test_a_length_cut_guided_turn_continues_inside_the_grammar(
     assert len(PARSER.parse(text, tools, max_calls=1).tool_calls) == 1
 
 
+@pytest.mark.parametrize(("task", "max_tokens"), [(3, 160), (0, 40)])
+async def test_a_guided_turn_closes_its_call_within_max_tokens(
+    guided: HFLocalModel,
+    agent: ResolvedAgent,
+    tasks: list[dict[str, Any]],
+    tools: list[Any],
+    task: int,
+    max_tokens: int,
+) -> None:
+    # Greedy SmolLM2 writes factorial-zero's first call past the quickstart's 160 tokens
+    # inside the command string, and mean-empty's thought alone past 40 tokens: each turn
+    # is cut to length unless the call is closed in time.
+    model = HFLocalModel(
+        guided.model, guided.tokenizer, sampling_params={"max_tokens": max_tokens},
+        guided="tool_call",
+    )  # fmt: skip
+    cache = first_turn_cache(model, agent, tasks[task], tools)
+    turn = await model.generate(cache, call_format=PARSER)
+    ids = cache.response_ids
+    im_end = guided.tokenizer.convert_tokens_to_ids("<|im_end|>")
+    assert turn.finish_reason == "stop" and ids[-1] == im_end and len(ids) <= max_tokens
+    (call,) = PARSER.parse(turn.text, tools, max_calls=1).tool_calls  # parses and validates
+    assert call.name in {t.name for t in tools}
+    assert cache.response_logprobs[-1] == 0.0  # the end of turn: the only token allowed
+
+
 def test_model_spec_options(plain: HFLocalModel) -> None:
     built = from_spec("hf:smollm2?guided=tool_call&thought=0")
     assert isinstance(built, HFLocalModel)

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import math
+import threading
 
 import pytest
 
@@ -159,3 +160,45 @@ def test_from_spec_hf(model: HFLocalModel) -> None:
     assert built.tokenizer.get_vocab() == model.tokenizer.get_vocab()
     path_built = from_spec(f"hf:{smollm2_gguf_path()}")
     assert isinstance(path_built, HFLocalModel) and path_built.gguf_file == built.gguf_file
+
+
+class TokenCounter:
+    """A ``transformers`` streamer: counts the tokens as they are generated, notes the end."""
+
+    def __init__(self) -> None:
+        self.loop = asyncio.get_running_loop()
+        self.tokens = 0
+        self.first = asyncio.Event()
+        self.ended = threading.Event()
+        self._calls = 0
+
+    def put(self, value: object) -> None:
+        self._calls += 1
+        if self._calls == 1:  # the prompt comes first
+            return
+        self.tokens += 1
+        if self.tokens == 1:
+            self.loop.call_soon_threadsafe(self.first.set)
+
+    def end(self) -> None:
+        self.ended.set()
+
+
+async def test_a_cancelled_generation_stops_at_its_next_token(model: HFLocalModel) -> None:
+    # 2000 tokens would take minutes here; min_new_tokens keeps the model from ending early.
+    counter = TokenCounter()
+    long = HFLocalModel(
+        model.model,
+        model.tokenizer,
+        sampling_params={"max_tokens": 2000, "extra_body": {"min_new_tokens": 2000}},
+        generate_kwargs={"streamer": counter},
+    )
+    task = asyncio.create_task(long.generate(long.start_cache(SHORT)))
+    await counter.first.wait()
+    task.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await task
+    # The cancellation completes only once generation has ended (no thread left running),
+    # and it ended at once, not at max_tokens.
+    assert counter.ended.is_set()
+    assert counter.tokens < 100

@@ -286,3 +286,60 @@ async def test_v1_trainer_contract(
     assert failed_record["traj_masked"] is True
     tags = [o["extra_fields"][k] for o in outputs for k in ("min_global_steps", "max_global_steps")]
     np.array(tags, dtype=int)  # what verl's v1 trainer does with them
+
+
+async def test_sampling_extra_body_is_flattened_into_the_servers_sampling_params(
+    tmp_path: Path, verl_model_dir: Path, qwen3_tokenizer: Any
+) -> None:
+    """The agent config's ``sampling.extra_body`` (and a row's override of it) reaches the
+    server as top-level sampling params beside the named keys; verl's own keys win over
+    both, and ``max_tokens`` is what remains of the budgets, at most the config's."""
+    agent = {
+        **AGENT,
+        "sampling": {
+            "max_tokens": 48,
+            "min_p": 0.05,
+            "seed": 7,
+            "extra_body": {
+                "skip_special_tokens": False,
+                "min_p": 0.1,  # extra_body wins over the named key: passed on as it is
+                "top_k": 3,  # verl sets top_k: verl wins
+                "repetition_penalty": 1.7,  # verl sets it too (1.0)
+            },
+        },
+    }
+    loop_yaml = write_loop_yaml(tmp_path, agent)
+    override = {"sampling": {"extra_body": {"ignore_eos": False, "skip_special_tokens": True}}}
+    rows = [
+        task("plain", "[script:finish]"),
+        task("over", "[script:finish]", tools_kwargs=override),
+    ]
+    batch = make_batch(tmp_path, qwen3_tokenizer, rows)
+    server = ScriptedTokenServer(str(verl_model_dir), SCRIPTS)
+    overrides = {"actor_rollout_ref.rollout.top_k": 20}
+    config = trainer_config(verl_model_dir, loop_yaml, overrides=overrides)
+    out = await make_worker(config, server).generate_sequences(batch)
+    assert agent_field(out, "exit_reason") == ["finished", "finished"]
+
+    verl_keys = {"temperature", "top_p", "top_k", "repetition_penalty", "logprobs"}
+    by_row: dict[str, list[dict[str, Any]]] = {}
+    for call in server.calls:
+        text = qwen3_tokenizer.decode(call.prompt_ids)
+        row = "plain" if "Task plain" in text else "over"
+        by_row.setdefault(row, []).append(call.sampling_params)
+    assert {row: len(calls) for row, calls in by_row.items()} == {"plain": 2, "over": 2}
+    for row, calls in by_row.items():
+        for params in calls:
+            assert "extra_body" not in params
+            assert params["top_k"] == 20 and params["repetition_penalty"] == 1.0  # verl's
+            assert params["logprobs"] is True
+            assert params["min_p"] == 0.1 and params["seed"] == 7
+            assert 0 < params["max_tokens"] <= 48
+            extra = {k: v for k, v in params.items() if k not in verl_keys}
+            expected = {"min_p", "seed", "max_tokens", "skip_special_tokens"}
+            if row == "over":  # the row's extra_body is merged into the config's
+                assert params["ignore_eos"] is False and params["skip_special_tokens"] is True
+                expected.add("ignore_eos")
+            else:
+                assert params["skip_special_tokens"] is False
+            assert set(extra) == expected

@@ -16,6 +16,12 @@ included; a bare newline is an empty thought); ``thought_chars=0`` allows none.
 that ends a guided turn. One call per turn. The parser still parses and validates
 the text as usual.
 
+The turn's token budget (``max_tokens``, or what is left of the episode's) is part of the
+constraint: the call is closed before the budget runs out, so a guided turn that fits
+at all is a complete call, never one cut inside a string (see
+:mod:`uniagent.models.guided_turn`, which holds the per-turn state and the logits
+processor).
+
 Token exactness: the masks only select among the model's own tokens, the ids
 generated are the ids recorded, nothing is re-tokenized. Tags that are single
 added tokens of the tokenizer (Qwen's ``<tool_call>``) must be that token.
@@ -46,9 +52,34 @@ from typing import Any
 
 from uniagent.errors import ConfigError
 from uniagent.models.base import ModelError
+from uniagent.models.guided_turn import (
+    ClosingPlanner,
+    GuidedLogitsProcessor,
+    GuidedTurn,
+    guided_logprobs,
+    mask_scores,
+    unpack_bitmask,
+)
 from uniagent.parsers import HermesParser, ToolCallParser
 
 log = logging.getLogger(__name__)
+
+__all__ = [
+    "GUIDED_MODES",
+    "ClosingPlanner",
+    "GrammarCacheInfo",
+    "GuidedDecoding",
+    "GuidedLogitsProcessor",
+    "GuidedTurn",
+    "ToolCallGuide",
+    "call_schema",
+    "check_generation_options",
+    "guided_logprobs",
+    "mask_scores",
+    "require_hermes",
+    "tool_call_grammar",
+    "unpack_bitmask",
+]
 
 GUIDED_MODES = ("tool_call",)
 DEFAULT_THOUGHT_CHARS = 200
@@ -307,6 +338,7 @@ class ToolCallGuide:
         self._compile_lock = threading.Lock()
         self._ll_tokenizer: Any = None
         self._compiled: OrderedDict[tuple[Any, ...], Any] = OrderedDict()
+        self._planners: dict[str, ClosingPlanner] = {}
 
     def cache_info(self) -> GrammarCacheInfo:
         """Hits, misses (compilations), evictions and size of the compiled-grammar cache."""
@@ -382,119 +414,28 @@ class ToolCallGuide:
                     self._compiled.popitem(last=False)  # the least recently used
                     self._evictions += 1
             matcher = compiled.deep_copy()
-        turn = GuidedTurn(matcher, self._ll_tokenizer.vocab_size, self.end_of_turn)
         if prefix and not matcher.consume_tokens(list(prefix)):
             raise ModelError(
                 "guided decoding cannot continue this turn: what was generated so far is not "
                 f"a valid start of a tool call ({matcher.get_error()})"
             )
-        return turn
+        planner = self._planner(parser)
+        vocab_size = self._ll_tokenizer.vocab_size
+        return GuidedTurn(matcher, vocab_size, self.end_of_turn, planner, prefix)
+
+    def _planner(self, parser: ToolCallParser) -> ClosingPlanner:
+        """How turns of ``parser``'s format close within their budget (one per open tag)."""
+        open_tag = require_hermes(parser).open_tag
+        with self._lock:
+            planner = self._planners.get(open_tag)
+            if planner is None:
+                tag_id = self._special_tags(parser).get(open_tag)
+                planner = ClosingPlanner(self.tokenizer, self.end_of_turn, open_tag, tag_id)
+                self._planners[open_tag] = planner
+        return planner
 
     def _special_tags(self, parser: ToolCallParser) -> dict[str, int]:
         vocab = self.tokenizer.get_vocab()
         added = set(getattr(self.tokenizer, "get_added_vocab", dict)())
         tags = (getattr(parser, "open_tag", ""), getattr(parser, "close_tag", ""))
         return {tag: vocab[tag] for tag in tags if tag and tag in added and tag in vocab}
-
-
-class GuidedTurn:
-    """One turn's grammar state: the allowed-token mask per step, advanced by each token."""
-
-    def __init__(self, matcher: Any, vocab_size: int, end_of_turn: int) -> None:
-        self.matcher = matcher
-        self.vocab_size = vocab_size
-        #: The only token that ends the turn (the chat template's end of turn).
-        self.end_of_turn = end_of_turn
-        #: The allowed tokens at each step (numpy bool arrays), for the log-probs afterwards.
-        self.masks: list[Any] = []
-
-    def allowed(self) -> Any:
-        """A numpy bool array over the vocabulary: the tokens the grammar allows next."""
-        from llguidance.numpy import allocate_token_bitmask, fill_next_token_bitmask
-
-        if self.matcher.is_error():
-            raise ModelError(f"guided decoding failed: {self.matcher.get_error()}")
-        bitmask = allocate_token_bitmask(1, self.vocab_size)
-        fill_next_token_bitmask(self.matcher, bitmask)
-        mask = unpack_bitmask(bitmask[0], self.vocab_size)
-        self.masks.append(mask)
-        return mask
-
-    def advance(self, token: int) -> None:
-        """Feed the token sampled at the last step."""
-        if not self.matcher.consume_token(int(token)):
-            raise ModelError(
-                f"guided decoding: token {token} was sampled outside the grammar "
-                f"({self.matcher.get_error()})"
-            )
-
-
-def unpack_bitmask(words: Any, vocab_size: int) -> Any:
-    """llguidance's packed mask (int32 words, token ``i`` is bit ``i % 32`` of word ``i // 32``)
-    as ``vocab_size`` numpy bools."""
-    import numpy as np
-
-    # Little-endian bytes whatever the host's order, so that bit order "little" is token order.
-    as_bytes = np.ascontiguousarray(words, dtype="<i4").view(np.uint8)
-    return np.unpackbits(as_bytes, bitorder="little")[:vocab_size].astype(bool)
-
-
-class GuidedLogitsProcessor:
-    """A ``transformers`` logits processor that masks what ``turn`` does not allow."""
-
-    def __init__(self, turn: GuidedTurn, prompt_length: int) -> None:
-        self.turn = turn
-        self.prompt_length = prompt_length
-
-    def __call__(self, input_ids: Any, scores: Any) -> Any:
-        """Feed the last sampled token, then set every disallowed logit to -inf."""
-        if input_ids.shape[0] != 1:
-            raise ModelError("guided decoding generates one sequence at a time")
-        if input_ids.shape[1] > self.prompt_length:
-            self.turn.advance(int(input_ids[0, -1]))
-        return mask_scores(scores, self.turn.allowed())
-
-
-def mask_scores(scores: Any, allowed: Any) -> Any:
-    """``scores`` (a 1 x width tensor) with -inf wherever ``allowed`` (numpy bools) is False.
-
-    The model's logits may be wider than the tokenizer's vocabulary (padded embedding
-    rows): those ids are never allowed. Narrower logits that would drop an allowed id
-    are an error, never a silent cut.
-    """
-    import numpy as np
-    import torch
-
-    width = scores.shape[-1]
-    if width > allowed.shape[0]:  # padded embedding rows are never allowed
-        allowed = np.concatenate([allowed, np.zeros(width - allowed.shape[0], dtype=bool)])
-    elif width < allowed.shape[0]:
-        if allowed[width:].any():
-            raise ModelError(
-                f"guided decoding: the model has {width} logits but the grammar allows token "
-                f"ids up to {int(np.flatnonzero(allowed)[-1])} (tokenizer and model differ)"
-            )
-        allowed = allowed[:width]
-    if not allowed.any():
-        raise ModelError("guided decoding: the grammar allows no token at this step")
-    if scores.device.type != "cpu":
-        keep = torch.from_numpy(allowed).to(scores.device)
-        return scores.masked_fill(~keep, float("-inf"))
-    # numpy, single-threaded: torch's elementwise ops on a 50k vocabulary go parallel,
-    # and on a busy machine waiting for the second thread costs milliseconds per token.
-    values = scores.detach().float().numpy()
-    return torch.from_numpy(np.where(allowed, values, np.float32(-np.inf))).to(scores.dtype)
-
-
-def guided_logprobs(
-    logits: Sequence[Any], tokens: Sequence[int], masks: Sequence[Any]
-) -> list[float]:
-    """Log-probs of ``tokens`` under the model's distribution restricted to each step's mask."""
-    import torch
-
-    out = []
-    for step, token, allowed in zip(logits, tokens, masks, strict=False):
-        # A forced token (the only one allowed) comes out as exactly 0.0.
-        masked = mask_scores(step[:1].float().cpu(), allowed)[0]
-        out.append(float(torch.log_softmax(masked, dim=-1)[token]))
-    return out

@@ -2,12 +2,12 @@
 
 Meant for small models, debugging and tests, not throughput: every call runs the
 whole context through the model (no KV cache across turns), in a worker thread so
-the event loop stays free.
+the event loop stays free. A caller that is cancelled (Ctrl-C, a stopped run) stops
+the generation at its next token and waits for it (:mod:`uniagent.models.stoppable`).
 """
 
 from __future__ import annotations
 
-import asyncio
 import contextvars
 import difflib
 import importlib.metadata as metadata
@@ -36,6 +36,7 @@ from uniagent.models.guided import (
     guided_logprobs,
     require_hermes,
 )
+from uniagent.models.stoppable import run_stoppable, stop_criteria
 from uniagent.parsers import ToolCallParser
 from uniagent.rollout import RolloutCache
 
@@ -50,7 +51,7 @@ HUB_CHECK_TIMEOUT = 10.0
 #: ``hf:PATH?KEY=VALUE&...`` options and the constructor settings they set.
 SPEC_OPTIONS = {"guided": "guided decoding mode (tool_call)", "thought": "guided: longest thought"}
 # The grammar state of the turn being generated: set by generate(), read in the worker thread
-# (asyncio.to_thread copies the context), so concurrent episodes never share one.
+# (run_stoppable copies the context), so concurrent episodes never share one.
 _TURN: contextvars.ContextVar[GuidedTurn | None] = contextvars.ContextVar(
     "guided_turn", default=None
 )
@@ -261,10 +262,11 @@ class HFLocalModel(TokenChatModel):
     win over it); keys this backend would ignore (``min_p``, ``stop``, ...) are
     refused. Log-probs are those of the raw model distribution (before
     temperature and top-p), as vLLM reports by default. Generation stops at the
-    tokenizer's eos or the chat template's end-of-turn token (``<|im_end|>``).
-    ``guided`` (``"tool_call"`` or a :class:`~uniagent.models.guided.GuidedDecoding`)
-    restricts every turn to one valid tool call, ended only by the chat template's
-    end-of-turn token; its log-probs are then those of the restricted distribution
+    tokenizer's eos or the chat template's end-of-turn token (``<|im_end|>``), and
+    at the next token when the awaiting task is cancelled. ``guided``
+    (``"tool_call"`` or a :class:`~uniagent.models.guided.GuidedDecoding`) restricts
+    every turn to one valid tool call, ended only by the chat template's end-of-turn
+    token; its log-probs are then those of the restricted distribution
     (see :mod:`uniagent.models.guided`). Options that break guidance in
     ``generate_kwargs`` or ``sampling_params`` (beams, draft models) are refused.
     """
@@ -383,8 +385,8 @@ class HFLocalModel(TokenChatModel):
             raise ModelError(f"{type(self).__name__} needs a token-mode cache (use start_cache)")
         try:
             guide = self.guide(cache.template.eot_id)
-            turn = await asyncio.to_thread(
-                guide.matcher, cache.tools or [], call_format, cache.open_turn_ids
+            turn = await run_stoppable(
+                lambda _: guide.matcher(cache.tools or [], call_format, cache.open_turn_ids)
             )
         except ModelError:
             raise
@@ -404,16 +406,24 @@ class HFLocalModel(TokenChatModel):
 
     async def _generate(self, prompt_ids: list[int], max_tokens: int | None) -> Generation:
         try:
-            return await asyncio.to_thread(self._generate_sync, prompt_ids, max_tokens)
+            # Cancelled (Ctrl-C, a stopped run), the generation ends at its next token and
+            # the episode waits for that: no thread goes on generating behind it.
+            return await run_stoppable(
+                lambda stop: self._generate_sync(prompt_ids, max_tokens, stop)
+            )
         except (ModelError, ContextLimitError):
             raise
         except Exception as exc:  # transformers, torch, llguidance: infrastructure
             raise ModelError(f"local generation failed: {type(exc).__name__}: {exc}") from exc
 
-    def _generate_sync(self, prompt_ids: list[int], max_tokens: int | None) -> Generation:
+    def _generate_sync(
+        self, prompt_ids: list[int], max_tokens: int | None, stop: threading.Event | None = None
+    ) -> Generation:
         import torch
 
         model = self.model
+        if stop is not None and stop.is_set():  # stopped while the model was loading
+            raise ModelError("generation stopped before it started")
         params = dict(self.sampling_params)
         temperature = float(params.get("temperature") or 0.0)
         limit = max_tokens if max_tokens is not None else int(params.get("max_tokens") or 256)
@@ -436,9 +446,13 @@ class HFLocalModel(TokenChatModel):
             "output_logits": True,
             **self.generate_kwargs,
         }
+        if stop is not None:
+            criteria = list(kwargs.pop("stopping_criteria", None) or ())
+            criteria.append(stop_criteria(stop))
+            kwargs["stopping_criteria"] = _transformers().StoppingCriteriaList(criteria)
         if turn is not None:
             processors = list(kwargs.pop("logits_processor", None) or ())
-            processors.append(GuidedLogitsProcessor(turn, len(prompt_ids)))
+            processors.append(GuidedLogitsProcessor(turn, len(prompt_ids), limit))
             kwargs["logits_processor"] = _transformers().LogitsProcessorList(processors)
         if temperature > 0:
             kwargs.update(do_sample=True, temperature=temperature)

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import itertools
 import os
 import tempfile
 import time
@@ -43,6 +44,10 @@ CLOSE_TIMEOUT = 120.0
 #: What a running episode's log says until its worker's log arrives.
 RAY_LOG_NOTE = "running on a Ray worker: its log is written here when the episode ends\n"
 
+#: The Ray namespace of the run's actors, named ``uniagent-<run id>-<n>`` (n counts
+#: replacements on: a dead actor's successor gets the next number).
+NAMESPACE = "uniagent"
+
 
 class EpisodeWorker:
     """Body of the Ray actor: builds its model once, runs episodes concurrently."""
@@ -55,6 +60,9 @@ class EpisodeWorker:
         # The driver's resolved agent holds plugin functions and locks that do not pickle;
         # its config (plain data) does: the actor's process resolves it once, here.
         self.agent = resolve(config)
+        # What dead owners left on this node (a killed predecessor's sandboxes): only
+        # sandboxes whose owner process is gone are touched, as by `uniagent clean`.
+        self.agent.cleanup_leftovers([])
         self.model = model_factory()
 
     async def run(self, job: Job) -> dict[str, Any]:
@@ -83,6 +91,15 @@ class EpisodeWorker:
         return await close_open_envs()
 
 
+def worker_failure(name: str, exc: BaseException) -> str:
+    """Why an attempt failed with its worker: one line that names the worker and the
+    reason (a results record's ``cause``), then Ray's own text."""
+    text = str(exc).strip()
+    reason = text.splitlines()[-1].strip() if text else "no message"
+    line = f"the Ray worker {name} failed ({type(exc).__name__}): {reason}"
+    return f"{line}\n{text}" if "\n" in text else line
+
+
 @contextlib.asynccontextmanager
 async def ray_attempts(
     agent: ResolvedAgent,
@@ -98,7 +115,10 @@ async def ray_attempts(
     """Start the actors; yield a function running one attempt on them, and the slot count.
 
     ``env_vars`` (the model's API key) are set in every actor: on an existing cluster
-    actors do not inherit the driver's environment. An actor that dies is replaced.
+    actors do not inherit the driver's environment. An actor that dies is replaced by a
+    new one, which takes over its slots: the attempt it was running fails as
+    infrastructure (the record names the dead worker) and is retried like any such failure.
+    Each record names the worker its attempt ran on (``ray_worker``).
     """
     try:
         import ray
@@ -110,13 +130,24 @@ async def ray_attempts(
     per_worker = max(1, concurrency // workers)
     actor_cls: Any = ray.remote(num_cpus=0)(EpisodeWorker)
     runtime_env = {"env_vars": dict(env_vars)} if env_vars else None
+    numbers = itertools.count()
+    names: list[str] = []
 
-    def spawn() -> Any:
+    def spawn() -> tuple[str, Any]:
+        # Named, so that `ray list actors` (and a test) can tell the run's workers apart.
+        name = f"uniagent-{run_id}-{next(numbers)}"
         # One slot more than episodes, so close_sandboxes gets through when all are busy.
-        options = actor_cls.options(max_concurrency=per_worker + 1, runtime_env=runtime_env)
-        return options.remote(agent.config, model_factory, run_id)
+        options = actor_cls.options(
+            name=name, namespace=NAMESPACE, max_concurrency=per_worker + 1,
+            runtime_env=runtime_env,
+        )  # fmt: skip
+        return name, options.remote(agent.config, model_factory, run_id)
 
-    actors = [spawn() for _ in range(workers)]
+    actors: list[Any] = []
+    for _ in range(workers):
+        name, actor = spawn()
+        names.append(name)
+        actors.append(actor)
     free: asyncio.Queue[int] = asyncio.Queue()
     for index in range(workers):
         for _ in range(per_worker):
@@ -128,7 +159,7 @@ async def ray_attempts(
         (episode_dir(out, job) / LOG).write_text(RAY_LOG_NOTE, encoding="utf-8")
         state.phase("setup")
         started = time.monotonic()
-        actor = actors[index]
+        actor, name = actors[index], names[index]
         ref = actor.run.remote(job)
         try:
             reply = await ref
@@ -136,10 +167,13 @@ async def ray_attempts(
             ray.cancel(ref, force=False)
             raise
         except Exception as exc:  # the actor died (OOM, a lost node): infrastructure, retried
-            error = f"the Ray worker failed: {type(exc).__name__}: {exc}"
+            error = worker_failure(name, exc)
             reply = {"payload": failure_payload(job, error), "log": f"{error}\n"}
             if actors[index] is actor and isinstance(exc, ray.exceptions.RayActorError):
-                actors[index] = spawn()  # its slots go on with a new actor
+                # Its slots go on with a new actor (the retry runs there); one that is only
+                # unreachable is killed first, so that it cannot go on beside its successor.
+                ray.kill(actor, no_restart=True)
+                names[index], actors[index] = spawn()
         finally:
             free.put_nowait(index)
         if "error" in reply:
@@ -149,6 +183,7 @@ async def ray_attempts(
             directory, attempt, state, started, reply["payload"]["record"]
         )
         extra["timings"] = reply.get("timings", {})
+        extra["ray_worker"] = name
         return write_payload(directory, reply["payload"], reply["log"], extra)
 
     try:
