@@ -7,6 +7,8 @@
 #
 #   bash examples/verl/train_grpo_fully_async.sh [more hydra overrides]
 #
+# uniagent.verl.fully_async is verl's fully_async_main with the agent metrics (agent/...)
+# in the step metrics; it takes verl's config and overrides as they are.
 # Every flag below exists in verl 0.9.1's config (checked by core/tests/verl).
 set -euo pipefail
 source "$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)/common.sh"
@@ -14,7 +16,7 @@ ROLLOUT_GPUS=${ROLLOUT_GPUS:-$((N_GPUS / 2))}
 TRAIN_GPUS=${TRAIN_GPUS:-$((N_GPUS - ROLLOUT_GPUS))}
 prepare_data
 
-python3 -m verl.experimental.fully_async_policy.fully_async_main \
+python3 -m uniagent.verl.fully_async \
     algorithm.adv_estimator="$ADV_ESTIMATOR" \
     algorithm.use_kl_in_reward=False \
     algorithm.rollout_correction.bypass_mode=True \

@@ -92,7 +92,7 @@ def check_agent_settings(config: Any) -> None:
         ("train_grpo.sh", "verl.trainer.main_ppo", VERL_CONFIG_DIR, "ppo_trainer"),
         (
             "train_grpo_fully_async.sh",
-            "verl.experimental.fully_async_policy.fully_async_main",
+            "uniagent.verl.fully_async",
             FULLY_ASYNC_CONFIG_DIR,
             "fully_async_ppo_trainer",
         ),
@@ -115,6 +115,9 @@ def test_script_flags_exist_in_verl_config(
         sampler = config.trainer.v1.sampler.custom_sampler
         assert load_extern_object(sampler.path, sampler.name) is UniAgentReplayBuffer
     if "fully_async" in script:
+        from uniagent.verl.fully_async import CONFIG_NAME, CONFIG_PATH
+
+        assert (Path(CONFIG_PATH), CONFIG_NAME) == (config_dir, name)  # verl's own config
         assert config.async_training.partial_rollout is True
         assert config.async_training.staleness_threshold > 0
         assert config.actor_rollout_ref.actor.use_rollout_log_probs is True

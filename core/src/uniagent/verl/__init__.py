@@ -13,8 +13,9 @@ verl-facing parts are modules of their own, named in the recipes:
 
 - ``uniagent.verl.advantage``: the ``uniagent_grpo`` advantage estimator (GRPO whose group
   statistics ignore masked samples), registered through verl's ``verl.plugins`` entry point;
-- ``uniagent.verl.metrics`` / ``uniagent.verl.replay_buffer``: ``agent/...`` metrics in
-  verl's per-step metrics (classic and v1 trainers);
+- ``uniagent.verl.metrics`` / ``uniagent.verl.replay_buffer`` / ``uniagent.verl.fully_async``:
+  ``agent/...`` metrics in verl's per-step metrics (classic, v1 and fully async trainers;
+  the last is an entry point, ``python -m uniagent.verl.fully_async``);
 - ``uniagent.verl.dumps``: episode dumps (``trajectory_dir``) in ``uniagent run``'s layout.
 
 See ``docs/training.md``.

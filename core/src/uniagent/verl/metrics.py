@@ -22,7 +22,9 @@ How they reach verl's logs (both are verl extension points, set in the recipe):
   ``...custom_sampler.name=UniAgentReplayBuffer`` (verl's own buffer plus these metrics);
 - classic trainers (``trainer.use_v1=False``, one-step-off): set
   ``actor_rollout_ref.rollout.agent.agent_loop_manager_class=uniagent.verl.metrics.UniAgentLoopManager``;
-  verl logs the manager's ``timing`` dict, so the keys appear as ``timing_s/agent/...``.
+  verl logs the manager's ``timing`` dict, so the keys appear as ``timing_s/agent/...``;
+- the fully async trainer: run ``python -m uniagent.verl.fully_async`` in place of verl's
+  ``fully_async_main`` (see :mod:`uniagent.verl.fully_async`); the keys are ``agent/...``.
 """
 
 from __future__ import annotations
