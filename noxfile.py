@@ -143,15 +143,15 @@ def stress(session: nox.Session) -> None:
 
 @nox.session(python="3.11")
 def lint(session: nox.Session) -> None:
-    """ruff over the whole tree; mypy over the core and every plugin (zero errors)."""
+    """ruff (lint and format) over the whole tree; mypy over the core and every plugin."""
     session.install("ruff", "mypy", "types-PyYAML", "types-jsonschema")
     session.run("ruff", "check", ".")
+    session.run("ruff", "format", "--check", ".")  # the tree is formatted: `ruff format .`
     # The packages' own dependencies, so that every import is checked against real types.
     plugins = [f"./plugins/{p}" for p in PLUGINS]
     session.install("./core[swerex,openai,data,tokenizers,test,view,mcp]", *plugins)
     sources = ["core/src/uniagent"] + [
-        str(next((ROOT / "plugins" / p / "src").iterdir()).relative_to(ROOT))
-        for p in PLUGINS
+        str(next((ROOT / "plugins" / p / "src").iterdir()).relative_to(ROOT)) for p in PLUGINS
     ]
     session.run("mypy", *sources)
 

@@ -39,7 +39,8 @@ async def post(
     data = json.dumps(body).encode()
     writer.write(
         f"POST {path} HTTP/1.1\r\nHost: {host}\r\nContent-Type: application/json\r\n"
-        f"Authorization: Bearer floor\r\nContent-Length: {len(data)}\r\n\r\n".encode() + data
+        f"Authorization: Bearer floor\r\nContent-Length: {len(data)}\r\n\r\n".encode()
+        + data
     )
     await writer.drain()
     length = 0
@@ -59,15 +60,24 @@ async def episode(task: dict, url: str, model: str, workdir: str) -> int:
     ]
     try:
         for turn in range(1, 51):
-            reply = await post(reader, writer, parts.netloc, parts.path + "/chat/completions",
-                               {"model": model, "messages": messages, "tools": [BASH_TOOL]})
+            reply = await post(
+                reader,
+                writer,
+                parts.netloc,
+                parts.path + "/chat/completions",
+                {"model": model, "messages": messages, "tools": [BASH_TOOL]},
+            )
             message = reply["choices"][0]["message"]
             messages.append(message)
             for call in message.get("tool_calls") or []:
                 command = json.loads(call["function"]["arguments"])["command"]
                 proc = await asyncio.create_subprocess_exec(
-                    "bash", "-c", command, cwd=workdir,
-                    stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.STDOUT,
+                    "bash",
+                    "-c",
+                    command,
+                    cwd=workdir,
+                    stdout=asyncio.subprocess.PIPE,
+                    stderr=asyncio.subprocess.STDOUT,
                 )
                 output = (await proc.communicate())[0].decode(errors="replace")
                 if output.lstrip().startswith(DONE):

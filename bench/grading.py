@@ -48,7 +48,10 @@ IMAGE = "localhost/uniagent-bench-grading:bookworm"
 def git(cwd: Path, *args: str) -> str:
     return subprocess.run(
         ["git", "-c", "user.name=b", "-c", "user.email=b@b", *args],
-        cwd=cwd, check=True, capture_output=True, text=True,
+        cwd=cwd,
+        check=True,
+        capture_output=True,
+        text=True,
     ).stdout
 
 
@@ -84,8 +87,9 @@ def task(base: str, test_patch: str, python: str) -> dict[str, Any]:
     }
 
 
-async def one(make_env: Callable[[], AgentEnv], row: dict[str, Any], workdir: str | None,
-              mode: str) -> dict[str, float]:
+async def one(
+    make_env: Callable[[], AgentEnv], row: dict[str, Any], workdir: str | None, mode: str
+) -> dict[str, float]:
     """One episode's timings (ms)."""
     times: dict[str, float] = {}
     started = time.perf_counter()
@@ -94,8 +98,9 @@ async def one(make_env: Callable[[], AgentEnv], row: dict[str, Any], workdir: st
     times["start"] = (time.perf_counter() - started) * 1000
     try:
         started = time.perf_counter()
-        grader = await prepare_grader(env, "swe_bench", row, settings={"workdir": workdir},
-                                      grade_in=mode, fresh_env=make_env)
+        grader = await prepare_grader(
+            env, "swe_bench", row, settings={"workdir": workdir}, grade_in=mode, fresh_env=make_env
+        )
         times["baseline"] = (time.perf_counter() - started) * 1000
         await env.write_file(f"{grader.baseline.repo}/calc.py", FIXED)
         started = time.perf_counter()
@@ -107,8 +112,13 @@ async def one(make_env: Callable[[], AgentEnv], row: dict[str, Any], workdir: st
     return times
 
 
-async def measure(name: str, make_env: Callable[[], AgentEnv], row: dict[str, Any],
-                  workdir: str | None, episodes: int) -> list[str]:
+async def measure(
+    name: str,
+    make_env: Callable[[], AgentEnv],
+    row: dict[str, Any],
+    workdir: str | None,
+    episodes: int,
+) -> list[str]:
     samples: dict[str, dict[str, list[float]]] = {"episode": {}, "fresh": {}}
     for _ in range(episodes):  # alternate the modes so machine noise hits both alike
         for mode in ("episode", "fresh"):
@@ -128,8 +138,9 @@ def host_env(repo: Path, isolation: str, python_dirs: list[str]) -> Callable[[],
     deployment: dict[str, Any] = {"type": "host", "isolation": isolation}
     if isolation == "bwrap":
         # This Python may live under /work (the sandbox's default work dir): move that.
-        deployment.update(ro_binds=[str(repo.parent), *python_dirs],
-                          sandbox_workdir="/sandbox/work")
+        deployment.update(
+            ro_binds=[str(repo.parent), *python_dirs], sandbox_workdir="/sandbox/work"
+        )
     settings = {"post_setup": [f"git clone -q {repo} . && git fetch -q origin fix"]}
     return lambda: open_env(deployment, settings)
 
@@ -148,8 +159,12 @@ def ensure_local_image(repo: Path) -> None:
         raise SystemExit(f"--local: {reason}")
     if not image_exists(engine, IMAGE):
         print(f"building {IMAGE} (debootstrap, a few minutes) ...", file=sys.stderr)
-        build_image(engine, IMAGE, packages=("python3", "python3-venv", "python3-pytest", "git"),
-                    copy={"/testbed": repo})
+        build_image(
+            engine,
+            IMAGE,
+            packages=("python3", "python3-venv", "python3-pytest", "git"),
+            copy={"/testbed": repo},
+        )
 
 
 async def main() -> None:
@@ -162,17 +177,22 @@ async def main() -> None:
         repo = Path(tmp) / "repos" / "calc"
         base, test_patch = make_repo(repo)
         python_dirs = sorted({sys.prefix, sys.base_prefix})
-        rows = ["| backend | start | baseline | grade episode | grade fresh | fresh - episode |",
-                "|---|---|---|---|---|---|"]
+        rows = [
+            "| backend | start | baseline | grade episode | grade fresh | fresh - episode |",
+            "|---|---|---|---|---|---|",
+        ]
         for isolation in args.isolation.split(","):
-            rows += await measure(f"host, isolation {isolation}",
-                                  host_env(repo, isolation, python_dirs),
-                                  task(base, test_patch, sys.executable), None, args.episodes)
+            rows += await measure(
+                f"host, isolation {isolation}",
+                host_env(repo, isolation, python_dirs),
+                task(base, test_patch, sys.executable),
+                None,
+                args.episodes,
+            )
         if args.local:
             ensure_local_image(repo)
             row = task(base, test_patch, "python3")
-            rows += await measure("local (container)", local_env(), row, "/testbed",
-                                  args.episodes)
+            rows += await measure("local (container)", local_env(), row, "/testbed", args.episodes)
     print(f"grading cost per episode, median ms over {args.episodes} episodes per mode")
     print("\n".join(rows))
 

@@ -166,12 +166,35 @@ def command(runner: str, work: Path, url: str, concurrency: int, out: Path) -> l
     """The command line of one runner."""
     if runner.startswith("uniagent"):
         config = work / ("uniagent-reward.yaml" if runner.endswith("reward") else "uniagent.yaml")
-        return [sys.executable, "-c", WRAPPER, str(out / "usage.json"), "uniagent.cli", "run",
-                str(config), "--data", str(work / "tasks.jsonl"), "--model",
-                f"openai:{url}#scripted", "--out", str(out), "--concurrency", str(concurrency)]
+        return [
+            sys.executable,
+            "-c",
+            WRAPPER,
+            str(out / "usage.json"),
+            "uniagent.cli",
+            "run",
+            str(config),
+            "--data",
+            str(work / "tasks.jsonl"),
+            "--model",
+            f"openai:{url}#scripted",
+            "--out",
+            str(out),
+            "--concurrency",
+            str(concurrency),
+        ]
     if runner == "floor":
-        return [sys.executable, "-c", WRAPPER, str(out / "usage.json"), str(BENCH / "floor.py"),
-                str(work / "tasks.jsonl"), url, "scripted", str(concurrency)]
+        return [
+            sys.executable,
+            "-c",
+            WRAPPER,
+            str(out / "usage.json"),
+            str(BENCH / "floor.py"),
+            str(work / "tasks.jsonl"),
+            url,
+            "scripted",
+            str(concurrency),
+        ]
     cwd = out / "cwd"
     cwd.mkdir(parents=True, exist_ok=True)
     return [str(mini_python()), "-c", WRAPPER, str(out / "usage.json"),
@@ -187,8 +210,9 @@ def finished(runner: str, out: Path, tasks: int, stdout: str) -> int:
     """How many episodes ended as the script intends (all six turns, then the finish)."""
     if runner.startswith("uniagent"):
         records = [json.loads(x) for x in (out / "results.jsonl").read_text().splitlines()]
-        return sum(1 for r in records
-                   if r["exit_reason"] == "finished" and r["metrics"]["turns"] == TURNS)
+        return sum(
+            1 for r in records if r["exit_reason"] == "finished" and r["metrics"]["turns"] == TURNS
+        )
     if runner == "floor":
         report = json.loads(stdout.strip().splitlines()[-1])
         return report["episodes"] if report["turns"] == TURNS * report["episodes"] else 0
@@ -272,8 +296,10 @@ COLUMNS = (  # header, width, figure of a row (with its floor row), format
 
 def report(rows: list[dict[str, Any]]) -> None:
     """The table, the ratios to the floor and uniagent's split."""
-    print(f"\nepisodes of {TURNS} turns; ok: those that ran the whole script; CPU (ms) and "
-          "lag (ms) per episode; medians over repeats")
+    print(
+        f"\nepisodes of {TURNS} turns; ok: those that ran the whole script; CPU (ms) and "
+        "lag (ms) per episode; medians over repeats"
+    )
     head = " ".join(f"{name:{'<' if spec == '<' else '>'}{width}}"
                     for name, width, _, spec in COLUMNS)  # fmt: skip
     print(head)
@@ -291,23 +317,31 @@ def report(rows: list[dict[str, Any]]) -> None:
             else:
                 cells.append(f"{value:>{width}{spec}}")
         print(" ".join(cells))
-    print("\nuniagent per episode (median ms): setup, tools, baseline, agent loop "
-          "(model wait, env), grading, close; the whole episode")
+    print(
+        "\nuniagent per episode (median ms): setup, tools, baseline, agent loop "
+        "(model wait, env), grading, close; the whole episode"
+    )
     for r in rows:
         if "split" in r:
             s = r["split"]
-            print(f"{r['concurrency']:>5} {r['runner']:<16} setup {s['setup']:.1f}  tools "
-                  f"{s['tools']:.1f}  baseline {s['baseline']:.1f}  agent {s['agent']:.1f} "
-                  f"(model {s['model wait']:.1f}, env {s['env']:.1f})  grading "
-                  f"{s['grading']:.1f}  close {s['close']:.1f}  episode {s['episode']:.1f}")
+            print(
+                f"{r['concurrency']:>5} {r['runner']:<16} setup {s['setup']:.1f}  tools "
+                f"{s['tools']:.1f}  baseline {s['baseline']:.1f}  agent {s['agent']:.1f} "
+                f"(model {s['model wait']:.1f}, env {s['env']:.1f})  grading "
+                f"{s['grading']:.1f}  close {s['close']:.1f}  episode {s['episode']:.1f}"
+            )
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--concurrency", default="1,16,64,256")
     parser.add_argument("--tasks", type=int, default=256, help="tasks per concurrency")
-    parser.add_argument("--serial-tasks", type=int, default=128,
-                        help="tasks at concurrency 1 (one at a time is slow for the slow runners)")
+    parser.add_argument(
+        "--serial-tasks",
+        type=int,
+        default=128,
+        help="tasks at concurrency 1 (one at a time is slow for the slow runners)",
+    )
     parser.add_argument("--repeats", type=int, default=1)
     parser.add_argument("--runners", default="floor,uniagent,uniagent+reward,mini-swe-agent")
     parser.add_argument("--serve", type=Path, help=argparse.SUPPRESS)
@@ -337,8 +371,11 @@ def main() -> None:
                     for runner in runners:
                         r = measure(runner, work, url, concurrency, tasks)
                         runs[runner].append(r)
-                        print(f"{runner} at {concurrency}: {r['ok']}/{tasks} ok, "
-                              f"{r['eps']:.2f} ep/s, {r['total_ms']:.1f} ms CPU/ep", flush=True)
+                        print(
+                            f"{runner} at {concurrency}: {r['ok']}/{tasks} ok, "
+                            f"{r['eps']:.2f} ep/s, {r['total_ms']:.1f} ms CPU/ep",
+                            flush=True,
+                        )
                 rows.extend(median_row(runs[runner]) for runner in runners)
         finally:
             server.terminate()

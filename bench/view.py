@@ -115,9 +115,7 @@ def make_run(root: Path, episodes: int, *, finished: bool = True, seed: int = 0)
         lines.append(json.dumps(record))
     (root / RESULTS).write_text("\n".join(lines) + "\n")
     if finished:
-        (root / SUMMARY).write_text(
-            json.dumps({"episodes": len(done), "samples_per_task": n})
-        )
+        (root / SUMMARY).write_text(json.dumps({"episodes": len(done), "samples_per_task": n}))
     return root
 
 

@@ -203,5 +203,8 @@ TASK_FIELDS: dict[str, dict[str, str]] = {
 
 def flat() -> dict[str, list[str]]:
     """Every variant by its task name (``class/variant``)."""
-    return {f"{cls}.{name}": commands for cls, variants in ATTACKS.items()
-            for name, commands in variants.items()}
+    return {
+        f"{cls}.{name}": commands
+        for cls, variants in ATTACKS.items()
+        for name, commands in variants.items()
+    }

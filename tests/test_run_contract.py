@@ -26,8 +26,19 @@ def run(tmp_path: Path, config: dict[str, Any], model: str) -> subprocess.Comple
     path.write_text(yaml.safe_dump(config))
     tasks = tmp_path / "tasks.jsonl"
     tasks.write_text(json.dumps({"instance_id": "t1", "problem_statement": "say hi"}) + "\n")
-    command = [sys.executable, "-m", "uniagent.cli", "run", str(path), "--data", str(tasks),
-               "--model", model, "--out", str(tmp_path / "out")]
+    command = [
+        sys.executable,
+        "-m",
+        "uniagent.cli",
+        "run",
+        str(path),
+        "--data",
+        str(tasks),
+        "--model",
+        model,
+        "--out",
+        str(tmp_path / "out"),
+    ]
     return subprocess.run(command, capture_output=True, text=True, timeout=300)
 
 
@@ -35,10 +46,14 @@ def run(tmp_path: Path, config: dict[str, Any], model: str) -> subprocess.Comple
     ("change", "message"),
     [
         ({"env": {"post_setpu": ["x"]}}, "env.post_setpu: unknown key"),
-        ({"reward": {"name": "command", "settings": {"comand": "x"}}},
-         "reward.settings.comand: unknown key"),
-        ({"tools": [{"name": "execute_bash", "settings": {"blokced": []}}, "submit"]},
-         "tools.0.settings.blokced: unknown key"),
+        (
+            {"reward": {"name": "command", "settings": {"comand": "x"}}},
+            "reward.settings.comand: unknown key",
+        ),
+        (
+            {"tools": [{"name": "execute_bash", "settings": {"blokced": []}}, "submit"]},
+            "tools.0.settings.blokced: unknown key",
+        ),
         ({"tools": ["execute_bash", "sumbit"]}, "tools.1.name: unknown tool 'sumbit'"),
     ],
 )
@@ -55,8 +70,11 @@ def test_a_vllm_style_server_with_a_tokenizer_gives_token_exact_trajectories(tmp
 
     def reply(body: dict) -> Reply:
         turn = sum(1 for m in body["messages"] if m["role"] == "assistant")
-        text = hermes_call("execute_bash", {"command": "echo hi"}) if turn == 0 else (
-            hermes_call("submit"))
+        text = (
+            hermes_call("execute_bash", {"command": "echo hi"})
+            if turn == 0
+            else (hermes_call("submit"))
+        )
         ids = [*tokenizer.encode(text, add_special_tokens=False), end]
         return Reply(text, token_ids=ids, logprobs=[-0.25] * len(ids))
 

@@ -155,9 +155,7 @@ def test_an_infrastructure_failure_is_retried_with_one_log_per_attempt(
     assert json.loads((out / "summary.json").read_text())["status"] == "complete"
 
 
-def test_remaining_infrastructure_failures_exit_1_and_rerun_on_resume(
-    tasks, tmp_path, sandbox_tmp
-):
+def test_remaining_infrastructure_failures_exit_1_and_rerun_on_resume(tasks, tmp_path, sandbox_tmp):
     out = tmp_path / "out"
     command_args = ("--retries", "1", "--retry-delay", "0")
     behaviour = {"now": failing_for("celsius_to_fahrenheit", 99)}

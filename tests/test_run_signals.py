@@ -38,7 +38,7 @@ PHASES = ["loading", "set-up", "episodes", "teardown", "exit"]
 SIGNALS = [signal.SIGINT, signal.SIGTERM]
 TASKS = 2  # --limit: two episodes at once (--concurrency 2)
 
-PLUGIN = '''
+PLUGIN = """
 import asyncio
 from pathlib import Path
 
@@ -69,7 +69,7 @@ async def start(settings):
 @hookimpl
 def uniagent_services():
     return [ServiceSpec(name="held_stop", start=start, settings=Settings)]
-'''
+"""
 
 
 def submit_at_once(gate: Gate | None = None):
@@ -230,9 +230,7 @@ def test_a_signal_in_any_phase_closes_everything_and_exits_128_plus_n(
             "--model", f"openai:{server.base_url}#scripted", "--out", str(out),
             "--limit", str(TASKS), "--concurrency", str(TASKS), "--retries", "0",
         ]  # fmt: skip
-        proc = subprocess.Popen(
-            command, env=env, stdout=stdout, stderr=subprocess.PIPE, text=True
-        )
+        proc = subprocess.Popen(command, env=env, stdout=stdout, stderr=subprocess.PIPE, text=True)
         if drain is not None:
             os.close(stdout)  # the command holds the only write end now
         err = Lines(proc.stderr)

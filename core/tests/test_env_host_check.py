@@ -118,9 +118,7 @@ def test_a_task_override_is_checked_too():
 
 
 async def test_a_set_up_write_found_only_at_start_is_one_line_naming_the_writable_places():
-    env = open_env(
-        {"type": "host", "isolation": "bwrap"}, {"post_setup": ["d=/opt/x; mkdir $d"]}
-    )
+    env = open_env({"type": "host", "isolation": "bwrap"}, {"post_setup": ["d=/opt/x; mkdir $d"]})
     with pytest.raises(EnvStartError) as caught:
         await env.start()
     message = str(caught.value)

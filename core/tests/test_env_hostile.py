@@ -65,7 +65,7 @@ INTERRUPTED = {
     "sigint-ignored": f"{PYTHON} -c 'import signal,time; signal.signal(2, signal.SIG_IGN); "
     "time.sleep(1000)'",
     "sigint-caught": f"{PYTHON} -c $'import time\\ntry:\\n time.sleep(1000)\\n"
-    "except KeyboardInterrupt:\\n print(\"caught\")'",
+    'except KeyboardInterrupt:\\n print("caught")\'',
     "shell-ignores-sigint": "trap '' INT; sleep 1000",
     "shell-traps-sigint": "trap 'echo handler' INT; sleep 1000",
     "setsid": "setsid sleep 1000",
@@ -180,7 +180,7 @@ async def test_a_replayed_prompt_does_not_end_a_command_early(env: AgentEnv) -> 
 
 
 async def test_debug_traps_and_history_never_see_a_live_nonce(env: AgentEnv) -> None:
-    await env.run_action("trap \"echo \\\"\\$BASH_COMMAND\\\" >> $PWD/cmds\" DEBUG")
+    await env.run_action('trap "echo \\"\\$BASH_COMMAND\\" >> $PWD/cmds" DEBUG')
     await env.run_action("set -o history; HISTSIZE=1000; echo one")
     await env.run_action("echo two")
     history = (await env.run_action("history; trap - DEBUG")).output

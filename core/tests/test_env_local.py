@@ -101,8 +101,9 @@ async def test_stopping_the_agent_ends_every_process_in_the_container(engine: st
 
 
 async def test_limits_reach_the_container(engine: str) -> None:
-    config = LocalDeploymentConfig(image=IMAGE, engine=engine, pull="never",
-                                   limits={"pids": 64, "memory": "128m"})
+    config = LocalDeploymentConfig(
+        image=IMAGE, engine=engine, pull="never", limits={"pids": 64, "memory": "128m"}
+    )
     env = AgentEnv(LocalDeployment(config), {"workdir": "/testbed"})
     await env.start()
     try:

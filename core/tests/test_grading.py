@@ -114,8 +114,14 @@ async def test_the_reward_sees_a_clean_shell_not_the_agents_session(env):
     )
     result = await grade(grader, env)
     seen = result.info["seen"]
-    for leaked in ("BASH_ENV", "SECRET_OF_AGENT", "PYTEST_ADDOPTS", "/agent/bin", "alias ls",
-                   "declare -f f"):
+    for leaked in (
+        "BASH_ENV",
+        "SECRET_OF_AGENT",
+        "PYTEST_ADDOPTS",
+        "/agent/bin",
+        "alias ls",
+        "declare -f f",
+    ):
         assert leaked not in seen
     path = next(line for line in seen.splitlines() if line.startswith("PATH="))
     assert env.tools_dir not in path
@@ -149,18 +155,23 @@ async def test_protected_files_are_restored_from_the_snapshot_not_from_git(env):
     result = await grade(grader, env)
     assert result.score == 1.0, result.info  # graded on the original tests, with the fix
     tampered = {(t["path"], t["change"]) for t in result.info["integrity"]["tampered"]}
-    assert {("tests/check.py", "modified"), ("conftest.py", "added"),
-            ("pytest/__init__.py", "added")} <= tampered
+    assert {
+        ("tests/check.py", "modified"),
+        ("conftest.py", "added"),
+        ("pytest/__init__.py", "added"),
+    } <= tampered
     check = await env.read_file("tests/check.py")
     assert check == TESTS
     assert not await _exists(env, "conftest.py") and not await _exists(env, "pytest")
 
 
 async def test_tampering_scores_zero_by_default_and_twice_the_same(env):
-    grader = await prepare_grader(env, "scrubbed_command", {},
-                                  integrity={"protect_paths": ["tests/"]})
-    await act(env, "printf 'print(1)\\n' > tests/check.py",
-              f"printf %s {shlex.quote(FIXED)} > calc.py")
+    grader = await prepare_grader(
+        env, "scrubbed_command", {}, integrity={"protect_paths": ["tests/"]}
+    )
+    await act(
+        env, "printf 'print(1)\\n' > tests/check.py", f"printf %s {shlex.quote(FIXED)} > calc.py"
+    )
     first = await grade(grader, env)
     second = await grade(grader, env)
     assert first.score == second.score == 0.0
@@ -169,16 +180,20 @@ async def test_tampering_scores_zero_by_default_and_twice_the_same(env):
 
 
 async def test_a_legitimate_fix_scores_one_twice(env):
-    grader = await prepare_grader(env, "scrubbed_command", {},
-                                  integrity={"protect_paths": ["tests/"]})
+    grader = await prepare_grader(
+        env, "scrubbed_command", {}, integrity={"protect_paths": ["tests/"]}
+    )
     await act(env, f"printf %s {shlex.quote(FIXED)} > calc.py")
     assert [(await grade(grader, env)).score for _ in range(2)] == [1.0, 1.0]
 
 
 async def test_git_config_changes_are_undone_but_do_not_score(env):
     grader = await prepare_grader(env, "scrubbed_command", {})
-    await act(env, "git config core.fsmonitor 'touch /tmp/pwned-by-fsmonitor'",
-              f"printf %s {shlex.quote(FIXED)} > calc.py")
+    await act(
+        env,
+        "git config core.fsmonitor 'touch /tmp/pwned-by-fsmonitor'",
+        f"printf %s {shlex.quote(FIXED)} > calc.py",
+    )
     result = await grade(grader, env)
     assert result.score == 1.0
     assert [t["path"] for t in result.info["integrity"]["tampered"]] == [".git/config"]
@@ -187,8 +202,9 @@ async def test_git_config_changes_are_undone_but_do_not_score(env):
 
 async def test_content_rules_catch_code_that_hijacks_the_runner(env):
     grader = await prepare_grader(env, "scrubbed_command", {})
-    await act(env, "printf 'import os, atexit\\natexit.register(lambda: os._exit(0))\\n' "
-                   ">> calc.py")
+    await act(
+        env, "printf 'import os, atexit\\natexit.register(lambda: os._exit(0))\\n' >> calc.py"
+    )
     result = await grade(grader, env)
     assert result.score == 0.0
     [hit] = result.info["integrity"]["tampered"]
@@ -211,9 +227,14 @@ async def test_history_scrub_leaves_nothing_that_holds_the_fix():
         scrub = grader.baseline.scrub
         assert scrub["refs_removed"] == 3 and scrub["tags_kept"] == 1  # fix, v-fix, stash
         assert scrub["objects_after"] < scrub["objects_before"]
-        for command in ("git log --all -p", "git fsck --lost-found --unreachable --no-reflogs",
-                        "git stash list", "git reflog", "cat .git/packed-refs 2>/dev/null",
-                        "git cat-file --batch-all-objects --batch"):
+        for command in (
+            "git log --all -p",
+            "git fsck --lost-found --unreachable --no-reflogs",
+            "git stash list",
+            "git reflog",
+            "cat .git/packed-refs 2>/dev/null",
+            "git cat-file --batch-all-objects --batch",
+        ):
             obs = await env.run_action(command, timeout=30)
             assert "a + b" not in obs.output, command
         assert (await env.run_action("git tag", timeout=30)).output.split() == ["v-base"]
@@ -224,7 +245,7 @@ async def test_history_scrub_leaves_nothing_that_holds_the_fix():
 async def test_a_changed_tool_on_the_grading_path_is_toolchain_tampering(env, tmp_path):
     tools = tmp_path / "bin"
     tools.mkdir()
-    (tools / "timeout").write_text("#!/bin/sh\nexec /usr/bin/timeout \"$@\"\n")
+    (tools / "timeout").write_text('#!/bin/sh\nexec /usr/bin/timeout "$@"\n')
     (tools / "timeout").chmod(0o755)
     integrity = {"grading_env": {"PATH": f"{tools}:/usr/bin:/bin"}, "on_tamper": "zero"}
     grader = await prepare_grader(env, "scrubbed_command", {}, integrity=integrity)
@@ -241,8 +262,7 @@ def test_toolchain_changes_name_what_changed():
     before = {"bin:git": "/usr/bin/git", "/usr/bin/git": "a" * 64}
     after = {"bin:git": "/tmp/git", "/tmp/git": "b" * 64}
     changes = {(c.path, c.change) for c in toolchain_changes(before, after)}
-    assert changes == {("bin:git", "modified"), ("/usr/bin/git", "deleted"),
-                       ("/tmp/git", "added")}
+    assert changes == {("bin:git", "modified"), ("/usr/bin/git", "deleted"), ("/tmp/git", "added")}
 
 
 # -- fresh sandboxes -----------------------------------------------------------------------
@@ -250,7 +270,11 @@ def test_toolchain_changes_name_what_changed():
 
 async def test_fresh_grading_applies_only_the_screened_patch_in_a_new_sandbox(env):
     grader = await prepare_grader(
-        env, "scrubbed_command", {}, grade_in="fresh", fresh_env=fresh_env,
+        env,
+        "scrubbed_command",
+        {},
+        grade_in="fresh",
+        fresh_env=fresh_env,
         integrity={"protect_paths": ["tests/"], "on_tamper": "report"},
     )
     await act(
@@ -269,8 +293,9 @@ async def test_fresh_grading_applies_only_the_screened_patch_in_a_new_sandbox(en
 
 
 async def test_fresh_grading_of_an_unfixed_repo_scores_zero(env):
-    grader = await prepare_grader(env, "scrubbed_command", {}, grade_in="fresh",
-                                  fresh_env=fresh_env)
+    grader = await prepare_grader(
+        env, "scrubbed_command", {}, grade_in="fresh", fresh_env=fresh_env
+    )
     assert (await grade(grader, env)).score == 0.0
 
 
@@ -278,8 +303,7 @@ async def test_a_fresh_sandbox_that_cannot_start_is_infrastructure(env):
     def broken() -> AgentEnv:
         return open_env({"type": "host"}, {"post_setup": ["exit 9"]})
 
-    grader = await prepare_grader(env, "scrubbed_command", {}, grade_in="fresh",
-                                  fresh_env=broken)
+    grader = await prepare_grader(env, "scrubbed_command", {}, grade_in="fresh", fresh_env=broken)
     await act(env, f"printf %s {shlex.quote(FIXED)} > calc.py")
     with pytest.raises(GradingInfraError, match="fresh grading sandbox did not start"):
         await grade(grader, env)
@@ -320,11 +344,18 @@ async def test_sandbox_files_are_read_bounded_regular_and_timed(env):
     sandbox = await GradingSandbox.open(env, {"PATH": "/usr/bin:/bin"}, workdir=env.workdir)
     try:
         s = sandbox.scratch
-        await act(env, f"mkfifo {s}/fifo && ln -s /etc/hostname {s}/link && "
-                       f"head -c 5000 /dev/zero > {s}/big && printf ok > {s}/small")
+        await act(
+            env,
+            f"mkfifo {s}/fifo && ln -s /etc/hostname {s}/link && "
+            f"head -c 5000 /dev/zero > {s}/big && printf ok > {s}/small",
+        )
         assert await sandbox.read_bytes(f"{s}/small") == b"ok"
-        for name, problem in (("fifo", "not a regular file"), ("link", "not a regular file"),
-                              ("missing", "not a regular file"), ("big", "larger than 4096")):
+        for name, problem in (
+            ("fifo", "not a regular file"),
+            ("link", "not a regular file"),
+            ("missing", "not a regular file"),
+            ("big", "larger than 4096"),
+        ):
             with pytest.raises(GradingReadError, match=problem):
                 # A FIFO read on the host side would block forever: bounded here.
                 await asyncio.wait_for(sandbox.read_bytes(f"{s}/{name}", max_bytes=4096), 60)
@@ -395,22 +426,21 @@ def test_runner_sections_of_shared_files():
     assert runner_section("setup.cfg", "[tool:pytest]\naddopts = -p x\n") == {
         "tool:pytest": {"addopts": "-p x"}
     }
-    assert runner_section("pyproject.toml", "not = [toml") != runner_section(
-        "pyproject.toml", base
-    )
+    assert runner_section("pyproject.toml", "not = [toml") != runner_section("pyproject.toml", base)
 
 
 def test_literal_patterns_escape_glob_characters():
-    rules = RuleSet([PYTHON_HARNESS[0].model_copy(update={"patterns": (literal_pattern(
-        "a[1]*.py"),)})], [])
+    rules = RuleSet(
+        [PYTHON_HARNESS[0].model_copy(update={"patterns": (literal_pattern("a[1]*.py"),)})], []
+    )
     assert rules.protects("a[1]*.py") and not rules.protects("a1x.py")
 
 
 def test_patches_split_per_file_with_quoted_paths():
     patch = (
-        b'diff --git a/plain.py b/plain.py\n--- a/plain.py\n+++ b/plain.py\n@@ -1 +1 @@\n-a\n+b\n'
+        b"diff --git a/plain.py b/plain.py\n--- a/plain.py\n+++ b/plain.py\n@@ -1 +1 @@\n-a\n+b\n"
         b'diff --git "a/tab\\there.py" "b/tab\\there.py"\nnew file mode 100644\n'
-        b"--- /dev/null\n+++ \"b/tab\\there.py\"\n@@ -0,0 +1 @@\n+x\n"
+        b'--- /dev/null\n+++ "b/tab\\there.py"\n@@ -0,0 +1 @@\n+x\n'
         b"diff --git a/with space.py b/with space.py\n"
     )
     parts = split_patch(patch)

@@ -404,7 +404,9 @@ async def test_the_default_prompt_names_the_finishing_tools_that_are_configured(
     system = result.messages[0]["content"]
     assert "call the done tool" in system and "submit" not in system
     result, _ = await episode(
-        qwen3_tokenizer, [hermes_call("shell", {"command": "true"})], tools=["shell"],
+        qwen3_tokenizer,
+        [hermes_call("shell", {"command": "true"})],
+        tools=["shell"],
         interaction={"max_turns": 1},
     )
     assert "When the task is done" not in result.messages[0]["content"]
@@ -421,8 +423,9 @@ class InexactModel(ScriptedTokenModel):
 
 async def test_a_turn_that_is_not_token_exact_is_recorded_and_masked(qwen3_tokenizer):
     for policy, masked in ((None, True), ("train", False)):
-        model = InexactModel(qwen3_tokenizer, [hermes_call("done")],
-                             sampling_params={"max_tokens": 200})
+        model = InexactModel(
+            qwen3_tokenizer, [hermes_call("done")], sampling_params={"max_tokens": 200}
+        )
         overrides = {"exit_policy": {"inexact_tokens": policy}} if policy else {}
         result = await run_episode(resolve(config(**overrides)), TASK, model)
         assert result.exit_reason is ExitReason.FINISHED

@@ -33,8 +33,12 @@ SERVER = Path(__file__).with_name("mcp_servers") / "demo_server.py"
 VENV = Path(sys.prefix)
 ISOLATIONS = [
     "none",
-    pytest.param("bwrap", marks=pytest.mark.skipif(
-        shutil.which("bwrap") is None, reason="needs bubblewrap (apt-get install bubblewrap)")),
+    pytest.param(
+        "bwrap",
+        marks=pytest.mark.skipif(
+            shutil.which("bwrap") is None, reason="needs bubblewrap (apt-get install bubblewrap)"
+        ),
+    ),
 ]
 
 
@@ -43,7 +47,10 @@ class NoArgs(BaseModel):
 
 
 DONE = ToolSpec(
-    name="done", description="Finish.", arguments=NoArgs, render=lambda a: "echo ok",
+    name="done",
+    description="Finish.",
+    arguments=NoArgs,
+    render=lambda a: "echo ok",
     ends_episode=True,
 )
 
@@ -62,8 +69,12 @@ def done_tool() -> Iterator[None]:
 
 
 def stdio_server(**more: Any) -> dict[str, Any]:
-    return {"name": "demo", "command": [sys.executable, str(SERVER)], "python": sys.executable,
-            **more}
+    return {
+        "name": "demo",
+        "command": [sys.executable, str(SERVER)],
+        "python": sys.executable,
+        **more,
+    }
 
 
 def agent_config(
@@ -72,18 +83,26 @@ def agent_config(
     deployment: dict[str, Any] = {"type": "host", "isolation": isolation}
     if isolation == "bwrap":  # the sandbox sees the interpreter with `mcp`, and the server
         deployment["ro_binds"] = [sys.base_prefix, str(VENV), str(SERVER.parent)]
-    return AgentConfig.from_dict({
-        "tools": ["done", {"mcp": server}],
-        "instance_template": "{q}",
-        "env": {"deployment": deployment},
-        "interaction": {"max_turns": 12, **interaction},
-    })
+    return AgentConfig.from_dict(
+        {
+            "tools": ["done", {"mcp": server}],
+            "instance_template": "{q}",
+            "env": {"deployment": deployment},
+            "interaction": {"max_turns": 12, **interaction},
+        }
+    )
 
 
 async def run_one(config: AgentConfig, script: list[str], tokenizer: Any, out: Path) -> Path:
     model = ScriptedTokenModel(tokenizer, script)
-    await run(config, [Task("t", {"q": "use the tools"})], [], lambda: model, out,
-              progress=Progress(io.StringIO(), live=False))
+    await run(
+        config,
+        [Task("t", {"q": "use the tools"})],
+        [],
+        lambda: model,
+        out,
+        progress=Progress(io.StringIO(), live=False),
+    )
     (episode,) = (out / "episodes").glob("*/0")
     return episode
 
@@ -120,8 +139,10 @@ async def test_stdio_server_in_the_sandbox_lists_and_calls_its_tools(
     assert "the MCP server failed" in crashed and "[exit code 2]" in crashed
     assert "2" in again and "[exit code" not in again
     # The tools the model saw are saved with the episode, with the server's schemas.
-    tools = {t["function"]["name"]: t["function"]
-             for t in json.loads((episode / "rollout.json").read_text())["tools"]}
+    tools = {
+        t["function"]["name"]: t["function"]
+        for t in json.loads((episode / "rollout.json").read_text())["tools"]
+    }
     assert set(tools) == {"done", "add", "write_note", "fail", "crash"}  # `hang` excluded
     assert tools["add"]["parameters"]["properties"]["a"]["type"] == "integer"
     assert tools["add"]["parameters"]["required"] == ["a", "b"]
@@ -132,10 +153,12 @@ async def test_a_call_that_never_answers_is_bounded_by_the_server_timeout(
     qwen3_tokenizer: Any, tmp_path: Path
 ) -> None:
     work = tmp_path / "work"
-    config = AgentConfig.from_dict({
-        **agent_config(stdio_server(include=["hang"], timeout=1)).model_dump(),
-        "env": {"workdir": str(work), "deployment": {"type": "host", "isolation": "none"}},
-    })
+    config = AgentConfig.from_dict(
+        {
+            **agent_config(stdio_server(include=["hang"], timeout=1)).model_dump(),
+            "env": {"workdir": str(work), "deployment": {"type": "host", "isolation": "none"}},
+        }
+    )
     script = [hermes_call("hang"), hermes_call("done")]
     episode = await run_one(config, script, qwen3_tokenizer, tmp_path / "out")
     assert json.loads((episode / "result.json").read_text())["exit_reason"] == "finished"
@@ -156,9 +179,17 @@ async def test_a_call_that_outlives_the_action_timeout_is_a_timeout(
 async def test_a_server_that_does_not_start_is_an_infrastructure_failure(
     qwen3_tokenizer: Any, tmp_path: Path
 ) -> None:
-    config = agent_config({"name": "broken", "command": [sys.executable, "-c", "import sys; "
-                           "print('no such server', file=sys.stderr); sys.exit(5)"],
-                           "python": sys.executable})
+    config = agent_config(
+        {
+            "name": "broken",
+            "command": [
+                sys.executable,
+                "-c",
+                "import sys; print('no such server', file=sys.stderr); sys.exit(5)",
+            ],
+            "python": sys.executable,
+        }
+    )
     episode = await run_one(config, [hermes_call("done")], qwen3_tokenizer, tmp_path / "out")
     result = json.loads((episode / "result.json").read_text())
     assert result["exit_reason"] == "env_error" and result["traj_masked"] is True
@@ -177,8 +208,9 @@ async def test_include_naming_a_missing_tool_fails_the_set_up(
 
 @pytest.fixture
 def http_server() -> Iterator[str]:
-    process = subprocess.Popen([sys.executable, str(SERVER), "http"], stdout=subprocess.PIPE,
-                               text=True)
+    process = subprocess.Popen(
+        [sys.executable, str(SERVER), "http"], stdout=subprocess.PIPE, text=True
+    )
     try:
         assert process.stdout is not None
         port = int(process.stdout.readline())  # printed once the socket listens
@@ -188,12 +220,21 @@ def http_server() -> Iterator[str]:
         process.wait()
 
 
-async def test_streamable_http_server(http_server: str, qwen3_tokenizer: Any,
-                                      tmp_path: Path) -> None:
-    server = {"name": "web", "transport": "streamable-http", "url": http_server,
-              "python": sys.executable, "include": ["add", "fail"]}
-    script = [hermes_call("add", {"a": 5, "b": 6}), hermes_call("fail", {"reason": "x"}),
-              hermes_call("done")]
+async def test_streamable_http_server(
+    http_server: str, qwen3_tokenizer: Any, tmp_path: Path
+) -> None:
+    server = {
+        "name": "web",
+        "transport": "streamable-http",
+        "url": http_server,
+        "python": sys.executable,
+        "include": ["add", "fail"],
+    }
+    script = [
+        hermes_call("add", {"a": 5, "b": 6}),
+        hermes_call("fail", {"reason": "x"}),
+        hermes_call("done"),
+    ]
     episode = await run_one(agent_config(server), script, qwen3_tokenizer, tmp_path / "out")
     assert json.loads((episode / "result.json").read_text())["exit_reason"] == "finished"
     added, failed = outputs(episode)

@@ -120,9 +120,7 @@ async def test_verl_model_two_turns_token_exact(tokenizer: Any) -> None:
     assert params == {"temperature": 1.0, "top_p": 1.0, "logprobs": True}
     assert server.calls[0]["params"]["temperature"] == 1.0
     # max_tokens is what remains of the budgets.
-    assert server.calls[0]["params"]["max_tokens"] == min(
-        4096 - len(cache.prompt_ids), 2048
-    )
+    assert server.calls[0]["params"]["max_tokens"] == min(4096 - len(cache.prompt_ids), 2048)
     assert server.calls[1]["params"]["max_tokens"] == min(
         4096 - len(context_before), 2048 - (len(context_before) - len(cache.prompt_ids))
     )
@@ -150,9 +148,7 @@ async def test_verl_model_cut_by_budget_is_length_then_context_limit(tokenizer: 
     room = 5
     ids = tokenizer.encode("I will think about this for a very long time", add_special_tokens=False)
     server = ScriptedTokenServer([TokenOutput(token_ids=ids[:room], log_probs=[-1.0] * room)])
-    model = VerlServerModel(
-        server, tokenizer, {}, max_model_len=len(cache_probe.prompt_ids) + room
-    )
+    model = VerlServerModel(server, tokenizer, {}, max_model_len=len(cache_probe.prompt_ids) + room)
     cache = model.start_cache(MESSAGES, SCHEMAS)
     with pytest.raises(ContextLimitError):
         await model.generate(cache)

@@ -152,8 +152,11 @@ async def test_connection_refused_is_retried_then_model_error() -> None:
         (Fail(401, "no key"), ModelError, "AuthenticationError 401: no key"),
         (Fail(404, "no such model"), ModelError, "NotFoundError 404"),
         (
-            Fail(400, "This model's maximum context length is 32768 tokens. However, you "
-                 "requested 40000 tokens."),
+            Fail(
+                400,
+                "This model's maximum context length is 32768 tokens. However, you "
+                "requested 40000 tokens.",
+            ),
             ContextLimitError,
             "maximum context length",
         ),
@@ -165,8 +168,11 @@ async def test_connection_refused_is_retried_then_model_error() -> None:
             "available context size",
         ),
         (
-            Fail(422, "Input validation error: `inputs` tokens + `max_new_tokens` must be "
-                 "<= 4096. Given: 4000 `inputs` tokens and 200 `max_new_tokens`"),
+            Fail(
+                422,
+                "Input validation error: `inputs` tokens + `max_new_tokens` must be "
+                "<= 4096. Given: 4000 `inputs` tokens and 200 `max_new_tokens`",
+            ),
             ContextLimitError,
             "UnprocessableEntityError 422",
         ),

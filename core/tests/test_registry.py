@@ -103,8 +103,10 @@ def test_a_plugin_yielding_the_wrong_record_type_fails_alone():
         return [ToolSpec(name="kept", description="d", arguments=NoArgs)]
 
     manager = PluginManager()
-    manager.register(types.SimpleNamespace(uniagent_rewards=uniagent_rewards,
-                                           uniagent_tools=uniagent_tools), "confused")
+    manager.register(
+        types.SimpleNamespace(uniagent_rewards=uniagent_rewards, uniagent_tools=uniagent_tools),
+        "confused",
+    )
     manager.register(tools_plugin("grep"), "uniagent-tools-fine")
     info = manager.plugins["confused"]
     assert info.status == "failed"

@@ -716,11 +716,14 @@ def test_each_mode_answers_a_call_written_as_text_as_its_consumer_takes_it(
     wrap = "<tool_response>\n{}\n</tool_response>".format
     tokens = RolloutCache.start(qwen3_tokenizer, msgs[:2])
     assert tokens.answer_text_call("hi", "shell", None, wrap) == {
-        "role": "tool", "content": "hi", "name": "shell"
+        "role": "tool",
+        "content": "hi",
+        "name": "shell",
     }
     messages = RolloutCache.messages_only(msgs[:2])
     assert messages.answer_text_call("hi", "shell", "c1", wrap) == {
-        "role": "user", "content": "<tool_response>\nhi\n</tool_response>"
+        "role": "user",
+        "content": "<tool_response>\nhi\n</tool_response>",
     }
 
 

@@ -102,8 +102,10 @@ def config_for(marker: Path, **settings: object) -> AgentConfig:
         {
             "tools": ["probe"],
             "instance_template": "{q}",
-            "env": {"env": {"MARKER": str(marker)},
-                    "deployment": {"type": "host", "isolation": "none"}},
+            "env": {
+                "env": {"MARKER": str(marker)},
+                "deployment": {"type": "host", "isolation": "none"},
+            },
             "services": {"marker": {"marker": str(marker), **settings}},
         }
     )

@@ -99,13 +99,24 @@ def prepare(out: Path) -> None:
     ]
     (out / "agent_loop.yaml").write_text(yaml.safe_dump(loop, sort_keys=False))
     code = uniagent(
-        ["data", "prepare", str(out / "tasks.jsonl"), "--config", str(out / "agent.yaml"),
-         "--data-source", "smoke", "--out", str(out / "train.parquet")]
+        [
+            "data",
+            "prepare",
+            str(out / "tasks.jsonl"),
+            "--config",
+            str(out / "agent.yaml"),
+            "--data-source",
+            "smoke",
+            "--out",
+            str(out / "train.parquet"),
+        ]
     )
     if code != 0:
         raise SystemExit(f"uniagent data prepare failed with exit code {code}")
-    print(f"prepared {out}: model {model_dir} ({config.num_hidden_layers} layers, vocab "
-          f"{config.vocab_size}), {len(TASKS)} tasks")
+    print(
+        f"prepared {out}: model {model_dir} ({config.num_hidden_layers} layers, vocab "
+        f"{config.vocab_size}), {len(TASKS)} tasks"
+    )
 
 
 def dry_run(out: Path) -> int:
@@ -133,12 +144,15 @@ def dry_run(out: Path) -> int:
     server = ScriptedTokenServer(
         str(out / "model"),
         {},
-        default=[hermes_call("execute_bash", {"command": "touch done.txt"}),
-                 hermes_call("submit", {})],
+        default=[
+            hermes_call("execute_bash", {"command": "touch done.txt"}),
+            hermes_call("submit", {}),
+        ],
     )
     worker = AgentLoopWorker(config, llm_client=server)
     dataset = RLHFDataset(
-        str(out / "train.parquet"), worker.tokenizer,
+        str(out / "train.parquet"),
+        worker.tokenizer,
         OmegaConf.create({"filter_overlong_prompts": False, "cache_dir": str(out / "cache")}),
     )
     batch = DataProto.from_single_dict(collate_fn([dataset[i] for i in range(len(dataset))]))
@@ -148,8 +162,10 @@ def dry_run(out: Path) -> int:
     scores = result.batch["rm_scores"].sum(dim=1).tolist()
     failures = []
     for task_, record, trained, score in zip(TASKS, records, masks, scores, strict=True):
-        print(f"{task_['instance_id']}: {record.get('exit_reason')} masked="
-              f"{record.get('traj_masked')} trained_tokens={trained} reward={score}")
+        print(
+            f"{task_['instance_id']}: {record.get('exit_reason')} masked="
+            f"{record.get('traj_masked')} trained_tokens={trained} reward={score}"
+        )
         broken = task_["instance_id"] == "broken-sandbox"
         if broken != bool(record.get("traj_masked")) or broken != (trained == 0):
             failures.append(f"{task_['instance_id']}: masking is not as expected")
@@ -182,9 +198,11 @@ def check(out: Path, steps: int) -> int:
                 failures.append(f"step {step}: {key} missing from verl's metrics")
             elif not math.isclose(float(data[key]), value):
                 failures.append(f"step {step}: {key} = {data[key]}, expected {value}")
-        print(f"step {step}: pg_loss={data.get('actor/pg_loss')} "
-              f"masked_share={data.get('agent/masked_share')} "
-              f"turns={data.get('agent/turns/mean')} score={data.get('critic/score/mean')}")
+        print(
+            f"step {step}: pg_loss={data.get('actor/pg_loss')} "
+            f"masked_share={data.get('agent/masked_share')} "
+            f"turns={data.get('agent/turns/mean')} score={data.get('critic/score/mean')}"
+        )
     for step in range(1, steps + 1):
         failures += _check_dumps(out / "episodes" / f"step_{step:06d}", step, samples)
     return _report(failures)
@@ -195,17 +213,21 @@ def _check_dumps(run_dir: Path, step: int, samples: int) -> list[str]:
     if not results.exists():
         return [f"step {step}: no episode dumps in {run_dir}"]
     records = [json.loads(x) for x in results.read_text().splitlines() if x.strip()]
-    failures = [] if len(records) == samples else [
-        f"step {step}: {len(records)} episodes dumped, expected {samples}"
-    ]
+    failures = (
+        []
+        if len(records) == samples
+        else [f"step {step}: {len(records)} episodes dumped, expected {samples}"]
+    )
     for record in records:
         directory = Path(record["episode_dir"])
         name = f"step {step} {record['task_id']}/{record['sample']}"
         verl: dict[str, Any] = record["verl"]
         broken = record["task_id"] == "broken-sandbox"
         if verl["traj_masked"] is not broken or (verl["trained_tokens"] == 0) is not broken:
-            failures.append(f"{name}: traj_masked={verl['traj_masked']} trained_tokens="
-                            f"{verl['trained_tokens']} (masked: {broken})")
+            failures.append(
+                f"{name}: traj_masked={verl['traj_masked']} trained_tokens="
+                f"{verl['trained_tokens']} (masked: {broken})"
+            )
         if not broken:
             rollout = json.loads((directory / "rollout.json").read_text())
             if sum(rollout["response_mask"]) == 0:

@@ -92,19 +92,40 @@ _MOVED: dict[str, str] = {
     **{
         name: "uniagent.sandbox"
         for name in (
-            "SANDBOX_UID", "kill_all_but_ancestors", "make_runtime", "retrying_runtime_class",
-            "Runtime", "Deployment", "HostDeployment", "HostDeploymentConfig", "BashAction",
-            "BashInterruptAction", "BashObservation", "CloseBashSessionRequest", "Command",
-            "CommandResponse", "CreateBashSessionRequest", "IsAliveResponse",
-            "ReadFileRequest", "UploadRequest", "WriteFileRequest", "ActionSyntaxError",
-            "ActionTimeoutError", "CommandEncodingError", "NonZeroExitError",
+            "SANDBOX_UID",
+            "kill_all_but_ancestors",
+            "make_runtime",
+            "retrying_runtime_class",
+            "Runtime",
+            "Deployment",
+            "HostDeployment",
+            "HostDeploymentConfig",
+            "BashAction",
+            "BashInterruptAction",
+            "BashObservation",
+            "CloseBashSessionRequest",
+            "Command",
+            "CommandResponse",
+            "CreateBashSessionRequest",
+            "IsAliveResponse",
+            "ReadFileRequest",
+            "UploadRequest",
+            "WriteFileRequest",
+            "ActionSyntaxError",
+            "ActionTimeoutError",
+            "CommandEncodingError",
+            "NonZeroExitError",
         )
     },
     **{
         name: "uniagent.registry"
         for name in (
-            "get_tools", "get_deployments", "get_tool_parsers", "get_rewards",
-            "get_services", "validate_deployment_config",
+            "get_tools",
+            "get_deployments",
+            "get_tool_parsers",
+            "get_rewards",
+            "get_services",
+            "validate_deployment_config",
         )
     },
 }

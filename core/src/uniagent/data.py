@@ -112,8 +112,12 @@ def parquet_schema() -> Any:
             (
                 "extra_info",
                 pa.struct(
-                    [("index", pa.int64()), ("task_id", text), ("tools_kwargs", text),
-                     ("task", text)]
+                    [
+                        ("index", pa.int64()),
+                        ("task_id", text),
+                        ("tools_kwargs", text),
+                        ("task", text),
+                    ]
                 ),
             ),
             ("index", pa.int64()),

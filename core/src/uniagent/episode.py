@@ -231,8 +231,9 @@ async def _grade(
             submission=result.submission,
         )
         result.reward, result.reward_info = grade.score, grade.info
-        logger.info("reward %s: %s %s", config.reward.name, grade.score,
-                    grade.info.get("score_reason", ""))
+        logger.info(
+            "reward %s: %s %s", config.reward.name, grade.score, grade.info.get("score_reason", "")
+        )
     except Exception as exc:
         logger.error("reward %s failed: %s", config.reward.name, exc)
         result.exit_reason = ExitReason.REWARD_ERROR

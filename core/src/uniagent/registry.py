@@ -79,7 +79,7 @@ def unknown_name_message(kind: Kind, name: str, installed: Mapping[str, Any]) ->
         message += f" Did you mean {close[0]!r}?"
     return message + (
         f" A plugin may provide {name!r}: `uniagent plugins` lists what each installed one "
-        "provides, and docs/plugins.md (\"First-party plugins\") what each of ours adds."
+        'provides, and docs/plugins.md ("First-party plugins") what each of ours adds.'
     )
 
 

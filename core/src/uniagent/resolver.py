@@ -175,8 +175,13 @@ def _resolve(
     reward = None
     if config.reward is not None:
         spec = _lookup(registry.rewards(), config.reward.name, "reward.name", source)
-        settings = _settings(spec.settings, config.reward.settings, "reward.settings", source,
-                             what=f"reward {spec.name!r}")
+        settings = _settings(
+            spec.settings,
+            config.reward.settings,
+            "reward.settings",
+            source,
+            what=f"reward {spec.name!r}",
+        )
         reward = ResolvedReward(spec, settings, config.reward.grade_in, config.reward.integrity)
     services = tuple(
         (
@@ -215,8 +220,9 @@ def _tool(registry: Registry, ref: ToolRef, path: str, source: str) -> ToolSpec:
         raise ConfigError(
             f"invalid {source}:\n  {path}.settings: tool {spec.name!r} takes no settings"
         )
-    settings = _settings(spec.settings, ref.settings, f"{path}.settings", source,
-                         what=f"tool {spec.name!r}")
+    settings = _settings(
+        spec.settings, ref.settings, f"{path}.settings", source, what=f"tool {spec.name!r}"
+    )
     configured = spec.configure(settings)
     if configured.name != spec.name:
         raise ConfigError(f"tool {spec.name!r}: its configure() renamed it {configured.name!r}")
@@ -224,8 +230,12 @@ def _tool(registry: Registry, ref: ToolRef, path: str, source: str) -> ToolSpec:
 
 
 def _settings(
-    model: type[BaseModel] | None, raw: Mapping[str, Any] | None, path: str, source: str,
-    *, what: str,
+    model: type[BaseModel] | None,
+    raw: Mapping[str, Any] | None,
+    path: str,
+    source: str,
+    *,
+    what: str,
 ) -> Any:
     if model is None:
         if raw:

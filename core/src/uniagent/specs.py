@@ -189,6 +189,7 @@ class DeploymentSpec(_Record, Generic[C]):
     def missing(self) -> list[str]:
         """The packages of :attr:`needs` whose module is not installed here (once each)."""
         return sorted({pkg for module, pkg in self.needs.items() if not _installed(module)})
+
     check: Callable[[C, Any], list[str]] | None = field(default=None, compare=False)
 
     def __post_init__(self) -> None:
@@ -270,8 +271,6 @@ class ServiceSpec(_SettingsRecord, Generic[S]):
         self._take_deprecated_config()
 
 
-
-
 Record = ToolSpec | DeploymentSpec | ParserSpec | RewardSpec | ServiceSpec
 
 RECORD_TYPES: dict[Kind, type] = {
@@ -281,4 +280,3 @@ RECORD_TYPES: dict[Kind, type] = {
     "rewards": RewardSpec,
     "services": ServiceSpec,
 }
-

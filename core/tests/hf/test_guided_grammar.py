@@ -255,9 +255,7 @@ def test_the_grammar_cache_is_a_bounded_lru_and_counts_its_hits(smollm2_tokenize
     guide.matcher(tools(2), PARSER)
     guide.matcher(tools(1), PARSER)  # a hit, and now the most recently used
     guide.matcher(tools(3), PARSER)  # over the bound: evicts tools(2), not tools(1)
-    assert guide.cache_info() == GrammarCacheInfo(
-        hits=1, misses=3, evictions=1, size=2, max_size=2
-    )
+    assert guide.cache_info() == GrammarCacheInfo(hits=1, misses=3, evictions=1, size=2, max_size=2)
     guide.matcher(tools(1), PARSER)  # still cached
     assert guide.compilations == 3
     turn = guide.matcher(tools(2), PARSER)  # evicted: compiled again, and works

@@ -161,8 +161,7 @@ def setup(tmp_path: Path) -> tuple[list[str], dict[str, str], Path]:
 
 
 STILL_CLOSING = (
-    "uniagent: still closing sandboxes; signal again to exit now and leave them to "
-    "`uniagent clean`"
+    "uniagent: still closing sandboxes; signal again to exit now and leave them to `uniagent clean`"
 )
 INTERRUPTED = (
     "uniagent: interrupted by SIGINT: 0 of 1 episodes finished; running episodes stopped "

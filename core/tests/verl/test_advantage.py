@@ -111,8 +111,12 @@ def test_estimator_is_registered_by_installing_uniagent(tmp_path: Path) -> None:
     def registered_by(**env: str) -> str:
         clean = {k: v for k, v in os.environ.items() if not k.startswith("VERL_USE_EXTERNAL")}
         done = subprocess.run(
-            [sys.executable, "-c", code], cwd=tmp_path, env={**clean, **env},
-            capture_output=True, text=True, check=True,
+            [sys.executable, "-c", code],
+            cwd=tmp_path,
+            env={**clean, **env},
+            capture_output=True,
+            text=True,
+            check=True,
         )
         return done.stdout.strip().splitlines()[-1]
 

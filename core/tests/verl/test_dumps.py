@@ -60,7 +60,10 @@ async def test_classic_worker_dumps_every_sample_in_run_layout(
     run_dir = dumps / "step_000007"  # the weight version the server reported
     records = ResultsFile(run_dir / RESULTS).load()
     assert sorted((r["task_id"], r["sample"]) for r in records) == [
-        ("badcfg", 0), ("broken", 0), ("fin", 0), ("fin", 1),
+        ("badcfg", 0),
+        ("broken", 0),
+        ("fin", 0),
+        ("fin", 1),
     ]
     for record in records:
         directory = run_dir / "episodes" / record["task_id"] / str(record["sample"])

@@ -18,9 +18,18 @@ from uniagent.verl.output import UNIAGENT_KEY
 def row(**fields: Any) -> dict[str, Any]:
     """One row's ``extras`` value, as the adapter writes it."""
     base = {
-        "exit_reason": "finished", "traj_masked": False, "turns": 2, "tool_calls": {},
-        "format_errors": 0, "syntax_errors": 0, "timeouts": 0, "setup_seconds": 0.0,
-        "model_seconds": 0.0, "env_seconds": 0.0, "reward_seconds": 0.0, "truncated": False,
+        "exit_reason": "finished",
+        "traj_masked": False,
+        "turns": 2,
+        "tool_calls": {},
+        "format_errors": 0,
+        "syntax_errors": 0,
+        "timeouts": 0,
+        "setup_seconds": 0.0,
+        "model_seconds": 0.0,
+        "env_seconds": 0.0,
+        "reward_seconds": 0.0,
+        "truncated": False,
         "error": None,
     }
     return {UNIAGENT_KEY: {**base, **fields}}
@@ -29,12 +38,31 @@ def row(**fields: Any) -> dict[str, Any]:
 def test_shares_counts_and_times() -> None:
     """Exit-reason shares, masked share, error rates, tool calls and the time breakdown."""
     extras = [
-        row(turns=4, tool_calls={"execute_bash": 3, "submit": 1}, format_errors=1,
-            setup_seconds=1.0, model_seconds=2.0, env_seconds=1.0),
-        row(exit_reason="max_step_limit", turns=6, tool_calls={"execute_bash": 5}, timeouts=2,
-            setup_seconds=1.0, model_seconds=4.0, env_seconds=1.0, truncated=True),
-        row(exit_reason="env_error", traj_masked=True, turns=0, error="setup failed",
-            setup_seconds=2.0),
+        row(
+            turns=4,
+            tool_calls={"execute_bash": 3, "submit": 1},
+            format_errors=1,
+            setup_seconds=1.0,
+            model_seconds=2.0,
+            env_seconds=1.0,
+        ),
+        row(
+            exit_reason="max_step_limit",
+            turns=6,
+            tool_calls={"execute_bash": 5},
+            timeouts=2,
+            setup_seconds=1.0,
+            model_seconds=4.0,
+            env_seconds=1.0,
+            truncated=True,
+        ),
+        row(
+            exit_reason="env_error",
+            traj_masked=True,
+            turns=0,
+            error="setup failed",
+            setup_seconds=2.0,
+        ),
         None,  # another agent loop's row
         {"other_framework": {"exit_reason": "finished"}},
     ]
@@ -51,7 +79,9 @@ def test_shares_counts_and_times() -> None:
     assert m["agent/truncated_share"] == pytest.approx(1 / 3)
     assert m["agent/failed_share"] == pytest.approx(1 / 3)
     assert (m["agent/turns/mean"], m["agent/turns/max"], m["agent/turns/min"]) == (
-        pytest.approx(10 / 3), 6, 0,
+        pytest.approx(10 / 3),
+        6,
+        0,
     )
     assert m["agent/format_errors/mean"] == pytest.approx(1 / 3)
     assert m["agent/format_errors/per_turn"] == pytest.approx(1 / 10)

@@ -66,8 +66,12 @@ def mixed_batch(tmp_path: Path, tokenizer: Any) -> Any:
 
 
 #: (agent loop, reward, masked) of rows 0..3 of :func:`mixed_batch`.
-EXPECTED = [("uniagent", 1.0, False), ("uniagent", 0.0, True), ("single", 1.0, None),
-            ("single", 0.0, None)]
+EXPECTED = [
+    ("uniagent", 1.0, False),
+    ("uniagent", 0.0, True),
+    ("single", 1.0, None),
+    ("single", 0.0, None),
+]
 
 
 def manager_in_process(config: Any, server: Any, workers: Sequence[Any], reward: Any) -> Any:
@@ -137,8 +141,16 @@ async def test_every_order_and_worker_split_concatenates(
             assert "agent_loop/generate_sequences/mean" in out.meta_info["timing"], case
     assert len(kinds_seen) == 6  # C(4, 2) layouts of two loops over four rows
     assert columns is not None
-    assert {"extras", "turn_scores", "tool_rewards", "min_global_steps", "max_global_steps",
-            "global_steps", "reward_extra_info", "raw_prompt"} <= columns
+    assert {
+        "extras",
+        "turn_scores",
+        "tool_rewards",
+        "min_global_steps",
+        "max_global_steps",
+        "global_steps",
+        "reward_extra_info",
+        "raw_prompt",
+    } <= columns
     # No uniagent field leaks into a column of its own (that is what broke mixed batches).
     assert not {"exit_reason", "traj_masked", "agent_turns"} & columns
 

@@ -217,7 +217,9 @@ def test_gpu_smoke_script_flags_exist_and_steps_run_in_order(tmp_path: Path) -> 
     calls = recorded_calls("gpu_smoke.sh", tmp_path, OUT=str(out))
     smoke = str(EXAMPLES / "gpu_smoke.py")
     assert [c[:3] for c in calls if c[0] != "-m"] == [
-        [smoke, "prepare", str(out)], [smoke, "dry-run", str(out)], [smoke, "check", str(out)],
+        [smoke, "prepare", str(out)],
+        [smoke, "dry-run", str(out)],
+        [smoke, "check", str(out)],
     ]
     (train,) = [c for c in calls if c[0] == "-m"]
     assert train[1] == "verl.trainer.main_ppo"
@@ -229,5 +231,7 @@ def test_gpu_smoke_script_flags_exist_and_steps_run_in_order(tmp_path: Path) -> 
     assert config.actor_rollout_ref.model.path == str(out / "model")
     assert "file" in config.trainer.logger
     sampler = config.trainer.v1.sampler.custom_sampler
-    assert (sampler.path, sampler.name) == ("pkg://uniagent.verl.replay_buffer",
-                                            "UniAgentReplayBuffer")
+    assert (sampler.path, sampler.name) == (
+        "pkg://uniagent.verl.replay_buffer",
+        "UniAgentReplayBuffer",
+    )

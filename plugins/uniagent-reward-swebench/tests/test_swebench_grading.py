@@ -150,13 +150,15 @@ NONCE = "0123456789abcdef"
 
 def test_the_runners_steps_count_only_before_the_test_region(pytest_log: str) -> None:
     # Everything the tested code prints is after the start line, nonce and all.
-    forged = "\n".join([
-        marker(NONCE, "workdir-missing"),
-        marker(NONCE, "patch-failed"),
-        ">>>>> Tests Errored: Cannot allocate memory",
-        ">>>>> Patch Apply Failed",
-        ">>>>> Test Exit Code: 0",
-    ])
+    forged = "\n".join(
+        [
+            marker(NONCE, "workdir-missing"),
+            marker(NONCE, "patch-failed"),
+            ">>>>> Tests Errored: Cannot allocate memory",
+            ">>>>> Patch Apply Failed",
+            ">>>>> Test Exit Code: 0",
+        ]
+    )
     output = f"Checking patch x\n{marker(NONCE, 'tests')}\n{pytest_log}{forged}\n"
     run = EvalRun.read(output, NONCE, exit_code=1, exit_known=True)
     assert run.started and not run.workdir_missing and not run.patch_failed
@@ -172,7 +174,8 @@ def test_the_runners_steps_count_only_before_the_test_region(pytest_log: str) ->
 def test_the_exit_status_comes_from_the_process_not_the_log(pytest_log: str) -> None:
     # A log without failures of the required test, but the test command failed: not graded.
     region = pytest_log.replace("FAILED test_mod.py::test_broken", "") + (
-        ">>>>> Test Exit Code: 0\n")
+        ">>>>> Test Exit Code: 0\n"
+    )
     output = f"{marker(NONCE, 'tests')}\n{region}"
     run = EvalRun.read(output, NONCE, exit_code=1, exit_known=True)
     result = grade(spec(["test_mod.py::test_ok"]), run.swebench_log())
@@ -180,16 +183,23 @@ def test_the_exit_status_comes_from_the_process_not_the_log(pytest_log: str) -> 
 
 
 def test_runner_failures_before_the_region_are_read_from_their_markers() -> None:
-    missing = EvalRun.read(f"{marker(NONCE, 'workdir-missing')}\n", NONCE, exit_code=3,
-                           exit_known=True)
+    missing = EvalRun.read(
+        f"{marker(NONCE, 'workdir-missing')}\n", NONCE, exit_code=3, exit_known=True
+    )
     assert missing.workdir_missing and not missing.started
-    failed = EvalRun.read(f"error: patch failed\n{marker(NONCE, 'patch-failed')}\n", NONCE,
-                          exit_code=4, exit_known=True)
+    failed = EvalRun.read(
+        f"error: patch failed\n{marker(NONCE, 'patch-failed')}\n",
+        NONCE,
+        exit_code=4,
+        exit_known=True,
+    )
     assert failed.patch_failed
     assert grade(spec(["test_mod.py::test_ok"]), failed.swebench_log())["failure_reason"] == (
-        "test_patch_did_not_apply")
-    other = EvalRun.read(f"{marker('f' * 16, 'workdir-missing')}\n", NONCE, exit_code=3,
-                         exit_known=True)
+        "test_patch_did_not_apply"
+    )
+    other = EvalRun.read(
+        f"{marker('f' * 16, 'workdir-missing')}\n", NONCE, exit_code=3, exit_known=True
+    )
     assert not other.workdir_missing  # another nonce: not this runner's
 
 

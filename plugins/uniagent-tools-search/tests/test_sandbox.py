@@ -112,9 +112,7 @@ async def test_under_bubblewrap_there_is_no_network_not_even_to_the_service_port
 ) -> None:
     socket_dir = Path(service.url.removeprefix("unix://")).parent
     tcp_url = service.addresses["http_url"]
-    env = open_env(
-        deployment("bwrap", socket_dir), {"env": {"UNIAGENT_SEARCH_URL": tcp_url}}
-    )
+    env = open_env(deployment("bwrap", socket_dir), {"env": {"UNIAGENT_SEARCH_URL": tcp_url}})
     async with env:
         await env.install_tools([TOOLS["search"]])
         obs = await env.run_action("search --query Everest", timeout=60)

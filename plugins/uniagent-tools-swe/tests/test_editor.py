@@ -360,7 +360,10 @@ async def test_arguments_with_shell_and_option_characters_arrive_verbatim(
     path = write(sandbox.workdir / "m.sh", "echo old\n")
     new = "--flag -x 'single' \"double\" $HOME `id` \\n $(rm -rf /) ; | &&\n"
     obs = await sandbox.call(
-        "str_replace_editor", command="str_replace", path=str(path), old_str="echo old\n",
+        "str_replace_editor",
+        command="str_replace",
+        path=str(path),
+        old_str="echo old\n",
         new_str=new,
     )
     assert obs.exit_code == 0, obs.output
@@ -371,7 +374,10 @@ async def test_arguments_with_shell_and_option_characters_arrive_verbatim(
 async def test_insert_at_zero_puts_text_at_the_top(sandbox: Sandbox) -> None:
     path = write(sandbox.workdir / "m.py", SAMPLE)
     obs = await sandbox.call(
-        "str_replace_editor", command="insert", path=str(path), insert_line=0,
+        "str_replace_editor",
+        command="insert",
+        path=str(path),
+        insert_line=0,
         new_str="import os\n",
     )
     assert obs.exit_code == 0, obs.output
@@ -383,7 +389,10 @@ async def test_insert_at_zero_puts_text_at_the_top(sandbox: Sandbox) -> None:
 async def test_insert_after_a_middle_line(sandbox: Sandbox) -> None:
     path = write(sandbox.workdir / "m.py", SAMPLE)
     obs = await sandbox.call(
-        "str_replace_editor", command="insert", path=str(path), insert_line=2,
+        "str_replace_editor",
+        command="insert",
+        path=str(path),
+        insert_line=2,
         new_str="\n# helpers\n# more",
     )
     assert obs.exit_code == 0, obs.output
@@ -447,8 +456,9 @@ async def test_insert_needs_insert_line_and_new_str(sandbox: Sandbox) -> None:
     )
     assert no_text.exit_code == 1
     assert "Parameter `new_str` is required for command: insert" in no_text.output
-    bad = await sandbox.run(f"str_replace_editor --command insert --path {path} "
-                            "--insert_line two --new_str x")
+    bad = await sandbox.run(
+        f"str_replace_editor --command insert --path {path} --insert_line two --new_str x"
+    )
     assert bad.exit_code == 2
     assert "`insert_line` must be an integer" in bad.output
 
@@ -509,7 +519,10 @@ async def test_undo_history_is_bounded_by_max_history(sandbox: Sandbox) -> None:
     path = write(sandbox.workdir / "a.py", "v0\n")
     for i in range(1, 4):
         await sandbox.call(
-            "str_replace_editor", command="str_replace", path=str(path), old_str=f"v{i - 1}",
+            "str_replace_editor",
+            command="str_replace",
+            path=str(path),
+            old_str=f"v{i - 1}",
             new_str=f"v{i}",
         )
     for expected in ("v2\n", "v1\n"):
@@ -535,7 +548,10 @@ async def test_unicode_content_is_edited_and_kept_utf8(sandbox: Sandbox) -> None
     view = await sandbox.call("str_replace_editor", command="view", path=str(path))
     assert "     1\t# 中文注释" in view.output
     obs = await sandbox.call(
-        "str_replace_editor", command="str_replace", path=str(path), old_str="'héllo'",
+        "str_replace_editor",
+        command="str_replace",
+        path=str(path),
+        old_str="'héllo'",
         new_str="'grüß dich 🌍'",
     )
     assert obs.exit_code == 0, obs.output
@@ -565,7 +581,10 @@ async def test_crlf_files_stay_crlf_after_str_replace(sandbox: Sandbox) -> None:
     view = await sandbox.call("str_replace_editor", command="view", path=str(path))
     assert "\r" not in view.output
     obs = await sandbox.call(
-        "str_replace_editor", command="str_replace", path=str(path), old_str="one\ntwo",
+        "str_replace_editor",
+        command="str_replace",
+        path=str(path),
+        old_str="one\ntwo",
         new_str="1\n2\n2.5",
     )
     assert obs.exit_code == 0, obs.output
@@ -575,7 +594,10 @@ async def test_crlf_files_stay_crlf_after_str_replace(sandbox: Sandbox) -> None:
 async def test_crlf_files_stay_crlf_after_insert(sandbox: Sandbox) -> None:
     path = write(sandbox.workdir / "w.txt", b"one\r\ntwo\r\n")
     obs = await sandbox.call(
-        "str_replace_editor", command="insert", path=str(path), insert_line=1,
+        "str_replace_editor",
+        command="insert",
+        path=str(path),
+        insert_line=1,
         new_str="a\nb",
     )
     assert obs.exit_code == 0, obs.output
@@ -610,7 +632,10 @@ async def test_paths_escaping_the_root_are_rejected(sandbox: Sandbox, how: str) 
         assert not Path(path).exists()
     else:
         obs = await sandbox.call(
-            "str_replace_editor", command="str_replace", path=path, old_str="secret",
+            "str_replace_editor",
+            command="str_replace",
+            path=path,
+            old_str="secret",
             new_str="leaked",
         )
     assert obs.exit_code == 1

@@ -91,7 +91,7 @@ ALLOWED = [
     "false || (exit 4)",
     "echo $(exit 0)",
     "# vim is not run here\necho hi",
-    "echo \"less; vim\"",
+    'echo "less; vim"',
     "git diff HEAD~1 -- src/ | head -n 40",
     "echo $(less x)",  # less with its output captured copies the file like cat
 ]
@@ -203,8 +203,14 @@ def test_description_lists_what_is_refused() -> None:
 
 def test_rules_can_be_given_as_config_mappings() -> None:
     spec = make_execute_bash(
-        blocked=[{"name": "no-rm", "label": "rm -rf /", "pattern": r"^rm\s+-rf\s+/$",
-                  "reason": "Do not delete the root."}]
+        blocked=[
+            {
+                "name": "no-rm",
+                "label": "rm -rf /",
+                "pattern": r"^rm\s+-rf\s+/$",
+                "reason": "Do not delete the root.",
+            }
+        ]
     )
     assert "Do not delete the root." in spec.to_command({"command": "rm -rf /"})
     assert spec.to_command({"command": "vim x"}) == "vim x"
@@ -224,8 +230,9 @@ def test_a_default_rule_can_be_removed() -> None:
 # -- through a real sandbox --------------------------------------------------------------
 @pytest.mark.asyncio
 async def test_command_runs_and_its_output_and_exit_code_come_back(sandbox: Sandbox) -> None:
-    obs = await sandbox.call("execute_bash", command="echo hello; echo oops >&2; exit_code=3; "
-                             "(exit $exit_code)")
+    obs = await sandbox.call(
+        "execute_bash", command="echo hello; echo oops >&2; exit_code=3; (exit $exit_code)"
+    )
     assert obs.exit_code == 3
     assert "hello" in obs.output
     assert "oops" in obs.output
@@ -265,7 +272,8 @@ async def test_a_refused_exit_keeps_the_session_alive(sandbox: Sandbox) -> None:
 @pytest.mark.asyncio
 async def test_a_command_bashlex_cannot_parse_still_runs(sandbox: Sandbox) -> None:
     obs = await sandbox.call(
-        "execute_bash", command='for n in python python3; do case $n in python3) echo "$n";; esac; done'
+        "execute_bash",
+        command='for n in python python3; do case $n in python3) echo "$n";; esac; done',
     )
     assert (obs.exit_code, obs.output.strip()) == (0, "python3")
 
@@ -289,8 +297,14 @@ async def test_a_redirected_background_job_is_allowed(sandbox: Sandbox) -> None:
 def test_the_rules_come_from_the_agent_config_as_the_tools_settings() -> None:
     settings = {
         "allow": ["background"],
-        "extra": [{"name": "rm-root", "label": "rm -rf /", "pattern": r"^rm\s+-rf\s+/$",
-                   "reason": "Deleting the root would destroy the sandbox."}],
+        "extra": [
+            {
+                "name": "rm-root",
+                "label": "rm -rf /",
+                "pattern": r"^rm\s+-rf\s+/$",
+                "reason": "Deleting the root would destroy the sandbox.",
+            }
+        ],
     }
     config = AgentConfig.from_dict({"tools": [{"name": "execute_bash", "settings": settings}]})
     [tool] = resolve(config).tools

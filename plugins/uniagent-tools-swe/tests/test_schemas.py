@@ -14,18 +14,24 @@ TOOL_NAMES = ["execute_bash", "str_replace_editor", "submit", "finish"]
 
 #: Representative calls per tool, including every optional argument and awkward text.
 CALLS: list[tuple[str, dict[str, Any]]] = [
-    ("execute_bash", {"command": "cd /testbed && grep -rn \"def main\" . | head -n 5"}),
+    ("execute_bash", {"command": 'cd /testbed && grep -rn "def main" . | head -n 5'}),
     ("execute_bash", {"command": "cat > t.py <<'EOF'\nprint('</tool_call>?')\nEOF"}),
     ("str_replace_editor", {"command": "view", "path": "/testbed/a.py", "view_range": [3, -1]}),
     ("str_replace_editor", {"command": "create", "path": "/t/b.py", "file_text": "x = '中'\n"}),
     (
         "str_replace_editor",
-        {"command": "str_replace", "path": "/t/a.py", "old_str": "  a = {1: 2}\n",
-         "new_str": "  a = {1: 3}  # <changed> & \"quoted\"\n"},
+        {
+            "command": "str_replace",
+            "path": "/t/a.py",
+            "old_str": "  a = {1: 2}\n",
+            "new_str": '  a = {1: 3}  # <changed> & "quoted"\n',
+        },
     ),
     ("str_replace_editor", {"command": "str_replace", "path": "/t/a.py", "old_str": "del me"}),
-    ("str_replace_editor", {"command": "insert", "path": "/t/a.py", "insert_line": 0,
-                            "new_str": "import os"}),
+    (
+        "str_replace_editor",
+        {"command": "insert", "path": "/t/a.py", "insert_line": 0, "new_str": "import os"},
+    ),
     ("str_replace_editor", {"command": "undo_edit", "path": "/t/a.py"}),
     ("submit", {}),
     ("finish", {"answer": "The answer is 42.\nSee `main.py`."}),
@@ -88,7 +94,10 @@ def test_editor_schema_constrains_command_and_view_range() -> None:
     props = specs()["str_replace_editor"].parameters_schema()["properties"]
     assert props["command"]["enum"] == ["view", "create", "str_replace", "insert", "undo_edit"]
     assert props["view_range"] == {
-        "type": "array", "items": {"type": "integer"}, "minItems": 2, "maxItems": 2,
+        "type": "array",
+        "items": {"type": "integer"},
+        "minItems": 2,
+        "maxItems": 2,
         "description": props["view_range"]["description"],
     }
     assert props["insert_line"]["type"] == "integer"

@@ -78,7 +78,9 @@ def apply_to_a_fresh_clone(repo: Path, patch: str, where: Path) -> Path:
     patch_file.write_text(patch, encoding="utf-8", newline="")
     check = subprocess.run(
         ["git", "-C", str(clone), "apply", "--check", str(patch_file)],
-        check=False, capture_output=True, text=True,
+        check=False,
+        capture_output=True,
+        text=True,
     )
     assert check.returncode == 0, check.stderr
     git(clone, "apply", str(patch_file))
@@ -97,8 +99,11 @@ async def test_after_running_the_tests_in_a_repo_without_gitignore(sandbox: Sand
     # A fix of another size: Python trusts a .pyc whose source has the same size and mtime
     # second, and the fix may land in the second of the first run.
     obs = await sandbox.call(
-        "str_replace_editor", command="str_replace", path=str(repo / fix),
-        old_str="return a - b", new_str="return a + b  # fixed",
+        "str_replace_editor",
+        command="str_replace",
+        path=str(repo / fix),
+        old_str="return a - b",
+        new_str="return a + b  # fixed",
     )
     assert obs.exit_code == 0, obs.output
     obs = await sandbox.call("execute_bash", command=RUN_TESTS)
@@ -151,8 +156,13 @@ async def test_a_text_change_applies(sandbox: Sandbox) -> None:
     (repo / "notes file.md").write_text("spaces in the name\n")
     (repo / "debug.log").write_text("ignored\n")
     patch = await submission(sandbox, repo)
-    assert sorted(paths_in(patch)) == ["a.py", "gone.txt", "new_name.py", "notes file.md",
-                                       "old_name.py"]  # a rename is a deletion and an addition
+    assert sorted(paths_in(patch)) == [
+        "a.py",
+        "gone.txt",
+        "new_name.py",
+        "notes file.md",
+        "old_name.py",
+    ]  # a rename is a deletion and an addition
     clone = apply_to_a_fresh_clone(repo, patch, sandbox.workdir)
     for name in ("a.py", "new_name.py", "notes file.md"):
         assert (clone / name).read_bytes() == (repo / name).read_bytes()
@@ -168,9 +178,13 @@ async def test_files_the_observation_would_change_go_as_binary_patches(
     # not apply any more.
     repo = make_repo(
         sandbox.workdir / "repo",
-        {"win.txt": b"one\r\ntwo\r\n", "latin.py": b"# caf\xe9\nx = 1\n",
-         "notes.md": b"# notes\n", "plain.py": b"p = 1\n",
-         ".gitattributes": b"*.md diff=markdown\n"},
+        {
+            "win.txt": b"one\r\ntwo\r\n",
+            "latin.py": b"# caf\xe9\nx = 1\n",
+            "notes.md": b"# notes\n",
+            "plain.py": b"p = 1\n",
+            ".gitattributes": b"*.md diff=markdown\n",
+        },
     )
     changed = {
         "win.txt": b"one\r\nTWO\r\n",
@@ -235,8 +249,9 @@ def test_the_defaults_are_in_the_description_and_the_command() -> None:
 
 
 def test_bad_submit_settings_name_their_key_path() -> None:
-    bad = {"tools": [{"name": "submit", "settings": {"exclude": ["ok/", "two\nlines"],
-                                                      "exclud": []}}]}
+    bad = {
+        "tools": [{"name": "submit", "settings": {"exclude": ["ok/", "two\nlines"], "exclud": []}}]
+    }
     with pytest.raises(ConfigError) as err:
         resolve(AgentConfig.from_dict(bad, source="agent.yaml"))
     message = str(err.value)

@@ -41,7 +41,7 @@ async def test_finish_and_submit_end_the_episode(sandbox: Sandbox) -> None:
 
 
 @pytest.mark.parametrize(
-    "answer", ["42", "It's \"quoted\" $HOME `id`\nsecond line", "答案：π ≈ 3.14 🙂", "-n"]
+    "answer", ["42", 'It\'s "quoted" $HOME `id`\nsecond line', "答案：π ≈ 3.14 🙂", "-n"]
 )
 async def test_finish_prints_the_answer_verbatim(sandbox: Sandbox, answer: str) -> None:
     obs = await sandbox.call("finish", answer=answer)

@@ -35,7 +35,10 @@ def uniagent_deployments() -> Iterator[DeploymentSpec]:
         check=check_host_config,
     )  # fmt: skip
     yield DeploymentSpec(
-        name="local", config=LocalDeploymentConfig, factory=LocalDeployment, cleanup=_clean_local,
+        name="local",
+        config=LocalDeploymentConfig,
+        factory=LocalDeployment,
+        cleanup=_clean_local,
         needs=SWEREX_NEEDS,
     )
     yield DeploymentSpec(

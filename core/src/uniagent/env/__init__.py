@@ -28,9 +28,16 @@ _EXPORTS: dict[str, str] = {
     **{
         name: "uniagent.env.errors"
         for name in (
-            "ActionSyntaxError", "ActionTimeoutError", "CommandEncodingError", "EnvError",
-            "EnvStartError", "NonZeroExitError", "SessionProtocolError", "ShellKilledError",
-            "TerminalNotAliveError", "ToolInstallError",
+            "ActionSyntaxError",
+            "ActionTimeoutError",
+            "CommandEncodingError",
+            "EnvError",
+            "EnvStartError",
+            "NonZeroExitError",
+            "SessionProtocolError",
+            "ShellKilledError",
+            "TerminalNotAliveError",
+            "ToolInstallError",
         )
     },
     "HostDeployment": "uniagent.env.host",

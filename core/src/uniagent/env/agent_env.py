@@ -187,11 +187,7 @@ class AgentEnv:
             CreateBashSessionRequest(session=SESSION, startup_timeout=self.config.startup_timeout)
         )
         self._workdir = self.config.workdir or self.deployment.workdir
-        self._tools_dir = (
-            self.config.tools_dir
-            or self.deployment.tools_dir
-            or DEFAULT_TOOLS_DIR
-        )
+        self._tools_dir = self.config.tools_dir or self.deployment.tools_dir or DEFAULT_TOOLS_DIR
         q = shlex.quote
         exports = " ".join(f"{k}={q(v)}" for k, v in self.config.session_env().items())
         # `[ -d ] ||`: no mkdir process when the directory is there (the host backend's are).
@@ -208,9 +204,7 @@ class AgentEnv:
                 log.info("setup command %r exited with %s; its output:\n%s", command,
                          obs.exit_code, obs.output)  # fmt: skip
                 places = getattr(self.deployment, "writable_places", None)
-                raise EnvStartError(
-                    setup_failure(command, obs.exit_code, obs.output, places)
-                )
+                raise EnvStartError(setup_failure(command, obs.exit_code, obs.output, places))
 
     async def close(self) -> None:
         """Stop the sandbox; idempotent, safe in ``finally``, logs instead of raising."""
@@ -380,8 +374,7 @@ class AgentEnv:
         partial = await self._clean(partial)
         if await self.sandbox_alive():
             return ShellKilledError(
-                f"{message} (the sandbox still runs: the command itself ended or wedged the "
-                "shell)",
+                f"{message} (the sandbox still runs: the command itself ended or wedged the shell)",
                 partial,
             )
         if await self.ended_from_inside():

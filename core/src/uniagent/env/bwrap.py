@@ -58,8 +58,16 @@ def bwrap_problem(executable: str = "bwrap", uid: int | None = None) -> str | No
         if path is None:
             _probes[key] = f"{executable!r} is not on PATH ({INSTALL_HINT})"
         else:
-            argv = [*drop_privileges(uid), path, "--unshare-all", "--die-with-parent",
-                    "--ro-bind", "/", "/", "true"]
+            argv = [
+                *drop_privileges(uid),
+                path,
+                "--unshare-all",
+                "--die-with-parent",
+                "--ro-bind",
+                "/",
+                "/",
+                "true",
+            ]
             try:
                 done = subprocess.run(argv, capture_output=True, text=True, timeout=60)
                 problem = done.stderr.strip()[-300:] or f"exit {done.returncode}"
@@ -86,8 +94,15 @@ def bwrap_argv(
     uid: int | None = None,
 ) -> list[str]:
     """The ``bwrap ...`` prefix that runs a command with ``mounts`` (in order) and ``chdir``."""
-    argv = [*drop_privileges(uid), bwrap, "--die-with-parent", "--unshare-all", "--new-session",
-            "--hostname", "sandbox"]
+    argv = [
+        *drop_privileges(uid),
+        bwrap,
+        "--die-with-parent",
+        "--unshare-all",
+        "--new-session",
+        "--hostname",
+        "sandbox",
+    ]
     if uid is not None:
         # A user namespace: the sandbox's root is host ``uid`` for every host file it reaches.
         argv += ["--unshare-user", "--uid", "0", "--gid", "0"]
@@ -129,14 +144,18 @@ def stage_mounts(mounts: list[Mount]) -> tuple[list[Mount], list[str]]:
     """
     sources = [m.host for m in mounts]
     point = next(
-        (p for p in STAGE_POINTS if os.path.isdir(p) and not any(
-            s == p or s.startswith(p + "/") for s in sources)),
+        (
+            p
+            for p in STAGE_POINTS
+            if os.path.isdir(p) and not any(s == p or s.startswith(p + "/") for s in sources)
+        ),
         None,
     )
     if point is None:
         raise EnvStartError(
             "no directory to stage the sandbox's mounts in (one of "
-            + ", ".join(STAGE_POINTS) + " must exist); or set sandbox_uid: 0"
+            + ", ".join(STAGE_POINTS)
+            + " must exist); or set sandbox_uid: 0"
         )
     staged, pairs = [], []
     for i, mount in enumerate(mounts):
@@ -145,8 +164,19 @@ def stage_mounts(mounts: list[Mount]) -> tuple[list[Mount], list[str]]:
             continue
         pairs += [mount.host, str(i)]
         staged.append(Mount(inside=mount.inside, host=f"{point}/{i}", writable=mount.writable))
-    prefix = ["unshare", "--mount", "--propagation", "private", "/bin/sh", "-c", STAGE_SCRIPT,
-              "stage", point, *pairs, "--"]
+    prefix = [
+        "unshare",
+        "--mount",
+        "--propagation",
+        "private",
+        "/bin/sh",
+        "-c",
+        STAGE_SCRIPT,
+        "stage",
+        point,
+        *pairs,
+        "--",
+    ]
     return staged, prefix
 
 

@@ -28,9 +28,7 @@ RUN_LABEL = "uniagent.run"
 RUN_ID_ENV = "UNIAGENT_RUN_ID"
 #: ``uniagent run``'s id in its own context (asyncio tasks inherit it), so that two runs in
 #: one process label their sandboxes each with its own id; it wins over ``RUN_ID_ENV``.
-RUN_ID: contextvars.ContextVar[str | None] = contextvars.ContextVar(
-    "uniagent_run_id", default=None
-)
+RUN_ID: contextvars.ContextVar[str | None] = contextvars.ContextVar("uniagent_run_id", default=None)
 ENGINES = ("podman", "docker")
 
 
@@ -64,9 +62,11 @@ def _labelled(engine: str, timeout: float) -> list[dict[str, Any]]:
         return []
     text = done.stdout.strip()
     # podman prints one JSON array, docker one JSON object per line.
-    items = json.loads(text) if text.startswith("[") else [
-        json.loads(line) for line in text.splitlines() if line.strip()
-    ]
+    items = (
+        json.loads(text)
+        if text.startswith("[")
+        else [json.loads(line) for line in text.splitlines() if line.strip()]
+    )
     found = []
     for item in items:
         labels = item.get("Labels") or {}

@@ -109,7 +109,7 @@ def check_encodable(command: str) -> None:
     except UnicodeEncodeError as exc:
         raise CommandEncodingError(
             f"the command contains characters that are not valid Unicode text "
-            f"({exc.object[exc.start:exc.end]!r} at character {exc.start}: {exc.reason}); "
+            f"({exc.object[exc.start : exc.end]!r} at character {exc.start}: {exc.reason}); "
             "nothing was run. Use plain UTF-8 text.",
             command,
         ) from None

@@ -319,8 +319,9 @@ class HostDeployment:
         if self.config.base_dir:
             os.makedirs(self.config.base_dir, exist_ok=True)
         # The owner's pid is in the name: a run killed at any point leaves findable leftovers.
-        root = Path(tempfile.mkdtemp(prefix=f"{EPISODE_PREFIX}{os.getpid()}-",
-                                     dir=self.config.base_dir))
+        root = Path(
+            tempfile.mkdtemp(prefix=f"{EPISODE_PREFIX}{os.getpid()}-", dir=self.config.base_dir)
+        )
         limits = self.config.limits
         cgroup = None
         try:
@@ -346,8 +347,11 @@ class HostDeployment:
             raise EnvStartError(f"isolation 'bwrap' does not work here: {problem}")
         if not _fallback_warned:
             _fallback_warned = True
-            log.warning("host sandboxes run WITHOUT isolation (%s); set isolation: none to "
-                        "accept that without this warning", problem)
+            log.warning(
+                "host sandboxes run WITHOUT isolation (%s); set isolation: none to "
+                "accept that without this warning",
+                problem,
+            )
         return None, None
 
     async def stop(self) -> None:
@@ -430,7 +434,8 @@ def _mount_tmpfs(root: Path, size: int) -> None:
         _mount_warned = True
         log.warning(
             "no disk limit for host sandboxes: mounting a tmpfs failed (%s); run as root or set "
-            "limits.disk: null", problem
+            "limits.disk: null",
+            problem,
         )
 
 

@@ -73,7 +73,11 @@ ARITY = {
 _WRITERS = {"mkdir", "touch", "tee", "cp", "mv", "ln"}
 #: Their options that take a value as the next word (``mkdir -m 755``, ``touch -r FILE``).
 _VALUE_OPTIONS = {
-    "mkdir": {"-m"}, "touch": {"-d", "-r", "-t"}, "cp": {"-S"}, "mv": {"-S"}, "ln": {"-S"},
+    "mkdir": {"-m"},
+    "touch": {"-d", "-r", "-t"},
+    "cp": {"-S"},
+    "mv": {"-S"},
+    "ln": {"-S"},
 }
 #: Not statically certain: the sandbox's own /dev, /proc and /sys.
 _UNKNOWN = ("/dev", "/proc", "/sys")
@@ -131,7 +135,7 @@ def _unreachable_sources(sources: list[tuple[int, str]], uid: int | None) -> lis
         who = f"the sandbox's user (uid {uid}, sandbox_uid)"
     return [
         f"deployment.bwrap_args.{i}: {path} cannot be read by {who}, as whom bwrap binds it, so "
-        "the sandbox would fail at start (\"Can't find source path\"); make it and each "
+        'the sandbox would fail at start ("Can\'t find source path"); make it and each '
         "directory above it reachable (chmod o+x on the directories, o+r on it), bind it with "
         "ro_binds/binds instead (brought in by root), or set sandbox_uid: 0"
         for i, path in existing

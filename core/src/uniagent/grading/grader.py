@@ -190,8 +190,9 @@ class EpisodeGrader:
             if mode == "episode":
                 changed = await integrity.verify_toolchain(sandbox, baseline)
                 self._record(changed)
-                if changed and (settings.on_tamper == "zero"
-                                or settings.on_toolchain_tamper == "zero"):
+                if changed and (
+                    settings.on_tamper == "zero" or settings.on_toolchain_tamper == "zero"
+                ):
                     return self._zero(info, "tampered", "the toolchain changed")
                 if changed:
                     mode = info["grade_in"] = "fresh"
@@ -253,9 +254,7 @@ class EpisodeGrader:
             sandbox = await GradingSandbox.open(fresh, environment, workdir=repo)
             self._phase, self._active = "the reward", fresh
             try:
-                return await self._run_reward(
-                    sandbox, context, info, env=fresh, repo=repo
-                )
+                return await self._run_reward(sandbox, context, info, env=fresh, repo=repo)
             finally:
                 await sandbox.close()
         except (GradingSetupError, TerminalNotAliveError, EnvError) as exc:
@@ -289,8 +288,9 @@ class EpisodeGrader:
             if sandbox is None or env is None:
                 raise
             return await self._after_agent(env, exc, "the reward", info, probe=sandbox)
-        return Grade(float(outcome.score), {**dict(outcome.info), **({"integrity": info}
-                                                                     if info else {})})
+        return Grade(
+            float(outcome.score), {**dict(outcome.info), **({"integrity": info} if info else {})}
+        )
 
     def _workspace(self, repo: str | None = None) -> Workspace:
         baseline = self.baseline

@@ -68,7 +68,10 @@ class Tamper:
     def to_dict(self) -> dict[str, Any]:
         """JSON-ready."""
         out: dict[str, Any] = {
-            "kind": self.kind, "path": self.path, "change": self.change, "rule": self.rule
+            "kind": self.kind,
+            "path": self.path,
+            "change": self.change,
+            "rule": self.rule,
         }
         if self.detail:
             out["detail"] = self.detail
@@ -157,8 +160,11 @@ async def capture(
         # sandbox costs a process start, under bubblewrap a namespace set-up too).
         scrub = settings.scrub_history
         scrub = scrub if scrub is not None else defaults.scrub_history
-        variables = {"REPO": repo, "BASE": workspace.base_commit or "",
-                     "SCRUB": "1" if scrub else "0"}
+        variables = {
+            "REPO": repo,
+            "BASE": workspace.base_commit or "",
+            "SCRUB": "1" if scrub else "0",
+        }
         output = await run_script(sandbox, scripts.PREPARE, variables, what="taking the baseline")
         report = key_values(output)
         if report.get("missing"):
@@ -170,13 +176,15 @@ async def capture(
             baseline.scrub = {k: v for k, v in report.items() if k not in ("head", "tree")}
             baseline.scrub["head_is_base"] = bool(baseline.scrub.get("head_is_base"))
         head = str(report.get("head", ""))
-        baseline.base = workspace.base_commit or (head if re.fullmatch(r"[0-9a-f]{40,64}", head)
-                                                  else None)
+        baseline.base = workspace.base_commit or (
+            head if re.fullmatch(r"[0-9a-f]{40,64}", head) else None
+        )
         if baseline.base is not None:
             baseline.base_tree = str(report.get("tree")) if report.get("tree") else None
         baseline.listing = _parse_listing(blob(output, "list"))
-        protected = [p for p, kind in baseline.listing.items()
-                     if kind in "fl" and is_protected(rules, p)]
+        protected = [
+            p for p, kind in baseline.listing.items() if kind in "fl" and is_protected(rules, p)
+        ]
         baseline.snapshot = await pack(sandbox, repo, protected, settings.snapshot_max_bytes)
         if settings.verify_toolchain:
             baseline.toolchain = await toolchain(sandbox)
@@ -206,8 +214,9 @@ def moved_repo(repo: str, old: AgentEnv, new: AgentEnv) -> str:
 
 async def tree_of(sandbox: GradingSandbox, repo: str, commit: str = "HEAD") -> str | None:
     """The tree hash of ``commit`` in ``repo`` (``None`` when there is none)."""
-    out = await run_script(sandbox, scripts.TREE, {"REPO": repo, "COMMIT": commit},
-                           what="git rev-parse")
+    out = await run_script(
+        sandbox, scripts.TREE, {"REPO": repo, "COMMIT": commit}, what="git rev-parse"
+    )
     lines = out.strip().splitlines()
     return lines[-1] if lines else None
 
@@ -219,9 +228,7 @@ def is_protected(rules: RuleSet, path: str) -> bool:
     return rules.protects(path) or rules.protects_section(path)
 
 
-async def scrub_history(
-    sandbox: GradingSandbox, repo: str, base: str | None
-) -> dict[str, Any]:
+async def scrub_history(sandbox: GradingSandbox, repo: str, base: str | None) -> dict[str, Any]:
     """Remove what could reveal the fix from the repository's git data (see ``SCRUB``)."""
     variables = {"REPO": repo, "BASE": base or ""}
     output = await run_script(sandbox, scripts.SCRUB, variables, what="the history scrub")
@@ -269,7 +276,10 @@ async def pack(
     except UnicodeEncodeError:  # a name that is not UTF-8: byte for byte
         await sandbox.write_bytes(names, _nul_list(paths))
     output = await run_script(
-        sandbox, scripts.PACK, {"REPO": repo, "LIST": names}, what="packing files",
+        sandbox,
+        scripts.PACK,
+        {"REPO": repo, "LIST": names},
+        what="packing files",
         max_bytes=min(limit, 1 << 40) * 4 // 3 + (1 << 20),
     )
     raw = blob(output, "pack")
@@ -319,9 +329,7 @@ def toolchain_changes(before: Mapping[str, str], after: Mapping[str, str]) -> li
     return changes
 
 
-async def screen(
-    sandbox: GradingSandbox, baseline: Baseline, *, restore: bool
-) -> list[Tamper]:
+async def screen(sandbox: GradingSandbox, baseline: Baseline, *, restore: bool) -> list[Tamper]:
     """Compare the protected files with the snapshot; with ``restore``, put them back."""
     repo, rules = baseline.repo, baseline.rules
     if repo is None:
@@ -356,7 +364,8 @@ async def screen(
         if hides and any(p.startswith(path + "/") for p in baseline.snapshot):
             remove.add(path)
     new_dirs = [
-        p for p, k in listing.items()
+        p
+        for p, k in listing.items()
         if k == "d" and p not in baseline.listing and rules.protects(p + "/")
     ]
     if restore and (remove or put_back or new_dirs or purged):

@@ -98,8 +98,17 @@ def _header_path(line: str) -> str:
 
 def _c_unquote(text: str) -> str:
     body, i = [], 1
-    escapes = {"n": "\n", "t": "\t", '"': '"', "\\": "\\", "a": "\a", "b": "\b", "f": "\f",
-               "r": "\r", "v": "\v"}
+    escapes = {
+        "n": "\n",
+        "t": "\t",
+        '"': '"',
+        "\\": "\\",
+        "a": "\a",
+        "b": "\b",
+        "f": "\f",
+        "r": "\r",
+        "v": "\v",
+    }
     raw = bytearray()
     while i < len(text) and text[i] != '"':
         ch = text[i]
@@ -145,5 +154,3 @@ async def apply_patch(sandbox: GradingSandbox, repo: str, patch: bytes) -> str |
     if done.exit_code == 7:
         return done.output[-2000:]
     raise GradingSetupError(f"applying the patch failed (exit {done.exit_code}): {done.output}")
-
-

@@ -59,8 +59,8 @@ FIXED_VARIABLES: dict[str, str] = {
 #: git as the grader runs it (a shell function ``gitc``): no fsmonitor, hooks, CRLF
 #: conversion, network or ownership check.
 GIT_FUNCTION = (
-    'gitc() { git -c core.fsmonitor=false -c core.hooksPath=/dev/null -c core.autocrlf=false '
-    '-c core.safecrlf=false -c core.quotepath=false -c protocol.allow=never '
+    "gitc() { git -c core.fsmonitor=false -c core.hooksPath=/dev/null -c core.autocrlf=false "
+    "-c core.safecrlf=false -c core.quotepath=false -c protocol.allow=never "
     '-c "safe.directory=*" -c advice.detachedHead=false -c gc.auto=0 "$@"; }'
 )
 
@@ -93,8 +93,7 @@ exit "${PIPESTATUS[0]}"
 """
 #: Reads the regular file ``$p`` (not a symlink), at most ``$n`` bytes, as base64.
 _READ = (
-    '[ -f "$p" ] && [ ! -L "$p" ] || exit 66; set -o pipefail; '
-    'head -c "$n" -- "$p" | base64 -w0'
+    '[ -f "$p" ] && [ ! -L "$p" ] || exit 66; set -o pipefail; head -c "$n" -- "$p" | base64 -w0'
 )
 
 
@@ -164,8 +163,12 @@ class GradingSandbox:
         """Make the scratch dir (and a fresh ``HOME`` in it) in ``env``'s sandbox."""
         base = {**environment, "HOME": "/", "TMPDIR": "/tmp"}
         made = await env.execute(
-            ["/bin/sh", "-c", "umask 077; d=$(mktemp -d /tmp/uniagent-grade.XXXXXXXX) && "
-             'mkdir "$d/home" "$d/tmp" && printf "%s\\n" "$d" && { command -v timeout || :; }'],
+            [
+                "/bin/sh",
+                "-c",
+                "umask 077; d=$(mktemp -d /tmp/uniagent-grade.XXXXXXXX) && "
+                'mkdir "$d/home" "$d/tmp" && printf "%s\\n" "$d" && { command -v timeout || :; }',
+            ],
             env=base,
             timeout=60,
         )
@@ -190,8 +193,19 @@ class GradingSandbox:
         Killed with its process group after ``timeout`` s (``timed_out``); its merged
         output is cut after ``max_bytes`` bytes (``truncated``).
         """
-        argv = ["bash", "--norc", "--noprofile", "-c", _BOUNDED, "bash", command,
-                str(max_bytes), self._cut, f"{max(1.0, timeout):g}", self._timeout_bin or ""]
+        argv = [
+            "bash",
+            "--norc",
+            "--noprofile",
+            "-c",
+            _BOUNDED,
+            "bash",
+            command,
+            str(max_bytes),
+            self._cut,
+            f"{max(1.0, timeout):g}",
+            self._timeout_bin or "",
+        ]
         try:
             response = await self._env.execute(
                 argv, env=self.environment, cwd=cwd or self.workdir, timeout=timeout + 30
@@ -256,8 +270,9 @@ class GradingSandbox:
         staged = f"{path}.{secrets.token_hex(6)}.b64"
         await self._env.write_file(staged, base64.b64encode(data).decode("ascii"))
         q = shlex.quote
-        done = await self.run(f"base64 -d {q(staged)} > {q(path)} && rm -f {q(staged)}",
-                              timeout=timeout, cwd="/")
+        done = await self.run(
+            f"base64 -d {q(staged)} > {q(path)} && rm -f {q(staged)}", timeout=timeout, cwd="/"
+        )
         if done.exit_code != 0:
             raise EnvError(f"could not write {path} in the sandbox: {done.output[-300:]}")
 

@@ -133,8 +133,7 @@ print('\n'.join(sorted(out)))
 
 #: ``bin NAME PATH`` for each tool on PATH, then ``SHA256  FILE`` for the tools, the
 #: interpreters' start-up hooks (.pth, sitecustomize) and the test runners' sources.
-TOOLCHAIN = (
-    r"""
+TOOLCHAIN = r"""
 : > "$TMPDIR/files"
 for name in $TOOLS; do
   p=$(command -v "$name" 2>/dev/null) || continue
@@ -150,7 +149,6 @@ done
 sort -zu "$TMPDIR/files" | xargs -0 -r sha256sum
 exit 0
 """
-)
 TOOLCHAIN_PY = _TOOLCHAIN_PY
 
 #: Tools whose binaries are checked (resolved on the grading PATH).

@@ -176,8 +176,9 @@ class AgentInteraction:
         except ToolCallFormatError as exc:
             metrics.format_errors += 1
             self.consecutive_format_errors += 1
-            self.log.info("turn %d: format error (%s): %s", self._turn, exc.kind,
-                          _first_line(str(exc)))
+            self.log.info(
+                "turn %d: format error (%s): %s", self._turn, exc.kind, _first_line(str(exc))
+            )
             limit = self.config.max_format_errors
             if limit is not None and self.consecutive_format_errors >= limit:
                 return _Turn(exit_reason=ExitReason.FORMAT_ERROR)
@@ -243,8 +244,13 @@ class AgentInteraction:
             finally:
                 elapsed = time.perf_counter() - started
                 metrics.env_seconds += elapsed
-                self.log.info("turn %d: %s -> %s, %.2f s", self._turn, _describe(call.name,
-                              call.arguments), outcome, elapsed)
+                self.log.info(
+                    "turn %d: %s -> %s, %.2f s",
+                    self._turn,
+                    _describe(call.name, call.arguments),
+                    outcome,
+                    elapsed,
+                )
             if spec.ends_episode:
                 return _Turn(exit_reason=ExitReason.FINISHED, submission=text, note=turn.note)
             message = answer(text, call.name, call.id)

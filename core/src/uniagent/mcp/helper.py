@@ -72,8 +72,11 @@ async def _main(server: dict[str, Any], argv: list[str], errlog: TextIO) -> int:
                 params = PaginatedRequestParams(cursor=cursor) if cursor else None
                 page = await asyncio.wait_for(session.list_tools(params=params), timeout)
                 tools += [
-                    {"name": t.name, "description": t.description or "",
-                     "input_schema": t.input_schema}
+                    {
+                        "name": t.name,
+                        "description": t.description or "",
+                        "input_schema": t.input_schema,
+                    }
                     for t in page.tools
                 ]
                 cursor = page.next_cursor

@@ -78,8 +78,9 @@ class McpToolSpec(ToolSpec):
             else:
                 details.append(
                     InitErrorDetails(
-                        type=PydanticCustomError("mcp_schema", "{reason}",
-                                                 {"reason": error.message}),
+                        type=PydanticCustomError(
+                            "mcp_schema", "{reason}", {"reason": error.message}
+                        ),
                         loc=loc,
                         input=error.instance,
                     )
@@ -143,9 +144,7 @@ async def list_mcp_tools(
         settings = posixpath.join(tools_dir, f"uniagent-mcp-{server.name}.json")
         await env.write_file(settings, server.model_dump_json())
         command = [server.python, helper, settings]
-        response = await env.execute(
-            [*command, "list"], env=None, cwd=env.workdir, timeout=timeout
-        )
+        response = await env.execute([*command, "list"], env=None, cwd=env.workdir, timeout=timeout)
         output = (response.stdout or "").strip()
         if response.exit_code != 0:
             raise EnvStartError(

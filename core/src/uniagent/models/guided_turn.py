@@ -144,9 +144,7 @@ class ClosingPlanner:
         # The grammar is complete: the end-of-turn token (the only one it allows) ends the turn.
         return [*path, self.end_of_turn]
 
-    def path_after(
-        self, matcher: Any, scan: Scan, vocab_size: int, token: int
-    ) -> list[int] | None:
+    def path_after(self, matcher: Any, scan: Scan, vocab_size: int, token: int) -> list[int] | None:
         """:meth:`path` after ``token`` (None if the grammar refuses it)."""
         after = matcher.deep_copy()
         if not after.consume_token(token):

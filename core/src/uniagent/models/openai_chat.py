@@ -154,9 +154,7 @@ class OpenAIChatModel:
             choice = data["choices"][0]
             message = choice.get("message") or {}
         except (KeyError, IndexError, TypeError) as exc:
-            raise ModelError(
-                f"malformed chat completion from {self.where}: {data!r:.500}"
-            ) from exc
+            raise ModelError(f"malformed chat completion from {self.where}: {data!r:.500}") from exc
         content = message.get("content") or ""
         raw_calls = [_plain(c) for c in message.get("tool_calls") or ()] or None
         reasoning = message.get("reasoning_content") or message.get("reasoning")

@@ -116,8 +116,9 @@ class StructuredCalls:
         self, text: str, tools: Sequence[ToolSpec], *, max_calls: int | None = None
     ) -> ParseResult:
         """Structured calls are not in the text."""
-        raise format_error("no tool call found; call one of the tools.", "no_tool_call", self,
-                           tools, content=text)
+        raise format_error(
+            "no tool call found; call one of the tools.", "no_tool_call", self, tools, content=text
+        )
 
     def format_tool_call(self, call: ToolCall) -> str:
         """The call as a function call with JSON arguments."""

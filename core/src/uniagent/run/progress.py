@@ -299,8 +299,12 @@ class LiveProgress(Progress):
             table.add_column(column, justify="right" if column == "time" else "left")
         for state in states[:room]:
             # Text, not markup: a task id or tool name like "a[/b]" is shown as it is.
-            table.add_row(Text(state.label), str(state.attempt), Text(state.describe()),
-                          _duration(now - state.started))
+            table.add_row(
+                Text(state.label),
+                str(state.attempt),
+                Text(state.describe()),
+                _duration(now - state.started),
+            )
         parts: list[Any] = [Text(header, style="bold")]
         if states:
             parts.append(table)

@@ -179,9 +179,7 @@ async def ray_attempts(
         if "error" in reply:
             raise UniAgentError(reply["error"])
         directory = episode_dir(out, job)
-        extra = attempt_extra(
-            directory, attempt, state, started, reply["payload"]["record"]
-        )
+        extra = attempt_extra(directory, attempt, state, started, reply["payload"]["record"])
         extra["timings"] = reply.get("timings", {})
         extra["ray_worker"] = name
         return write_payload(directory, reply["payload"], reply["log"], extra)

@@ -152,8 +152,10 @@ class SignalGuard:
             if not self._defer:
                 raise self.interrupted()
         elif self.count == 2:
-            self.say("uniagent: still closing sandboxes; signal again to exit now and leave "
-                     "them to `uniagent clean`")
+            self.say(
+                "uniagent: still closing sandboxes; signal again to exit now and leave "
+                "them to `uniagent clean`"
+            )
         else:
             os._exit(128 + (self.signum or signum))
 

@@ -78,8 +78,15 @@ class UniAgentLoop(AgentLoopBase):
         """Take verl's arguments; the agent-loop YAML entry's other keys configure the agent."""
         base = {
             k: kwargs.pop(k)
-            for k in ("trainer_config", "server_manager", "tokenizer", "processor",
-                      "dataset_cls", "data_config", "hf_model_type")
+            for k in (
+                "trainer_config",
+                "server_manager",
+                "tokenizer",
+                "processor",
+                "dataset_cls",
+                "data_config",
+                "hf_model_type",
+            )
             if k in kwargs
         }
         kwargs.pop("tools", None)  # verl's own tool list: uniagent's tools come from plugins
@@ -96,9 +103,15 @@ class UniAgentLoop(AgentLoopBase):
         (verl builds a loop object per sample; the agent YAML is neither re-read nor
         re-resolved each time: a row's ``tools_kwargs`` go through ``for_task``)."""
         key = json.dumps(
-            [self.loop_name, plain(dict(loop_kwargs)), self.settings.config_defaults(),
-             self.settings.agent_loop_config_path, os.getcwd()],
-            sort_keys=True, default=str,
+            [
+                self.loop_name,
+                plain(dict(loop_kwargs)),
+                self.settings.config_defaults(),
+                self.settings.agent_loop_config_path,
+                os.getcwd(),
+            ],
+            sort_keys=True,
+            default=str,
         )
         registry = get_registry()
         with self._configs_lock:
@@ -159,7 +172,10 @@ class UniAgentLoop(AgentLoopBase):
                 )
                 async with self.semaphore():
                     result = await run_episode(
-                        agent, task, model, messages=messages,
+                        agent,
+                        task,
+                        model,
+                        messages=messages,
                         logger=dump.logger if dump is not None else log,
                     )
                 fields = self._fields(result, config, messages, want_logprobs)
@@ -190,8 +206,11 @@ class UniAgentLoop(AgentLoopBase):
         """The output fields of a finished episode (a placeholder if it never began)."""
         if result.cache is None:  # failed before the first turn (e.g. the sandbox)
             return self._placeholder(
-                messages, want_logprobs, exit_reason=result.exit_reason,
-                error=result.error, result=result,
+                messages,
+                want_logprobs,
+                exit_reason=result.exit_reason,
+                error=result.error,
+                result=result,
             )
         return episode_fields(
             result,

@@ -119,7 +119,9 @@ class EpisodeDump:
         """Write the episode's files (off the event loop); return its directory."""
         self.logger.info(
             "finished: %s reward=%s (trainer: traj_masked=%s reward_score=%s)",
-            result.exit_reason.value, result.reward, verl_record.get("traj_masked"),
+            result.exit_reason.value,
+            result.reward,
+            verl_record.get("traj_masked"),
             verl_record.get("reward_score"),
         )
         self.logger.removeHandler(self._handler)

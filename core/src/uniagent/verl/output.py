@@ -161,7 +161,8 @@ def episode_fields(
         log.warning(
             "prompt of %d tokens cut to prompt_length=%d: trajectory masked (raise "
             "prompt_length: it must hold the system prompt, the tool schemas and the task)",
-            len(cache.prompt_ids), prompt_length,
+            len(cache.prompt_ids),
+            prompt_length,
         )
         masked = True
         error = error or f"prompt longer than prompt_length={prompt_length}: masked"

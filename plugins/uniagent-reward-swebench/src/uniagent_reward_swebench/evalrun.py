@@ -60,8 +60,12 @@ def with_exit_status(eval_script: str) -> tuple[str, bool]:
     body = parse_eval_script(eval_script)
     for i, line in enumerate(body):
         if END_TEST_OUTPUT in line:
-            body = [*body[:i], "SWEBENCH_TEST_EXIT_CODE=$?", *body[i:],
-                    'exit "$SWEBENCH_TEST_EXIT_CODE"']
+            body = [
+                *body[:i],
+                "SWEBENCH_TEST_EXIT_CODE=$?",
+                *body[i:],
+                'exit "$SWEBENCH_TEST_EXIT_CODE"',
+            ]
             return "\n".join(["#!/bin/bash", "set -uxo pipefail", *body]) + "\n", True
     return "\n".join(["#!/bin/bash", "set -uxo pipefail", *body]) + "\n", False
 
@@ -159,8 +163,11 @@ class EvalRun:
     def swebench_log(self) -> str:
         """The log swebench grades: the region defused, the structure added from outside it."""
         if not self.started:
-            return (self.before + (f"\n{APPLY_PATCH_FAIL}\n" if self.patch_failed else "")
-                    + (f"\n{TESTS_TIMEOUT}\n" if self.timed_out else ""))
+            return (
+                self.before
+                + (f"\n{APPLY_PATCH_FAIL}\n" if self.patch_failed else "")
+                + (f"\n{TESTS_TIMEOUT}\n" if self.timed_out else "")
+            )
         parts = [defuse(self.region)]
         if self.exit_known and self.exit_code is not None and not self.timed_out:
             parts.append(f"\n{TEST_EXIT_CODE}: {self.exit_code}\n")

@@ -64,8 +64,11 @@ async def r2e_gym_reward(ctx: RewardContext) -> RewardResult:
 def _workspace(dataset: Dataset) -> Any:
     def workspace(task: Mapping[str, Any], config: SweBenchRewardConfig | None) -> Workspace:
         """The checkout, its base commit and the test patch's files (the benchmark's)."""
-        defaults = {"swe_bench": SweBenchRewardConfig, "swe_rebench": SweRebenchRewardConfig,
-                    "r2e_gym": R2EGymRewardConfig}[dataset]
+        defaults = {
+            "swe_bench": SweBenchRewardConfig,
+            "swe_rebench": SweRebenchRewardConfig,
+            "r2e_gym": R2EGymRewardConfig,
+        }[dataset]
         config = config or defaults()
         spec = build_spec(dataset, task, config)
         return Workspace(

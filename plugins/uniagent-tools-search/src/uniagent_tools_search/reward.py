@@ -62,7 +62,9 @@ async def _check_service(url: str) -> None:
 
 async def search_qa_reward(ctx: RewardContext) -> RewardResult:
     """Grade ``ctx.submission`` (the ``finish`` answer) against the task's answers."""
-    config = ctx.settings if isinstance(ctx.settings, SearchQARewardConfig) else SearchQARewardConfig()
+    config = (
+        ctx.settings if isinstance(ctx.settings, SearchQARewardConfig) else SearchQARewardConfig()
+    )
     try:
         aliases = as_aliases(ctx.task.get(config.answers_field))
     except (TypeError, ValueError) as exc:  # the task row is broken, not the answer

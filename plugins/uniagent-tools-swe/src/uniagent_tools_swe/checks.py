@@ -52,8 +52,23 @@ def _flags(
     return found
 
 
-_EDITORS = frozenset({"vi", "vim", "nvim", "view", "vimdiff", "nano", "pico", "micro", "joe",
-                      "mcedit", "emacs", "emacsclient", "ne"})
+_EDITORS = frozenset(
+    {
+        "vi",
+        "vim",
+        "nvim",
+        "view",
+        "vimdiff",
+        "nano",
+        "pico",
+        "micro",
+        "joe",
+        "mcedit",
+        "emacs",
+        "emacsclient",
+        "ne",
+    }
+)
 
 
 def editor(c: SimpleCommand) -> bool:
@@ -84,8 +99,18 @@ def _editor_overridden(c: SimpleCommand, config: Sequence[str], *, sequence: boo
     return any(not _editor_value_is_interactive(v) for v in values)
 
 
-_GIT_VALUE_OPTIONS = frozenset({"-C", "-c", "--git-dir", "--work-tree", "--namespace",
-                                "--config-env", "--super-prefix", "--exec-path"})
+_GIT_VALUE_OPTIONS = frozenset(
+    {
+        "-C",
+        "-c",
+        "--git-dir",
+        "--work-tree",
+        "--namespace",
+        "--config-env",
+        "--super-prefix",
+        "--exec-path",
+    }
+)
 
 
 def git_interactive(c: SimpleCommand) -> bool:
@@ -103,8 +128,9 @@ def git_interactive(c: SimpleCommand) -> bool:
     if subcommand == "commit":
         return _commit_opens_editor(rest) and not _editor_overridden(c, config, sequence=False)
     if subcommand == "rebase":
-        flags = _flags(rest, values="sXx", optional="CS",
-                       long_values={"--exec", "--strategy", "--onto"})
+        flags = _flags(
+            rest, values="sXx", optional="CS", long_values={"--exec", "--strategy", "--onto"}
+        )
         return bool(flags & {"i", "--interactive"}) and not _editor_overridden(
             c, config, sequence=True
         )
@@ -118,14 +144,40 @@ def git_interactive(c: SimpleCommand) -> bool:
 
 
 def _commit_opens_editor(args: Sequence[str]) -> bool:
-    flags = _flags(args, values="mFCct", optional="uS",
-                   long_values={"--message", "--file", "--reuse-message", "--reedit-message",
-                                "--template", "--fixup", "--squash", "--author", "--date",
-                                "--cleanup", "--trailer", "--pathspec-from-file"})
+    flags = _flags(
+        args,
+        values="mFCct",
+        optional="uS",
+        long_values={
+            "--message",
+            "--file",
+            "--reuse-message",
+            "--reedit-message",
+            "--template",
+            "--fixup",
+            "--squash",
+            "--author",
+            "--date",
+            "--cleanup",
+            "--trailer",
+            "--pathspec-from-file",
+        },
+    )
     if flags & {"e", "--edit", "c", "--reedit-message"}:
         return True
-    given = {"m", "F", "C", "h", "--message", "--file", "--reuse-message", "--no-edit",
-             "--fixup", "--dry-run", "--help"}
+    given = {
+        "m",
+        "F",
+        "C",
+        "h",
+        "--message",
+        "--file",
+        "--reuse-message",
+        "--no-edit",
+        "--fixup",
+        "--dry-run",
+        "--help",
+    }
     return not flags & given
 
 
@@ -154,18 +206,31 @@ def monitor(c: SimpleCommand) -> bool:
 def follows(c: SimpleCommand) -> bool:
     """Following a log (``tail -f``, ``journalctl -f``, ``docker logs -f``)."""
     if c.program == "tail":
-        flags = _flags(c.args, values="cns", long_values={"--pid", "--sleep-interval",
-                                                          "--lines", "--bytes",
-                                                          "--max-unchanged-stats"})
+        flags = _flags(
+            c.args,
+            values="cns",
+            long_values={
+                "--pid",
+                "--sleep-interval",
+                "--lines",
+                "--bytes",
+                "--max-unchanged-stats",
+            },
+        )
         return bool(flags & {"f", "F", "--follow"})
     if c.program == "journalctl":
         flags = _flags(c.args, values="nuptSUoDMgF", long_values={"--unit", "--lines"})
         return bool(flags & {"f", "--follow"})
     if c.program in ("docker", "podman", "kubectl", "nerdctl") and "logs" in c.args:
         rest = c.args[c.args.index("logs") + 1 :]
-        return bool(_flags(rest, values="ncl", long_values={"--tail", "--since", "--until",
-                                                            "--container", "--namespace"})
-                    & {"f", "--follow"})
+        return bool(
+            _flags(
+                rest,
+                values="ncl",
+                long_values={"--tail", "--since", "--until", "--container", "--namespace"},
+            )
+            & {"f", "--follow"}
+        )
     return False
 
 
@@ -191,17 +256,28 @@ class _Interpreter:
 
 
 _INTERPRETERS: dict[str, _Interpreter] = {
-    "python": _Interpreter(code="c", ends_options="m", values="WX", info=("-V", "-h"),
-                           long_values=frozenset({"--check-hash-based-pycs"})),
-    "node": _Interpreter(code="ep", values="rC", info=("-v", "-h"),
-                         long_code=frozenset({"--eval", "--print"}),
-                         long_values=frozenset({"--require", "--import", "--loader",
-                                                "--conditions", "--input-type"})),
+    "python": _Interpreter(
+        code="c",
+        ends_options="m",
+        values="WX",
+        info=("-V", "-h"),
+        long_values=frozenset({"--check-hash-based-pycs"}),
+    ),
+    "node": _Interpreter(
+        code="ep",
+        values="rC",
+        info=("-v", "-h"),
+        long_code=frozenset({"--eval", "--print"}),
+        long_values=frozenset(
+            {"--require", "--import", "--loader", "--conditions", "--input-type"}
+        ),
+    ),
     "irb": _Interpreter(code="", values="Ir", info=("-v", "-h")),
     "ghci": _Interpreter(code="e", info=("--info", "--numeric-version"), files_are_code=False),
     "lua": _Interpreter(code="e", values="lW", info=("-v",)),
-    "julia": _Interpreter(code="eE", values="ptJLCO", info=("-v", "-h"),
-                          long_code=frozenset({"--eval", "--print"})),
+    "julia": _Interpreter(
+        code="eE", values="ptJLCO", info=("-v", "-h"), long_code=frozenset({"--eval", "--print"})
+    ),
 }
 
 

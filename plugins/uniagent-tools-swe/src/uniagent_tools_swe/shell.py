@@ -28,9 +28,30 @@ _MAX_NESTING = 4  # bash -c 'bash -c ...' levels that are looked into
 #: separate value. ``timeout`` also takes a duration; ``env`` and ``sudo`` take
 #: ``NAME=value`` words.
 _WRAPPERS: dict[str, frozenset[str]] = {
-    "sudo": frozenset({"-u", "-g", "-p", "-C", "-D", "-U", "-h", "-r", "-t", "-T", "--user",
-                       "--group", "--prompt", "--close-from", "--chdir", "--other-user",
-                       "--host", "--role", "--type", "--command-timeout"}),
+    "sudo": frozenset(
+        {
+            "-u",
+            "-g",
+            "-p",
+            "-C",
+            "-D",
+            "-U",
+            "-h",
+            "-r",
+            "-t",
+            "-T",
+            "--user",
+            "--group",
+            "--prompt",
+            "--close-from",
+            "--chdir",
+            "--other-user",
+            "--host",
+            "--role",
+            "--type",
+            "--command-timeout",
+        }
+    ),
     "doas": frozenset({"-u", "-C"}),
     "env": frozenset({"-u", "-C", "--unset", "--chdir"}),
     "nohup": frozenset(),
@@ -247,8 +268,11 @@ def _command(node: Any, ctx: _Context, out: list[SimpleCommand]) -> None:
     if not words:  # only redirections, e.g. `> file`
         _redirected(ctx, [p for p in node.parts if p.kind == "redirect"], out)
         return
-    own = _redirected(replace(ctx, stdin=False, stdout=False),
-                      [p for p in node.parts if p.kind == "redirect"], out)
+    own = _redirected(
+        replace(ctx, stdin=False, stdout=False),
+        [p for p in node.parts if p.kind == "redirect"],
+        out,
+    )
     command = SimpleCommand(
         tuple(words),
         redirects=tuple(_redirect_text(p) for p in node.parts if p.kind == "redirect"),
@@ -269,8 +293,14 @@ def _nested_script(command: SimpleCommand, ctx: _Context, out: list[SimpleComman
     if ctx.nesting >= _MAX_NESTING or not command.known:
         return
     first = len(command.words) - len(command.argv)  # the program's index in words
-    inner = replace(ctx, nesting=ctx.nesting + 1, bounded=command.bounded, piped=command.piped,
-                    stdin=command.stdin_redirected, stdout=command.stdout_redirected)
+    inner = replace(
+        ctx,
+        nesting=ctx.nesting + 1,
+        bounded=command.bounded,
+        piped=command.piped,
+        stdin=command.stdin_redirected,
+        stdout=command.stdout_redirected,
+    )
     script: str | None = None
     if command.program == "eval":
         if command.args and not any(i > first for i in command.dynamic):
@@ -342,9 +372,14 @@ def _substitutions(word: Any, ctx: _Context, out: list[SimpleCommand]) -> bool:
             _walk(part.command, replace(ctx, subshell=True, stdout=True), out)  # captured
             dynamic = True
         elif part.kind == "processsubstitution":
-            reads = ctx.source[part.pos[0]:part.pos[0] + 1] == ">"  # >(cmd) reads, <(cmd) writes
-            inner = replace(ctx, subshell=True, piped=reads or ctx.piped,
-                            stdin=ctx.stdin or reads, stdout=not reads)
+            reads = ctx.source[part.pos[0] : part.pos[0] + 1] == ">"  # >(cmd) reads, <(cmd) writes
+            inner = replace(
+                ctx,
+                subshell=True,
+                piped=reads or ctx.piped,
+                stdin=ctx.stdin or reads,
+                stdout=not reads,
+            )
             _walk(part.command, inner, out)
             dynamic = True
         elif part.kind == "parameter":
@@ -422,7 +457,7 @@ def _replace_spans(script: str, kind: str, start_at: re.Pattern[str]) -> str:
             end, replacement = _closing(script, match.end() - 1), match[0][:-1] + "__uniagent_array"
         if end is None:
             break
-        pieces += [script[i:match.start()], replacement]
+        pieces += [script[i : match.start()], replacement]
         i = end
     pieces.append(script[i:])
     return "".join(pieces)
@@ -469,8 +504,10 @@ def _test_end(s: str, j: int) -> int | None:
             continue
         if c == "\n":
             return None
-        if s.startswith("]]", j) and s[j - 1] in " \t" and (
-            j + 2 == len(s) or s[j + 2] in " \t\n;&|)"
+        if (
+            s.startswith("]]", j)
+            and s[j - 1] in " \t"
+            and (j + 2 == len(s) or s[j + 2] in " \t\n;&|)")
         ):
             return j + 2
         j += 1

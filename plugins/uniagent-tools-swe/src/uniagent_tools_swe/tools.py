@@ -330,7 +330,9 @@ def make_submit(exclude: Iterable[str] | None = None) -> ToolSpec:
     :data:`DEFAULT_SUBMIT_EXCLUDE`, ``()``: none) are left out of the diff.
     """
     patterns = (
-        DEFAULT_SUBMIT_EXCLUDE if exclude is None else SubmitSettings(exclude=list(exclude)).patterns()
+        DEFAULT_SUBMIT_EXCLUDE
+        if exclude is None
+        else SubmitSettings(exclude=list(exclude)).patterns()
     )
     command = render_submit(patterns)
     description = SUBMIT_DESCRIPTION
