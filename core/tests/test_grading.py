@@ -380,8 +380,15 @@ async def test_a_process_left_holding_the_output_cannot_hang_a_command(env):
         # Same process group: killed when the command ends; its own session: the limit.
         left = await sandbox.run("sleep 600 & echo started", timeout=60)
         assert (left.output, left.timed_out) == ("started\n", False)
-        escaped = sandbox.run("setsid sleep 600 > /proc/$$/fd/1 & echo started", timeout=1)
+        # In a session of its own, a child holds the command's output open. The command waits
+        # until the child has opened it (its marker file), so the shell cannot exit first.
+        escaped = sandbox.run(
+            "setsid sh -c ': > held.$PPID; exec sleep 600' > /proc/$$/fd/1 & "
+            "until [ -e held.$$ ]; do :; done; echo started",
+            timeout=1,
+        )
         assert (await asyncio.wait_for(escaped, 120)).timed_out
+        assert (await sandbox.run("ls held.*", timeout=30)).output.startswith("held.")
     finally:
         await sandbox.close()
 
