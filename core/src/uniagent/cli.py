@@ -37,6 +37,8 @@ def plugins_report(*, include_builtins: bool = False) -> dict[str, Any]:
                     "schema": record.openai_schema(),
                     "ends_episode": record.ends_episode,
                 }
+            elif kind == "agents":
+                details[f"agents:{record.name}"] = record.describe()
             elif kind == "deployments" and record.missing():
                 details[f"deployments:{record.name}"] = {"needs": record.missing()}
     plugins = []
@@ -49,6 +51,11 @@ def plugins_report(*, include_builtins: bool = False) -> dict[str, Any]:
             {"name": name, **details[f"tools:{name}"]}
             for name in provided.get("tools", [])
             if f"tools:{name}" in details
+        ]
+        entry["agents"] = [
+            {"name": name, **details[f"agents:{name}"]}
+            for name in provided.get("agents", [])
+            if f"agents:{name}" in details
         ]
         # Contributed but not usable here until a package is installed (an extra, say).
         entry["needs"] = {

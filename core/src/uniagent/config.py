@@ -129,6 +129,16 @@ class RewardConfig(_Strict):
         return data
 
 
+class AgentRef(_Strict):
+    """Which agent runs the episode: ``react`` (the built-in loop) or an installed harness,
+    with its settings (checked by the agent's own model at resolve time)."""
+
+    name: str = "react"
+    settings: dict[str, Any] = Field(
+        default_factory=dict, description="the agent's own settings (checked by its model)"
+    )
+
+
 class SamplingConfig(_Strict):
     """Sampling parameters for the model backend; unset ones are the backend's defaults.
 
@@ -211,6 +221,11 @@ def _unknown_key_hint(err: Any, fields: Mapping[str, Any]) -> Any:
 class AgentConfig(_Strict):
     """Everything that defines an agent run; loaded from YAML."""
 
+    agent: AgentRef = Field(
+        default_factory=AgentRef,
+        description="the agent: `{name: react}` (the built-in loop, default) or a harness "
+        "plugin's name with its settings",
+    )
     tool_parser: str = "hermes"
     tools: tuple[ToolRef, ...] = Field(
         (),

@@ -1,0 +1,49 @@
+"""One gateway per model in this process, started when the first harness episode needs it.
+
+Every harness episode of a run opens its own session on it; the server runs on a
+background thread until the process ends (its thread is a daemon).
+"""
+
+from __future__ import annotations
+
+import threading
+from typing import Any
+
+from uniagent.errors import ConfigError
+from uniagent.models.base import TokenChatModel
+
+_lock = threading.Lock()
+#: (id of the model, parser) -> (the model, kept alive so its id is not reused; the server)
+_running: dict[tuple[int, str], tuple[Any, Any]] = {}
+
+
+def gateway_for(model: Any, parser: str) -> Any:
+    """The :class:`~uniagent.gateway.server.RunningGateway` in front of ``model``."""
+    if not isinstance(model, TokenChatModel):
+        raise ConfigError(
+            f"a harness agent needs a token model behind the gateway (hf:, or verl's server), "
+            f"not {type(model).__name__}: the gateway records the token ids it generates"
+        )
+    try:
+        from uniagent.gateway.backend import TokenModelBackend
+        from uniagent.gateway.manager import Gateway
+        from uniagent.gateway.server import start
+    except ImportError as exc:
+        raise ConfigError(
+            f"a harness agent needs uniagent's gateway extra ({exc.name} is missing): "
+            "pip install 'uniagent[gateway]'"
+        ) from None
+    key = (id(model), parser)
+    with _lock:
+        if key not in _running:
+            _running[key] = (model, start(Gateway(TokenModelBackend(model), parser=parser)))
+        return _running[key][1]
+
+
+def stop_gateways() -> None:
+    """Stop every gateway this module started (tests; a process's end stops them anyway)."""
+    with _lock:
+        running = [server for _, server in _running.values()]
+        _running.clear()
+    for server in running:
+        server.stop()
