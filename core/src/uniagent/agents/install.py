@@ -86,6 +86,7 @@ def staged(target: Path, build: object) -> None:
     staging = Path(tempfile.mkdtemp(prefix=".staging-", dir=target.parent))
     try:
         build(staging)  # type: ignore[operator]
+        staging.chmod(0o755)  # mkdtemp's 0700: a sandbox's own user must read it too
         if target.exists():
             shutil.rmtree(target)
         os.replace(staging, target)

@@ -1,0 +1,16 @@
+"""The plugin's hook: the harnesses it contributes."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import Any
+
+from uniagent import hookimpl
+from uniagent.specs import AgentSpec
+from uniagent_agents_cli.mini_swe_agent import MINI_SWE_AGENT
+
+
+@hookimpl
+def uniagent_agents() -> Iterator[AgentSpec[Any]]:
+    """mini-swe-agent, Claude Code and Codex."""
+    yield MINI_SWE_AGENT
