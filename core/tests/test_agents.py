@@ -81,7 +81,7 @@ def tiny_spec(path: Path) -> AgentSpec[TinySettings]:
     return AgentSpec(
         name="tiny",
         install=AgentInstall("binary", str(path), "1", "tiny", sha256=digest),
-        wire="chat_completions",
+        wire="chat",
         launch=launch,
         settings=TinySettings,
     )
@@ -150,7 +150,7 @@ def test_plugins_json_lists_agents_with_install_and_wire(tiny) -> None:
 
     entry = next(p for p in plugins_report()["plugins"] if p["name"] == "test-agents")
     (agent,) = entry["agents"]
-    assert agent["name"] == "tiny" and agent["wire"] == "chat_completions"
+    assert agent["name"] == "tiny" and agent["wire"] == "chat"
     assert agent["install"]["kind"] == "binary" and agent["install"]["version"] == "1"
     assert agent["settings"]["properties"]["steps"]["default"] == 5
 

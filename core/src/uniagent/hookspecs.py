@@ -170,7 +170,7 @@ def uniagent_agents() -> Iterable[AgentSpec]:
         @hookimpl
         def uniagent_agents():
             yield AgentSpec(name="my-agent", install=AgentInstall("pip", "my-agent", "1.2.0",
-                            "my-agent"), wire="chat_completions", launch=launch,
+                            "my-agent"), wire="chat", launch=launch,
                             settings=MySettings)
 
     .. versionadded:: 0.3

@@ -271,8 +271,9 @@ class ServiceSpec(_SettingsRecord, Generic[S]):
         self._take_deprecated_config()
 
 
-#: The wire formats a harness can speak to the gateway (``/v1/...`` routes).
-Wire = Literal["chat_completions", "responses", "anthropic_messages"]
+#: The wire formats a harness can speak to the gateway, named as its trees record them:
+#: OpenAI Chat Completions, OpenAI Responses, Anthropic Messages.
+Wire = Literal["chat", "responses", "messages"]
 WIRES: tuple[Wire, ...] = get_args(Wire)
 
 

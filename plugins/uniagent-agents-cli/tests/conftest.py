@@ -9,6 +9,7 @@ from typing import Any
 import pytest
 
 from uniagent.config import AgentConfig
+from uniagent.rollout import RolloutCache
 from uniagent.run.progress import Progress
 from uniagent.run.runner import run
 from uniagent.run.tasks import Task
@@ -50,3 +51,32 @@ async def run_one(config: AgentConfig, model: Any, out: Path) -> dict[str, Any]:
 def qwen3_tokenizer() -> Any:
     """The real Qwen3 tokenizer (from the cache)."""
     return load_qwen3_tokenizer()
+
+
+def _path_of(tree: dict[str, Any]) -> tuple[list[int], list[int]]:
+    """The ids and mask from the root to the tree's one leaf."""
+    nodes = {n["id"]: n for n in tree["nodes"]}
+    chain, node = [], max(nodes)  # one branch: the last node is its leaf
+    while node:
+        chain.append(nodes[node])
+        node = nodes[node]["parent"]
+    ids = [i for n in reversed(chain) for i in n["ids"]]
+    mask = [m for n in reversed(chain) for m in n["mask"]]
+    return ids, mask
+
+
+def check_exact(rollout: dict[str, Any], script: list[str], tokenizer: Any) -> None:
+    """One branch, every turn exact, every generated id in it (mask 1, in order), and the
+    linear rollout (what readers of a built-in loop's episode read) that branch exactly."""
+    tree = rollout["tree"]
+    assert tree["branches"] == 1
+    assert [t["source"] for t in tree["turns"]] == ["render"] + ["extension"] * (len(script) - 1)
+    assert [t["exact"] for t in tree["turns"]] == [True] * len(script), tree["turns"]
+    eot = rollout["eot_id"]
+    wanted = [i for s in script for i in [*tokenizer.encode(s, add_special_tokens=False), eot]]
+    ids, mask = _path_of(tree)
+    assert [i for i, m in zip(ids, mask) if m] == wanted
+    assert rollout["prompt_ids"] + rollout["response_ids"] == ids
+    assert rollout["response_mask"] == mask[len(rollout["prompt_ids"]) :]
+    cache = RolloutCache.from_dict(rollout, tokenizer)
+    assert cache.messages[-1]["role"] == "assistant"

@@ -87,11 +87,13 @@ async def run_harness(
         await env.run_action(f"mkdir -p {shlex.quote(home)}", timeout=60)
         for path, text in command.files.items():
             where = path if path.startswith("/") else f"{home}/{path}"
+            await env.run_action(f"mkdir -p {shlex.quote(str(Path(where).parent))}", timeout=60)
             await env.write_file(where, text)
         exports = {"HOME": home, **command.env}
         line = " ".join(f"{k}={shlex.quote(v)}" for k, v in exports.items())
         logger.info("agent %s: %s", spec.name, command.command[:500])
-        obs = await env.run_action(f"env {line} {command.command}", timeout=command.timeout)
+        # A subshell: the harness's variables and directory never stay in the agent's session.
+        obs = await env.run_action(f"(export {line}; {command.command})", timeout=command.timeout)
         logger.info("agent %s exited %s; its output:\n%s", spec.name, obs.exit_code,
                     obs.output[-LOG_TAIL:])  # fmt: skip
         outcome = spec.outcome(obs.exit_code, obs.output, settings)

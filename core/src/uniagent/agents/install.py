@@ -51,6 +51,8 @@ def file_lock(path: Path) -> Iterator[None]:
 def install_folder(install: AgentInstall) -> Path:
     """Where ``install`` goes in the cache (whether or not it is there yet)."""
     safe = install.package.lstrip("@").replace("/", "-").replace(":", "-")
+    if install.kind == "npm":  # the folder uniagent.testing.npm_clis has always used
+        return cache_root() / "npm-cli" / f"{safe}-{install.version}"
     if install.kind == "binary":
         safe = Path(install.package).name
     return cache_root() / "agents" / f"{install.kind}-{safe}-{install.version}"

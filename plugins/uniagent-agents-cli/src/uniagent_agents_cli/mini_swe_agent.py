@@ -88,7 +88,7 @@ MINI_SWE_AGENT: AgentSpec[MiniSweAgentSettings] = AgentSpec(
     description="mini-swe-agent's `mini` (yolo, exits when it submits), OpenAI Chat "
     "Completions through litellm",
     install=AgentInstall("pip", "mini-swe-agent", VERSION, "mini"),
-    wire="chat_completions",
+    wire="chat",
     launch=launch,
     outcome=outcome,
     logs=(TRAJECTORY,),

@@ -7,6 +7,8 @@ from typing import Any
 
 from uniagent import hookimpl
 from uniagent.specs import AgentSpec
+from uniagent_agents_cli.claude_code import CLAUDE_CODE
+from uniagent_agents_cli.codex import CODEX
 from uniagent_agents_cli.mini_swe_agent import MINI_SWE_AGENT
 
 
@@ -14,3 +16,5 @@ from uniagent_agents_cli.mini_swe_agent import MINI_SWE_AGENT
 def uniagent_agents() -> Iterator[AgentSpec[Any]]:
     """mini-swe-agent, Claude Code and Codex."""
     yield MINI_SWE_AGENT
+    yield CLAUDE_CODE
+    yield CODEX
