@@ -53,8 +53,8 @@ def install_folder(install: AgentInstall) -> Path:
     safe = install.package.lstrip("@").replace("/", "-").replace(":", "-")
     if install.kind == "npm":  # the folder uniagent.testing.npm_clis has always used
         return cache_root() / "npm-cli" / f"{safe}-{install.version}"
-    if install.kind == "binary":
-        safe = Path(install.package).name
+    if install.kind == "binary":  # its pin is its digest: a changed file is a new folder
+        safe = f"{Path(install.package).name}-{(install.sha256 or '')[:16]}"
     return cache_root() / "agents" / f"{install.kind}-{safe}-{install.version}"
 
 
