@@ -15,6 +15,7 @@ from uniagent import hookimpl
 from uniagent.config import AgentConfig
 from uniagent.models.base import ModelError
 from uniagent.plugins import load_plugins, reset_plugins
+from uniagent.rollout import RolloutCache
 from uniagent.run.progress import Progress
 from uniagent.run.runner import run
 from uniagent.run.tasks import Task
@@ -85,6 +86,10 @@ async def test_a_harness_solves_the_task_and_is_graded(tiny, qwen3_tokenizer, tm
     reply = qwen3_tokenizer.encode(WRITE, add_special_tokens=False) + [rollout["eot_id"]]
     gen = [i for i, m in zip(rollout["response_ids"], rollout["response_mask"]) if m]
     assert gen[: len(reply)] == reply
+    # Readers of linear episodes load it as a token rollout: the tree's main branch.
+    cache = RolloutCache.from_dict(rollout, qwen3_tokenizer)
+    assert cache.prompt_ids == rollout["prompt_ids"] and cache.messages[-1]["role"] == "assistant"
+    assert cache.check_exactness().ok
 
 
 async def test_a_harness_exiting_non_zero_is_the_policys_outcome(

@@ -8,14 +8,10 @@ from typing import Any
 
 import pytest
 
-from uniagent.config import AgentConfig
-from uniagent.rollout import RolloutCache
-from uniagent.run.progress import Progress
-from uniagent.run.runner import run
-from uniagent.run.tasks import Task
-from uniagent.testing import load_qwen3_tokenizer
+from uniagent import AgentConfig
+from uniagent.testing import load_qwen3_tokenizer, run_tasks
 
-TASK = Task("hello", {"problem_statement": "Write hello into out.txt, then stop."})
+TASK = {"hello": {"problem_statement": "Write hello into out.txt, then stop."}}
 #: The command reward: the task is solved when out.txt holds exactly "hello".
 SOLVED = "grep -qx hello out.txt"
 
@@ -33,11 +29,7 @@ def harness_config(name: str, settings: dict[str, Any] | None = None) -> AgentCo
 
 async def run_one(config: AgentConfig, model: Any, out: Path) -> dict[str, Any]:
     """One episode through `uniagent run`; its result, rollout and log."""
-    import io
-
-    summary = await run(
-        config, [TASK], [], lambda: model, out, progress=Progress(io.StringIO(), live=False)
-    )
+    summary = await run_tasks(config, TASK, model, out)
     episode = out / "episodes" / "hello" / "0"
     return {
         "summary": summary,
@@ -78,5 +70,4 @@ def check_exact(rollout: dict[str, Any], script: list[str], tokenizer: Any) -> N
     assert [i for i, m in zip(ids, mask) if m] == wanted
     assert rollout["prompt_ids"] + rollout["response_ids"] == ids
     assert rollout["response_mask"] == mask[len(rollout["prompt_ids"]) :]
-    cache = RolloutCache.from_dict(rollout, tokenizer)
-    assert cache.messages[-1]["role"] == "assistant"
+    assert rollout["messages"][-1]["role"] == "assistant"

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from conftest import check_exact, harness_config, run_one
 
-from uniagent.testing.scripted import ScriptedTokenModel, hermes_call
+from uniagent.testing import ScriptedTokenModel, hermes_call
 
 
 async def test_claude_code_solves_a_task_through_uniagent_run(qwen3_tokenizer, tmp_path):

@@ -8,6 +8,7 @@ token backend failing under it is infrastructure (``model_error``, masked).
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import shlex
 import uuid
@@ -108,6 +109,8 @@ async def run_harness(
     finally:
         closed = running.gateway.close(session.id)
     await _log_files(env, spec.logs, home, logger)
+    with contextlib.suppress(Exception):  # without isolation, /tmp is this machine's
+        await env.run_action(f"rm -rf {shlex.quote(home)}", timeout=60)
     failures = list(session.backend_errors)
     if failures:  # the model behind the gateway failed: not the policy's doing
         reason = ExitReason.MODEL_ERROR

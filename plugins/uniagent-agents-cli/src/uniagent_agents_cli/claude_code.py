@@ -7,7 +7,7 @@ import shlex
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from uniagent.specs import AgentCommand, AgentInstall, AgentLaunch, AgentOutcome, AgentSpec
+from uniagent import AgentCommand, AgentInstall, AgentLaunch, AgentOutcome, AgentSpec
 
 PACKAGE, VERSION = "@anthropic-ai/claude-code", "2.1.332"
 

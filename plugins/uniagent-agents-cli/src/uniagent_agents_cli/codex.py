@@ -6,7 +6,7 @@ import shlex
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from uniagent.specs import AgentCommand, AgentInstall, AgentLaunch, AgentSpec
+from uniagent import AgentCommand, AgentInstall, AgentLaunch, AgentSpec
 
 PACKAGE, VERSION = "@openai/codex", "0.171.0"
 KEY_VARIABLE = "UNIAGENT_GATEWAY_KEY"

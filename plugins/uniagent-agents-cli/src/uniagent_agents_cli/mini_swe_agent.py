@@ -7,7 +7,7 @@ import shlex
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from uniagent.specs import AgentCommand, AgentInstall, AgentLaunch, AgentOutcome, AgentSpec
+from uniagent import AgentCommand, AgentInstall, AgentLaunch, AgentOutcome, AgentSpec
 
 VERSION = "2.4.6"
 TRAJECTORY = "trajectory.json"

@@ -5,8 +5,7 @@ from __future__ import annotations
 from collections.abc import Iterator
 from typing import Any
 
-from uniagent import hookimpl
-from uniagent.specs import AgentSpec
+from uniagent import AgentSpec, hookimpl
 from uniagent_agents_cli.claude_code import CLAUDE_CODE
 from uniagent_agents_cli.codex import CODEX
 from uniagent_agents_cli.mini_swe_agent import MINI_SWE_AGENT

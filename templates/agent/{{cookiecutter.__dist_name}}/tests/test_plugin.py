@@ -4,16 +4,11 @@ tokenizer; the reward is graded and the trajectory tree saved."""
 
 from __future__ import annotations
 
-import io
 import json
 from pathlib import Path
 
-from uniagent import AgentConfig, get_registry
-from uniagent.run.progress import Progress
-from uniagent.run.runner import run
-from uniagent.run.tasks import Task
-from uniagent.testing import load_qwen3_tokenizer
-from uniagent.testing.scripted import ScriptedTokenModel, hermes_call
+from uniagent import get_registry
+from uniagent.testing import ScriptedTokenModel, hermes_call, load_qwen3_tokenizer, run_tasks
 
 AGENT = "{{ cookiecutter.__record_name }}"
 
@@ -25,18 +20,16 @@ def test_plugin_is_discovered() -> None:
 
 async def test_agent_solves_a_task_through_uniagent_run(tmp_path: Path) -> None:
     """The model's call writes the file, the reward finds it, the tree is one branch."""
-    config = AgentConfig.from_dict(
-        {
-            "agent": {"name": AGENT, "settings": {"steps": 5}},
-            "env": {"deployment": {"type": "host", "isolation": "bwrap", "network": True}},
-            "reward": {"name": "command", "settings": {"command": "grep -qx hello out.txt"}},
-        }
-    )
+    config = {
+        "agent": {"name": AGENT, "settings": {"steps": 5}},
+        "env": {"deployment": {"type": "host", "isolation": "bwrap", "network": True}},
+        "reward": {"name": "command", "settings": {"command": "grep -qx hello out.txt"}},
+    }
     script = [hermes_call("bash", {"command": "echo hello > out.txt"}), "Done."]
     model = ScriptedTokenModel(load_qwen3_tokenizer(), script)
-    task = Task("hello", {"problem_statement": "Write hello into out.txt."})
     out = tmp_path / "out"
-    await run(config, [task], [], lambda: model, out, progress=Progress(io.StringIO(), live=False))
+    tasks = {"hello": {"problem_statement": "Write hello into out.txt."}}
+    await run_tasks(config, tasks, model, out)
     episode = out / "episodes" / "hello" / "0"
     result = json.loads((episode / "result.json").read_text())
     assert result["exit_reason"] == "finished", (episode / "log.txt").read_text()[-2000:]
