@@ -13,6 +13,7 @@ import pytest
 
 from uniagent import hookimpl
 from uniagent.config import AgentConfig
+from uniagent.errors import ConfigError
 from uniagent.models.base import ModelError
 from uniagent.plugins import load_plugins, reset_plugins
 from uniagent.rollout import RolloutCache
@@ -132,3 +133,9 @@ async def test_a_harness_that_starts_over_saves_every_branch(tiny, qwen3_tokeniz
     ]
     eot = done["rollout"]["eot_id"]
     assert gen == [*qwen3_tokenizer.encode("Done again.", add_special_tokens=False), eot]
+
+
+async def test_a_model_the_gateway_cannot_serve_is_refused_before_any_episode(tiny, tmp_path):
+    with pytest.raises(ConfigError, match="agent 'tiny' is a harness: it needs a token model"):
+        await _run(config(), object(), tmp_path / "out")
+    assert not (tmp_path / "out" / "episodes").exists()

@@ -17,13 +17,19 @@ _lock = threading.Lock()
 _running: dict[tuple[int, str], tuple[Any, Any]] = {}
 
 
-def gateway_for(model: Any, parser: str) -> Any:
-    """The :class:`~uniagent.gateway.server.RunningGateway` in front of ``model``."""
+def require_token_model(model: Any, agent: str) -> None:
+    """A :class:`ConfigError` unless the gateway can serve ``model`` to harness ``agent``."""
     if not isinstance(model, TokenChatModel):
         raise ConfigError(
-            f"a harness agent needs a token model behind the gateway (hf:, or verl's server), "
-            f"not {type(model).__name__}: the gateway records the token ids it generates"
+            f"agent {agent!r} is a harness: it needs a token model behind the gateway (hf:, "
+            f"or verl's server), not {type(model).__name__}, since the gateway records the "
+            "token ids the model generates (an openai: server returns messages)"
         )
+
+
+def gateway_for(model: Any, parser: str) -> Any:
+    """The :class:`~uniagent.gateway.server.RunningGateway` in front of ``model``."""
+    require_token_model(model, "this")
     try:
         from uniagent.gateway.backend import TokenModelBackend
         from uniagent.gateway.manager import Gateway

@@ -19,6 +19,7 @@ from collections.abc import Callable, Iterable, Mapping
 from pathlib import Path
 from typing import Any
 
+from uniagent.agents.gateways import require_token_model
 from uniagent.config import AgentConfig
 from uniagent.env.aio import wait_through_cancellation
 from uniagent.env.containers import RUN_ID
@@ -252,6 +253,8 @@ async def _run_locked(
     try:
         if not options.ray_address:
             model = build_model(model_factory, str(model_info.get("spec")))
+            if agent.agent.is_harness:  # the gateway serves token models only: said now
+                require_token_model(model, agent.agent.name)
             if jobs:
                 await check_model(model)
         # Written once the model is known to load: a typo in --model leaves no manifest.
