@@ -60,3 +60,21 @@ def test_a_branch_out_of_range_is_a_clear_error(viewer_of, token_run, tmp_path):
     viewer = viewer_of(str(run))
     bad = viewer.get("/api/runs/0/episode/tokens", key=KEY, branch=5)
     assert bad.status_code == 400 and "expected 0 to 1" in bad.text
+
+
+def test_the_page_picks_a_branch_and_shows_its_tokens(viewer_of, token_run, tmp_path, page):
+    from urllib.parse import quote
+
+    from playwright.sync_api import expect
+
+    run, _ = with_tree(token_run, tmp_path)
+    viewer = viewer_of(str(run))
+    page.goto(f"{viewer.url}#/r/0/e?key={quote(KEY, safe='')}&tab=tokens")
+    picker = page.locator("#branch")
+    expect(picker).to_be_visible()
+    expect(page.locator(".branches")).to_contain_text("2 branches")
+    stream = page.locator("#token-stream")
+    expect(stream.locator(".tok.k-model").first).to_be_visible()
+    picker.select_option("1")
+    expect(stream.locator(".tok")).to_have_count(7)  # the fork: its 7 generated tokens
+    expect(page.locator("#branch")).to_have_value("1")
