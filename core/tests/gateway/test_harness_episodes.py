@@ -12,6 +12,7 @@ from pathlib import Path
 import pytest
 
 from uniagent import hookimpl
+from uniagent.agents import gateways
 from uniagent.config import AgentConfig
 from uniagent.errors import ConfigError
 from uniagent.models.base import ModelError
@@ -87,6 +88,8 @@ async def test_a_harness_solves_the_task_and_is_graded(tiny, qwen3_tokenizer, tm
     reply = qwen3_tokenizer.encode(WRITE, add_special_tokens=False) + [rollout["eot_id"]]
     gen = [i for i, m in zip(rollout["response_ids"], rollout["response_mask"]) if m]
     assert gen[: len(reply)] == reply
+    # The run's gateway keeps no finished session (a long run's memory stays flat).
+    assert all(not server.gateway.sessions for _, server in gateways._running.values())
     # Readers of linear episodes load it as a token rollout: the tree's main branch.
     cache = RolloutCache.from_dict(rollout, qwen3_tokenizer)
     assert cache.prompt_ids == rollout["prompt_ids"] and cache.messages[-1]["role"] == "assistant"

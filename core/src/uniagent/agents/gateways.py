@@ -1,7 +1,9 @@
-"""One gateway per model in this process, started when the first harness episode needs it.
+"""One gateway per tokenizer and tool parser in this process, started when the first harness
+episode needs it.
 
-Every harness episode of a run opens its own session on it; the server runs on a
-background thread until the process ends (its thread is a daemon).
+Every harness episode opens its own session on it, with its own model as the session's
+backend (a verl worker makes a model per episode); the server runs on a background thread
+until the process ends (its thread is a daemon).
 """
 
 from __future__ import annotations
@@ -13,7 +15,7 @@ from uniagent.errors import ConfigError
 from uniagent.models.base import TokenChatModel
 
 _lock = threading.Lock()
-#: (id of the model, parser) -> (the model, kept alive so its id is not reused; the server)
+#: (id of the tokenizer, parser) -> (the tokenizer, kept so its id is not reused; the server)
 _running: dict[tuple[int, str], tuple[Any, Any]] = {}
 
 
@@ -28,7 +30,8 @@ def require_token_model(model: Any, agent: str) -> None:
 
 
 def gateway_for(model: Any, parser: str) -> Any:
-    """The :class:`~uniagent.gateway.server.RunningGateway` in front of ``model``."""
+    """The :class:`~uniagent.gateway.server.RunningGateway` for ``model``'s tokenizer and
+    ``parser`` (open the episode's session with :func:`open_session`)."""
     require_token_model(model, "this")
     try:
         from uniagent.gateway.backend import TokenModelBackend
@@ -39,11 +42,20 @@ def gateway_for(model: Any, parser: str) -> Any:
             f"a harness agent needs uniagent's gateway extra ({exc.name} is missing): "
             "pip install 'uniagent[gateway]'"
         ) from None
-    key = (id(model), parser)
+    key = (id(model.tokenizer), parser)
     with _lock:
         if key not in _running:
-            _running[key] = (model, start(Gateway(TokenModelBackend(model), parser=parser)))
+            gateway = Gateway(TokenModelBackend(model), parser=parser)
+            _running[key] = (model.tokenizer, start(gateway))
         return _running[key][1]
+
+
+def open_session(model: Any, parser: str) -> tuple[Any, Any]:
+    """A new session for one episode, ``model`` its backend; with the server it is on."""
+    from uniagent.gateway.backend import TokenModelBackend
+
+    running = gateway_for(model, parser)
+    return running, running.gateway.open_session(backend=TokenModelBackend(model))
 
 
 def stop_gateways() -> None:

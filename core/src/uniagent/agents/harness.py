@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from uniagent.agents.gateways import gateway_for
+from uniagent.agents.gateways import open_session
 from uniagent.agents.install import bin_folder, ensure_installed
 from uniagent.env.agent_env import AgentEnv
 from uniagent.env.errors import ActionTimeoutError, ShellKilledError, TerminalNotAliveError
@@ -70,8 +70,7 @@ async def run_harness(
     harness's own failure (an exit reason), only for the gateway's set-up."""
     spec, settings = agent.agent, agent.agent_settings
     assert spec.launch is not None and spec.install is not None
-    running = gateway_for(model, agent.config.tool_parser)
-    session = running.gateway.open_session()
+    running, session = open_session(model, agent.config.tool_parser)
     home = f"/tmp/uniagent-agent-{uuid.uuid4().hex[:12]}"
     launch = AgentLaunch(
         base_url=running.base_url(session),
@@ -108,6 +107,7 @@ async def run_harness(
         reason, error = ExitReason.TERMINAL_NOT_ALIVE, str(exc)
     finally:
         closed = running.gateway.close(session.id)
+        running.gateway.forget(session.id)
     await _log_files(env, spec.logs, home, logger)
     with contextlib.suppress(Exception):  # without isolation, /tmp is this machine's
         await env.run_action(f"rm -rf {shlex.quote(home)}", timeout=60)
