@@ -357,7 +357,7 @@ def default_outcome(exit_code: int | None, output: str, settings: Any) -> AgentO
 
 
 @dataclass(frozen=True, kw_only=True)
-class AgentSpec(_SettingsRecord, Generic[S]):
+class AgentSpec(_Record, Generic[S]):
     """An agent: the built-in ReAct loop (``react``), or a harness run inside the sandbox.
 
     A harness has an ``install`` (pinned), speaks one ``wire`` format to the gateway, and
@@ -379,12 +379,9 @@ class AgentSpec(_SettingsRecord, Generic[S]):
     logs: tuple[str, ...] = ()
     settings: type[S] | None = None
     deployments: tuple[str, ...] = ("host",)
-    #: Unused (records of this kind never had ``config``); kept for the shared base.
-    config: type[S] | None = field(default=None, repr=False, compare=False)
 
     def __post_init__(self) -> None:
         super().__post_init__()
-        self._take_deprecated_config()
         harness = (self.install, self.wire, self.launch)
         if any(x is not None for x in harness) and any(x is None for x in harness):
             raise ValueError(f"agent {self.name!r}: a harness needs install, wire and launch")
