@@ -320,11 +320,8 @@ def test_data_prepare_reads_harbor_folders(tools, tmp_path, state) -> None:
 
 
 def verify(tmp_path: Path, state: Path, data: Path, *args: str) -> tuple[int, dict[str, Any]]:
-    out = tmp_path / "verify"
-    status = cli(["verify", str(write_config(tmp_path, state)), "--data", str(data),
-                  "--out", str(out), "--concurrency", "4", *args])  # fmt: skip
-    lines = (out / "verify.jsonl").read_text().splitlines()
-    return status, {r["task_id"]: r for r in map(json.loads, lines)}
+    config = write_config(tmp_path, state)
+    return verify_with(tmp_path / "verify", config, data, "--concurrency", "4", *args)
 
 
 def test_every_oracle_scores_1_and_every_baseline_0(tools, tmp_path, state) -> None:
@@ -352,3 +349,64 @@ def test_verify_finds_broken_and_flaky_tasks_and_run_excludes_them(tools, tmp_pa
     _, results = run(tmp_path / "run", state, DATA / "broken", "echo hello > hello.txt",
                      "--exclude", str(exclude))  # fmt: skip
     assert [(r["task_id"], r["reward"]) for r in results] == [("sound", 1.0)]
+
+
+# -- the local backend (podman or docker) ------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def engine() -> str:
+    from uniagent.testing.images import engine_with_test_image
+
+    return engine_with_test_image()
+
+
+def local_config(tmp_path: Path, engine: str) -> Path:
+    from uniagent.testing.images import TEST_IMAGE
+
+    config = tmp_path / "local.yaml"
+    deployment = {"type": "local", "image": TEST_IMAGE, "engine": engine, "pull": "never"}
+    config.write_text(json.dumps({
+        "tools": ["shell", "done"], "env": {"deployment": deployment},
+        "reward": {"name": "harbor"}, "interaction": {"max_turns": 4},
+    }))  # fmt: skip
+    return config
+
+
+@pytest.mark.slow
+def test_tasks_run_in_their_own_images_on_the_local_backend(tools, tmp_path, engine) -> None:
+    """The Dockerfile task is built (FROM mapped to the offline test image), once per
+    content; the docker_image task runs in its prebuilt image; the workdir is the task's."""
+    from uniagent.testing.images import TEST_IMAGE
+    from uniagent.testing.images import run as run_command
+
+    config = local_config(tmp_path, engine)
+    skip = write_lines(tmp_path / "x.txt", ["named-rewards", "verifier-timeout"])
+    tag = image_tag(GOOD / "hello-file", TEST_IMAGE)
+    with ScriptedChatServer(default=agent_running("pwd > where && echo hello > hello.txt")) as s:
+        status = cli([
+            "run", str(config), "--data", str(GOOD), "--out", str(tmp_path / "out"),
+            "--model", f"openai:{s.base_url}#scripted", "--from-image", TEST_IMAGE,
+            "--exclude", str(skip),
+        ])  # fmt: skip
+    assert status == 0
+    lines = (tmp_path / "out" / "results.jsonl").read_text().splitlines()
+    rewards = {r["task_id"]: r["reward"] for r in map(json.loads, lines)}
+    assert rewards == {"hello-file": 1.0, "prebuilt-image": 0.0}
+    image = run_command([engine, "image", "inspect", "--format", "{{.Id}}", tag])
+    assert image.returncode == 0, "the Dockerfile task's image is tagged by its content"
+    status, found = verify_with(tmp_path / "v", config, GOOD, "--from-image", TEST_IMAGE)
+    assert status == 0 and {r["status"] for r in found.values()} == {"ok"}
+    again = run_command([engine, "image", "inspect", "--format", "{{.Id}}", tag])
+    assert again.stdout == image.stdout, "the same environment is not built again"
+
+
+def write_lines(path: Path, lines: list[str]) -> Path:
+    path.write_text("".join(f"{line}\n" for line in lines))
+    return path
+
+
+def verify_with(out: Path, config: Path, data: Path, *args: str) -> tuple[int, dict[str, Any]]:
+    status = cli(["verify", str(config), "--data", str(data), "--out", str(out), *args])
+    lines = (out / "verify.jsonl").read_text().splitlines()
+    return status, {r["task_id"]: r for r in map(json.loads, lines)}
