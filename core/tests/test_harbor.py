@@ -159,7 +159,7 @@ def test_harbor_loads_every_test_task() -> None:
     assert done.returncode == 0, done.stderr
     loaded = {line.split()[0] for line in done.stdout.splitlines()}
     ours = {p.parent.relative_to(DATA).as_posix() for p in DATA.glob("*/*/task.toml")}
-    assert loaded == ours and len(ours) == 10
+    assert loaded == ours and len(ours) == 11
 
 
 def test_task_toml_is_read_strictly(tmp_path: Path) -> None:
@@ -305,6 +305,16 @@ def test_editing_the_verifiers_inputs_is_tampering(tools, tmp_path, state) -> No
     }  # fmt: skip
 
 
+def test_a_verifier_user_the_sandbox_cannot_switch_to_is_infrastructure(
+    tools, tmp_path, state
+) -> None:
+    """Under bubblewrap only root is mapped: a task whose verifier runs as `nobody` cannot
+    be graded there (reward_error, masked), rather than graded as the wrong user."""
+    _, [result] = run(tmp_path, state, DATA / "user", "echo hello > hello.txt", "--retries", "0")
+    assert result["exit_reason"] == "reward_error" and result["traj_masked"]
+    assert "[verifier] user: cannot run as user nobody here" in result["error"]
+
+
 def test_data_prepare_reads_harbor_folders(tools, tmp_path, state) -> None:
     pq = pytest.importorskip("pyarrow.parquet")
     out = tmp_path / "train.parquet"
@@ -399,6 +409,15 @@ def test_tasks_run_in_their_own_images_on_the_local_backend(tools, tmp_path, eng
     assert status == 0 and {r["status"] for r in found.values()} == {"ok"}
     again = run_command([engine, "image", "inspect", "--format", "{{.Id}}", tag])
     assert again.stdout == image.stdout, "the same environment is not built again"
+    # In a container the verifier runs as its task's user.
+    with ScriptedChatServer(default=agent_running("echo hello > hello.txt")) as s:
+        status = cli([
+            "run", str(config), "--data", str(DATA / "user"), "--out", str(tmp_path / "user"),
+            "--model", f"openai:{s.base_url}#scripted", "--from-image", TEST_IMAGE,
+        ])  # fmt: skip
+    [user] = map(json.loads, (tmp_path / "user" / "results.jsonl").read_text().splitlines())
+    assert user["reward"] == 1.0
+    assert "verifier runs as nobody" in user["reward_info"]["output_tail"]
 
 
 def write_lines(path: Path, lines: list[str]) -> Path:
@@ -410,3 +429,37 @@ def verify_with(out: Path, config: Path, data: Path, *args: str) -> tuple[int, d
     status = cli(["verify", str(config), "--data", str(data), "--out", str(out), *args])
     lines = (out / "verify.jsonl").read_text().splitlines()
     return status, {r["task_id"]: r for r in map(json.loads, lines)}
+
+
+GOLD = """\
+diff --git a/fixed.txt b/fixed.txt
+new file mode 100644
+--- /dev/null
++++ b/fixed.txt
+@@ -0,0 +1 @@
++fixed
+"""
+
+
+def test_verify_applies_a_rows_gold_patch_as_its_oracle(tools, tmp_path) -> None:
+    """A SWE-bench-style row: its gold ``patch`` is the oracle (applied, submitted)."""
+    rows = [
+        {"id": "gold", "problem_statement": "fix it", "patch": GOLD,
+         "test_command": "grep -qx fixed fixed.txt"},
+        {"id": "no-patch", "problem_statement": "fix it", "test_command": "true"},
+    ]  # fmt: skip
+    data = tmp_path / "rows.jsonl"
+    data.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    config = tmp_path / "rows.yaml"
+    setup = "git init -q . && git -c user.name=t -c user.email=t@t commit -q --allow-empty -m base"
+    config.write_text(json.dumps({
+        "tools": ["shell", "done"],
+        "env": {"deployment": BWRAP, "post_setup": [setup]},
+        "reward": {"name": "command"},
+    }))  # fmt: skip
+    status, found = verify_with(tmp_path / "v", config, data, "-k", "2")
+    assert found["gold"]["status"] == "ok"
+    assert found["gold"]["oracle"] == [1.0, 1.0] and found["gold"]["baseline"] == [0.0, 0.0]
+    # No oracle, and a test that passes whatever: the baseline passes.
+    assert found["no-patch"]["status"] == "passing_baseline"
+    assert status == 1

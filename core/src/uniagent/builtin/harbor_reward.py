@@ -86,15 +86,17 @@ def resolve_env(env: Mapping[str, str], where: str) -> dict[str, str]:
 
 
 def as_user(command: str, user: str | None) -> str:
-    """``command`` run as ``user`` (``runuser`` when the sandbox runs as root)."""
+    """``command`` run as ``user``: directly when the sandbox runs as that user, else with
+    ``runuser`` (as root, where the sandbox can switch users: a container, not bubblewrap)."""
     if not user:
         return command
     u = shlex.quote(user)
     return (
         f'if [ "$(id -un)" = {u} ] || [ "$(id -u)" = {u} ]; then {command}; '
-        f'elif [ "$(id -u)" = 0 ] && command -v runuser >/dev/null; then '
-        f"chown -R {u} {LOGS} && runuser -u {u} -- {command}; "
-        f"else echo 'cannot run as user '{u}; exit {_NO_USER}; fi"
+        f'elif [ "$(id -u)" = 0 ] && command -v runuser >/dev/null && runuser -u {u} -- true '
+        f"2>/dev/null; then runuser -u {u} -- {command}; "
+        f"else echo 'cannot run as user '{u}' here (it runs as '\"$(id -un)\"')'; "
+        f"exit {_NO_USER}; fi"
     )
 
 
@@ -216,7 +218,7 @@ async def harbor_reward(ctx: RewardContext[HarborRewardConfig]) -> RewardResult:
         output_tail=done.output[-settings.output_chars :] if settings.output_chars else "",
     )
     if done.exit_code == _NO_USER and "cannot run as user" in done.output:
-        raise RewardInfraError(f"verifier.user: {done.output.strip()[-200:]}")
+        raise RewardInfraError(f"[verifier] user: {done.output.strip()[-200:]}")
     if done.timed_out:
         info.update(score_reason="verifier_timed_out", detail=f"test.sh ran past {timeout:g} s")
         return RewardResult(0.0, info)
