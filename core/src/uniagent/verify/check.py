@@ -26,6 +26,7 @@ from typing import Any
 from uniagent.episode import make_grader
 from uniagent.errors import ConfigError
 from uniagent.exit import ExitReason
+from uniagent.observer import NULL_OBSERVER, EpisodeObserver
 from uniagent.resolver import ResolvedAgent
 from uniagent.run.progress import Progress
 from uniagent.run.tasks import Task
@@ -87,8 +88,13 @@ class _Job:
     sample: str
 
 
-async def attempt(agent: ResolvedAgent, task: Task, mode: str) -> Attempt:
-    """Set the task's sandbox up, let the oracle act (``mode == "oracle"``) or not, grade."""
+async def attempt(
+    agent: ResolvedAgent, task: Task, mode: str, observer: EpisodeObserver = NULL_OBSERVER
+) -> Attempt:
+    """Set the task's sandbox up, let the oracle act (``mode == "oracle"``) or not, grade.
+
+    ``observer`` is told the phases (the progress view's "doing" column).
+    """
     started = time.perf_counter()
     oracle = oracle_of(task.row) if mode == "oracle" else None
     if mode == "oracle" and oracle is None:
@@ -103,12 +109,17 @@ async def attempt(agent: ResolvedAgent, task: Task, mode: str) -> Attempt:
         raise ConfigError("uniagent verify needs a reward in the config (reward: {name: ...})")
     info: dict[str, Any] = {}
     try:
+        observer.phase("setup")
         await env.start()
+        observer.phase("tools")
         await env.install_tools(list(agent.tools))
+        observer.phase("baseline")
         await grader.prepare(env)
         submission = None
+        observer.phase("agent")
         if oracle is not None:
             submission, info = await oracle.act(env)
+        observer.phase("grading")
         grade = await grader.grade(
             env, messages=[], exit_reason=ExitReason.FINISHED, submission=submission
         )
@@ -121,6 +132,7 @@ async def attempt(agent: ResolvedAgent, task: Task, mode: str) -> Attempt:
             mode, None, f"{type(exc).__name__}: {exc}", info, time.perf_counter() - started
         )
     finally:
+        observer.phase("close")
         await env.close()
 
 
@@ -173,9 +185,8 @@ async def verify_tasks(
             for i in range(1, k + 1):
                 for mode in ("oracle", "baseline") if has[task.id] else ("baseline",):
                     job = _Job(task, f"{mode}.{i}")
-                    if progress is not None:
-                        progress.started(job)
-                    done = await attempt(agent, task, mode)
+                    observer = progress.started(job) if progress is not None else NULL_OBSERVER
+                    done = await attempt(agent, task, mode, observer)
                     attempts.append(done)
                     if progress is not None:
                         progress.finished(job, _record(done))
