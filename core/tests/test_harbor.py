@@ -463,3 +463,12 @@ def test_verify_applies_a_rows_gold_patch_as_its_oracle(tools, tmp_path) -> None
     # No oracle, and a test that passes whatever: the baseline passes.
     assert found["no-patch"]["status"] == "passing_baseline"
     assert status == 1
+
+
+def test_the_example_config_reads() -> None:
+    from uniagent.config import AgentConfig
+
+    example = Path(__file__).parents[2] / "examples" / "harbor" / "config.yaml"
+    config = AgentConfig.from_yaml(example)
+    assert config.reward is not None and config.reward.name == "harbor"
+    assert config.env.deployment["type"] == "local"
