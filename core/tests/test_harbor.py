@@ -315,6 +315,16 @@ def test_a_verifier_user_the_sandbox_cannot_switch_to_is_infrastructure(
     assert "[verifier] user: cannot run as user nobody here" in result["error"]
 
 
+def test_a_symlink_loop_where_the_tests_go_is_the_agents_not_infrastructure(
+    tools, tmp_path, state
+) -> None:
+    loop = "mkdir -p /tmp/.harbor && ln -s /tmp/.harbor/tests /tmp/.harbor/tests"
+    _, [result] = run(tmp_path, state, GOOD / "hello-file", loop, "--retries", "0")
+    assert result["exit_reason"] == "finished" and not result["traj_masked"]
+    assert result["reward"] == 0.0
+    assert result["reward_info"]["score_reason"] == "tampered"
+
+
 def test_data_prepare_reads_harbor_folders(tools, tmp_path, state) -> None:
     pq = pytest.importorskip("pyarrow.parquet")
     out = tmp_path / "train.parquet"

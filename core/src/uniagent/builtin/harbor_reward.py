@@ -100,21 +100,29 @@ def as_user(command: str, user: str | None) -> str:
     )
 
 
+class VerifierInputsError(RuntimeError):
+    """``/tests`` or ``/logs/verifier`` could not be listed or prepared.
+
+    Not a :class:`RewardInfraError`: in a fresh sandbox both are absent or empty, so the
+    grader decides (the agent's doing in a sandbox that still works: scored 0).
+    """
+
+
 async def verifier_inputs_left(sandbox: GradingSandbox) -> list[str]:
     """What is in ``/tests`` and ``/logs/verifier`` before the tests are copied in.
 
     Either may be a symlink to a private directory (the host backend's); what it
-    leads to must be a directory or nothing.
+    leads to must be a directory or nothing (a symlink left there, a loop, a file: listed).
     """
     listing = await sandbox.run(
-        f'for d in {TESTS} {LOGS}; do t=$(readlink -m "$d"); '
-        'if [ -e "$t" ] && [ ! -d "$t" ]; then echo "$d"; '
+        f'for d in {TESTS} {LOGS}; do t=$(readlink -m "$d") || {{ echo "$d"; continue; }}; '
+        'if [ -L "$t" ] || { [ -e "$t" ] && [ ! -d "$t" ]; }; then echo "$d"; '
         'elif [ -d "$t" ]; then find "$t" -mindepth 1 -maxdepth 2 | head -n 20; fi; done',
         timeout=60,
         cwd="/",
     )
-    if listing.exit_code != 0:
-        raise RewardInfraError(f"could not list {TESTS} and {LOGS}: {listing.output[-300:]}")
+    if listing.exit_code != 0 or listing.timed_out:
+        raise VerifierInputsError(f"could not list {TESTS} and {LOGS}: {listing.output[-300:]}")
     return [line for line in listing.output.splitlines() if line.strip()]
 
 
@@ -130,7 +138,7 @@ async def copy_tests(sandbox: GradingSandbox, tests: Path) -> None:
         cwd="/",
     )
     if done.exit_code != 0:
-        raise RewardInfraError(f"could not copy the tests into {TESTS}: {done.output[-500:]}")
+        raise VerifierInputsError(f"could not copy the tests into {TESTS}: {done.output[-500:]}")
 
 
 async def read_rewards(sandbox: GradingSandbox) -> tuple[str, dict[str, float]] | None:
