@@ -118,20 +118,24 @@ def run(
 
 def harbor_python() -> Path | None:
     """A Python 3.12 with harbor 0.25 (made under ~/.cache from pyenv's 3.12 if needed)."""
+    import subprocess
+    import tempfile
+
     venv = Path.home() / ".cache" / "uniagent-tests" / "harbor-0.25"
-    python = venv / "bin" / "python"
-    if python.exists():
-        return python
+    if (venv / "bin" / "python").exists():
+        return venv / "bin" / "python"
     found = sorted((Path.home() / ".pyenv" / "versions").glob("3.12*/bin/python3.12"))
     if not found:
         return None
-    import subprocess
-
-    subprocess.run([str(found[-1]), "-m", "venv", str(venv)], check=True)
-    subprocess.run(
-        [str(python), "-m", "pip", "install", "-q", "harbor==0.25"], check=True, timeout=900
-    )
-    return python
+    venv.parent.mkdir(parents=True, exist_ok=True)
+    # Made aside and moved into place once harbor is installed: never a half-made venv.
+    with tempfile.TemporaryDirectory(dir=venv.parent) as tmp:
+        staged = Path(tmp) / "venv"
+        subprocess.run([str(found[-1]), "-m", "venv", str(staged)], check=True)
+        pip = [str(staged / "bin" / "python"), "-m", "pip", "install", "-q", "harbor==0.25"]
+        subprocess.run(pip, check=True, timeout=900)
+        staged.rename(venv)
+    return venv / "bin" / "python"
 
 
 VALIDATE = """
