@@ -6,21 +6,23 @@ its mask at each step of ``transformers``' ``generate()``.
 
 **The turn's token budget.** Given the tokens the turn may still generate (``budget``,
 ``generate()``'s ``max_new_tokens``), the call is closed before they run out, so a guided
-turn that fits at all is always a complete call. At each step the shortest way to finish
-the call from here is worked out on a copy of the matcher (:meth:`ClosingPlanner.path`):
-the bytes the grammar forces, else the token that ends soonest what the turn is in the
-middle of (a newline ends the thought, then the open tag; ``"`` closes a JSON string,
-``}``/``]`` an object/array, ``0`` is the shortest number; otherwise the smallest id the
-grammar allows), up to the end-of-turn token. With ``r`` tokens left and a closing path of
+turn that fits at all is always a complete call. At each step a short way to finish the
+call from here is worked out on a copy of the matcher (:meth:`ClosingPlanner.path`,
+greedy, not always the shortest): the bytes the grammar forces, else the token that ends
+soonest what the turn is in the middle of (a newline ends the thought, then the open
+tag; ``"`` closes a JSON string, ``}``/``]`` an object/array, ``,`` goes to the next
+element, ``0`` is the shortest number; otherwise the smallest id the grammar allows),
+up to the end-of-turn token. With ``r`` tokens left and a closing path of
 ``c`` tokens:
 
 - ``c >= r``: only the path's next token is allowed (forced, log-prob 0.0). With ``c > r``
-  the budget is smaller than the shortest call: the turn is cut, as any length cut;
+  the budget is smaller than this way to close: the turn is cut, as any length cut;
 - ``r - c <= WINDOW``: among the model's ``CANDIDATES`` likeliest allowed tokens, those
   after which the call can still close in time (each checked on a copy of the matcher),
   plus the path's next token;
-- otherwise everything the grammar allows (no single token adds more than ``WINDOW``
-  tokens to the shortest way to close a call).
+- otherwise everything the grammar allows. (This assumes that no single token lengthens
+  the closing path by more than ``WINDOW`` tokens: true of JSON tool calls, whose tokens
+  open at most a few strings, objects or arrays each.)
 
 The mask recorded for the log-probs is the one applied.
 """
@@ -33,7 +35,7 @@ from typing import Any
 
 from uniagent.models.base import ModelError
 
-#: Slack (tokens left beyond the shortest closing) under which candidates are checked.
+#: Slack (tokens left beyond the closing path) under which candidates are checked.
 WINDOW = 16
 #: How many of the model's likeliest tokens are checked inside the window.
 CANDIDATES = 16
@@ -89,7 +91,7 @@ class Scan:
 
 
 class ClosingPlanner:
-    """Works out the shortest way to finish a call (see the module's docstring)."""
+    """Works out a short way to finish a call (see the module's docstring)."""
 
     def __init__(self, tokenizer: Any, end_of_turn: int, open_tag: str, tag_id: int | None):
         self.tokenizer = tokenizer
@@ -207,7 +209,8 @@ class GuidedTurn:
         return mask
 
     def closing_path(self) -> list[int] | None:
-        """The shortest way to finish the call from here (see :class:`ClosingPlanner`)."""
+        """A short way to finish the call from here, end of turn included (see
+        :class:`ClosingPlanner`)."""
         if self.planner is None or self.scan is None:
             return None
         return self.planner.path(self.matcher, self.scan, self.vocab_size)
