@@ -142,3 +142,31 @@ async def test_a_model_the_gateway_cannot_serve_is_refused_before_any_episode(ti
     with pytest.raises(ConfigError, match="agent 'tiny' is a harness: it needs a token model"):
         await _run(config(), object(), tmp_path / "out")
     assert not (tmp_path / "out" / "episodes").exists()
+
+
+async def test_a_harness_that_edits_the_tests_is_caught_as_the_built_in_loop_would_be(
+    tiny, qwen3_tokenizer, tmp_path
+) -> None:
+    """The harness runs as the agent: the grader's baseline and protections hold for it."""
+    agent_config = AgentConfig.from_dict(
+        {
+            "agent": {"name": "tiny"},
+            "env": {
+                "deployment": {"type": "host", "isolation": "bwrap", "network": True},
+                "post_setup": ["mkdir -p tests && echo 'grep -qx hello out.txt' > tests/check.sh"],
+            },
+            "reward": {
+                "name": "command",
+                "settings": {"command": "sh tests/check.sh"},
+                "integrity": {"protect_paths": ["tests/"]},
+            },
+        }
+    )
+    tamper = hermes_call("bash", {"command": "echo 'exit 0' > tests/check.sh"})
+    model = ScriptedTokenModel(qwen3_tokenizer, [tamper, "Done."])
+    done = await _run(agent_config, model, tmp_path / "out")
+    result = done["result"]
+    assert result["exit_reason"] == "finished" and result["traj_masked"] is False
+    assert result["reward"] == 0.0 and result["reward_info"]["score_reason"] == "tampered"
+    tampered = result["reward_info"]["integrity"]["tampered"]
+    assert [t["path"] for t in tampered] == ["tests/check.sh"]
