@@ -546,3 +546,30 @@ def test_the_example_config_reads() -> None:
     config = AgentConfig.from_yaml(example)
     assert config.reward is not None and config.reward.name == "harbor"
     assert config.env.deployment["type"] == "local"
+
+
+# -- the grader without a control sandbox ------------------------------------------------------
+
+
+async def test_without_a_control_sandbox_a_failing_verifier_is_masked_and_says_so(tools) -> None:
+    """A grader that cannot start a sandbox (``prepare_grader`` without ``fresh_env``):
+    the failure cannot be judged, so it is masked, and the message names the opening."""
+    from uniagent import open_env
+    from uniagent.testing.grading import grade, prepare_grader
+
+    [task], _ = load_harbor_tasks(DATA / "crash" / "runs-program", BWRAP)
+    settings = dict(task.overrides()["env"])
+    env = open_env({**BWRAP, **settings.pop("deployment")}, settings)  # as the run merges them
+    await env.start()
+    try:
+        grader = await prepare_grader(env, "harbor", task.row)
+        done = await env.run_action(
+            "printf '#!/bin/sh\\nkill $PPID\\n' > run.sh && chmod +x run.sh", timeout=30
+        )
+        assert done.exit_code == 0, done.output
+        with pytest.raises(RewardInfraError, match="no control sandbox") as raised:
+            await grade(grader, env)
+    finally:
+        await env.close()
+    assert "an opening" in str(raised.value)
+    assert str(raised.value).count("test.sh exited 143") == 2
