@@ -168,7 +168,7 @@ def test_harbor_loads_every_test_task() -> None:
     assert done.returncode == 0, done.stderr
     loaded = {line.split()[0] for line in done.stdout.splitlines()}
     ours = {p.parent.relative_to(DATA).as_posix() for p in DATA.glob("*/*/task.toml")}
-    assert loaded == ours and len(ours) == 11
+    assert loaded == ours and len(ours) == 13
 
 
 def test_task_toml_is_read_strictly(tmp_path: Path) -> None:
@@ -286,16 +286,62 @@ def test_a_verifier_timeout_caused_by_the_agent_scores_0(tools, tmp_path, state)
     assert result["reward_info"]["verifier_timeout"] == 10.0
 
 
-def test_a_verifier_that_crashes_is_masked_and_retried(tools, tmp_path, state) -> None:
+def test_a_verifier_that_crashes_once_is_run_again_in_the_same_sandbox(tools, tmp_path, state):
+    """A transient crash: the second run, in the grading sandbox, scores (the episode is
+    not retried; the first failure is recorded)."""
     data = DATA / "crash" / "crash-once"
     status, results = run(tmp_path, state, data, "echo hello > hello.txt", "--retries", "1")
     assert status == 0
-    [retried] = results  # the crash is infrastructure (reward_error: masked), so tried again
-    [crashed] = retried["previous_attempts"]
-    assert crashed["exit_reason"] == "reward_error"
-    assert "the verifier crashed: test.sh exited 3" in crashed["cause"]
-    assert retried["attempt"] == 2
-    assert retried["exit_reason"] == "finished" and retried["reward"] == 1.0
+    [result] = results
+    assert result["attempt"] == 1 and not result.get("previous_attempts")
+    assert result["exit_reason"] == "finished" and result["reward"] == 1.0
+    info = result["reward_info"]
+    assert "the verifier crashed: test.sh exited 3" in info["verifier_retried"]
+    assert "control" not in info and (state / "crash-once").read_text().strip() == "2"
+
+
+def test_an_agent_that_kills_the_verifier_scores_0_and_is_trained_on(tools, tmp_path, state):
+    """The tested code kills test.sh before it writes a reward, in both runs; on the task
+    untouched by the agent (the control sandbox) the verifier works: the agent's doing."""
+    # (SIGTERM: the grading sandbox reads a death by SIGKILL as its timeout, also scored 0)
+    kill = "printf '#!/bin/sh\\nkill $PPID\\n' > run.sh && chmod +x run.sh"
+    _, [result] = run(tmp_path, state, DATA / "crash" / "runs-program", kill, "--retries", "0")
+    assert result["exit_reason"] == "finished" and not result["traj_masked"]
+    assert result["reward"] == 0.0
+    info = result["reward_info"]
+    assert info["score_reason"] == "verifier_failed"
+    assert info["error"].count("the verifier crashed: test.sh exited 143") == 2
+    assert info["control"] == {
+        "exit_code": 0, "timed_out": False, "reward_file": "reward.txt", "score": 0.0
+    }  # fmt: skip
+    # The same task solved scores 1 (the crash above was the agent's program).
+    solve = "printf '#!/bin/sh\\necho ok\\n' > run.sh && chmod +x run.sh"
+    _, [solved] = run(tmp_path / "b", state, DATA / "crash" / "runs-program", solve)
+    assert solved["reward"] == 1.0 and "verifier_retried" not in solved["reward_info"]
+
+
+def test_an_agent_that_writes_garbage_as_the_reward_scores_0(tools, tmp_path, state) -> None:
+    """The tested code overwrites reward.txt with what is not a number (both runs)."""
+    garbage = (
+        "printf '#!/bin/sh\\necho garbage > /logs/verifier/reward.txt\\n' > run.sh && "
+        "chmod +x run.sh"
+    )
+    _, [result] = run(tmp_path, state, GOOD / "verifier-timeout", garbage, "--retries", "0")
+    assert result["exit_reason"] == "finished" and not result["traj_masked"]
+    assert result["reward"] == 0.0
+    info = result["reward_info"]
+    assert info["score_reason"] == "verifier_failed"
+    assert "reward.txt is not a number: 'garbage" in info["error"]
+    assert info["control"]["score"] == 0.0
+
+
+def test_a_verifier_broken_for_everyone_is_masked(tools, tmp_path, state) -> None:
+    """It crashes on the agent's work, again, and on the untouched task: infrastructure."""
+    data = DATA / "crash" / "broken-verifier"
+    _, [result] = run(tmp_path, state, data, "echo hello > hello.txt", "--retries", "0")
+    assert result["exit_reason"] == "reward_error" and result["traj_masked"]
+    assert "the task's verifier is broken" in result["error"]
+    assert result["error"].count("test.sh exited 3") == 3
 
 
 def test_editing_the_verifiers_inputs_is_tampering(tools, tmp_path, state) -> None:
@@ -361,6 +407,15 @@ def test_every_oracle_scores_1_and_every_baseline_0(tools, tmp_path, state) -> N
         for t in ("hello-file", "named-rewards", "prebuilt-image", "verifier-timeout")
     }
     assert read_exclude(tmp_path / "verify" / "exclude.txt") == frozenset()
+
+
+def test_verify_classes_a_verifier_that_always_crashes_as_a_broken_oracle(tools, tmp_path, state):
+    status, found = verify(tmp_path, state, DATA / "crash")
+    assert status == 1
+    assert {t: r["status"] for t, r in found.items()} == {
+        "broken-verifier": "broken_oracle", "crash-once": "ok", "runs-program": "ok"
+    }  # fmt: skip
+    assert "the task's verifier is broken" in found["broken-verifier"]["attempts"][0]["error"]
 
 
 def test_verify_finds_broken_and_flaky_tasks_and_run_excludes_them(tools, tmp_path, state):
@@ -491,3 +546,30 @@ def test_the_example_config_reads() -> None:
     config = AgentConfig.from_yaml(example)
     assert config.reward is not None and config.reward.name == "harbor"
     assert config.env.deployment["type"] == "local"
+
+
+# -- the grader without a control sandbox ------------------------------------------------------
+
+
+async def test_without_a_control_sandbox_a_failing_verifier_is_masked_and_says_so(tools) -> None:
+    """A grader that cannot start a sandbox (``prepare_grader`` without ``fresh_env``):
+    the failure cannot be judged, so it is masked, and the message names the opening."""
+    from uniagent import open_env
+    from uniagent.testing.grading import grade, prepare_grader
+
+    [task], _ = load_harbor_tasks(DATA / "crash" / "runs-program", BWRAP)
+    settings = dict(task.overrides()["env"])
+    env = open_env({**BWRAP, **settings.pop("deployment")}, settings)  # as the run merges them
+    await env.start()
+    try:
+        grader = await prepare_grader(env, "harbor", task.row)
+        done = await env.run_action(
+            "printf '#!/bin/sh\\nkill $PPID\\n' > run.sh && chmod +x run.sh", timeout=30
+        )
+        assert done.exit_code == 0, done.output
+        with pytest.raises(RewardInfraError, match="no control sandbox") as raised:
+            await grade(grader, env)
+    finally:
+        await env.close()
+    assert "an opening" in str(raised.value)
+    assert str(raised.value).count("test.sh exited 143") == 2

@@ -8,8 +8,20 @@ in (first into the grading scratch directory, which did not exist while the agen
 and the reward is read back through the sandbox's bounded reads: ``reward.txt`` (one
 number), else ``reward.json`` / ``rewards.json`` (named numbers, each recorded in the
 result's ``rewards``; ``reward_key`` picks one, by default ``reward`` or the only one,
-else their mean). A verifier that writes no readable reward crashed: infrastructure
-(``reward_error``, masked and retried). A verifier that runs past its timeout scores 0.
+else their mean). A verifier that runs past its timeout scores 0.
+
+``test.sh`` runs the agent's code with the agent's rights, so a verifier that writes no
+readable reward (it crashed, or wrote an empty file, not a number, bad JSON) may be the
+agent's doing, and masking it would let the policy choose to be masked. So it runs once
+more in the same sandbox (its inputs copied in again): a reward now is used, the first
+failure kept in ``info["verifier_retried"]``. Failing again, it runs in the control
+sandbox (``RewardContext.control``: the task as it was before the agent's first
+command). A readable reward there (or a timeout: that grades the task too) makes the
+failure the agent's: score 0, trained on, ``score_reason: verifier_failed`` with the
+failures in ``error``. A failure there too means the task's verifier is broken:
+infrastructure (``reward_error``, masked and retried), naming both. Without a control
+(a grader embedded without ``fresh_env``) the failure is masked, an opening the message
+names.
 """
 
 from __future__ import annotations
@@ -195,8 +207,67 @@ def choose(rewards: Mapping[str, float], settings: HarborRewardConfig) -> tuple[
     return settings.aggregate, score
 
 
+class VerifierFailed(RewardInfraError):
+    """``test.sh`` wrote no readable reward (it crashed, or wrote one that does not read)."""
+
+
+async def run_verifier(
+    sandbox: GradingSandbox,
+    tests: Path,
+    verifier: Mapping[str, Any],
+    settings: HarborRewardConfig,
+    timeout: float,
+) -> tuple[RewardResult, dict[str, Any]]:
+    """``tests/`` copied in (``/tests`` and ``/logs/verifier`` emptied first), ``test.sh``
+    run and its reward read: the result, and what the run showed (also on failure).
+
+    Raises :class:`VerifierFailed` when no readable reward came of it.
+    """
+    await copy_tests(sandbox, tests)
+    env = resolve_env(verifier.get("env") or {}, "verifier.env")
+    command = " ".join(
+        ["env", *(shlex.quote(f"{k}={v}") for k, v in env.items()), "bash", f"{TESTS}/test.sh"]
+    )
+    done = await sandbox.run(as_user(command, verifier.get("user")), timeout=timeout)
+    shown: dict[str, Any] = {
+        "exit_code": done.exit_code,
+        "timed_out": done.timed_out,
+        "output_tail": done.output[-settings.output_chars :] if settings.output_chars else "",
+    }
+    if done.timed_out:
+        shown.update(score_reason="verifier_timed_out", detail=f"test.sh ran past {timeout:g} s")
+        return RewardResult(0.0, shown), shown
+    try:
+        found = await read_rewards(sandbox)
+        if found is None:
+            raise VerifierFailed(
+                f"the verifier crashed: test.sh exited {done.exit_code} and wrote none of "
+                f"{', '.join(REWARD_FILES)} in {LOGS}; output: {done.output[-500:]}"
+            )
+        name, rewards = found
+        key, score = choose(rewards, settings)
+    except VerifierFailed:
+        raise
+    except RewardInfraError as exc:
+        raise VerifierFailed(f"{exc} (test.sh exited {done.exit_code})") from None
+    shown.update(reward_file=name, rewards=rewards, reward_key=key)
+    return RewardResult(score, shown), shown
+
+
+async def check_user(sandbox: GradingSandbox, verifier: Mapping[str, Any]) -> None:
+    """The verifier's user can be taken here (else infrastructure), asked before
+    ``test.sh`` runs: its exit status, which the tested code sets, says nothing of it."""
+    user = verifier.get("user")
+    if not user:
+        return
+    done = await sandbox.run(as_user("true", user), timeout=60, cwd="/")
+    if done.exit_code == _NO_USER and "cannot run as user" in done.output:
+        raise RewardInfraError(f"[verifier] user: {done.output.strip()[-200:]}")
+
+
 async def harbor_reward(ctx: RewardContext[HarborRewardConfig]) -> RewardResult:
-    """Run the task's verifier in the grading sandbox and score what it wrote."""
+    """Run the task's verifier in the grading sandbox and score what it wrote; on a failure,
+    once more there, then in the control sandbox to tell whose failure it is."""
     settings = ctx.settings
     row = harbor_row(ctx.task)
     sandbox = ctx.require_sandbox()
@@ -214,29 +285,63 @@ async def harbor_reward(ctx: RewardContext[HarborRewardConfig]) -> RewardResult:
             tampered=[{"kind": "verifier_input", "path": p} for p in left],
         )
         return RewardResult(0.0, info)
-    await copy_tests(sandbox, tests)
-    env = resolve_env(verifier.get("env") or {}, "verifier.env")
-    command = " ".join(
-        ["env", *(shlex.quote(f"{k}={v}") for k, v in env.items()), "bash", f"{TESTS}/test.sh"]
-    )
-    done = await sandbox.run(as_user(command, verifier.get("user")), timeout=timeout)
-    info.update(
-        exit_code=done.exit_code,
-        timed_out=done.timed_out,
-        output_tail=done.output[-settings.output_chars :] if settings.output_chars else "",
-    )
-    if done.exit_code == _NO_USER and "cannot run as user" in done.output:
-        raise RewardInfraError(f"[verifier] user: {done.output.strip()[-200:]}")
-    if done.timed_out:
-        info.update(score_reason="verifier_timed_out", detail=f"test.sh ran past {timeout:g} s")
-        return RewardResult(0.0, info)
-    found = await read_rewards(sandbox)
-    if found is None:
+    await check_user(sandbox, verifier)
+    failures: list[str] = []
+    for _ in range(2):  # a second run in the same sandbox: the failure may have been transient
+        try:
+            result, shown = await run_verifier(sandbox, tests, verifier, settings, timeout)
+        except VerifierFailed as exc:
+            failures.append(str(exc))
+            continue
+        if failures:
+            info["verifier_retried"] = failures[0]
+        return RewardResult(result.score, {**info, **shown})
+    return await judge_failure(ctx, tests, verifier, settings, timeout, info, failures)
+
+
+async def judge_failure(
+    ctx: RewardContext[HarborRewardConfig],
+    tests: Path,
+    verifier: Mapping[str, Any],
+    settings: HarborRewardConfig,
+    timeout: float,
+    info: dict[str, Any],
+    failures: list[str],
+) -> RewardResult:
+    """The verifier failed twice on the agent's work: run it in the control sandbox (the
+    task untouched). It works there: the agent broke it (0, trained on). It fails there
+    too, or no control can be had: infrastructure (masked)."""
+    first, second = failures
+    if ctx.control is None:
         raise RewardInfraError(
-            f"the verifier crashed: test.sh exited {done.exit_code} and wrote none of "
-            f"{', '.join(REWARD_FILES)} in {LOGS}; output: {done.output[-500:]}"
+            f"the verifier failed twice ({first}; again: {second}) and there is no control "
+            "sandbox to tell whether the agent's changes made it fail, so the episode is "
+            "masked (an opening: the policy can mask its failures by breaking the verifier; "
+            "graded through uniagent run, verify or the verl adapter a control is started "
+            "from the task's deployment)"
         )
-    name, rewards = found
-    key, score = choose(rewards, settings)
-    info.update(reward_file=name, rewards=rewards, reward_key=key)
-    return RewardResult(score, info)
+    async with ctx.control() as control:
+        await check_user(control, verifier)
+        try:
+            checked, shown = await run_verifier(control, tests, verifier, settings, timeout)
+        except VerifierFailed as exc:
+            raise RewardInfraError(
+                f"the task's verifier is broken: it failed on the agent's work ({first}; "
+                f"again: {second}) and on the task untouched by the agent ({exc})"
+            ) from None
+    info.update(
+        score_reason="verifier_failed",
+        detail="test.sh wrote no readable reward, twice, after the agent's changes; on the "
+        f"task untouched by the agent it {_outcome(checked, shown)}",
+        error=f"{first}\nagain: {second}"[-4000:],
+        verifier_retried=first,
+        control={k: shown[k] for k in ("exit_code", "timed_out", "reward_file") if k in shown}
+        | {"score": checked.score},
+    )
+    return RewardResult(0.0, info)
+
+
+def _outcome(result: RewardResult, shown: Mapping[str, Any]) -> str:
+    if shown.get("timed_out"):
+        return "ran past its timeout (scored 0 there too: it grades the task)"
+    return f"wrote {shown.get('reward_file')} (score {result.score:g})"

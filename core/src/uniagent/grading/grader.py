@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import logging
 import time
 import traceback
@@ -34,6 +35,7 @@ from typing import TYPE_CHECKING, Any
 from uniagent.env.errors import EnvError, TerminalNotAliveError
 from uniagent.exit import ExitReason
 from uniagent.grading import integrity
+from uniagent.grading.control import control_sandbox
 from uniagent.grading.integrity import Baseline, GradingSetupError, Tamper
 from uniagent.grading.patch import (
     FilePatch,
@@ -278,6 +280,7 @@ class EpisodeGrader:
             task=self.plan.task,
             settings=self.plan.settings,
             workspace=self._workspace(repo),
+            control=self._control(env, repo),
             **context,
         )
         try:
@@ -291,6 +294,20 @@ class EpisodeGrader:
         return Grade(
             float(outcome.score), {**dict(outcome.info), **({"integrity": info} if info else {})}
         )
+
+    def _control(self, env: AgentEnv | None, repo: str | None) -> Any:
+        """``RewardContext.control``: a fresh sandbox of the task, untouched by the agent."""
+        if self.plan.fresh_env is None or env is None or self.baseline is None:
+            return None
+
+        def starting(now: bool) -> None:  # a grading timeout while it starts is not the agent's
+            self._phase = "starting the fresh sandbox" if now else "the reward"
+
+        workdir = repo or self.baseline.repo
+        return functools.partial(
+            control_sandbox, self.plan.fresh_env, self.plan.integrity, self.plan.session_env,
+            episode=env, workdir=workdir, starting=starting,
+        )  # fmt: skip
 
     def _workspace(self, repo: str | None = None) -> Workspace:
         baseline = self.baseline
