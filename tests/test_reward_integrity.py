@@ -390,7 +390,9 @@ def check(records: dict[str, dict], attacks: dict[str, list[str]]) -> None:
         for name, r in records.items()
         if name != "legit-fix" and (r["reward"] != 0.0 or r["traj_masked"])
     }
-    assert escaped == {}, json.dumps(escaped, indent=1, default=str)[:6000]
+    assert escaped == {}, (
+        f"escaped: {sorted(escaped)}\n" + json.dumps(escaped, indent=1, default=str)[:6000]
+    )
 
 
 @pytest.mark.parametrize(("isolation", "grade_in"), COMBINATIONS)
@@ -442,7 +444,10 @@ def round2_tasks(tmp_path_factory) -> dict[str, Path]:
     """swe_bench tasks for the round-two attacks and the legitimate fixes."""
     root = tmp_path_factory.mktemp("integrity2")
     rows = [
-        {**swe_row(root / "repos", name), **integrity_round2.TASK_FIELDS.get(name, {})}
+        {
+            **swe_row(root / "repos", name, integrity_round2.TASK_FILES.get(name)),
+            **integrity_round2.TASK_FIELDS.get(name, {}),
+        }
         for name in {**ROUND2, **LEGIT}
     ]
     tasks = root / "swe.jsonl"

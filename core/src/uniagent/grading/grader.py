@@ -39,10 +39,9 @@ from uniagent.grading.patch import (
     FilePatch,
     PatchTooLarge,
     apply_patch,
-    content_hits,
-    extract_patch,
     join_patch,
-    split_patch,
+    screen_patch,
+    take_patch,
 )
 from uniagent.grading.sandbox import GradingSandbox
 from uniagent.protect.settings import IntegritySettings, Workspace
@@ -199,11 +198,12 @@ class EpisodeGrader:
                     info["fallback"] = "the toolchain changed: graded in a fresh sandbox"
             self._record(await integrity.screen(sandbox, baseline, restore=True))
             parts: list[FilePatch] = []
-            if baseline.base is not None and (mode == "fresh" or baseline.rules.content):
-                patch = await extract_patch(sandbox, baseline, settings.max_patch_bytes)
-                parts = split_patch(patch or b"")
-                self._record(content_hits(parts, baseline.rules))
-                info["patch_files"] = [p.path for p in parts]
+            if baseline.base is not None:
+                taken = await take_patch(sandbox, baseline, settings.max_patch_bytes)
+                if taken is not None:
+                    parts = taken.parts
+                    self._record(screen_patch(taken, baseline.rules))
+                    info.update(taken.report())
         except PatchTooLarge as exc:
             return self._zero(info, "patch_too_large", str(exc))
         except Exception as exc:
@@ -233,7 +233,7 @@ class EpisodeGrader:
             ) from exc
         try:
             environment = await integrity.environment_of(
-                fresh, self.plan.integrity, self.plan.session_env
+                fresh, self.plan.integrity, self.plan.session_env, self.plan.spec.integrity
             )
             repo = integrity.moved_repo(baseline.repo, episode, fresh)
             probe = await GradingSandbox.open(fresh, environment, workdir=repo)

@@ -93,6 +93,10 @@ class Baseline:
     snapshot: dict[str, Member] = field(default_factory=dict)
     toolchain: dict[str, str] | None = None
     scrub: dict[str, Any] | None = None
+    #: Ignored files of the repository at the start (they are not the agent's patch).
+    ignored: frozenset[str] = frozenset()
+    #: The sandbox's clock at the start (``date +%s.%N``): later changes have a newer ctime.
+    epoch: str | None = None
 
     def report(self) -> dict[str, Any]:
         """What the result records about the baseline."""
@@ -148,7 +152,7 @@ async def capture(
     session_env: Mapping[str, str],
 ) -> Baseline:
     """Take the baseline in ``env`` (after set-up, before the agent's first turn)."""
-    environment = await environment_of(env, settings, session_env)
+    environment = await environment_of(env, settings, session_env, defaults)
     repo = settings.repo or workspace.repo or env.workdir
     rules = settings.rules(defaults, workspace.protect_paths)
     baseline = Baseline(repo=repo, base=None, environment=environment, rules=rules)
@@ -182,6 +186,9 @@ async def capture(
         if baseline.base is not None:
             baseline.base_tree = str(report.get("tree")) if report.get("tree") else None
         baseline.listing = _parse_listing(blob(output, "list"))
+        baseline.ignored = frozenset(nul_list(blob(output, "ignored")))
+        epoch = str(report.get("epoch", ""))
+        baseline.epoch = epoch if re.fullmatch(r"\d+(\.\d+)?", epoch) else None
         protected = [
             p for p, kind in baseline.listing.items() if kind in "fl" and is_protected(rules, p)
         ]
@@ -194,15 +201,24 @@ async def capture(
 
 
 async def environment_of(
-    env: AgentEnv, settings: IntegritySettings, session_env: Mapping[str, str]
+    env: AgentEnv,
+    settings: IntegritySettings,
+    session_env: Mapping[str, str],
+    defaults: IntegrityDefaults | None = None,
 ) -> dict[str, str]:
-    """The grading environment of ``env``: its start-up environment, cleaned (see sandbox)."""
+    """The grading environment of ``env``: its start-up environment, cleaned (see sandbox),
+    with ``PYTEST_DISABLE_PLUGIN_AUTOLOAD=1`` where the task set declares it."""
     started = await env.execute(["env", "-0"], env=None, timeout=60)
     start_env = dict(item.split("=", 1) for item in started.stdout.split("\0") if "=" in item)
     exclude = tuple(p for p in (env.tools_dir, env.workdir) if p)
-    return grading_environment(
-        {**start_env, **session_env}, exclude_path=exclude, extra=settings.grading_env
-    )
+    autoload_off = settings.disable_plugin_autoload
+    if autoload_off is None:
+        autoload_off = defaults.disable_plugin_autoload if defaults is not None else False
+    extra = {
+        **({"PYTEST_DISABLE_PLUGIN_AUTOLOAD": "1"} if autoload_off else {}),
+        **settings.grading_env,
+    }
+    return grading_environment({**start_env, **session_env}, exclude_path=exclude, extra=extra)
 
 
 def moved_repo(repo: str, old: AgentEnv, new: AgentEnv) -> str:
@@ -353,8 +369,12 @@ async def screen(sandbox: GradingSandbox, baseline: Baseline, *, restore: bool) 
     for path, now in current.items():
         if path in baseline.snapshot:
             continue
-        if rules.protects_section(path) and runner_section(path, _text(now)) is None:
-            continue  # a new shared config file without a test-runner section
+        if (
+            rules.protects_section(path)
+            and now.kind == "f"
+            and runner_section(path, _text(now)) is None
+        ):
+            continue  # a new shared config file without a test-runner section (not a link)
         remove.add(path)
         tampered.append(_file_tamper(rules, path, "added"))
     # Something at a protected directory's place that is no longer a directory hides what
@@ -383,9 +403,11 @@ def _text(member: Member) -> str | None:
 
 
 def _same_section(rules: RuleSet, path: str, before: Member, now: Member) -> bool:
-    return rules.protects_section(path) and runner_section(path, _text(before)) == runner_section(
-        path, _text(now)
-    )
+    """Whether only what is not the runner's changed in a shared config file (a file that
+    became a symlink changed, whatever it points to: the runner reads the target)."""
+    if not rules.protects_section(path) or not before.kind == now.kind == "f":
+        return False
+    return runner_section(path, _text(before)) == runner_section(path, _text(now))
 
 
 async def _restore(
@@ -425,6 +447,17 @@ async def _restore(
 
 def _nul_list(paths: list[str]) -> bytes:
     return b"".join(p.encode("utf-8", "surrogateescape") + b"\0" for p in paths)
+
+
+def nul_list(data: bytes) -> list[str]:
+    """The paths of a NUL-separated list (undecodable bytes kept as surrogates)."""
+    return [p for p in data.decode("utf-8", "surrogateescape").split("\0") if p]
+
+
+def sorted_nul_list(paths: frozenset[str] | set[str]) -> bytes:
+    """``paths`` NUL-separated in byte order (as ``LC_ALL=C sort -z`` sorts)."""
+    encoded = sorted(p.encode("utf-8", "surrogateescape") for p in paths)
+    return b"".join(p + b"\0" for p in encoded)
 
 
 async def verify_toolchain(sandbox: GradingSandbox, baseline: Baseline) -> list[Tamper]:

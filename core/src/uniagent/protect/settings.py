@@ -10,6 +10,8 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from uniagent.protect.rules import (
     CACHES,
+    GIT_ATTRIBUTES,
+    GIT_FOREIGN,
     GIT_METADATA,
     PYTHON_CONTENT,
     PYTHON_HARNESS,
@@ -45,6 +47,8 @@ class IntegrityDefaults:
     scrub_history: bool = False
     protect: tuple[ProtectRule, ...] = PYTHON_HARNESS
     content_rules: tuple[ContentRule, ...] = PYTHON_CONTENT
+    #: Whether the task set's tests run without pytest's auto-loaded plugins.
+    disable_plugin_autoload: bool = False
     #: ``workspace(task, settings)``: the repository, base and benchmark-owned paths of a task.
     workspace: Callable[[Mapping[str, Any], Any], Workspace] | None = field(
         default=None, compare=False
@@ -95,6 +99,12 @@ class IntegritySettings(BaseModel):
     grading_env: dict[str, str] = Field(
         default_factory=dict, description="variables set for grading commands, applied last"
     )
+    disable_plugin_autoload: bool | None = Field(
+        None,
+        description="set PYTEST_DISABLE_PLUGIN_AUTOLOAD=1 for grading commands: pytest loads no "
+        "plugin through entry points (a [pytest11] one planted in the environment); for task "
+        "sets whose tests need no auto-loaded plugin. null: the reward's default (off)",
+    )
     grading_timeout: float = Field(
         3600.0,
         gt=0,
@@ -111,7 +121,8 @@ class IntegritySettings(BaseModel):
     )
 
     def rules(self, defaults: IntegrityDefaults, extra_paths: tuple[str, ...] = ()) -> RuleSet:
-        """The protect and content rules in force, git metadata always included."""
+        """The protect and content rules in force; git's attributes, foreign files under
+        ``.git`` and git metadata always included."""
         protect = list(self.protect if self.protect is not None else defaults.protect)
         content = list(
             self.content_rules if self.content_rules is not None else defaults.content_rules
@@ -123,4 +134,4 @@ class IntegritySettings(BaseModel):
         if extra_paths:
             patterns = tuple(literal_pattern(p) for p in extra_paths)
             protect.append(ProtectRule(name="task-paths", patterns=patterns))
-        return RuleSet([*protect, GIT_METADATA, CACHES], content)
+        return RuleSet([*protect, GIT_ATTRIBUTES, GIT_FOREIGN, GIT_METADATA, CACHES], content)
