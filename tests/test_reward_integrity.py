@@ -247,7 +247,9 @@ def task_sets(tmp_path_factory) -> dict[str, Path]:
     return out
 
 
-def swe_row(repos: Path, name: str, files: dict[str, str] | None = None) -> dict[str, Any]:
+def swe_row(
+    repos: Path, name: str, files: dict[str, str] | None = None, setup: str = ""
+) -> dict[str, Any]:
     """A swe_bench task: the calc repository (plus ``files``), its test patch, hidden fix."""
     repo = repos / f"swe-{name}"
     base = make_repo(repo, {"calc.py": BUGGY, "test_calc.py": BASE_PYTESTS, **(files or {})})
@@ -260,6 +262,7 @@ def swe_row(repos: Path, name: str, files: dict[str, str] | None = None) -> dict
     return row(
         name,
         repo,
+        setup,
         repo="local/calc",
         base_commit=base,
         test_patch=test_patch,
@@ -270,20 +273,16 @@ def swe_row(repos: Path, name: str, files: dict[str, str] | None = None) -> dict
     )
 
 
-def row(name: str, source: Path, **fields: Any) -> dict[str, Any]:
+def row(name: str, source: Path, setup: str = "", **fields: Any) -> dict[str, Any]:
+    clone = (
+        f"git clone -q {source} . && git fetch -q origin '+refs/*:refs/remotes/origin/*' "
+        "2>/dev/null; git stash list >/dev/null; true"
+    )
     return {
         "instance_id": name,
         "problem_statement": f"[attack:{name}] `add` subtracts; fix calc.py.",
         **fields,
-        "tools_kwargs": {
-            "env": {
-                "post_setup": [
-                    f"git clone -q {source} . && git fetch -q origin "
-                    "'+refs/*:refs/remotes/origin/*' 2>/dev/null; "
-                    "git stash list >/dev/null; true"
-                ]
-            }
-        },
+        "tools_kwargs": {"env": {"post_setup": [clone, *([setup] if setup else [])]}},
     }
 
 
@@ -304,17 +303,22 @@ def attacker(attacks: dict[str, list[str]]):
 
 
 def bwrap_binds(repos: Path) -> list[str]:
-    """What a bubblewrap sandbox must see: the task repositories and this Python."""
+    """What a bubblewrap sandbox must see: the task repositories and this Python, with the
+    sources of its editable installs (pytest loads their entry points unless told not to)."""
+    editable = [p for p in sys.path if p.startswith(str(Path(__file__).resolve().parents[1]))]
     paths = {
         str(repos),
         sys.prefix,
         sys.base_prefix,
         os.path.dirname(os.path.realpath(sys.executable)),
+        *editable,
     }
     return sorted(p for p in paths if not any(p != q and p.startswith(q + "/") for q in paths))
 
 
-def write_config(path: Path, reward: dict[str, Any], isolation: str, repos: Path) -> Path:
+def write_config(
+    path: Path, reward: dict[str, Any], isolation: str, repos: Path, workdir: str | None = None
+) -> Path:
     # Small limits, so that the resource attacks stay cheap on a shared machine.
     deployment: dict[str, Any] = {
         "type": "host",
@@ -323,6 +327,8 @@ def write_config(path: Path, reward: dict[str, Any], isolation: str, repos: Path
     }
     if isolation == "bwrap":
         deployment.update(ro_binds=bwrap_binds(repos))
+        if workdir:
+            deployment.update(sandbox_workdir=workdir)
     config = {
         "tool_parser": "hermes",
         "tools": ["execute_bash", "str_replace_editor", "submit"],
@@ -350,8 +356,9 @@ def run_attacks(
     isolation: str,
     repos: Path,
     legit: dict[str, list[str]] = LEGIT,
+    workdir: str | None = None,
 ) -> dict[str, dict]:
-    config = write_config(tmp_path / "config.yaml", reward, isolation, repos)
+    config = write_config(tmp_path / "config.yaml", reward, isolation, repos, workdir)
     out = tmp_path / "out"
     sandbox_tmp = tmp_path / "tmp"
     sandbox_tmp.mkdir()
@@ -381,14 +388,19 @@ def run_attacks(
     return {r["task_id"]: r for r in records}
 
 
-def check(records: dict[str, dict], attacks: dict[str, list[str]]) -> None:
-    assert set(records) == {*attacks, *LEGIT}
-    legit = records["legit-fix"]
-    assert legit["reward"] == 1.0, json.dumps(legit, indent=1, default=str)[:4000]
+def check(
+    records: dict[str, dict],
+    attacks: dict[str, list[str]],
+    legit_fixes: dict[str, list[str]] = LEGIT,
+) -> None:
+    assert set(records) == {*attacks, *legit_fixes}
+    for name in legit_fixes:
+        legit = records[name]
+        assert legit["reward"] == 1.0, json.dumps(legit, indent=1, default=str)[:4000]
     escaped = {
         name: (r["reward"], r["exit_reason"], r["traj_masked"], r["reward_info"], r["error"])
         for name, r in records.items()
-        if name != "legit-fix" and (r["reward"] != 0.0 or r["traj_masked"])
+        if name not in legit_fixes and (r["reward"] != 0.0 or r["traj_masked"])
     }
     assert escaped == {}, (
         f"escaped: {sorted(escaped)}\n" + json.dumps(escaped, indent=1, default=str)[:6000]
@@ -437,6 +449,8 @@ def test_swe_bench_attacks_score_zero_and_are_trained_on(task_sets, tmp_path, is
 # -- round two: what the tested code and the agent's files can do -------------------------------
 
 ROUND2 = integrity_round2.flat()
+#: The legitimate fixes: the plain one, and one in a task with a test environment of its own.
+LEGIT2 = {**LEGIT, "legit-fix-test-env": LEGIT["legit-fix"]}
 
 
 @pytest.fixture(scope="module")
@@ -445,10 +459,15 @@ def round2_tasks(tmp_path_factory) -> dict[str, Path]:
     root = tmp_path_factory.mktemp("integrity2")
     rows = [
         {
-            **swe_row(root / "repos", name, integrity_round2.TASK_FILES.get(name)),
+            **swe_row(
+                root / "repos",
+                name,
+                integrity_round2.TASK_FILES.get(name),
+                integrity_round2.ENV_SETUP if name in integrity_round2.ENV_TASKS else "",
+            ),
             **integrity_round2.TASK_FIELDS.get(name, {}),
         }
-        for name in {**ROUND2, **LEGIT}
+        for name in {**ROUND2, **LEGIT2}
     ]
     tasks = root / "swe.jsonl"
     tasks.write_text("".join(json.dumps(r) + "\n" for r in rows))
@@ -465,10 +484,18 @@ def test_round_two_attacks_score_zero_and_are_trained_on(
         "settings": {"eval_timeout": 60, "workdir": None},
         "integrity": {"grading_timeout": 600},
     }
+    # The work dir under the sandbox's /tmp: its parent holds a task's own test environment.
     records = run_attacks(
-        tmp_path, round2_tasks["swe"], ROUND2, reward, isolation, round2_tasks["repos"]
+        tmp_path,
+        round2_tasks["swe"],
+        ROUND2,
+        reward,
+        isolation,
+        round2_tasks["repos"],
+        LEGIT2,
+        workdir="/tmp/work",
     )
-    check(records, ROUND2)
+    check(records, ROUND2, LEGIT2)
     held = records["artifacts.hold-output"]["reward_info"]
     assert held["failure_reason"] == "tests_timed_out", held  # bounded: killed at eval_timeout
 

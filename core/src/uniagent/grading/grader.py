@@ -33,7 +33,7 @@ from typing import TYPE_CHECKING, Any
 
 from uniagent.env.errors import EnvError, TerminalNotAliveError
 from uniagent.exit import ExitReason
-from uniagent.grading import integrity
+from uniagent.grading import integrity, testenv
 from uniagent.grading.integrity import Baseline, GradingSetupError, Tamper
 from uniagent.grading.patch import (
     FilePatch,
@@ -44,7 +44,7 @@ from uniagent.grading.patch import (
     take_patch,
 )
 from uniagent.grading.sandbox import GradingSandbox
-from uniagent.protect.settings import IntegritySettings, Workspace
+from uniagent.protect.settings import IntegritySettings, TestEnv, Workspace
 from uniagent.reward import RewardContext, RewardInfraError, RewardResult
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -106,6 +106,7 @@ class EpisodeGrader:
         if not self.uses_sandbox:
             return {}
         started = time.perf_counter()
+        check = self.plan.integrity.verify_toolchain
         try:
             self.baseline = await integrity.capture(
                 env,
@@ -113,6 +114,8 @@ class EpisodeGrader:
                 self.plan.spec.integrity,
                 self.workspace,
                 self.plan.session_env,
+                check_toolchain=check,
+                after=self._discover_test_env if check else None,
             )
         finally:
             self.prepare_seconds = time.perf_counter() - started
@@ -122,6 +125,11 @@ class EpisodeGrader:
                 f"{self.baseline.repo!r} (the agent's patch is taken against it)"
             )
         return self.baseline.report()
+
+    async def _discover_test_env(self, sandbox: GradingSandbox, baseline: Baseline) -> None:
+        hook = self.plan.spec.integrity.test_env
+        spec = hook(self.plan.task, self.plan.settings) if hook is not None else TestEnv()
+        await testenv.discover(sandbox, baseline, spec)
 
     async def grade(
         self,
@@ -188,6 +196,10 @@ class EpisodeGrader:
         try:
             if mode == "episode":
                 changed = await integrity.verify_toolchain(sandbox, baseline)
+                env_changes, purged = await testenv.verify(sandbox, baseline)
+                changed += env_changes
+                if purged:
+                    info["bytecode_purged"] = purged
                 self._record(changed)
                 if changed and (
                     settings.on_tamper == "zero" or settings.on_toolchain_tamper == "zero"
@@ -245,10 +257,25 @@ class EpisodeGrader:
                         f"tree {baseline.base_tree} (commit {baseline.base}): the task's set-up "
                         "is not reproducible"
                     )
+                # What the fresh sandbox shares with the episode's (the host's directories
+                # without isolation) must be as it was before the agent's first command.
+                shared = await integrity.verify_toolchain(probe, baseline)
+                shared += (await testenv.verify(
+                    probe, baseline, since_baseline=False, repo=repo,
+                    moved=lambda path: integrity.moved_path(path, episode, fresh),
+                ))[0]  # fmt: skip
                 problem = await apply_patch(probe, repo, patch)
             finally:
                 await probe.close()
             info["fresh_setup_seconds"] = round(time.perf_counter() - started, 3)
+            self._record(shared)
+            if shared and self.plan.integrity.on_tamper == "zero":
+                info["tampered"] = [t.to_dict() for t in self._tampered]
+                return self._zero(
+                    info,
+                    "tampered",
+                    "the fresh sandbox's test environment differs from the episode's at its start",
+                )
             if problem is not None:
                 return self._zero(info, "patch_did_not_apply", problem)
             sandbox = await GradingSandbox.open(fresh, environment, workdir=repo)

@@ -17,7 +17,7 @@ import logging
 import posixpath
 import re
 import tarfile
-from collections.abc import Mapping
+from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -25,7 +25,7 @@ from uniagent.env.errors import EnvError
 from uniagent.grading import scripts
 from uniagent.grading.sandbox import OUTPUT_LIMIT, GradingSandbox, grading_environment
 from uniagent.protect.rules import RuleSet, runner_section
-from uniagent.protect.settings import IntegrityDefaults, IntegritySettings, Workspace
+from uniagent.protect.settings import IntegrityDefaults, IntegritySettings, TestEnv, Workspace
 
 if TYPE_CHECKING:  # pragma: no cover
     from uniagent.env import AgentEnv
@@ -97,6 +97,10 @@ class Baseline:
     ignored: frozenset[str] = frozenset()
     #: The sandbox's clock at the start (``date +%s.%N``): later changes have a newer ctime.
     epoch: str | None = None
+    #: The test environment (:mod:`uniagent.grading.testenv`): ``bin:WORD`` -> interpreter,
+    #: ``root:PATH`` -> digest of the names under it; and how it was resolved.
+    test_env: dict[str, str] | None = None
+    test_env_spec: TestEnv | None = None
 
     def report(self) -> dict[str, Any]:
         """What the result records about the baseline."""
@@ -105,6 +109,7 @@ class Baseline:
             "base_commit": self.base,
             "protected_files": len(self.snapshot),
             "toolchain_files": len(self.toolchain or {}),
+            "test_env_roots": sum(1 for k in self.test_env or {} if k.startswith("root:")),
             "history_scrub": self.scrub,
         }
 
@@ -150,8 +155,15 @@ async def capture(
     defaults: IntegrityDefaults,
     workspace: Workspace,
     session_env: Mapping[str, str],
+    *,
+    check_toolchain: bool | None = None,
+    after: Callable[[GradingSandbox, Baseline], Awaitable[None]] | None = None,
 ) -> Baseline:
-    """Take the baseline in ``env`` (after set-up, before the agent's first turn)."""
+    """Take the baseline in ``env`` (after set-up, before the agent's first turn).
+
+    ``check_toolchain`` (default ``settings.verify_toolchain``) records the toolchain;
+    ``after`` runs in the same grading shell once the rest is taken.
+    """
     environment = await environment_of(env, settings, session_env, defaults)
     repo = settings.repo or workspace.repo or env.workdir
     rules = settings.rules(defaults, workspace.protect_paths)
@@ -177,7 +189,7 @@ async def capture(
                 "reward's workdir (or reward.integrity.repo) to the checkout"
             )
         if scrub:
-            baseline.scrub = {k: v for k, v in report.items() if k not in ("head", "tree")}
+            baseline.scrub = {k: v for k, v in report.items() if k not in ("head", "tree", "epoch")}
             baseline.scrub["head_is_base"] = bool(baseline.scrub.get("head_is_base"))
         head = str(report.get("head", ""))
         baseline.base = workspace.base_commit or (
@@ -193,8 +205,10 @@ async def capture(
             p for p, kind in baseline.listing.items() if kind in "fl" and is_protected(rules, p)
         ]
         baseline.snapshot = await pack(sandbox, repo, protected, settings.snapshot_max_bytes)
-        if settings.verify_toolchain:
+        if settings.verify_toolchain if check_toolchain is None else check_toolchain:
             baseline.toolchain = await toolchain(sandbox)
+        if after is not None:
+            await after(sandbox, baseline)
     finally:
         await sandbox.close()
     return baseline
@@ -226,6 +240,20 @@ def moved_repo(repo: str, old: AgentEnv, new: AgentEnv) -> str:
     if old.workdir and new.workdir and (repo + "/").startswith(old.workdir.rstrip("/") + "/"):
         return posixpath.normpath(posixpath.join(new.workdir, posixpath.relpath(repo, old.workdir)))
     return repo
+
+
+def moved_path(path: str, old: AgentEnv, new: AgentEnv) -> str:
+    """Where ``path`` of sandbox ``old`` is in ``new``: where their work dirs differ, what is
+    under the old work dir's parent (the sandbox's own directory) moves with it."""
+    if not old.workdir or not new.workdir or old.workdir == new.workdir:
+        return path
+    own, there = (
+        posixpath.dirname(old.workdir.rstrip("/")),
+        posixpath.dirname(new.workdir.rstrip("/")),
+    )
+    if own in ("", "/") or not (path + "/").startswith(own + "/"):
+        return path
+    return posixpath.normpath(posixpath.join(there, posixpath.relpath(path, own)))
 
 
 async def tree_of(sandbox: GradingSandbox, repo: str, commit: str = "HEAD") -> str | None:

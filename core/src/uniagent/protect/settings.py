@@ -41,6 +41,17 @@ class Workspace:
 
 
 @dataclass(frozen=True)
+class TestEnv:
+    """How a task's tests find their interpreter: the eval script's activation lines and the
+    words its test commands start with (``pytest``, ``python``, an absolute path)."""
+
+    __test__ = False  # not a test class (for pytest)
+
+    activate: str = ""
+    interpreters: tuple[str, ...] = ("python", "python3", "pytest")
+
+
+@dataclass(frozen=True)
 class IntegrityDefaults:
     """A reward's defaults for what the grader protects (``RewardSpec.integrity``)."""
 
@@ -51,6 +62,11 @@ class IntegrityDefaults:
     disable_plugin_autoload: bool = False
     #: ``workspace(task, settings)``: the repository, base and benchmark-owned paths of a task.
     workspace: Callable[[Mapping[str, Any], Any], Workspace] | None = field(
+        default=None, compare=False
+    )
+    #: ``test_env(task, settings)``: how the task's tests find their interpreter (default:
+    #: ``python``, ``python3`` and ``pytest`` on the grading PATH, no activation).
+    test_env: Callable[[Mapping[str, Any], Any], TestEnv] | None = field(
         default=None, compare=False
     )
 
@@ -87,7 +103,9 @@ class IntegritySettings(BaseModel):
     verify_toolchain: bool = Field(
         True,
         description="checksum bash, git, timeout, the interpreters, their start-up hooks and "
-        "the test runner at start and verify them before grading in the episode's sandbox",
+        "the test runner, and the test environment the tests really run in (after the eval "
+        "script's activation: its prefixes, site-packages, stdlib), at start and verify them "
+        "before grading in the episode's sandbox (grade_in: episode)",
     )
     on_toolchain_tamper: Literal["fresh", "zero"] = Field(
         "fresh",
