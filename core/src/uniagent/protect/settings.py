@@ -71,6 +71,19 @@ class IntegrityDefaults:
     )
 
 
+class TamperAlert(BaseModel):
+    """``reward.integrity.alert``: stop a ``uniagent run`` whose policy keeps probing."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    share: float = Field(
+        gt=0, le=1, description="stop once this share of the graded episodes report tampering"
+    )
+    min_episodes: int = Field(
+        20, ge=1, description="graded episodes to wait for before the share is judged"
+    )
+
+
 class IntegritySettings(BaseModel):
     """``reward.integrity``: how the grader defends the reward against the agent."""
 
@@ -130,6 +143,11 @@ class IntegritySettings(BaseModel):
         "sandbox, the reward); past it the episode scores 0 (score_reason grading_timed_out, "
         "trained on: the tested code can hang), unless a fresh sandbox was still starting "
         "(reward_error). Keep it above the reward's own test timeout",
+    )
+    alert: TamperAlert | None = Field(
+        None,
+        description="stop the run (status stopped, exit 1) when at least `share` of the graded "
+        "episodes report tampering, after `min_episodes` of them; null: never",
     )
     max_patch_bytes: int = Field(
         50_000_000, ge=1, description="a larger patch (grade_in: fresh, content rules) scores 0"
