@@ -449,8 +449,13 @@ def test_swe_bench_attacks_score_zero_and_are_trained_on(task_sets, tmp_path, is
 # -- round two: what the tested code and the agent's files can do -------------------------------
 
 ROUND2 = integrity_round2.flat()
-#: The legitimate fixes: the plain one, and one in a task with a test environment of its own.
-LEGIT2 = {**LEGIT, "legit-fix-test-env": LEGIT["legit-fix"]}
+#: The legitimate fixes: the plain one, one in a task with a test environment of its own, and
+#: one that needs a legitimate edit of setup.cfg (kept by fresh grading).
+LEGIT2 = {
+    **LEGIT,
+    "legit-fix-test-env": LEGIT["legit-fix"],
+    "legit-fix-setup-cfg": integrity_round2.SETUP_CFG_FIX,
+}
 
 
 @pytest.fixture(scope="module")

@@ -34,7 +34,9 @@ SEEN: list[RewardContext[Any]] = []
 
 async def command(ctx: RewardContext[Any]) -> RewardResult:
     SEEN.append(ctx)
-    done = await ctx.require_sandbox().run("PYTHONPATH=. python3 tests/check.py; env", timeout=60)
+    done = await ctx.require_sandbox().run(
+        "PYTHONPATH=. python3 tests/check.py; env; cat setup.cfg", timeout=60
+    )
     return RewardResult(1.0 if "ok\n" in done.output else 0.0, {"output": done.output})
 
 
@@ -253,3 +255,36 @@ async def test_plugin_autoload_declared_per_task_set(env, declared, expected):
     grader = await prepare_grader(env, "check", {}, integrity={"disable_plugin_autoload": declared})
     result = await grade(grader, env)
     assert ("PYTEST_DISABLE_PLUGIN_AUTOLOAD=1" in result.info["output"]) is expected
+
+
+# -- fresh sandboxes ---------------------------------------------------------------------------
+
+
+async def test_a_fresh_sandbox_keeps_legitimate_edits_of_a_shared_config_file(env):
+    grader = await prepare_grader(env, "check", {}, grade_in="fresh", fresh_env=fresh_env)
+    await act(
+        env,
+        "sed -i 's/name = calc/name = calc2/' setup.cfg",
+        f"printf %s {shlex.quote(FIXED)} > calc.py",
+    )
+    result = await grade(grader, env)
+    assert result.score == 1.0 and tampered(result) == set()
+    assert "name = calc2" in result.info["output"], "only the runner's section is the grader's"
+
+
+async def test_the_fresh_sandbox_is_started_while_the_agent_works(env):
+    started: list[AgentEnv] = []
+
+    def tracked() -> AgentEnv:
+        fresh = fresh_env()
+        started.append(fresh)
+        return fresh
+
+    grader = await prepare_grader(env, "check", {}, grade_in="fresh", fresh_env=tracked)
+    assert len(started) == 1, "asked for at the baseline, before the agent's first turn"
+    await act(env, f"printf %s {shlex.quote(FIXED)} > calc.py")
+    assert (await grade(grader, env)).score == 1.0
+    assert len(started) == 1, "grading used the one started ahead"
+    unused = await prepare_grader(env, "check", {}, grade_in="fresh", fresh_env=tracked)
+    await unused.close()  # an episode that is not graded closes it
+    assert len(started) == 2 and not await started[1].is_alive()

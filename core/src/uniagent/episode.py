@@ -142,6 +142,8 @@ async def run_episode(
         if env is not None:
             observer.phase("close")
             await env.close()
+        if grader is not None:
+            await grader.close()
         return _failed(config, ExitReason.ENV_ERROR, metrics, exc)
     finally:
         metrics.setup_seconds = time.perf_counter() - started
@@ -179,6 +181,8 @@ async def run_episode(
     finally:
         observer.phase("close")
         await env.close()
+        if grader is not None:
+            await grader.close()  # a fresh sandbox started ahead and not used
 
 
 async def _mcp_tools(agent: ResolvedAgent, env: AgentEnv, tools: list[Any]) -> list[Any]:

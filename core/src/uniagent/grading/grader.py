@@ -33,7 +33,7 @@ from typing import TYPE_CHECKING, Any
 
 from uniagent.env.errors import EnvError, TerminalNotAliveError
 from uniagent.exit import ExitReason
-from uniagent.grading import integrity, testenv
+from uniagent.grading import integrity, outside, testenv
 from uniagent.grading.integrity import Baseline, GradingSetupError, Tamper
 from uniagent.grading.patch import (
     FilePatch,
@@ -95,6 +95,8 @@ class EpisodeGrader:
         #: in which sandbox: a grading timeout is the agent's unless it hit a fresh start.
         self._phase = "checking"
         self._active: AgentEnv | None = None
+        #: ``grade_in: fresh``: the fresh sandbox, started while the agent works.
+        self._fresh: asyncio.Future[AgentEnv] | None = None
 
     @property
     def uses_sandbox(self) -> bool:
@@ -115,7 +117,7 @@ class EpisodeGrader:
                 self.workspace,
                 self.plan.session_env,
                 check_toolchain=check,
-                after=self._discover_test_env if check else None,
+                after=self._after_capture,
             )
         finally:
             self.prepare_seconds = time.perf_counter() - started
@@ -124,12 +126,44 @@ class EpisodeGrader:
                 f"grade_in: fresh needs a git repository with a commit at "
                 f"{self.baseline.repo!r} (the agent's patch is taken against it)"
             )
+        if self.plan.grade_in == "fresh" and self.plan.fresh_env is not None:
+            # Started now, while the agent works: grading does not wait for its start-up.
+            self._fresh = asyncio.ensure_future(self._start_fresh(self.plan.fresh_env()))
         return self.baseline.report()
 
-    async def _discover_test_env(self, sandbox: GradingSandbox, baseline: Baseline) -> None:
-        hook = self.plan.spec.integrity.test_env
-        spec = hook(self.plan.task, self.plan.settings) if hook is not None else TestEnv()
-        await testenv.discover(sandbox, baseline, spec)
+    async def _start_fresh(self, fresh: AgentEnv | None = None) -> AgentEnv:
+        fresh = fresh if fresh is not None else self.plan.fresh_env()
+        await fresh.start()
+        return fresh
+
+    async def _take_fresh(self) -> AgentEnv:
+        """The fresh sandbox started ahead (or, if that one failed, one started now)."""
+        ahead, self._fresh = self._fresh, None
+        if ahead is not None:
+            try:
+                return await ahead
+            except Exception as exc:
+                log.info("the fresh sandbox started ahead failed (%s); starting another", exc)
+        return await self._start_fresh()
+
+    async def close(self) -> None:
+        """Close a fresh sandbox started ahead and not used (the episode was not graded)."""
+        ahead, self._fresh = self._fresh, None
+        if ahead is None:
+            return
+        with contextlib.suppress(BaseException):
+            await (await ahead).close()
+
+    async def _after_capture(self, sandbox: GradingSandbox, baseline: Baseline) -> None:
+        """The parts of the baseline outside the repository: the test environment (with the
+        toolchain check) and the benchmark's own outside paths."""
+        if self.plan.integrity.verify_toolchain:
+            hook = self.plan.spec.integrity.test_env
+            spec = hook(self.plan.task, self.plan.settings) if hook is not None else TestEnv()
+            await testenv.discover(sandbox, baseline, spec)
+        await outside.snapshot(
+            sandbox, baseline, self.workspace.outside_paths, self.plan.integrity.snapshot_max_bytes
+        )
 
     async def grade(
         self,
@@ -209,6 +243,7 @@ class EpisodeGrader:
                     mode = info["grade_in"] = "fresh"
                     info["fallback"] = "the toolchain changed: graded in a fresh sandbox"
             self._record(await integrity.screen(sandbox, baseline, restore=True))
+            self._record(await outside.screen(sandbox, baseline))
             parts: list[FilePatch] = []
             if baseline.base is not None:
                 taken = await take_patch(sandbox, baseline, settings.max_patch_bytes)
@@ -226,7 +261,9 @@ class EpisodeGrader:
         if mode == "episode":
             self._phase = "the reward"
             return await self._run_reward(sandbox, context, info, env=env)
-        kept = [p for p in parts if not integrity.is_protected(baseline.rules, p.path)]
+        # Whole protected files were put back (their parts are gone); a shared config file's
+        # edits stay: only its test-runner section is the benchmark's, and that is as it was.
+        kept = [p for p in parts if not baseline.rules.protects(p.path)]
         return await self._grade_fresh(env, join_patch(kept), context, info)
 
     async def _grade_fresh(
@@ -237,8 +274,7 @@ class EpisodeGrader:
         started = time.perf_counter()
         self._phase = "starting the fresh sandbox"
         try:
-            fresh = self.plan.fresh_env()
-            await fresh.start()
+            fresh = await self._take_fresh()
         except Exception as exc:
             raise GradingInfraError(
                 f"the fresh grading sandbox did not start: {type(exc).__name__}: {exc}"
@@ -260,6 +296,7 @@ class EpisodeGrader:
                 # What the fresh sandbox shares with the episode's (the host's directories
                 # without isolation) must be as it was before the agent's first command.
                 shared = await integrity.verify_toolchain(probe, baseline)
+                shared += await outside.screen(probe, baseline)
                 shared += (await testenv.verify(
                     probe, baseline, since_baseline=False, repo=repo,
                     moved=lambda path: integrity.moved_path(path, episode, fresh),
@@ -274,7 +311,9 @@ class EpisodeGrader:
                 return self._zero(
                     info,
                     "tampered",
-                    "the fresh sandbox's test environment differs from the episode's at its start",
+                    "what the fresh sandbox shares with the "
+                    "episode's (toolchain, test environment, the task's paths "
+                    "outside the repository) changed after the episode's start",
                 )
             if problem is not None:
                 return self._zero(info, "patch_did_not_apply", problem)

@@ -101,6 +101,10 @@ class Baseline:
     #: ``root:PATH`` -> digest of the names under it; and how it was resolved.
     test_env: dict[str, str] | None = None
     test_env_spec: TestEnv | None = None
+    #: The benchmark's paths outside the repository (:mod:`uniagent.grading.outside`).
+    outside_paths: tuple[str, ...] = ()
+    outside: dict[str, Member] = field(default_factory=dict)
+    outside_dirs: set[str] = field(default_factory=set)
 
     def report(self) -> dict[str, Any]:
         """What the result records about the baseline."""

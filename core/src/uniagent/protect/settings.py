@@ -38,6 +38,10 @@ class Workspace:
     repo: str | None = None
     base_commit: str | None = None
     protect_paths: tuple[str, ...] = ()
+    #: Absolute paths outside the repository that the benchmark owns (files or
+    #: directories, e.g. R2E-Gym's /root/run_tests.sh): snapshotted at the baseline and
+    #: put back before grading in the episode's sandbox.
+    outside_paths: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -60,6 +64,8 @@ class IntegrityDefaults:
     content_rules: tuple[ContentRule, ...] = PYTHON_CONTENT
     #: Whether the task set's tests run without pytest's auto-loaded plugins.
     disable_plugin_autoload: bool = False
+    #: Where the reward grades by default (``reward.grade_in`` overrides).
+    grade_in: GradeIn = "episode"
     #: ``workspace(task, settings)``: the repository, base and benchmark-owned paths of a task.
     workspace: Callable[[Mapping[str, Any], Any], Workspace] | None = field(
         default=None, compare=False

@@ -75,10 +75,14 @@ def _workspace(dataset: Dataset) -> Any:
         """The checkout, its base commit and the test patch's files (the benchmark's)."""
         config = config or _DEFAULTS[dataset]()
         spec = build_spec(dataset, task, config)
+        owned = tuple(f.path for f in patch_files(spec.test_patch))
+        if dataset == "r2e_gym":
+            owned += ("run_tests.sh", "r2e_tests")  # where the set-up did not move them
         return Workspace(
             repo=spec.workdir if config.workdir is not None else None,
             base_commit=spec.base_commit,
-            protect_paths=tuple(f.path for f in patch_files(spec.test_patch)),
+            protect_paths=owned,
+            outside_paths=tuple(config.protect_outside),
         )
 
     return workspace
@@ -99,8 +103,12 @@ def _test_env(dataset: Dataset) -> Any:
 
 
 def integrity_defaults(dataset: Dataset) -> IntegrityDefaults:
-    """The grader's defaults for one dataset: history scrubbed, Python harness protected, the
-    test environment resolved as the eval script resolves it."""
+    """The grader's defaults for one dataset: graded in a fresh sandbox (as the SWE-bench
+    harness does), history scrubbed, Python harness protected, the test environment resolved
+    as the eval script resolves it."""
     return IntegrityDefaults(
-        scrub_history=True, workspace=_workspace(dataset), test_env=_test_env(dataset)
+        scrub_history=True,
+        workspace=_workspace(dataset),
+        test_env=_test_env(dataset),
+        grade_in="fresh",
     )
