@@ -41,7 +41,7 @@ from uniagent.run.preflight import check_model, grading_warnings
 from uniagent.run.progress import Progress
 from uniagent.run.results import ResultsFile, done_keys, is_infra_failure, latest
 from uniagent.run.retry import CircuitBreaker, RetryPolicy, TamperAlarm, default_window
-from uniagent.run.shutdown import Interrupted, SignalGuard
+from uniagent.run.shutdown import SignalGuard
 from uniagent.run.summary import resumed_wall_seconds, summarize
 from uniagent.run.tasks import BadRow, Task
 from uniagent.services import running_services
