@@ -288,3 +288,50 @@ async def test_the_fresh_sandbox_is_started_while_the_agent_works(env):
     unused = await prepare_grader(env, "check", {}, grade_in="fresh", fresh_env=tracked)
     await unused.close()  # an episode that is not graded closes it
     assert len(started) == 2 and not await started[1].is_alive()
+
+
+async def test_a_fresh_sandbox_still_starting_is_stopped_when_the_episode_ends(env, tmp_path):
+    """An episode that ends before grading (failed, masked, interrupted) while the fresh
+    sandbox is still in its set-up stops it there: close() does not wait for the set-up."""
+    import asyncio
+    import os
+
+    from uniagent.env.open_envs import env_scope
+
+    gate, began = tmp_path / "gate", tmp_path / "began"
+    os.mkfifo(gate)
+    slow = f"{SETUP} && touch {began} && cat {gate}"  # blocks until the gate is opened
+
+    def blocked() -> AgentEnv:
+        return open_env({"type": "host", "isolation": "none"}, {"post_setup": [slow]})
+
+    with env_scope() as scope:
+        grader = await prepare_grader(env, "check", {}, grade_in="fresh", fresh_env=blocked)
+        async with asyncio.timeout(120):
+            while not began.exists():  # its set-up has begun (a file it writes, not a delay)
+                await asyncio.sleep(0.05)
+        assert len(scope) == 1
+        async with asyncio.timeout(120):  # not the set-up's time: it never ends by itself
+            await grader.close()
+        assert len(scope) == 0
+        await grader.close()  # idempotent
+
+
+async def test_a_fresh_sandbox_started_ahead_is_stopped_when_grading_times_out(env):
+    """A grading timeout while waiting for the fresh sandbox leaves nothing running."""
+    from uniagent.env.open_envs import env_scope
+
+    def never() -> AgentEnv:
+        return open_env(
+            {"type": "host", "isolation": "none"}, {"post_setup": [f"{SETUP} && sleep 600"]}
+        )
+
+    with env_scope() as scope:
+        grader = await prepare_grader(
+            env, "check", {}, grade_in="fresh", fresh_env=never, integrity={"grading_timeout": 5}
+        )
+        await act(env, f"printf %s {shlex.quote(FIXED)} > calc.py")
+        with pytest.raises(Exception, match="fresh sandbox did not start in time"):
+            await grade(grader, env)
+        assert len(scope) == 0
+        await grader.close()

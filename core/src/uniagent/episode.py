@@ -115,10 +115,26 @@ async def run_episode(
     begin with (a field missing for ``instance_template``) raises, before any
     sandbox starts. ``observer`` is told each phase, turn and tool call (progress).
     """
+    grader = make_grader(agent, task)
+    try:
+        return await _run_episode(agent, task, model, grader, messages, logger, observer)
+    finally:
+        if grader is not None:  # a fresh sandbox started ahead and not used, however it ended
+            await grader.close()
+
+
+async def _run_episode(
+    agent: ResolvedAgent,
+    task: Mapping[str, Any],
+    model: ChatModel,
+    grader: EpisodeGrader | None,
+    messages: Sequence[Mapping[str, Any]] | None,
+    logger: logging.Logger | None,
+    observer: EpisodeObserver | None,
+) -> EpisodeResult:
     logger = logger or log
     observer = observer or NULL_OBSERVER
     config = agent.config
-    grader = make_grader(agent, task)
     tools = list(agent.tools)
     parser = agent.new_parser()
     prompt = [dict(m) for m in messages] if messages else first_messages(agent, task)
@@ -142,8 +158,6 @@ async def run_episode(
         if env is not None:
             observer.phase("close")
             await env.close()
-        if grader is not None:
-            await grader.close()
         return _failed(config, ExitReason.ENV_ERROR, metrics, exc)
     finally:
         metrics.setup_seconds = time.perf_counter() - started
@@ -181,8 +195,6 @@ async def run_episode(
     finally:
         observer.phase("close")
         await env.close()
-        if grader is not None:
-            await grader.close()  # a fresh sandbox started ahead and not used
 
 
 async def _mcp_tools(agent: ResolvedAgent, env: AgentEnv, tools: list[Any]) -> list[Any]:

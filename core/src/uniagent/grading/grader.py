@@ -95,8 +95,8 @@ class EpisodeGrader:
         #: in which sandbox: a grading timeout is the agent's unless it hit a fresh start.
         self._phase = "checking"
         self._active: AgentEnv | None = None
-        #: ``grade_in: fresh``: the fresh sandbox, started while the agent works.
-        self._fresh: asyncio.Future[AgentEnv] | None = None
+        #: ``grade_in: fresh``: the fresh sandbox started while the agent works, and its start.
+        self._ahead: tuple[AgentEnv, asyncio.Task[None]] | None = None
 
     @property
     def uses_sandbox(self) -> bool:
@@ -128,31 +128,39 @@ class EpisodeGrader:
             )
         if self.plan.grade_in == "fresh" and self.plan.fresh_env is not None:
             # Started now, while the agent works: grading does not wait for its start-up.
-            self._fresh = asyncio.ensure_future(self._start_fresh(self.plan.fresh_env()))
+            # :meth:`close` stops it whatever becomes of the episode.
+            fresh = self.plan.fresh_env()
+            self._ahead = (fresh, asyncio.ensure_future(fresh.start()))
         return self.baseline.report()
-
-    async def _start_fresh(self, fresh: AgentEnv | None = None) -> AgentEnv:
-        fresh = fresh if fresh is not None else self.plan.fresh_env()
-        await fresh.start()
-        return fresh
 
     async def _take_fresh(self) -> AgentEnv:
         """The fresh sandbox started ahead (or, if that one failed, one started now)."""
-        ahead, self._fresh = self._fresh, None
+        ahead, self._ahead = self._ahead, None
         if ahead is not None:
+            fresh, starting = ahead
             try:
-                return await ahead
-            except Exception as exc:
+                await starting  # cancelled with this grading: AgentEnv.start then closes it
+                return fresh
+            except Exception as exc:  # start() closed it
                 log.info("the fresh sandbox started ahead failed (%s); starting another", exc)
-        return await self._start_fresh()
+        fresh = self.plan.fresh_env()
+        await fresh.start()
+        return fresh
 
     async def close(self) -> None:
-        """Close a fresh sandbox started ahead and not used (the episode was not graded)."""
-        ahead, self._fresh = self._fresh, None
+        """Stop a fresh sandbox started ahead and not used (the episode was not graded, or
+        failed, or was interrupted); a no-op otherwise, and idempotent."""
+        ahead, self._ahead = self._ahead, None
         if ahead is None:
             return
-        with contextlib.suppress(BaseException):
-            await (await ahead).close()
+        fresh, starting = ahead
+        starting.cancel()  # nothing if it has started
+        try:
+            await asyncio.wait({starting})
+        finally:
+            if starting.done() and not starting.cancelled():
+                starting.exception()  # retrieved: it is not reported as never retrieved
+            await fresh.close()  # shielded and idempotent
 
     async def _after_capture(self, sandbox: GradingSandbox, baseline: Baseline) -> None:
         """The parts of the baseline outside the repository: the test environment (with the
