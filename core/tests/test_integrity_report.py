@@ -3,6 +3,7 @@ the alert that stops a run."""
 
 from __future__ import annotations
 
+from uniagent.exit import ExitReason
 from uniagent.protect.report import integrity_flags, integrity_metrics, is_tampered
 from uniagent.protect.settings import IntegritySettings
 from uniagent.run.retry import CircuitBreaker, TamperAlarm
@@ -71,3 +72,22 @@ def test_the_alert_trips_at_its_share_after_its_minimum():
     assert breaker.observe(tampered) is True  # 2 of 3
     assert breaker.tripped and "2 of 3 graded episodes report tampering" in breaker.message()
     assert TamperAlarm.of(None) is None
+
+
+def test_the_verl_extras_carry_the_episodes_flags():
+    """What the verl adapter writes per sample (its ``extras``) holds the grading's flags."""
+    from uniagent.episode import EpisodeResult
+    from uniagent.interaction.metrics import EpisodeMetrics
+    from uniagent.verl.output import UNIAGENT_KEY, _extra
+
+    result = EpisodeResult(exit_reason=ExitReason.FINISHED, traj_masked=False,
+                           metrics=EpisodeMetrics())  # fmt: skip
+    result.reward, result.reward_info = 0.0, {
+        "score_reason": "tampered",
+        "integrity": {"tampered": [{"kind": "toolchain", "path": "/env/bin/python",
+                                    "change": "modified", "rule": "test-env"}]},
+    }  # fmt: skip
+    extra = _extra(result, exit_reason=ExitReason.FINISHED, traj_masked=False,
+                   truncated=False, error=None)["extras"][UNIAGENT_KEY]  # fmt: skip
+    assert extra["integrity"] == {"tampered": 1, "tampered/toolchain": 1, "rule/test-env": 1,
+                                  "score_reason/tampered": 1}  # fmt: skip

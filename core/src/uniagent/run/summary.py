@@ -81,7 +81,10 @@ def integrity_summary(records: Iterable[Mapping[str, Any]]) -> dict[str, Any]:
     graded = [r for r in records if r.get("reward") is not None]
     counts: Counter[str] = Counter()
     for record in graded:
-        counts.update(integrity_flags(record.get("reward_info")))
+        flags = record.get("integrity_flags")  # a viewer row's, already worked out
+        if not isinstance(flags, Mapping):
+            flags = integrity_flags(record.get("reward_info"))
+        counts.update(flags)
 
     def group(prefix: str) -> dict[str, int]:
         return {
