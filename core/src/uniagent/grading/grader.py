@@ -133,6 +133,12 @@ class EpisodeGrader:
             self._ahead = (fresh, asyncio.ensure_future(fresh.start()))
         return self.baseline.report()
 
+    async def fresh_started(self) -> None:
+        """Wait until the fresh sandbox started ahead is up (or has failed): what the agent's
+        working time hides (benchmarks and tests stand in for it with this)."""
+        if self._ahead is not None:
+            await asyncio.wait({self._ahead[1]})
+
     async def _take_fresh(self) -> AgentEnv:
         """The fresh sandbox started ahead (or, if that one failed, one started now)."""
         ahead, self._ahead = self._ahead, None
