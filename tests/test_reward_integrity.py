@@ -455,25 +455,38 @@ LEGIT2 = {
     **LEGIT,
     "legit-fix-test-env": LEGIT["legit-fix"],
     "legit-fix-setup-cfg": integrity_round2.SETUP_CFG_FIX,
+    "legit-fix-outside": LEGIT["legit-fix"],
 }
+
+
+#: The classes no sandbox without isolation holds (run under bwrap only).
+NO_BOUNDARY = {n for n in ROUND2 if n.startswith("root.")}
+
+
+def only(tasks: Path, names: set[str], tmp_path: Path) -> Path:
+    """The task file with only the rows of ``names``."""
+    kept = [line for line in tasks.read_text().splitlines()
+            if json.loads(line)["instance_id"] in names]  # fmt: skip
+    out = tmp_path / "tasks.jsonl"
+    out.write_text("".join(f"{line}\n" for line in kept))
+    return out
 
 
 @pytest.fixture(scope="module")
 def round2_tasks(tmp_path_factory) -> dict[str, Path]:
     """swe_bench tasks for the round-two attacks and the legitimate fixes."""
     root = tmp_path_factory.mktemp("integrity2")
-    rows = [
-        {
-            **swe_row(
-                root / "repos",
-                name,
-                integrity_round2.TASK_FILES.get(name),
-                integrity_round2.ENV_SETUP if name in integrity_round2.ENV_TASKS else "",
-            ),
-            **integrity_round2.TASK_FIELDS.get(name, {}),
-        }
-        for name in {**ROUND2, **LEGIT2}
-    ]
+    rows = []
+    for name in {**ROUND2, **LEGIT2}:
+        row_ = swe_row(
+            root / "repos",
+            name,
+            integrity_round2.TASK_FILES.get(name),
+            integrity_round2.task_setup(name),
+        )
+        row_.update(integrity_round2.TASK_FIELDS.get(name, {}))
+        row_["tools_kwargs"].update(integrity_round2.task_overrides(name))
+        rows.append(row_)
     tasks = root / "swe.jsonl"
     tasks.write_text("".join(json.dumps(r) + "\n" for r in rows))
     return {"swe": tasks, "repos": root / "repos"}
@@ -489,20 +502,104 @@ def test_round_two_attacks_score_zero_and_are_trained_on(
         "settings": {"eval_timeout": 60, "workdir": None},
         "integrity": {"grading_timeout": 600},
     }
+    # Under isolation none, root can leave the sandbox (no boundary, docs/rewards.md).
+    attacks = {n: c for n, c in ROUND2.items() if isolation != "none" or n not in NO_BOUNDARY}
     # The work dir under the sandbox's /tmp: its parent holds a task's own test environment.
     records = run_attacks(
         tmp_path,
-        round2_tasks["swe"],
-        ROUND2,
+        only(round2_tasks["swe"], {*attacks, *LEGIT2}, tmp_path),
+        attacks,
         reward,
         isolation,
         round2_tasks["repos"],
         LEGIT2,
         workdir="/tmp/work",
     )
-    check(records, ROUND2, LEGIT2)
+    check(records, attacks, LEGIT2)
+    # The channels the grader screens are reported as tampering (not 0 by chance); the
+    # test environment where it grades in the episode's sandbox (a fresh one has its own).
+    reported = ["plugin-config.", "patch-screen.", "outside."]
+    if grade_in == "episode":
+        reported.append("test-env.")
+    unreported = {
+        name: records[name]["reward_info"]
+        for name in attacks
+        if name.startswith(tuple(reported))
+        and not records[name]["reward_info"].get("integrity", {}).get("tampered")
+    }
+    assert unreported == {}, json.dumps(unreported, indent=1, default=str)[:4000]
+    # Grading is bounded: the FIFO and the held output end within the grading timeout.
+    for name in ("artifacts.fifo-everything", "artifacts.hold-output"):
+        assert records[name]["metrics"]["reward_seconds"] < 600, records[name]["metrics"]
     held = records["artifacts.hold-output"]["reward_info"]
     assert held["failure_reason"] == "tests_timed_out", held  # bounded: killed at eval_timeout
+
+
+#: A container with what the swe_bench reward's tests need (Debian's pytest and git).
+GRADING_IMAGE = "localhost/uniagent-integrity:bookworm"
+#: The classes tried in containers: what the tested code writes and prints, and root.
+IN_CONTAINERS = ("artifacts.", "self-masking.", "root.")
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("grade_in", ["episode", "fresh"])
+def test_round_two_in_containers(round2_tasks, tmp_path, grade_in):
+    """The artifact, self-masking and root classes in podman containers (``local`` backend):
+    reward 0 and trained on, the legitimate fix 1.0, in both grading modes."""
+    from uniagent.testing.images import engine_with_test_image
+
+    engine = engine_with_test_image(
+        GRADING_IMAGE, packages=("python3", "python3-venv", "python3-pytest", "git")
+    )
+    attacks = {n: c for n, c in ROUND2.items() if n.startswith(IN_CONTAINERS)}
+    tasks = only(round2_tasks["swe"], {*attacks, *LEGIT}, tmp_path)
+    rows = [json.loads(line) for line in tasks.read_text().splitlines()]
+    for row_ in rows:  # the container's Python, not this one
+        row_["test_cmd"] = "python3 -m pytest -rA -p no:cacheprovider"
+    tasks.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    repos = str(round2_tasks["repos"])
+    config = tmp_path / "config.yaml"
+    config.write_text(
+        yaml.safe_dump(
+            {
+                "tool_parser": "hermes",
+                "tools": ["execute_bash", "submit"],
+                "interaction": {"max_turns": 8, "action_timeout": 20, "timeout_budget": 60},
+                "env": {
+                    "workdir": "/testbed",
+                    "deployment": {
+                        "type": "local",
+                        "image": GRADING_IMAGE,
+                        "engine": engine,
+                        "pull": "never",
+                        "run_args": ["-v", f"{repos}:{repos}:ro"],
+                    },
+                },
+                "reward": {
+                    "name": "swe_bench",
+                    "grade_in": grade_in,
+                    "settings": {"eval_timeout": 60, "workdir": "/testbed"},
+                    "integrity": {"grading_timeout": 600},
+                },
+                "concurrency": 4,
+            }
+        )
+    )
+    out = tmp_path / "out"
+    with ScriptedChatServer(default=attacker({**attacks, **LEGIT})) as server:
+        proc = subprocess.run(
+            [sys.executable, "-m", "uniagent.cli", "run", str(config), "--data", str(tasks),
+             "--model", f"openai:{server.base_url}#attacker", "--out", str(out)],
+            capture_output=True, text=True, timeout=1200,
+            env={**os.environ, "OPENAI_API_KEY": "test"},
+        )  # fmt: skip
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    records = {
+        r["task_id"]: r for r in map(json.loads, (out / "results.jsonl").read_text().splitlines())
+    }
+    check(records, attacks)
+    for name in ("artifacts.fifo-everything", "artifacts.hold-output"):
+        assert records[name]["metrics"]["reward_seconds"] < 600, records[name]["metrics"]
 
 
 @pytest.mark.slow
