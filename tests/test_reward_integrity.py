@@ -348,6 +348,25 @@ COMBINATIONS = [
 ]
 
 
+def uniagent_run(
+    config: Path,
+    tasks: Path,
+    out: Path,
+    attacks: dict[str, list[str]],
+    *args: str,
+    env: dict[str, str] | None = None,
+    timeout: float = 1200,
+) -> subprocess.CompletedProcess[str]:
+    """``uniagent run`` with the scripted attacker as its model (the bound: no grading hangs)."""
+    with ScriptedChatServer(default=attacker(attacks)) as server:
+        return subprocess.run(
+            [sys.executable, "-m", "uniagent.cli", "run", str(config), "--data", str(tasks),
+             "--model", f"openai:{server.base_url}#attacker", "--out", str(out), *args],
+            capture_output=True, text=True, timeout=timeout,
+            env={**os.environ, "OPENAI_API_KEY": "test", **(env or {})},
+        )  # fmt: skip
+
+
 def run_attacks(
     tmp_path: Path,
     tasks: Path,
@@ -362,26 +381,7 @@ def run_attacks(
     out = tmp_path / "out"
     sandbox_tmp = tmp_path / "tmp"
     sandbox_tmp.mkdir()
-    with ScriptedChatServer(default=attacker({**attacks, **legit})) as server:
-        proc = subprocess.run(
-            [
-                sys.executable,
-                "-m",
-                "uniagent.cli",
-                "run",
-                str(config),
-                "--data",
-                str(tasks),
-                "--model",
-                f"openai:{server.base_url}#attacker",
-                "--out",
-                str(out),
-            ],
-            capture_output=True,
-            text=True,
-            env={**os.environ, "TMPDIR": str(sandbox_tmp), "OPENAI_API_KEY": "test"},
-            timeout=1200,  # the bound: no grading may hang (the FIFO and hold-output attacks)
-        )
+    proc = uniagent_run(config, tasks, out, {**attacks, **legit}, env={"TMPDIR": str(sandbox_tmp)})
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert (out / "results.jsonl").exists(), proc.stderr[-3000:]
     records = [json.loads(line) for line in (out / "results.jsonl").read_text().splitlines()]
@@ -517,10 +517,14 @@ def test_round_two_attacks_score_zero_and_are_trained_on(
     )
     check(records, attacks, LEGIT2)
     # The channels the grader screens are reported as tampering (not 0 by chance); the
-    # test environment where it grades in the episode's sandbox (a fresh one has its own).
-    reported = ["plugin-config.", "patch-screen.", "outside."]
+    # test environment where it grades in the episode's sandbox (a fresh one has its own);
+    # the outside paths but under none in fresh mode: there the fresh sandbox's set-up,
+    # started ahead, makes them again on the host, before or after the agent changed them.
+    reported = ["plugin-config.", "patch-screen."]
     if grade_in == "episode":
         reported.append("test-env.")
+    if grade_in == "episode" or isolation != "none":
+        reported.append("outside.")
     unreported = {
         name: records[name]["reward_info"]
         for name in attacks
@@ -586,13 +590,7 @@ def test_round_two_in_containers(round2_tasks, tmp_path, grade_in):
         )
     )
     out = tmp_path / "out"
-    with ScriptedChatServer(default=attacker({**attacks, **LEGIT})) as server:
-        proc = subprocess.run(
-            [sys.executable, "-m", "uniagent.cli", "run", str(config), "--data", str(tasks),
-             "--model", f"openai:{server.base_url}#attacker", "--out", str(out)],
-            capture_output=True, text=True, timeout=1200,
-            env={**os.environ, "OPENAI_API_KEY": "test"},
-        )  # fmt: skip
+    proc = uniagent_run(config, tasks, out, {**attacks, **LEGIT})
     assert proc.returncode == 0, proc.stderr[-3000:]
     records = {
         r["task_id"]: r for r in map(json.loads, (out / "results.jsonl").read_text().splitlines())
@@ -635,13 +633,7 @@ def test_a_policy_that_kills_its_containers_server_is_trained_on(tmp_path):
         )
     )
     out = tmp_path / "out"
-    with ScriptedChatServer(default=attacker(kills)) as server:
-        proc = subprocess.run(
-            [sys.executable, "-m", "uniagent.cli", "run", str(config), "--data", str(tasks),
-             "--model", f"openai:{server.base_url}#attacker", "--out", str(out)],
-            capture_output=True, text=True, timeout=900,
-            env={**os.environ, "OPENAI_API_KEY": "test"},
-        )  # fmt: skip
+    proc = uniagent_run(config, tasks, out, kills, timeout=900)
     assert proc.returncode == 0, proc.stderr[-3000:]
     records = [json.loads(line) for line in (out / "results.jsonl").read_text().splitlines()]
     assert {r["task_id"]: (r["exit_reason"], r["traj_masked"], r["reward"]) for r in records} == {
@@ -665,14 +657,7 @@ def test_probing_is_counted_and_an_alert_stops_the_run(round2_tasks, tmp_path):
               "integrity": {"alert": {"share": 0.5, "min_episodes": 2}}}  # fmt: skip
     config = write_config(tmp_path / "config.yaml", reward, "none", round2_tasks["repos"])
     out = tmp_path / "out"
-    with ScriptedChatServer(default=attacker({**ROUND2, **LEGIT})) as server:
-        proc = subprocess.run(
-            [sys.executable, "-m", "uniagent.cli", "run", str(config), "--data", str(tasks),
-             "--model", f"openai:{server.base_url}#attacker", "--out", str(out),
-             "--concurrency", "1"],
-            capture_output=True, text=True, timeout=900,
-            env={**os.environ, "OPENAI_API_KEY": "test"},
-        )  # fmt: skip
+    proc = uniagent_run(config, tasks, out, {**ROUND2, **LEGIT}, "--concurrency", "1", timeout=900)
     assert proc.returncode == 1, proc.stderr[-3000:]
     assert "2 of 2 graded episodes report tampering" in proc.stderr
     summary = json.loads((out / "summary.json").read_text())
