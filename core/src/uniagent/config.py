@@ -103,11 +103,12 @@ class RewardConfig(_Strict):
     settings: dict[str, Any] = Field(
         default_factory=dict, description="the reward's own settings (checked by its model)"
     )
-    grade_in: GradeIn = Field(
-        "episode",
+    grade_in: GradeIn | None = Field(
+        None,
         description="'episode': grade in the episode's sandbox after stopping the agent's "
         "processes, in a clean shell; 'fresh': apply the agent's patch to a new sandbox built "
-        "from the task's deployment and set-up, and grade there",
+        "from the task's deployment and set-up (started while the agent works), and grade "
+        "there; null: the reward's default (the SWE rewards: fresh; others: episode)",
     )
     integrity: IntegritySettings = IntegritySettings()
 

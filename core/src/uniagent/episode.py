@@ -119,12 +119,28 @@ async def run_episode(
     begin with (a field missing for ``instance_template``) raises, before any
     sandbox starts. ``observer`` is told each phase, turn and tool call (progress).
     """
+    grader = make_grader(agent, task)
+    try:
+        return await _run_episode(agent, task, model, grader, messages, logger, observer)
+    finally:
+        if grader is not None:  # a fresh sandbox started ahead and not used, however it ended
+            await grader.close()
+
+
+async def _run_episode(
+    agent: ResolvedAgent,
+    task: Mapping[str, Any],
+    model: ChatModel,
+    grader: EpisodeGrader | None,
+    messages: Sequence[Mapping[str, Any]] | None,
+    logger: logging.Logger | None,
+    observer: EpisodeObserver | None,
+) -> EpisodeResult:
     logger = logger or log
     observer = observer or NULL_OBSERVER
     if agent.agent.is_harness:
         return await run_harness_episode(agent, task, model, messages, logger, observer)
     config = agent.config
-    grader = make_grader(agent, task)
     tools = list(agent.tools)
     parser = agent.new_parser()
     prompt = [dict(m) for m in messages] if messages else first_messages(agent, task)

@@ -187,7 +187,8 @@ def _resolve(
             source,
             what=f"reward {spec.name!r}",
         )
-        reward = ResolvedReward(spec, settings, config.reward.grade_in, config.reward.integrity)
+        grade_in = config.reward.grade_in or spec.integrity.grade_in
+        reward = ResolvedReward(spec, settings, grade_in, config.reward.integrity)
     services = tuple(
         (
             spec := _lookup(registry.services(), name, f"services.{name}", source),

@@ -12,7 +12,11 @@ of other agent loops are skipped) into flat numbers:
   model turn, and the share of samples with at least one;
 - ``agent/tool_calls/mean`` and ``agent/tool_calls/<tool>/mean``: calls per sample;
 - ``agent/time/{setup,model,env,reward}/{mean,max,share}``: seconds per sample, and the
-  phase's share of the time all samples took.
+  phase's share of the time all samples took;
+- ``integrity/tampered`` and ``integrity/tampered/<kind>`` (every kind, each step), and
+  ``integrity/rule/<rule>``, ``integrity/score_reason/<reason>`` (those seen): the share of
+  samples whose grading reported it (:mod:`uniagent.protect.report`), so that a run shows
+  when its policy starts probing the grader.
 
 How they reach verl's logs (both are verl extension points, set in the recipe):
 
@@ -39,6 +43,7 @@ from verl.protocol import DataProto
 from verl.utils.ray_utils import auto_await
 
 from uniagent.exit import ExitReason
+from uniagent.protect.report import integrity_metrics
 from uniagent.verl.output import extras_record
 
 PREFIX = "agent"
@@ -84,6 +89,7 @@ def agent_metrics(extras: Iterable[Any], prefix: str = PREFIX) -> dict[str, floa
         out[f"{prefix}/time/{phase}/mean"] = fmean(values)
         out[f"{prefix}/time/{phase}/max"] = max(values)
         out[f"{prefix}/time/{phase}/share"] = sum(values) / total if total else 0.0
+    out.update(integrity_metrics(records))
     return out
 
 

@@ -28,6 +28,7 @@ from typing import Any
 from uniagent.episode import EpisodeResult
 from uniagent.exit import ExitReason
 from uniagent.interaction.metrics import EpisodeMetrics
+from uniagent.protect.report import integrity_flags
 
 log = logging.getLogger(__name__)
 
@@ -57,6 +58,7 @@ UNIAGENT_FIELDS: tuple[str, ...] = (
     "reward_seconds",
     "truncated",
     "error",
+    "integrity",
 )
 _ERROR_CHARS = 2000
 
@@ -106,6 +108,7 @@ def _extra(
         "reward_seconds": metrics.reward_seconds,
         "truncated": bool(truncated),
         "error": error[-_ERROR_CHARS:] if error else None,
+        "integrity": integrity_flags(result.reward_info if result is not None else None),
     }
     return {
         # uniagent has no per-turn scores or per-tool-call rewards: one reward per episode
