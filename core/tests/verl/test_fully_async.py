@@ -105,7 +105,8 @@ async def test_the_fully_async_trainers_step_metrics_hold_the_agent_metrics(
     assert len(assembled) == N * len(tasks)
     assert "fully_async/count/current_param_version" in metrics  # verl's own, still there
     expected = agent_metrics(assembled.non_tensor_batch["extras"].tolist())
-    assert {k: v for k, v in metrics.items() if k.startswith("agent/")} == expected
+    ours = {k: v for k, v in metrics.items() if k.startswith(("agent/", "integrity/"))}
+    assert ours == expected and "integrity/tampered" in ours  # the probing counters too
     assert metrics["agent/samples"] == N * len(tasks)
     assert metrics["agent/exit_reason/finished"] == 0.5
     assert metrics["agent/exit_reason/env_error"] == 0.5
