@@ -230,6 +230,9 @@ class RewardSpec(_SettingsRecord, Generic[S]):
     description: str = ""
     uses_sandbox: bool = True
     integrity: IntegrityDefaults = field(default_factory=IntegrityDefaults, compare=False)
+    #: In a rubric, whether this reward may run at the same time as the other rewards that
+    #: allow it (it only reads the sandbox, or writes only under its own scratch paths).
+    concurrent: bool = False
     #: Deprecated name of ``settings`` (until 0.4).
     config: type[S] | None = field(default=None, repr=False, compare=False)
 

@@ -12,7 +12,9 @@ of other agent loops are skipped) into flat numbers:
   model turn, and the share of samples with at least one;
 - ``agent/tool_calls/mean`` and ``agent/tool_calls/<tool>/mean``: calls per sample;
 - ``agent/time/{setup,model,env,reward}/{mean,max,share}``: seconds per sample, and the
-  phase's share of the time all samples took.
+  phase's share of the time all samples took;
+- ``agent/reward/<key>/mean``: a rubric's component and metric scores (zero-weight metrics
+  included: logged, not trained on), over the unmasked samples that have them.
 
 How they reach verl's logs (both are verl extension points, set in the recipe):
 
@@ -84,6 +86,13 @@ def agent_metrics(extras: Iterable[Any], prefix: str = PREFIX) -> dict[str, floa
         out[f"{prefix}/time/{phase}/mean"] = fmean(values)
         out[f"{prefix}/time/{phase}/max"] = max(values)
         out[f"{prefix}/time/{phase}/share"] = sum(values) / total if total else 0.0
+    components: dict[str, list[float]] = {}
+    for r in records:
+        scores = r.get("reward_components")
+        for key, score in (scores if isinstance(scores, dict) else {}).items():
+            components.setdefault(str(key), []).append(_number(score))
+    for key, values in sorted(components.items()):
+        out[f"{prefix}/reward/{key}/mean"] = fmean(values)
     return out
 
 

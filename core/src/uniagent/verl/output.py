@@ -28,6 +28,7 @@ from typing import Any
 from uniagent.episode import EpisodeResult
 from uniagent.exit import ExitReason
 from uniagent.interaction.metrics import EpisodeMetrics
+from uniagent.rubric import component_scores
 
 log = logging.getLogger(__name__)
 
@@ -57,6 +58,7 @@ UNIAGENT_FIELDS: tuple[str, ...] = (
     "reward_seconds",
     "truncated",
     "error",
+    "reward_components",
 )
 _ERROR_CHARS = 2000
 
@@ -106,6 +108,10 @@ def _extra(
         "reward_seconds": metrics.reward_seconds,
         "truncated": bool(truncated),
         "error": error[-_ERROR_CHARS:] if error else None,
+        # a rubric's scores, every component's and metric's ({} for one reward or masked)
+        "reward_components": {}
+        if result is None or traj_masked
+        else component_scores(result.reward_info),
     }
     return {
         # uniagent has no per-turn scores or per-tool-call rewards: one reward per episode

@@ -8,6 +8,7 @@ from dataclasses import dataclass, field
 from typing import Any, Literal
 
 from uniagent.exit import DEFAULT_EXIT_POLICY
+from uniagent.rubric import component_scores
 
 Status = Literal["queued", "running", "finished", "failed", "interrupted"]
 STATUSES: tuple[Status, ...] = ("queued", "running", "finished", "failed", "interrupted")
@@ -45,6 +46,8 @@ class Row:
     tampered: int = 0  # changes to protected files, code or tools the grader found
     offset: int | None = None  # where its line starts in results.jsonl
     attempt: int | None = None  # the attempt the result is of (a retry or resume: > 1)
+    #: A rubric's scores: every component's and every metric's, by key ({} for one reward).
+    reward_components: dict[str, float] = field(default_factory=dict)
 
     @property
     def total_seconds(self) -> float | None:
@@ -74,6 +77,7 @@ class Row:
             "score_reason": self.score_reason,
             "tampered": self.tampered,
             "attempt": self.attempt,
+            "reward_components": self.reward_components,
         }
 
     def as_record(self) -> dict[str, Any]:
@@ -85,6 +89,7 @@ class Row:
             "reward": self.reward,
             "traj_masked": self.masked,
             "metrics": {**metrics, "tool_calls": self.tool_calls},
+            "reward_info": {"rubric": {k: {"score": v} for k, v in self.reward_components.items()}},
         }
 
 
@@ -119,6 +124,7 @@ def row_from_record(record: dict[str, Any], key: str, order: int, offset: int | 
         tampered=len(tampered) if isinstance(tampered, list) else 0,
         offset=offset,
         attempt=as_int(record.get("attempt")),
+        reward_components=component_scores(info),
     )
 
 
