@@ -212,9 +212,29 @@ function result(body, data) {
       submission ? textBlock(submission, { lines: 80, chars: 20000, cls: looksLikeDiff(submission) ? "diff" : "" }) : h("p", { class: "muted" }, "No submission.")),
     h("section", { class: "card", id: "integrity" }, h("h3", {}, "Grading integrity"),
       integrity((rec.reward_info || {}).integrity || rec.integrity)),
+    rubric(rec.reward_info || {}),
     h("section", { class: "card", id: "reward-info" }, h("h3", {}, "Reward details"), rewardInfo(rec.reward_info || {})),
   );
   return null;
+}
+
+// A rubric's components (trained on, by weight) and metrics (logged only), each with its details.
+function rubric(info) {
+  const parts = [["rubric", info.rubric], ["metric", info.metrics]].filter(([, v]) => v && typeof v === "object");
+  if (!parts.length) return null;
+  const rows = [];
+  for (const [kind, entries] of parts) {
+    for (const [key, c] of Object.entries(entries)) {
+      rows.push(h("tr", { class: kind === "metric" ? "noted" : "" },
+        h("td", { class: "mono" }, key), h("td", { class: "mono" }, String(c.reward || "")),
+        h("td", {}, kind === "metric" ? "metric (not trained on)" : value(c.weight)),
+        h("td", {}, value(c.score)), h("td", {}, value(c.info))));
+    }
+  }
+  return h("section", { class: "card", id: "rubric" }, h("h3", {}, `Rubric (${info.aggregate || "weighted-sum"})`),
+    h("table", { class: "mini" },
+      h("thead", {}, h("tr", {}, ["key", "reward", "weight", "score", "details"].map((t) => h("th", {}, t)))),
+      h("tbody", {}, rows)));
 }
 
 function forced(info) {
@@ -251,7 +271,7 @@ function integrity(report) {
 }
 
 // Shown elsewhere on the tab: the test lists above, the integrity report, the forced score.
-const OWN_PLACE = ["tests_status", "integrity", "score_reason", "detail"];
+const OWN_PLACE = ["tests_status", "integrity", "score_reason", "detail", "rubric", "metrics", "aggregate"];
 
 function rewardInfo(info) {
   const entries = Object.entries(info).filter(([k]) => !OWN_PLACE.includes(k));
