@@ -45,6 +45,10 @@ async def meet(ctx: RewardContext[Meet]) -> RewardResult:
     return RewardResult(1.0, {"saw": done.output.strip()})
 
 
+async def per_turn(ctx: RewardContext[None]) -> RewardResult:
+    return RewardResult(0.5, turn_scores={0: 0.5, 1: -0.25})
+
+
 class Args(BaseModel):
     text: str
 
@@ -82,7 +86,10 @@ def plugins() -> Iterator[None]:
 
     @hookimpl
     def uniagent_rewards() -> list[RewardSpec[Any]]:
-        return [RewardSpec(name="meet", fn=meet, settings=Meet, concurrent=True)]
+        return [
+            RewardSpec(name="meet", fn=meet, settings=Meet, concurrent=True),
+            RewardSpec(name="per_turn", fn=per_turn, uses_sandbox=False),
+        ]
 
     load_plugins().register(
         types.SimpleNamespace(uniagent_tools=uniagent_tools, uniagent_rewards=uniagent_rewards),
@@ -244,3 +251,28 @@ def test_a_bad_rubric_is_refused_at_resolve_time(
 ) -> None:
     with pytest.raises(error, match=message.replace(".", r"\.")):
         resolve(config(reward), source="agent.yaml")
+
+
+async def test_turn_scores_of_a_rubric_are_its_weighted_sum_in_results(
+    qwen3_tokenizer: Any, tmp_path: Path
+) -> None:
+    reward = {
+        "rubric": [
+            {"name": "per_turn", "weight": 2.0},
+            {"name": "command", "settings": {"command": "true"}},
+        ],
+        "metrics": [{"name": "per_turn", "label": "logged"}],  # a metric gives no turn credit
+        "credit": "turn",
+    }
+    out = tmp_path / "out"
+    await run_tasks(config(reward), ["hi"], qwen3_tokenizer, out)
+    (record,) = records(out).values()
+    assert record["reward"] == 2.0
+    assert record["turn_scores"] == {"0": 1.0, "1": -0.5}
+
+
+def test_turn_scores_must_be_turn_indexes() -> None:
+    with pytest.raises(TypeError, match="turn index"):
+        RewardResult(1.0, turn_scores={-1: 1.0})
+    with pytest.raises(TypeError, match="a number"):
+        RewardResult(1.0, turn_scores={0: "1"})  # type: ignore[dict-item]

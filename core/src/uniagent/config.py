@@ -148,6 +148,15 @@ class RewardConfig(_Strict):
         "or 'min' (the lowest score of the weighted components)",
     )
     pass_score: float = Field(1.0, description="the score a component needs for 'all-pass'")
+    credit: Literal["outcome", "turn", "discounted"] = Field(
+        "outcome",
+        description="what verl's rm_scores hold: 'outcome', the episode's reward on the last "
+        "token; 'turn', also each turn's score (RewardResult.turn_scores) on that turn's last "
+        "generated token; 'discounted', there the discounted return of the turn scores",
+    )
+    gamma: float = Field(
+        1.0, ge=0.0, le=1.0, description="the discount of credit: discounted (1.0: no discount)"
+    )
     grade_in: GradeIn = Field(
         "episode",
         description="'episode': grade in the episode's sandbox after stopping the agent's "

@@ -40,6 +40,8 @@ class EpisodeResult(InteractionResult):
     reward_info: Mapping[str, Any] = field(default_factory=dict)
     #: What the grader recorded before the first turn (history scrub, protected files).
     integrity: Mapping[str, Any] = field(default_factory=dict)
+    #: The reward's per-turn scores, by model turn index from 0 (``RewardResult.turn_scores``).
+    turn_scores: Mapping[int, float] = field(default_factory=dict)
 
     def saved_messages(self) -> list[dict[str, Any]]:
         """The conversation as ``messages.json`` holds it: the messages, and on an assistant
@@ -58,6 +60,7 @@ class EpisodeResult(InteractionResult):
             "traj_masked": self.traj_masked,
             "reward": self.reward,
             "reward_info": dict(self.reward_info),
+            "turn_scores": {str(turn): score for turn, score in sorted(self.turn_scores.items())},
             "submission": self.submission,
             "error": self.error,
             "metrics": self.metrics.to_dict(),
@@ -231,6 +234,7 @@ async def _grade(
             submission=result.submission,
         )
         result.reward, result.reward_info = grade.score, grade.info
+        result.turn_scores = dict(grade.turn_scores)
         logger.info(
             "reward %s: %s %s", config.reward.name, grade.score, grade.info.get("score_reason", "")
         )

@@ -95,7 +95,12 @@ async def grade_rubric(ctx: RewardContext[Rubric]) -> RewardResult:
         }
         for c in rubric.components
     }
+    turns: dict[int, float] = {}
+    for c in rubric.weighted:  # per-turn credit: the weighted sum of the components'
+        for turn, value in results[c.key].turn_scores.items():
+            turns[turn] = turns.get(turn, 0.0) + c.weight * float(value)
     return RewardResult(
+        turn_scores=turns,
         score=aggregate(rubric, scores),
         info={
             "aggregate": rubric.aggregate,

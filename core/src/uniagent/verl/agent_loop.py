@@ -220,6 +220,8 @@ class UniAgentLoop(AgentLoopBase):
             reward_configured=config.reward is not None,
             end_token_id=self._end_token_id(),
             num_prompt_messages=len(messages),
+            credit=config.reward.credit if config.reward is not None else "outcome",
+            gamma=config.reward.gamma if config.reward is not None else 1.0,
         )
 
     def _stamp(self, fields: LoopFields, server: ServerLog, kwargs: Mapping[str, Any]) -> None:

@@ -29,6 +29,7 @@ from uniagent.episode import EpisodeResult
 from uniagent.exit import ExitReason
 from uniagent.interaction.metrics import EpisodeMetrics
 from uniagent.rubric import component_scores
+from uniagent.verl.credit import token_scores
 
 log = logging.getLogger(__name__)
 
@@ -59,6 +60,7 @@ UNIAGENT_FIELDS: tuple[str, ...] = (
     "truncated",
     "error",
     "reward_components",
+    "token_scores",
 )
 _ERROR_CHARS = 2000
 
@@ -92,6 +94,7 @@ def _extra(
     traj_masked: bool,
     truncated: bool,
     error: str | None,
+    token_scores: list[list[float]] | None = None,
 ) -> dict[str, Any]:
     metrics = result.metrics if result is not None else EpisodeMetrics()
     record = {
@@ -112,10 +115,15 @@ def _extra(
         "reward_components": {}
         if result is None or traj_masked
         else component_scores(result.reward_info),
+        # what reward.credit adds to rm_scores: [[position in the response, score], ...]
+        "token_scores": list(token_scores or []),
     }
+    turns = metrics.turns
     return {
-        # uniagent has no per-turn scores or per-tool-call rewards: one reward per episode
-        "turn_scores": [],
+        # the reward's score of each model turn (RewardResult.turn_scores), [] without any
+        "turn_scores": [float(result.turn_scores.get(t, 0.0)) for t in range(turns)]
+        if result is not None and result.turn_scores and not traj_masked
+        else [],
         "tool_rewards": [],
         "min_global_steps": None,  # filled by the agent loop from the server's outputs
         "max_global_steps": None,
@@ -146,8 +154,14 @@ def episode_fields(
     reward_configured: bool,
     end_token_id: int,
     num_prompt_messages: int = 2,
+    credit: str = "outcome",
+    gamma: float = 1.0,
 ) -> LoopFields:
-    """Convert a finished episode; one without token ids becomes :func:`placeholder_fields`."""
+    """Convert a finished episode; one without token ids becomes :func:`placeholder_fields`.
+
+    ``credit`` and ``gamma`` (``reward.credit``, ``reward.gamma``) say what each model
+    turn's last generated token gets besides the episode's reward (:mod:`.credit`).
+    """
     cache = result.cache
     if cache is None or cache.mode != "tokens":
         return placeholder_fields(
@@ -206,6 +220,15 @@ def episode_fields(
             traj_masked=masked,
             truncated=cut.truncated,
             error=error,
+            token_scores=[]
+            if masked or reward is None
+            else token_scores(
+                cache,
+                result.turn_scores,
+                mode=credit,
+                gamma=gamma,
+                response_length=len(ids),
+            ),
         ),
     )
     fields.check()
