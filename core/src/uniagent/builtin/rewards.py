@@ -1,4 +1,5 @@
-"""Built-in rewards: ``command`` scores 1.0 when a test command exits 0 in the grading sandbox."""
+"""Built-in rewards: ``command`` scores 1.0 when a test command exits 0 in the grading sandbox;
+``llm_judge`` asks an OpenAI-compatible endpoint to grade the submission."""
 
 from __future__ import annotations
 
@@ -6,6 +7,7 @@ from collections.abc import Iterator
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from uniagent.builtin.judge import JudgeSettings, llm_judge_reward
 from uniagent.hookspecs import hookimpl
 from uniagent.reward import RewardContext, RewardInfraError, RewardResult
 from uniagent.specs import RewardSpec
@@ -53,4 +55,13 @@ def uniagent_rewards() -> Iterator[RewardSpec]:
         settings=CommandRewardConfig,
         description="1.0 when a test command (from the config or the task) exits 0 in a clean "
         "grading shell",
+    )
+    yield RewardSpec(
+        name="llm_judge",
+        fn=llm_judge_reward,
+        settings=JudgeSettings,
+        description="an OpenAI-compatible chat model grades the submission with a rubric "
+        "prompt (verdict or number); retries infrastructure errors, caches verdicts",
+        uses_sandbox=False,
+        concurrent=True,
     )
