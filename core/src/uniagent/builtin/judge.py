@@ -161,7 +161,7 @@ def _post(settings: JudgeEndpoint, body: bytes, headers: dict[str, str]) -> str:
         raise JudgeError(f"the judge's answer is not a chat completion: {text[:300]}") from None
 
 
-async def ask(settings: JudgeEndpoint, prompt: str) -> tuple[str, int, bool]:
+async def ask_judge(settings: JudgeEndpoint, prompt: str) -> tuple[str, int, bool]:
     """The judge's reply, the attempts it took and whether it came from the cache."""
     headers = {"Content-Type": "application/json"}
     key = os.environ.get(settings.api_key_env) if settings.api_key_env else None
@@ -201,7 +201,7 @@ async def llm_judge_reward(ctx: RewardContext[JudgeSettings]) -> RewardResult:
     settings = ctx.settings
     if not ctx.submission:
         return RewardResult(0.0, {"judge": None, "reason": "no submission"})
-    reply, attempts, cached = await ask(settings, render(settings, ctx.task, ctx.submission))
+    reply, attempts, cached = await ask_judge(settings, render(settings, ctx.task, ctx.submission))
     score = parse(settings, reply)
     info = {"model": settings.model, "reply": reply, "attempts": attempts, "cached": cached}
     return RewardResult(score, info)

@@ -15,11 +15,10 @@ import json
 from typing import Any, Literal
 
 from pydantic import Field, field_validator
-from uniagent.builtin.judge import JudgeEndpoint, ask
-from uniagent.builtin.judge import JudgeError as CoreJudgeError
+from uniagent import JudgeEndpoint, JudgeError
+from uniagent import ask_judge as ask
 
-#: The judge could not be asked (no key, unreachable, an HTTP error): infrastructure.
-JudgeError = CoreJudgeError
+__all__ = ["JudgeError", "JudgeSettings", "ask_judge", "judge_prompt"]
 
 
 DEFAULT_JUDGE_PROMPT = """You grade answers to questions. Decide whether the candidate \
