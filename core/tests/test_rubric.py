@@ -65,6 +65,15 @@ class NoArgs(BaseModel):
     pass
 
 
+CHECK = ToolSpec(
+    name="check",
+    description="Check mark.txt (a quick test worth points).",
+    arguments=NoArgs,
+    render=lambda a: "grep -q yes mark.txt",
+    score=lambda args, output, code: 0.5 if code == 0 else -0.1,
+)
+
+
 DONE = ToolSpec(
     name="done",
     description="Finish.",
@@ -82,7 +91,7 @@ def plugins() -> Iterator[None]:
 
     @hookimpl
     def uniagent_tools() -> list[ToolSpec]:
-        return [MARK, DONE]
+        return [MARK, CHECK, DONE]
 
     @hookimpl
     def uniagent_rewards() -> list[RewardSpec[Any]]:
@@ -276,3 +285,39 @@ def test_turn_scores_must_be_turn_indexes() -> None:
         RewardResult(1.0, turn_scores={-1: 1.0})
     with pytest.raises(TypeError, match="a number"):
         RewardResult(1.0, turn_scores={0: "1"})  # type: ignore[dict-item]
+
+
+async def test_a_tool_scores_its_turn_and_the_reward_adds_its_own(
+    qwen3_tokenizer: Any, tmp_path: Path
+) -> None:
+    script = [
+        hermes_call("check"),  # turn 0: no mark.txt yet
+        hermes_call("mark", {"text": "yes"}),
+        hermes_call("check"),  # turn 2: passes
+        hermes_call("done"),
+    ]
+    cfg = AgentConfig.from_dict(
+        {
+            "tools": ["mark", "check", "done"],
+            "instance_template": "{q}",
+            "env": {"deployment": {"type": "host", "isolation": "none"}},
+            "reward": {"rubric": [{"name": "per_turn"}], "credit": "turn"},
+        }
+    )
+    out = tmp_path / "out"
+    await run(
+        cfg,
+        [Task("t", {"q": "check"})],
+        [],
+        lambda: ScriptedTokenModel(qwen3_tokenizer, script),
+        out,
+        retries=0,
+        progress=Progress(io.StringIO(), live=False),
+    )
+    (record,) = records(out).values()
+    # tools: turn 0 -0.1, turn 2 +0.5; the reward: turn 0 +0.5, turn 1 -0.25
+    assert record["turn_scores"] == {
+        "0": pytest.approx(0.4),
+        "1": -0.25,
+        "2": 0.5,
+    }

@@ -40,8 +40,6 @@ class EpisodeResult(InteractionResult):
     reward_info: Mapping[str, Any] = field(default_factory=dict)
     #: What the grader recorded before the first turn (history scrub, protected files).
     integrity: Mapping[str, Any] = field(default_factory=dict)
-    #: The reward's per-turn scores, by model turn index from 0 (``RewardResult.turn_scores``).
-    turn_scores: Mapping[int, float] = field(default_factory=dict)
 
     def saved_messages(self) -> list[dict[str, Any]]:
         """The conversation as ``messages.json`` holds it: the messages, and on an assistant
@@ -168,6 +166,7 @@ async def run_episode(
             error=outcome.error,
             integrity=integrity,
             notes=outcome.notes,
+            turn_scores=dict(outcome.turn_scores),
         )
         if result.exit_reason is ExitReason.AGENT_KILLED_SHELL:
             # The agent's own command ended its shell: a policy outcome worth nothing.
@@ -234,7 +233,10 @@ async def _grade(
             submission=result.submission,
         )
         result.reward, result.reward_info = grade.score, grade.info
-        result.turn_scores = dict(grade.turn_scores)
+        if grade.info.get("score_reason"):  # a forced score (tampering...): no credit at all
+            result.turn_scores = {}
+        for turn, value in grade.turn_scores.items():  # the reward's, added to the tools'
+            result.turn_scores[turn] = result.turn_scores.get(turn, 0.0) + value
         logger.info(
             "reward %s: %s %s", config.reward.name, grade.score, grade.info.get("score_reason", "")
         )

@@ -120,6 +120,12 @@ class ToolSpec(_Record):
     ends_episode: bool = False
     settings: type[BaseModel] | None = None
     configure: Callable[[Any], ToolSpec] | None = field(default=None, compare=False)
+    #: ``score(arguments, output, exit_code)``: a score this call's observation adds to its
+    #: model turn (``None``: none), e.g. a ``submit`` running a quick check; per-task points
+    #: come from the tool's settings (``configure``). Dropped when the grader forces the score.
+    score: Callable[[Mapping[str, Any], str, int | None], float | None] | None = field(
+        default=None, compare=False
+    )
 
     def parameters_schema(self) -> dict[str, Any]:
         """The JSON schema of the arguments, as OpenAI function ``parameters`` (a copy)."""
