@@ -205,7 +205,8 @@ function result(body, data) {
       h("div", { class: "facts" },
         fact("reward", rewardCell(rec.reward)),
         fact("exit reason", exitBadge(rec.exit_reason)),
-        fact("masked in training", rec.traj_masked ? "yes" : "no")),
+        fact("masked in training", rec.traj_masked ? "yes" : "no"),
+        turnScores(rec.turn_scores)),
       forced(rec.reward_info || {}),
       rec.error ? h("div", { class: "error" }, h("b", {}, "error: "), rec.error) : null),
     h("section", { class: "card", id: "submission" }, h("h3", {}, "Submission"),
@@ -216,6 +217,14 @@ function result(body, data) {
     h("section", { class: "card", id: "reward-info" }, h("h3", {}, "Reward details"), rewardInfo(rec.reward_info || {})),
   );
   return null;
+}
+
+// Per-turn scores ({turn index: score}, the tools' and the reward's), turns counted from 1 as the log does.
+function turnScores(scores) {
+  if (!scores || typeof scores !== "object" || !Object.keys(scores).length) return null;
+  const text = Object.entries(scores).sort((a, b) => Number(a[0]) - Number(b[0]))
+    .map(([turn, score]) => `turn ${Number(turn) + 1}: ${score}`).join(", ");
+  return fact("turn scores", text);
 }
 
 // A rubric's components (trained on, by weight) and metrics (logged only), each with its details.
