@@ -321,3 +321,25 @@ async def test_a_tool_scores_its_turn_and_the_reward_adds_its_own(
         "1": -0.25,
         "2": 0.5,
     }
+
+
+async def test_concurrent_failures_raise_the_infrastructure_error_first() -> None:
+    from uniagent.reward import RewardInfraError
+    from uniagent.rubric import grade_rubric
+
+    async def broken(ctx: RewardContext[None]) -> RewardResult:
+        raise ValueError("the tested code's output broke me")
+
+    async def infra(ctx: RewardContext[None]) -> RewardResult:
+        raise RewardInfraError("the task row lacks its field")
+
+    parts = tuple(
+        Component(name, RewardSpec(name=name, fn=fn, uses_sandbox=False, concurrent=True), None, 1)
+        for name, fn in (("broken", broken), ("infra", infra))
+    )
+    ctx: RewardContext[Rubric] = RewardContext(sandbox=None, task={}, settings=Rubric(parts))
+    with pytest.raises(RewardInfraError, match="lacks its field"):
+        await grade_rubric(ctx)
+    only_broken = Rubric(parts[:1])
+    with pytest.raises(ValueError, match="broke me"):
+        await grade_rubric(RewardContext(sandbox=None, task={}, settings=only_broken))

@@ -22,7 +22,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from uniagent.protect.settings import IntegrityDefaults, Workspace
-from uniagent.reward import RewardContext, RewardResult
+from uniagent.reward import RewardContext, RewardInfraError, RewardResult
 from uniagent.specs import RewardSpec
 
 #: The name of the composite reward's spec.
@@ -80,8 +80,14 @@ async def grade_rubric(ctx: RewardContext[Rubric]) -> RewardResult:
         results[component.key] = RewardResult.coerce(await component.spec.fn(context))
 
     together = [c for c in rubric.components if c.spec.concurrent]
-    if together:
-        await asyncio.gather(*(one(c) for c in together))
+    if together:  # each runs to its end; then an infrastructure error first, else any other
+        failed = [
+            e
+            for e in await asyncio.gather(*(one(c) for c in together), return_exceptions=True)
+            if isinstance(e, BaseException)
+        ]
+        if failed:
+            raise next((e for e in failed if isinstance(e, RewardInfraError)), failed[0])
     for component in rubric.components:
         if not component.spec.concurrent:
             await one(component)
