@@ -247,7 +247,9 @@ def task_sets(tmp_path_factory) -> dict[str, Path]:
     return out
 
 
-def swe_row(repos: Path, name: str, files: dict[str, str] | None = None) -> dict[str, Any]:
+def swe_row(
+    repos: Path, name: str, files: dict[str, str] | None = None, setup: str = ""
+) -> dict[str, Any]:
     """A swe_bench task: the calc repository (plus ``files``), its test patch, hidden fix."""
     repo = repos / f"swe-{name}"
     base = make_repo(repo, {"calc.py": BUGGY, "test_calc.py": BASE_PYTESTS, **(files or {})})
@@ -260,6 +262,7 @@ def swe_row(repos: Path, name: str, files: dict[str, str] | None = None) -> dict
     return row(
         name,
         repo,
+        setup,
         repo="local/calc",
         base_commit=base,
         test_patch=test_patch,
@@ -270,20 +273,16 @@ def swe_row(repos: Path, name: str, files: dict[str, str] | None = None) -> dict
     )
 
 
-def row(name: str, source: Path, **fields: Any) -> dict[str, Any]:
+def row(name: str, source: Path, setup: str = "", **fields: Any) -> dict[str, Any]:
+    clone = (
+        f"git clone -q {source} . && git fetch -q origin '+refs/*:refs/remotes/origin/*' "
+        "2>/dev/null; git stash list >/dev/null; true"
+    )
     return {
         "instance_id": name,
         "problem_statement": f"[attack:{name}] `add` subtracts; fix calc.py.",
         **fields,
-        "tools_kwargs": {
-            "env": {
-                "post_setup": [
-                    f"git clone -q {source} . && git fetch -q origin "
-                    "'+refs/*:refs/remotes/origin/*' 2>/dev/null; "
-                    "git stash list >/dev/null; true"
-                ]
-            }
-        },
+        "tools_kwargs": {"env": {"post_setup": [clone, *([setup] if setup else [])]}},
     }
 
 
@@ -304,17 +303,22 @@ def attacker(attacks: dict[str, list[str]]):
 
 
 def bwrap_binds(repos: Path) -> list[str]:
-    """What a bubblewrap sandbox must see: the task repositories and this Python."""
+    """What a bubblewrap sandbox must see: the task repositories and this Python, with the
+    sources of its editable installs (pytest loads their entry points unless told not to)."""
+    editable = [p for p in sys.path if p.startswith(str(Path(__file__).resolve().parents[1]))]
     paths = {
         str(repos),
         sys.prefix,
         sys.base_prefix,
         os.path.dirname(os.path.realpath(sys.executable)),
+        *editable,
     }
     return sorted(p for p in paths if not any(p != q and p.startswith(q + "/") for q in paths))
 
 
-def write_config(path: Path, reward: dict[str, Any], isolation: str, repos: Path) -> Path:
+def write_config(
+    path: Path, reward: dict[str, Any], isolation: str, repos: Path, workdir: str | None = None
+) -> Path:
     # Small limits, so that the resource attacks stay cheap on a shared machine.
     deployment: dict[str, Any] = {
         "type": "host",
@@ -323,6 +327,8 @@ def write_config(path: Path, reward: dict[str, Any], isolation: str, repos: Path
     }
     if isolation == "bwrap":
         deployment.update(ro_binds=bwrap_binds(repos))
+        if workdir:
+            deployment.update(sandbox_workdir=workdir)
     config = {
         "tool_parser": "hermes",
         "tools": ["execute_bash", "str_replace_editor", "submit"],
@@ -342,6 +348,25 @@ COMBINATIONS = [
 ]
 
 
+def uniagent_run(
+    config: Path,
+    tasks: Path,
+    out: Path,
+    attacks: dict[str, list[str]],
+    *args: str,
+    env: dict[str, str] | None = None,
+    timeout: float = 1200,
+) -> subprocess.CompletedProcess[str]:
+    """``uniagent run`` with the scripted attacker as its model (the bound: no grading hangs)."""
+    with ScriptedChatServer(default=attacker(attacks)) as server:
+        return subprocess.run(
+            [sys.executable, "-m", "uniagent.cli", "run", str(config), "--data", str(tasks),
+             "--model", f"openai:{server.base_url}#attacker", "--out", str(out), *args],
+            capture_output=True, text=True, timeout=timeout,
+            env={**os.environ, "OPENAI_API_KEY": "test", **(env or {})},
+        )  # fmt: skip
+
+
 def run_attacks(
     tmp_path: Path,
     tasks: Path,
@@ -350,47 +375,36 @@ def run_attacks(
     isolation: str,
     repos: Path,
     legit: dict[str, list[str]] = LEGIT,
+    workdir: str | None = None,
 ) -> dict[str, dict]:
-    config = write_config(tmp_path / "config.yaml", reward, isolation, repos)
+    config = write_config(tmp_path / "config.yaml", reward, isolation, repos, workdir)
     out = tmp_path / "out"
     sandbox_tmp = tmp_path / "tmp"
     sandbox_tmp.mkdir()
-    with ScriptedChatServer(default=attacker({**attacks, **legit})) as server:
-        proc = subprocess.run(
-            [
-                sys.executable,
-                "-m",
-                "uniagent.cli",
-                "run",
-                str(config),
-                "--data",
-                str(tasks),
-                "--model",
-                f"openai:{server.base_url}#attacker",
-                "--out",
-                str(out),
-            ],
-            capture_output=True,
-            text=True,
-            env={**os.environ, "TMPDIR": str(sandbox_tmp), "OPENAI_API_KEY": "test"},
-            timeout=1200,  # the bound: no grading may hang (the FIFO and hold-output attacks)
-        )
+    proc = uniagent_run(config, tasks, out, {**attacks, **legit}, env={"TMPDIR": str(sandbox_tmp)})
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert (out / "results.jsonl").exists(), proc.stderr[-3000:]
     records = [json.loads(line) for line in (out / "results.jsonl").read_text().splitlines()]
     return {r["task_id"]: r for r in records}
 
 
-def check(records: dict[str, dict], attacks: dict[str, list[str]]) -> None:
-    assert set(records) == {*attacks, *LEGIT}
-    legit = records["legit-fix"]
-    assert legit["reward"] == 1.0, json.dumps(legit, indent=1, default=str)[:4000]
+def check(
+    records: dict[str, dict],
+    attacks: dict[str, list[str]],
+    legit_fixes: dict[str, list[str]] = LEGIT,
+) -> None:
+    assert set(records) == {*attacks, *legit_fixes}
+    for name in legit_fixes:
+        legit = records[name]
+        assert legit["reward"] == 1.0, json.dumps(legit, indent=1, default=str)[:4000]
     escaped = {
         name: (r["reward"], r["exit_reason"], r["traj_masked"], r["reward_info"], r["error"])
         for name, r in records.items()
-        if name != "legit-fix" and (r["reward"] != 0.0 or r["traj_masked"])
+        if name not in legit_fixes and (r["reward"] != 0.0 or r["traj_masked"])
     }
-    assert escaped == {}, json.dumps(escaped, indent=1, default=str)[:6000]
+    assert escaped == {}, (
+        f"escaped: {sorted(escaped)}\n" + json.dumps(escaped, indent=1, default=str)[:6000]
+    )
 
 
 @pytest.mark.parametrize(("isolation", "grade_in"), COMBINATIONS)
@@ -435,16 +449,44 @@ def test_swe_bench_attacks_score_zero_and_are_trained_on(task_sets, tmp_path, is
 # -- round two: what the tested code and the agent's files can do -------------------------------
 
 ROUND2 = integrity_round2.flat()
+#: The legitimate fixes: the plain one, one in a task with a test environment of its own, and
+#: one that needs a legitimate edit of setup.cfg (kept by fresh grading).
+LEGIT2 = {
+    **LEGIT,
+    "legit-fix-test-env": LEGIT["legit-fix"],
+    "legit-fix-setup-cfg": integrity_round2.SETUP_CFG_FIX,
+    "legit-fix-outside": LEGIT["legit-fix"],
+}
+
+
+#: The classes no sandbox without isolation holds (run under bwrap only).
+NO_BOUNDARY = {n for n in ROUND2 if n.startswith("root.")}
+
+
+def only(tasks: Path, names: set[str], tmp_path: Path) -> Path:
+    """The task file with only the rows of ``names``."""
+    kept = [line for line in tasks.read_text().splitlines()
+            if json.loads(line)["instance_id"] in names]  # fmt: skip
+    out = tmp_path / "tasks.jsonl"
+    out.write_text("".join(f"{line}\n" for line in kept))
+    return out
 
 
 @pytest.fixture(scope="module")
 def round2_tasks(tmp_path_factory) -> dict[str, Path]:
     """swe_bench tasks for the round-two attacks and the legitimate fixes."""
     root = tmp_path_factory.mktemp("integrity2")
-    rows = [
-        {**swe_row(root / "repos", name), **integrity_round2.TASK_FIELDS.get(name, {})}
-        for name in {**ROUND2, **LEGIT}
-    ]
+    rows = []
+    for name in {**ROUND2, **LEGIT2}:
+        row_ = swe_row(
+            root / "repos",
+            name,
+            integrity_round2.TASK_FILES.get(name),
+            integrity_round2.task_setup(name),
+        )
+        row_.update(integrity_round2.TASK_FIELDS.get(name, {}))
+        row_["tools_kwargs"].update(integrity_round2.task_overrides(name))
+        rows.append(row_)
     tasks = root / "swe.jsonl"
     tasks.write_text("".join(json.dumps(r) + "\n" for r in rows))
     return {"swe": tasks, "repos": root / "repos"}
@@ -460,12 +502,102 @@ def test_round_two_attacks_score_zero_and_are_trained_on(
         "settings": {"eval_timeout": 60, "workdir": None},
         "integrity": {"grading_timeout": 600},
     }
+    # Under isolation none, root can leave the sandbox (no boundary, docs/rewards.md).
+    attacks = {n: c for n, c in ROUND2.items() if isolation != "none" or n not in NO_BOUNDARY}
+    # The work dir under the sandbox's /tmp: its parent holds a task's own test environment.
     records = run_attacks(
-        tmp_path, round2_tasks["swe"], ROUND2, reward, isolation, round2_tasks["repos"]
+        tmp_path,
+        only(round2_tasks["swe"], {*attacks, *LEGIT2}, tmp_path),
+        attacks,
+        reward,
+        isolation,
+        round2_tasks["repos"],
+        LEGIT2,
+        workdir="/tmp/work",
     )
-    check(records, ROUND2)
+    check(records, attacks, LEGIT2)
+    # The channels the grader screens are reported as tampering (not 0 by chance); the
+    # test environment where it grades in the episode's sandbox (a fresh one has its own);
+    # the outside paths but under none in fresh mode: there the fresh sandbox's set-up,
+    # started ahead, makes them again on the host, before or after the agent changed them.
+    reported = ["plugin-config.", "patch-screen."]
+    if grade_in == "episode":
+        reported.append("test-env.")
+    if grade_in == "episode" or isolation != "none":
+        reported.append("outside.")
+    unreported = {
+        name: records[name]["reward_info"]
+        for name in attacks
+        if name.startswith(tuple(reported))
+        and not records[name]["reward_info"].get("integrity", {}).get("tampered")
+    }
+    assert unreported == {}, json.dumps(unreported, indent=1, default=str)[:4000]
+    # Grading is bounded: the FIFO and the held output end within the grading timeout.
+    for name in ("artifacts.fifo-everything", "artifacts.hold-output"):
+        assert records[name]["metrics"]["reward_seconds"] < 600, records[name]["metrics"]
     held = records["artifacts.hold-output"]["reward_info"]
     assert held["failure_reason"] == "tests_timed_out", held  # bounded: killed at eval_timeout
+
+
+#: A container with what the swe_bench reward's tests need (Debian's pytest and git).
+GRADING_IMAGE = "localhost/uniagent-integrity:bookworm"
+#: The classes tried in containers: what the tested code writes and prints, and root.
+IN_CONTAINERS = ("artifacts.", "self-masking.", "root.")
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("grade_in", ["episode", "fresh"])
+def test_round_two_in_containers(round2_tasks, tmp_path, grade_in):
+    """The artifact, self-masking and root classes in podman containers (``local`` backend):
+    reward 0 and trained on, the legitimate fix 1.0, in both grading modes."""
+    from uniagent.testing.images import engine_with_test_image
+
+    engine = engine_with_test_image(
+        GRADING_IMAGE, packages=("python3", "python3-venv", "python3-pytest", "git")
+    )
+    attacks = {n: c for n, c in ROUND2.items() if n.startswith(IN_CONTAINERS)}
+    tasks = only(round2_tasks["swe"], {*attacks, *LEGIT}, tmp_path)
+    rows = [json.loads(line) for line in tasks.read_text().splitlines()]
+    for row_ in rows:  # the container's Python, not this one
+        row_["test_cmd"] = "python3 -m pytest -rA -p no:cacheprovider"
+    tasks.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    repos = str(round2_tasks["repos"])
+    config = tmp_path / "config.yaml"
+    config.write_text(
+        yaml.safe_dump(
+            {
+                "tool_parser": "hermes",
+                "tools": ["execute_bash", "submit"],
+                "interaction": {"max_turns": 8, "action_timeout": 20, "timeout_budget": 60},
+                "env": {
+                    "workdir": "/testbed",
+                    "deployment": {
+                        "type": "local",
+                        "image": GRADING_IMAGE,
+                        "engine": engine,
+                        "pull": "never",
+                        "run_args": ["-v", f"{repos}:{repos}:ro"],
+                    },
+                },
+                "reward": {
+                    "name": "swe_bench",
+                    "grade_in": grade_in,
+                    "settings": {"eval_timeout": 60, "workdir": "/testbed"},
+                    "integrity": {"grading_timeout": 600},
+                },
+                "concurrency": 4,
+            }
+        )
+    )
+    out = tmp_path / "out"
+    proc = uniagent_run(config, tasks, out, {**attacks, **LEGIT})
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    records = {
+        r["task_id"]: r for r in map(json.loads, (out / "results.jsonl").read_text().splitlines())
+    }
+    check(records, attacks)
+    for name in ("artifacts.fifo-everything", "artifacts.hold-output"):
+        assert records[name]["metrics"]["reward_seconds"] < 600, records[name]["metrics"]
 
 
 @pytest.mark.slow
@@ -501,16 +633,39 @@ def test_a_policy_that_kills_its_containers_server_is_trained_on(tmp_path):
         )
     )
     out = tmp_path / "out"
-    with ScriptedChatServer(default=attacker(kills)) as server:
-        proc = subprocess.run(
-            [sys.executable, "-m", "uniagent.cli", "run", str(config), "--data", str(tasks),
-             "--model", f"openai:{server.base_url}#attacker", "--out", str(out)],
-            capture_output=True, text=True, timeout=900,
-            env={**os.environ, "OPENAI_API_KEY": "test"},
-        )  # fmt: skip
+    proc = uniagent_run(config, tasks, out, kills, timeout=900)
     assert proc.returncode == 0, proc.stderr[-3000:]
     records = [json.loads(line) for line in (out / "results.jsonl").read_text().splitlines()]
     assert {r["task_id"]: (r["exit_reason"], r["traj_masked"], r["reward"]) for r in records} == {
         name: ("agent_killed_shell", False, 0.0) for name in kills
     }
     assert "retrying" not in proc.stderr
+
+
+def test_probing_is_counted_and_an_alert_stops_the_run(round2_tasks, tmp_path):
+    """summary.json counts tamper reports per kind and rule; with reward.integrity.alert the
+    run stops once the share of tampering episodes reaches it (under isolation none as root,
+    uniagent run also says once that the sandbox is no boundary)."""
+    names = ["patch-screen.gitattributes-binary", "plugin-config.setup-cfg-cr",
+             "patch-screen.replace-ref", "legit-fix"]  # fmt: skip
+    rows = {json.loads(line)["instance_id"]: line
+            for line in round2_tasks["swe"].read_text().splitlines()}  # fmt: skip
+    tasks = tmp_path / "tasks.jsonl"
+    tasks.write_text("".join(rows[name] + "\n" for name in names))
+    reward = {"name": "swe_bench", "grade_in": "episode",
+              "settings": {"eval_timeout": 60, "workdir": None},
+              "integrity": {"alert": {"share": 0.5, "min_episodes": 2}}}  # fmt: skip
+    config = write_config(tmp_path / "config.yaml", reward, "none", round2_tasks["repos"])
+    out = tmp_path / "out"
+    proc = uniagent_run(config, tasks, out, {**ROUND2, **LEGIT}, "--concurrency", "1", timeout=900)
+    assert proc.returncode == 1, proc.stderr[-3000:]
+    assert "2 of 2 graded episodes report tampering" in proc.stderr
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["status"] == "stopped"
+    counts = summary["integrity"]
+    assert counts["tampered_episodes"] == 2 and counts["graded_episodes"] == 2
+    assert counts["rules"]["git-attributes"] == 1
+    assert counts["rules"]["runner-config-sections"] == 1
+    assert counts["tampered"]["protected_file"] == 2
+    if os.geteuid() == 0:
+        assert proc.stderr.count("graded under isolation: none as root") == 1

@@ -84,6 +84,14 @@ CASES = [
     Case("deploy", None, "uniagent-deploy-seeded", "deployments", "seeded"),
     Case("reward", "answer_file", "uniagent-reward-answer-file", "rewards", "answer_file"),
     Case("parser", "react", "uniagent-parser-react", "tool_parsers", "react"),
+    Case(
+        "agent",
+        None,
+        "uniagent-agent-echo-agent",
+        "agents",
+        "echo_agent",
+        extra_files=("src/{module}/bin/echo_agent",),
+    ),
 ]
 BY_ID = {case.id: case for case in CASES}
 
@@ -161,7 +169,9 @@ def baked(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
 def env(tmp_path_factory: pytest.TempPathFactory, baked: dict[str, Path]) -> Venv:
     """One fresh venv with the local core and every baked plugin (non-editable)."""
     v = Venv(tmp_path_factory.mktemp("venv") / "v")
-    v.pip_install(str(CORE), *(f"{path}[test]" for path in baked.values()))
+    # The agent template's test runs its harness through the gateway on the real tokenizer.
+    core = f"{CORE}[gateway,tokenizers]"
+    v.pip_install(core, *(f"{path}[test]" for path in baked.values()))
     return v
 
 

@@ -502,3 +502,28 @@ async def test_a_call_written_as_text_is_answered_as_the_rollout_says(qwen3_toke
     tagged = "[tagged] <tool_response>\nhi\n\n</tool_response>"
     assert answers == [{"role": "user", "content": tagged}]
     assert cache.check_exactness().ok
+
+
+@pytest.mark.parametrize(
+    ("script", "reason"),
+    [
+        ([ModelError("server unreachable after 4 retries")], ExitReason.MODEL_ERROR),
+        ([hermes_call("shell", {"command": "kill -9 $$"})], ExitReason.AGENT_KILLED_SHELL),
+        ([hermes_call("done")], ExitReason.FINISHED),
+    ],
+)
+async def test_the_fresh_sandbox_started_ahead_is_stopped_however_the_episode_ends(
+    qwen3_tokenizer, script, reason
+):
+    """grade_in: fresh starts a second sandbox at the baseline: an episode that is masked,
+    ends its own shell (not graded) or is graded leaves no sandbox running."""
+    from uniagent.env.open_envs import env_scope
+
+    repo = "git init -q && git -c user.name=t -c user.email=t@t commit -q --allow-empty -m base"
+    reward = {"name": "command", "grade_in": "fresh", "settings": {"command": "true"}}
+    with env_scope() as scope:
+        result, _ = await episode(
+            qwen3_tokenizer, script, reward=reward, env={"post_setup": [repo]}
+        )
+        assert result.exit_reason is reason, result.error
+        assert len(scope) == 0

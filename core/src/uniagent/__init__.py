@@ -28,6 +28,11 @@ _EXPORTS: dict[str, str] = {
     # the plugin contract
     "hookimpl": "uniagent.hookspecs",
     "ToolSpec": "uniagent.specs",
+    "AgentSpec": "uniagent.specs",
+    "AgentInstall": "uniagent.specs",
+    "AgentLaunch": "uniagent.specs",
+    "AgentCommand": "uniagent.specs",
+    "AgentOutcome": "uniagent.specs",
     "DeploymentSpec": "uniagent.specs",
     "ParserSpec": "uniagent.specs",
     "RewardSpec": "uniagent.specs",
@@ -135,8 +140,13 @@ _MOVED: dict[str, str] = {
 }
 
 __all__ = [
+    "AgentCommand",
     "AgentConfig",
     "AgentEnv",
+    "AgentInstall",
+    "AgentLaunch",
+    "AgentOutcome",
+    "AgentSpec",
     "CommandTimeoutError",
     "ConfigError",
     "ContentRule",
@@ -261,6 +271,11 @@ if TYPE_CHECKING:  # pragma: no cover - what type checkers and IDEs see
     from uniagent.reward import RewardContext, RewardInfraError, RewardResult
     from uniagent.services import ServiceStartError, running_services
     from uniagent.specs import (
+        AgentCommand,
+        AgentInstall,
+        AgentLaunch,
+        AgentOutcome,
+        AgentSpec,
         DeploymentSpec,
         ParserSpec,
         RewardSpec,

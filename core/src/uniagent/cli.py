@@ -10,7 +10,7 @@ from collections.abc import Sequence
 from typing import Any, NoReturn
 
 from uniagent import __version__
-from uniagent.errors import UniAgentError
+from uniagent.errors import ConfigError, UniAgentError
 from uniagent.gateway.cli import add_gateway_parser
 from uniagent.specs import KINDS
 
@@ -37,6 +37,8 @@ def plugins_report(*, include_builtins: bool = False) -> dict[str, Any]:
                     "schema": record.openai_schema(),
                     "ends_episode": record.ends_episode,
                 }
+            elif kind == "agents":
+                details[f"agents:{record.name}"] = record.describe()
             elif kind == "deployments" and record.missing():
                 details[f"deployments:{record.name}"] = {"needs": record.missing()}
     plugins = []
@@ -49,6 +51,11 @@ def plugins_report(*, include_builtins: bool = False) -> dict[str, Any]:
             {"name": name, **details[f"tools:{name}"]}
             for name in provided.get("tools", [])
             if f"tools:{name}" in details
+        ]
+        entry["agents"] = [
+            {"name": name, **details[f"agents:{name}"]}
+            for name in provided.get("agents", [])
+            if f"agents:{name}" in details
         ]
         # Contributed but not usable here until a package is installed (an extra, say).
         entry["needs"] = {
@@ -141,7 +148,6 @@ def _run(args: argparse.Namespace) -> int:
     from uniagent.run.progress import Progress
     from uniagent.run.runner import exit_status, run_sync
     from uniagent.run.summary import format_summary
-    from uniagent.run.tasks import load_tasks
 
     config = AgentConfig.from_yaml(args.config)
     # Resolved once, here, and handed down: any typo exits 2 before a sandbox starts.
@@ -164,7 +170,7 @@ def _run(args: argparse.Namespace) -> int:
         ray_address=args.ray,
         ray_workers=args.workers,
     )
-    tasks, bad_rows = load_tasks(args.data)
+    tasks, bad_rows = load_run_tasks(args, config)
     options: dict[str, Any] = {"sampling_params": dict(config.sampling)}
     if args.api_key_env:
         options["api_key_env"] = args.api_key_env
@@ -179,6 +185,109 @@ def _run(args: argparse.Namespace) -> int:
         print(f"uniagent: {summary['stopped']}", file=sys.stderr)
     sys.stdout.flush()  # inside the guard: a signal while the output blocks is handled
     return status
+
+
+def load_run_tasks(args: argparse.Namespace, config: Any) -> tuple[list[Any], list[Any]]:
+    """The tasks of ``--data`` (a task file or Harbor task folders) less ``--exclude``."""
+    from uniagent.harbor.folders import load_task_set, read_exclude
+    from uniagent.harbor.images import ImageBuilder
+
+    deployment = dict(config.env.deployment)
+    build = ImageBuilder(deployment.get("engine", "auto"), from_image=args.from_image)
+    exclude = read_exclude(args.exclude) if args.exclude else frozenset()
+    return load_task_set(args.data, deployment, build=build, exclude=exclude)
+
+
+def add_task_options(parser: Any) -> None:
+    """``--exclude`` and ``--from-image``: options of ``uniagent run`` and ``uniagent verify``."""
+    parser.add_argument(
+        "--exclude",
+        metavar="FILE",
+        default=None,
+        help="skip the task ids listed in FILE, one a line (what uniagent verify writes)",
+    )
+    parser.add_argument(
+        "--from-image",
+        metavar="IMAGE",
+        default=None,
+        help="Harbor tasks on the local backend: build each environment/Dockerfile FROM this "
+        "image instead of its own (machines without a registry)",
+    )
+
+
+def cmd_verify(args: argparse.Namespace) -> int:
+    """Run each task's oracle and no-op baseline; report broken and flaky tasks."""
+    import asyncio
+    from pathlib import Path
+
+    from uniagent.config import AgentConfig
+    from uniagent.resolver import resolve
+    from uniagent.run.progress import Progress
+    from uniagent.verify.check import EXCLUDED, verify_tasks
+    from uniagent.verify.report import format_verdicts, write_report
+
+    config = AgentConfig.from_yaml(args.config)
+    agent = resolve(config, source=args.config)
+    if config.reward is None:
+        raise ConfigError(f"{args.config}: uniagent verify needs a reward (reward: {{name: ...}})")
+    tasks, bad_rows = load_run_tasks(args, config)
+    for bad in bad_rows:
+        print(f"uniagent: task {bad.line} skipped: {bad.reason}", file=sys.stderr)
+    if args.limit is not None:
+        tasks = tasks[: args.limit]
+    progress = Progress.for_stream(verbose=False)
+    verdicts = asyncio.run(
+        verify_tasks(
+            agent,
+            tasks,
+            k=args.k,
+            concurrency=args.concurrency or config.concurrency,
+            progress=progress,
+        )
+    )
+    exclude = write_report(
+        verdicts, Path(args.out), Path(args.write_exclude) if args.write_exclude else None
+    )
+    print(format_verdicts(verdicts))
+    print(f"records: {Path(args.out) / 'verify.jsonl'}; exclude list: {exclude}")
+    if bad_rows:
+        return 2
+    return 1 if any(v.status in EXCLUDED for v in verdicts) else 0
+
+
+def add_verify_parser(sub: Any) -> None:
+    """The ``uniagent verify`` sub-command."""
+    verify = sub.add_parser(
+        "verify",
+        help="check a task set: each task's oracle must score 1, doing nothing 0",
+        description="Run each task's oracle (a Harbor task's solution/solve.sh, a SWE-bench "
+        "row's gold patch) and a no-op baseline through the config's sandbox and reward, k "
+        "times each. Tasks whose oracle fails, whose baseline passes, or whose scores change "
+        "between runs (flaky) are reported and written to an exclude list for "
+        "`uniagent run --exclude`. See docs/tasks.md.",
+        epilog="exit status: 0 every task is sound (or has no oracle); 1 some are broken or "
+        "flaky; 2 bad input (config, task set, task folders skipped).",
+    )
+    verify.add_argument("config", help="agent config YAML (its env and reward)")
+    verify.add_argument(
+        "--data", required=True, help="tasks: .jsonl, .parquet, or Harbor task folder(s)"
+    )
+    verify.add_argument("--out", required=True, help="output directory (verify.jsonl)")
+    verify.add_argument(
+        "-k", type=positive, default=1, help="runs of each oracle and baseline (flaky: k > 1)"
+    )
+    verify.add_argument(
+        "--concurrency", type=positive, default=None, help="tasks at once (default: config)"
+    )
+    verify.add_argument("--limit", type=positive, default=None, help="only the first M tasks")
+    verify.add_argument(
+        "--write-exclude",
+        metavar="FILE",
+        default=None,
+        help="where the exclude list goes (default: OUT/exclude.txt)",
+    )
+    add_task_options(verify)
+    verify.set_defaults(func=cmd_verify)
 
 
 def cmd_view(args: argparse.Namespace) -> int:
@@ -281,7 +390,7 @@ def add_data_parser(sub: Any) -> None:
         "(system + first user message from the agent config's templates), agent_name, "
         "data_source, reward_model, extra_info (index, task_id, tools_kwargs, task) and index.",
     )
-    prepare.add_argument("tasks", help="tasks: .jsonl or .parquet")
+    prepare.add_argument("tasks", help="tasks: .jsonl, .parquet, or Harbor task folder(s)")
     prepare.add_argument("--out", required=True, help="output file (.parquet)")
     prepare.add_argument("--config", default=None, help="agent config YAML (prompt templates)")
     prepare.add_argument(
@@ -352,7 +461,10 @@ def build_parser() -> argparse.ArgumentParser:
         "--tool-call-parser hermes.",
     )
     run.add_argument("config", help="agent config YAML")
-    run.add_argument("--data", required=True, help="tasks: .jsonl or .parquet")
+    run.add_argument(
+        "--data", required=True, help="tasks: .jsonl, .parquet, or Harbor task folder(s)"
+    )
+    add_task_options(run)
     run.add_argument(
         "--model",
         required=True,
@@ -421,6 +533,7 @@ def build_parser() -> argparse.ArgumentParser:
         help="with --ray: worker actors (default: cluster CPUs)",
     )
     run.set_defaults(func=cmd_run)
+    add_verify_parser(sub)
 
     clean = sub.add_parser(
         "clean",

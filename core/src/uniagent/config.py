@@ -157,11 +157,12 @@ class RewardConfig(_Strict):
     gamma: float = Field(
         1.0, ge=0.0, le=1.0, description="the discount of credit: discounted (1.0: no discount)"
     )
-    grade_in: GradeIn = Field(
-        "episode",
+    grade_in: GradeIn | None = Field(
+        None,
         description="'episode': grade in the episode's sandbox after stopping the agent's "
         "processes, in a clean shell; 'fresh': apply the agent's patch to a new sandbox built "
-        "from the task's deployment and set-up, and grade there",
+        "from the task's deployment and set-up (started while the agent works), and grade "
+        "there; null: the reward's default (the SWE rewards: fresh; others: episode)",
     )
     integrity: IntegritySettings = IntegritySettings()
 
@@ -213,6 +214,16 @@ class RewardConfig(_Strict):
         if self.aggregate == "weighted-mean" and sum(c.weight for c in self.rubric) == 0:
             raise ValueError("rubric: weighted-mean needs weights whose sum is not 0")
         return self
+
+
+class AgentRef(_Strict):
+    """Which agent runs the episode: ``react`` (the built-in loop) or an installed harness,
+    with its settings (checked by the agent's own model at resolve time)."""
+
+    name: str = "react"
+    settings: dict[str, Any] = Field(
+        default_factory=dict, description="the agent's own settings (checked by its model)"
+    )
 
 
 class SamplingConfig(_Strict):
@@ -297,6 +308,11 @@ def _unknown_key_hint(err: Any, fields: Mapping[str, Any]) -> Any:
 class AgentConfig(_Strict):
     """Everything that defines an agent run; loaded from YAML."""
 
+    agent: AgentRef = Field(
+        default_factory=AgentRef,
+        description="the agent: `{name: react}` (the built-in loop, default) or a harness "
+        "plugin's name with its settings",
+    )
     tool_parser: str = "hermes"
     tools: tuple[ToolRef, ...] = Field(
         (),

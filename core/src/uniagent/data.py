@@ -22,8 +22,10 @@ from typing import Any
 from uniagent.config import AgentConfig
 from uniagent.episode import first_messages
 from uniagent.errors import ConfigError
+from uniagent.harbor.folders import load_task_set
+from uniagent.harbor.images import ImageBuilder
 from uniagent.resolver import ResolvedAgent, resolve
-from uniagent.run.tasks import BadRow, Task, load_tasks
+from uniagent.run.tasks import BadRow, Task
 
 #: ``reward_model.style`` of prepared rows: the reward runs inside the agent loop.
 REWARD_STYLE = "uniagent"
@@ -152,7 +154,10 @@ def prepare(
     out = Path(out)
     if out.suffix != ".parquet":
         raise ConfigError(f"--out {out} must end in .parquet")
-    tasks, bad = load_tasks(tasks_path)
+    # Harbor tasks get the tools_kwargs that run them on the config's deployment.
+    deployment = dict(config.env.deployment) if config is not None else None
+    build = ImageBuilder(deployment.get("engine", "auto")) if deployment else None
+    tasks, bad = load_task_set(tasks_path, deployment, build=build)
     if limit is not None:
         tasks = tasks[:limit]
     if not tasks:

@@ -7,6 +7,7 @@ exactly one exit reason.
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import time
 import traceback
@@ -40,6 +41,9 @@ class EpisodeResult(InteractionResult):
     reward_info: Mapping[str, Any] = field(default_factory=dict)
     #: What the grader recorded before the first turn (history scrub, protected files).
     integrity: Mapping[str, Any] = field(default_factory=dict)
+    #: A harness episode's trajectory tree (the gateway session's); ``None`` for the
+    #: built-in loop, whose rollout is one branch.
+    tree: Mapping[str, Any] | None = None
 
     def saved_messages(self) -> list[dict[str, Any]]:
         """The conversation as ``messages.json`` holds it: the messages, and on an assistant
@@ -116,10 +120,28 @@ async def run_episode(
     begin with (a field missing for ``instance_template``) raises, before any
     sandbox starts. ``observer`` is told each phase, turn and tool call (progress).
     """
+    grader = make_grader(agent, task)
+    try:
+        return await _run_episode(agent, task, model, grader, messages, logger, observer)
+    finally:
+        if grader is not None:  # a fresh sandbox started ahead and not used, however it ended
+            await grader.close()
+
+
+async def _run_episode(
+    agent: ResolvedAgent,
+    task: Mapping[str, Any],
+    model: ChatModel,
+    grader: EpisodeGrader | None,
+    messages: Sequence[Mapping[str, Any]] | None,
+    logger: logging.Logger | None,
+    observer: EpisodeObserver | None,
+) -> EpisodeResult:
     logger = logger or log
     observer = observer or NULL_OBSERVER
+    if agent.agent.is_harness:
+        return await run_harness_episode(agent, task, model, messages, logger, observer)
     config = agent.config
-    grader = make_grader(agent, task)
     tools = list(agent.tools)
     parser = agent.new_parser()
     prompt = [dict(m) for m in messages] if messages else first_messages(agent, task)
@@ -143,7 +165,7 @@ async def run_episode(
         if env is not None:
             observer.phase("close")
             await env.close()
-        return _failed(config, ExitReason.ENV_ERROR, metrics, exc)
+        return failed(config, ExitReason.ENV_ERROR, metrics, exc)
     finally:
         metrics.setup_seconds = time.perf_counter() - started
 
@@ -173,11 +195,11 @@ async def run_episode(
             result.reward, result.reward_info = 0.0, {"score_reason": "agent_killed_shell"}
         elif grader is not None and not result.traj_masked:
             observer.phase("grading")
-            await _grade(config, grader, env, result, logger)
+            await grade(config, grader, env, result, logger)
         return result
     except Exception as exc:
         logger.exception("episode failed")
-        return _failed(config, ExitReason.UNKNOWN_ERROR, metrics, exc)
+        return failed(config, ExitReason.UNKNOWN_ERROR, metrics, exc)
     finally:
         observer.phase("close")
         await env.close()
@@ -216,7 +238,7 @@ def make_grader(agent: ResolvedAgent, task: Mapping[str, Any]) -> EpisodeGrader 
     return EpisodeGrader(plan)
 
 
-async def _grade(
+async def grade(
     config: AgentConfig,
     grader: EpisodeGrader,
     env: AgentEnv,
@@ -249,7 +271,7 @@ async def _grade(
         result.metrics.reward_seconds = time.perf_counter() - started
 
 
-def _failed(
+def failed(
     config: AgentConfig, reason: ExitReason, metrics: EpisodeMetrics, exc: BaseException
 ) -> EpisodeResult:
     return EpisodeResult(
@@ -262,3 +284,91 @@ def _failed(
 
 def _traceback_text(exc: BaseException) -> str:
     return "".join(traceback.format_exception(exc)).rstrip()
+
+
+def instruction_of(
+    agent: ResolvedAgent,
+    task: Mapping[str, Any],
+    messages: Sequence[Mapping[str, Any]] | None,
+) -> str:
+    """The task's instruction for the harness: the first user message's text."""
+    prompt = [dict(m) for m in messages] if messages else first_messages(agent, task)
+    for message in prompt:
+        if message.get("role") == "user":
+            content = message.get("content")
+            if isinstance(content, list):  # content parts
+                return "".join(str(p.get("text", "")) for p in content if isinstance(p, dict))
+            return str(content or "")
+    return ""
+
+
+async def run_harness_episode(
+    agent: ResolvedAgent,
+    task: Mapping[str, Any],
+    model: Any,
+    messages: Sequence[Mapping[str, Any]] | None,
+    logger: logging.Logger,
+    observer: EpisodeObserver,
+) -> EpisodeResult:
+    """Run one task with the agent's harness: the same phases and grader as the built-in
+    loop, the harness in the sandbox's agent session with a gateway session as its model
+    (:mod:`uniagent.agents.harness`); failures become exit reasons, as in :func:`run_episode`."""
+    from uniagent.agents.gateways import gateway_for
+    from uniagent.agents.harness import prepare, run_harness, with_install
+
+    config = agent.config
+    instruction = instruction_of(agent, task, messages)
+    gateway_for(model, config.tool_parser)  # a model the gateway cannot serve: said now
+    grader = make_grader(agent, task)
+    metrics = EpisodeMetrics()
+    started = time.perf_counter()
+    env: AgentEnv | None = None
+    integrity: Mapping[str, Any] = {}
+    try:
+        observer.phase("setup")
+        folder = await asyncio.to_thread(prepare, agent)
+        deployment = agent.deployment.factory(with_install(agent, folder))
+        env = AgentEnv(deployment, agent.env)
+        await env.start()
+        observer.phase("tools")
+        await env.install_tools(list(agent.tools))
+        if grader is not None:
+            observer.phase("baseline")
+            integrity = await grader.prepare(env)
+    except Exception as exc:
+        logger.error("sandbox setup failed: %s", exc)
+        if env is not None:
+            observer.phase("close")
+            await env.close()
+        return failed(config, ExitReason.ENV_ERROR, metrics, exc)
+    finally:
+        metrics.setup_seconds = time.perf_counter() - started
+    try:
+        observer.phase("agent")
+        began = time.perf_counter()
+        run = await run_harness(agent, env, instruction, model, folder, logger)
+        metrics.env_seconds = time.perf_counter() - began
+        metrics.turns, metrics.inexact_turns = run.turns, run.inexact_turns
+        inexact = run.inexact_turns > 0 and config.inexact_treatment() == "mask"
+        result = EpisodeResult(
+            exit_reason=run.exit_reason,
+            traj_masked=config.treatment(run.exit_reason) == "mask" or inexact,
+            metrics=metrics,
+            cache=run.cache,
+            submission=run.submission,
+            error=run.error,
+            integrity=integrity,
+            tree=run.tree,
+        )
+        if result.exit_reason is ExitReason.AGENT_KILLED_SHELL:
+            result.reward, result.reward_info = 0.0, {"score_reason": "agent_killed_shell"}
+        elif grader is not None and not result.traj_masked:
+            observer.phase("grading")
+            await grade(config, grader, env, result, logger)
+        return result
+    except Exception as exc:
+        logger.exception("episode failed")
+        return failed(config, ExitReason.UNKNOWN_ERROR, metrics, exc)
+    finally:
+        observer.phase("close")
+        await env.close()

@@ -1,4 +1,4 @@
-"""The plugin contract: five hooks, each returning typed records.
+"""The plugin contract: six hooks, each returning typed records.
 
 A plugin is a module with functions decorated by :data:`uniagent.hookimpl`,
 exposed through an entry point in the ``uniagent`` group whose name equals the
@@ -20,7 +20,14 @@ from collections.abc import Iterable
 
 import pluggy
 
-from uniagent.specs import DeploymentSpec, ParserSpec, RewardSpec, ServiceSpec, ToolSpec
+from uniagent.specs import (
+    AgentSpec,
+    DeploymentSpec,
+    ParserSpec,
+    RewardSpec,
+    ServiceSpec,
+    ToolSpec,
+)
 
 PROJECT = "uniagent"
 
@@ -136,5 +143,36 @@ def uniagent_services() -> Iterable[ServiceSpec]:
 
     .. versionadded:: 0.2
     .. versionchanged:: 0.3 ``ServiceSpec.settings`` (``config`` is deprecated until 0.4).
+    """
+    raise NotImplementedError  # a specification: plugins implement it
+
+
+@hookspec
+def uniagent_agents() -> Iterable[AgentSpec]:
+    """Agents: the built-in ReAct loop (``react``) and harnesses run inside the sandbox.
+
+    ``agent: {name: NAME, settings: {...}}`` in an agent config picks one. A harness is
+    installed pinned (pip, npm or a binary), started in the episode's sandbox as the agent
+    with a gateway session's base URL and key, and its trajectory is the session's tree.
+
+    Example::
+
+        class MySettings(BaseModel):
+            step_limit: int = 30
+
+        def launch(run: AgentLaunch, settings: MySettings) -> AgentCommand:
+            return AgentCommand(
+                f"{run.bin}/my-agent --steps {settings.step_limit} "
+                f"--task {shlex.quote(run.instruction)}",
+                env={"OPENAI_BASE_URL": run.base_url + "/v1", "OPENAI_API_KEY": run.api_key},
+            )
+
+        @hookimpl
+        def uniagent_agents():
+            yield AgentSpec(name="my-agent", install=AgentInstall("pip", "my-agent", "1.2.0",
+                            "my-agent"), wire="chat", launch=launch,
+                            settings=MySettings)
+
+    .. versionadded:: 0.3
     """
     raise NotImplementedError  # a specification: plugins implement it

@@ -34,6 +34,7 @@ log = logging.getLogger(__name__)
 ENTRY_POINT_GROUP = "uniagent"
 BUILTIN_DISTRIBUTION = "uniagent"
 BUILTIN_MODULES: tuple[str, ...] = (
+    "uniagent.builtin.agents",
     "uniagent.builtin.deployments",
     "uniagent.builtin.parsers",
     "uniagent.builtin.rewards",

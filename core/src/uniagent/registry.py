@@ -15,6 +15,7 @@ from uniagent.errors import ConfigError, PluginConflictError, UnknownPluginNameE
 from uniagent.plugins import PluginManager, load_plugins
 from uniagent.specs import (
     KINDS,
+    AgentSpec,
     DeploymentSpec,
     Kind,
     ParserSpec,
@@ -26,7 +27,7 @@ from uniagent.specs import (
 if TYPE_CHECKING:  # pragma: no cover
     from uniagent.parsers.base import ToolCallParser
 
-R = TypeVar("R", ToolSpec, DeploymentSpec, ParserSpec, RewardSpec, ServiceSpec)
+R = TypeVar("R", ToolSpec, DeploymentSpec, ParserSpec, RewardSpec, ServiceSpec, AgentSpec)
 
 _SINGULAR: dict[Kind, str] = {
     "tools": "tool",
@@ -34,6 +35,7 @@ _SINGULAR: dict[Kind, str] = {
     "tool_parsers": "tool parser",
     "rewards": "reward",
     "services": "service",
+    "agents": "agent",
 }
 
 
@@ -145,6 +147,10 @@ class Registry:
     def services(self) -> Records[ServiceSpec]:
         """Process-wide services by name."""
         return self.get("services")
+
+    def agents(self) -> Records[AgentSpec]:
+        """Agents (the built-in loop, harnesses) by name."""
+        return self.get("agents")
 
     def contributions(self) -> dict[str, dict[Kind, list[str]]]:
         """Per plugin key (distribution, or ``uniagent:<module>`` for built-ins), names per kind."""

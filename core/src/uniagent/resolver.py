@@ -31,6 +31,7 @@ from typing import Any
 
 from pydantic import BaseModel, ValidationError
 
+from uniagent.builtin.agents import REACT
 from uniagent.config import AgentConfig, RewardConfig, ToolRef, format_validation_error
 from uniagent.env.agent_env import AgentEnv
 from uniagent.env.config import EnvConfig
@@ -40,6 +41,7 @@ from uniagent.parsers.base import ToolCallParser
 from uniagent.registry import Registry, get_registry
 from uniagent.rubric import Component, Rubric, rubric_spec
 from uniagent.specs import (
+    AgentSpec,
     DeploymentSpec,
     ParserSpec,
     RewardSpec,
@@ -79,6 +81,9 @@ class ResolvedAgent:
     #: MCP servers whose tools each episode lists at its start (:mod:`uniagent.mcp`).
     mcp_servers: tuple[McpServerConfig, ...] = ()
     source: str = "config"
+    #: The agent that runs the episode (the built-in loop unless the config names a harness).
+    agent: AgentSpec[Any] = REACT
+    agent_settings: Any = None
     registry: Registry | None = field(default=None, compare=False, repr=False)
     _per_task: dict[str, ResolvedAgent] = field(
         default_factory=dict, compare=False, repr=False, init=False
@@ -183,7 +188,10 @@ def _resolve(
         )
         for name, raw in config.services.items()
     )
+    agent, agent_settings = _agent(registry, config, deployment_config, source)
     return ResolvedAgent(
+        agent=agent,
+        agent_settings=agent_settings,
         config=config,
         tools=tools,
         parser=parser,
@@ -204,7 +212,8 @@ def _reward(registry: Registry, config: RewardConfig, source: str) -> ResolvedRe
         settings = _settings(
             spec.settings, config.settings, "reward.settings", source, what=f"reward {spec.name!r}"
         )
-        return ResolvedReward(spec, settings, config.grade_in, config.integrity)
+        grade_in = config.grade_in or spec.integrity.grade_in
+        return ResolvedReward(spec, settings, grade_in, config.integrity)
     parts: list[tuple[str, Any, float, bool]] = [
         (f"reward.rubric.{i}", c, c.weight, False) for i, c in enumerate(config.rubric)
     ] + [(f"reward.metrics.{i}", m, 0.0, True) for i, m in enumerate(config.metrics)]
@@ -216,12 +225,45 @@ def _reward(registry: Registry, config: RewardConfig, source: str) -> ResolvedRe
         )
         components.append(Component(part.key, spec, settings, weight, metric))
     rubric = Rubric(tuple(components), config.aggregate, config.pass_score)
-    return ResolvedReward(rubric_spec(rubric), rubric, config.grade_in, config.integrity)
+    spec = rubric_spec(rubric)
+    grade_in = config.grade_in or spec.integrity.grade_in
+    return ResolvedReward(spec, rubric, grade_in, config.integrity)
 
 
 def _component(registry: Registry, name: str, path: str, source: str) -> RewardSpec[Any]:
     spec: RewardSpec[Any] = _lookup(registry.rewards(), name, f"{path}.name", source)
     return spec
+
+
+def _agent(
+    registry: Registry, config: AgentConfig, deployment: BaseModel, source: str
+) -> tuple[AgentSpec[Any], Any]:
+    """The agent record and its validated settings; a harness's sandbox needs checked."""
+    name = config.agent.name
+    agents = registry.agents()
+    spec: AgentSpec[Any] = (
+        REACT if name == REACT.name and name not in agents else
+        _lookup(agents, name, "agent.name", source)
+    )  # fmt: skip
+    settings = _settings(
+        spec.settings, config.agent.settings, "agent.settings", source, what=f"agent {name!r}"
+    )
+    if not spec.is_harness:
+        return spec, settings
+    kind = str(getattr(deployment, "type", ""))
+    if kind not in spec.deployments:
+        raise ConfigError(
+            f"invalid {source}:\n  env.deployment.type: agent {name!r} runs in "
+            f"{', '.join(spec.deployments)} sandboxes, not {kind!r}"
+        )
+    isolation = getattr(deployment, "isolation", None)
+    if kind == "host" and isolation != "none" and getattr(deployment, "network", None) is not True:
+        raise ConfigError(
+            f"invalid {source}:\n  env.deployment.network: agent {name!r} reaches its model "
+            "through the gateway on this machine's network: set `network: true` (the sandbox "
+            "then shares this machine's network)"
+        )
+    return spec, settings
 
 
 def _lookup(records: Mapping[str, Any], name: str, path: str, source: str) -> Any:

@@ -11,7 +11,8 @@ docs/rewards.md for what the grader trusts.
 from __future__ import annotations
 
 import warnings
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
+from contextlib import AbstractAsyncContextManager
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Generic, TypeVar
 
@@ -35,7 +36,11 @@ class RewardContext(Generic[C]):
     ``RewardSpec.settings``, or ``None`` without one; ``config`` is its deprecated
     name); ``submission`` the output of the finishing tool (``submit``'s diff,
     ``finish``'s answer) or ``None``; ``workspace`` the repository being graded
-    (path and base commit).
+    (path and base commit); ``control`` opens a control sandbox (``async with
+    ctx.control() as sandbox``): the task as it was before the agent's first command, a
+    fresh sandbox from its deployment and set-up with no change of the agent's, for a
+    reward that must tell a check the agent broke from a check that is broken (``None``
+    where the grader cannot start one; see :mod:`uniagent.grading.control`).
     """
 
     sandbox: GradingSandbox | None
@@ -45,6 +50,7 @@ class RewardContext(Generic[C]):
     exit_reason: ExitReason | None = None
     submission: str | None = None
     workspace: Workspace = field(default_factory=Workspace)
+    control: Callable[[], AbstractAsyncContextManager[GradingSandbox]] | None = None
 
     @property
     def config(self) -> C:

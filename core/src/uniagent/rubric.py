@@ -133,7 +133,7 @@ def rubric_spec(rubric: Rubric) -> RewardSpec[Rubric]:
 
 
 def _integrity(components: Sequence[Component]) -> IntegrityDefaults:
-    """The union of the components' protections; the first workspace function found."""
+    """The union of the components' protections; the first workspace and test-env functions."""
     if not components:
         return IntegrityDefaults()
     protect: list[Any] = []
@@ -147,11 +147,23 @@ def _integrity(components: Sequence[Component]) -> IntegrityDefaults:
         assert owner is not None and owner.spec.integrity.workspace is not None
         return owner.spec.integrity.workspace(task, owner.settings)
 
+    tested = next((c for c in components if c.spec.integrity.test_env is not None), None)
+
+    def test_env(task: Mapping[str, Any], _settings: Any) -> Any:
+        assert tested is not None and tested.spec.integrity.test_env is not None
+        return tested.spec.integrity.test_env(task, tested.settings)
+
     return IntegrityDefaults(
         scrub_history=any(c.spec.integrity.scrub_history for c in components),
+        disable_plugin_autoload=any(c.spec.integrity.disable_plugin_autoload for c in components),
+        # fresh when any component grades fresh by default (the stricter place)
+        grade_in="fresh"
+        if any(c.spec.integrity.grade_in == "fresh" for c in components)
+        else "episode",
         protect=tuple(protect),
         content_rules=tuple(content),
         workspace=workspace if owner is not None else None,
+        test_env=test_env if tested is not None else None,
     )
 
 

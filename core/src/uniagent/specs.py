@@ -31,7 +31,7 @@ if TYPE_CHECKING:  # pragma: no cover - imports for type checkers only
 #: A plugin's settings model (``None`` where it takes none).
 S = TypeVar("S")
 
-Kind = Literal["tools", "deployments", "tool_parsers", "rewards", "services"]
+Kind = Literal["tools", "deployments", "tool_parsers", "rewards", "services", "agents"]
 KINDS: tuple[Kind, ...] = get_args(Kind)
 
 
@@ -280,7 +280,145 @@ class ServiceSpec(_SettingsRecord, Generic[S]):
         self._take_deprecated_config()
 
 
-Record = ToolSpec | DeploymentSpec | ParserSpec | RewardSpec | ServiceSpec
+#: The wire formats a harness can speak to the gateway, named as its trees record them:
+#: OpenAI Chat Completions, OpenAI Responses, Anthropic Messages.
+Wire = Literal["chat", "responses", "messages"]
+WIRES: tuple[Wire, ...] = get_args(Wire)
+
+
+@dataclass(frozen=True)
+class AgentInstall:
+    """How a harness is installed, pinned: ``pip`` (into its own venv), ``npm`` (into its own
+    prefix) or ``binary`` (one executable file, from a local path, checked by its sha256).
+
+    It is installed once per machine into uniagent's cache and made visible, read-only, to
+    each episode's sandbox; ``command`` is the executable it provides (``mini``, ``claude``).
+    """
+
+    kind: Literal["pip", "npm", "binary"]
+    package: str
+    version: str
+    command: str
+    #: ``binary`` only: the sha256 of the file (its pin).
+    sha256: str | None = None
+
+    def __post_init__(self) -> None:
+        if self.kind not in ("pip", "npm", "binary"):
+            raise ValueError(f"install kind must be pip, npm or binary, not {self.kind!r}")
+        if not self.version or any(c in self.version for c in "<>=~^*, "):
+            raise ValueError(
+                f"install of {self.package!r}: pin one exact version, not {self.version!r}"
+            )
+        if self.kind == "binary" and not self.sha256:
+            raise ValueError(f"binary install {self.package!r}: give its sha256 (its pin)")
+
+    def describe(self) -> dict[str, Any]:
+        """JSON-ready, for ``uniagent plugins --json``."""
+        out: dict[str, Any] = {"kind": self.kind, "package": self.package}
+        out.update(version=self.version, command=self.command)
+        if self.sha256:
+            out["sha256"] = self.sha256
+        return out
+
+
+@dataclass(frozen=True)
+class AgentLaunch:
+    """What a harness is started with, in the episode's sandbox.
+
+    ``base_url`` is the gateway session's base URL without ``/v1`` (``http://H:P/s/ID``);
+    ``api_key`` the session's key; ``instruction`` the task's first user message;
+    ``workdir`` the sandbox's work dir; ``home`` a fresh folder for the harness's own
+    config and logs (its ``HOME``); ``bin`` the folder holding the installed ``command``.
+    """
+
+    base_url: str
+    api_key: str
+    instruction: str
+    workdir: str
+    home: str
+    bin: str
+
+
+@dataclass(frozen=True)
+class AgentCommand:
+    """How to run a harness once: a bash command line, its variables, files written first
+    (path → text; relative paths are under ``home``), and its wall-clock limit in seconds."""
+
+    command: str
+    env: Mapping[str, str] = field(default_factory=dict)
+    files: Mapping[str, str] = field(default_factory=dict)
+    timeout: float = 1800.0
+
+
+@dataclass(frozen=True)
+class AgentOutcome:
+    """How a harness run ended, as the spec reads it: an exit reason (``"finished"``,
+    ``"max_step_limit"``, ``"format_error"``, ...) and the submission text, if any."""
+
+    exit_reason: str
+    submission: str | None = None
+
+
+def default_outcome(exit_code: int | None, output: str, settings: Any) -> AgentOutcome:
+    """Exit status 0: ``finished``; any other: ``format_error`` (the harness gave up on the
+    model's output: the policy's outcome, trained on)."""
+    return AgentOutcome("finished" if exit_code == 0 else "format_error")
+
+
+@dataclass(frozen=True, kw_only=True)
+class AgentSpec(_Record, Generic[S]):
+    """An agent: the built-in ReAct loop (``react``), or a harness run inside the sandbox.
+
+    A harness has an ``install`` (pinned), speaks one ``wire`` format to the gateway, and
+    ``launch(launch, settings)`` gives the :class:`AgentCommand` that runs it with an
+    :class:`AgentLaunch` (base URL, key, instruction, work dir); its own step and time
+    limits belong in ``settings`` (a pydantic model, validated at resolve time) and in the
+    command's ``timeout``. ``outcome(exit_code, output, settings)`` reads how it finished
+    (default :func:`default_outcome`); ``logs`` are its own log files, relative to its home,
+    kept with the episode. ``deployments`` names the sandbox backends it runs in.
+    """
+
+    description: str = ""
+    install: AgentInstall | None = None
+    wire: Wire | None = None
+    launch: Callable[[AgentLaunch, Any], AgentCommand] | None = field(default=None, compare=False)
+    outcome: Callable[[int | None, str, Any], AgentOutcome] = field(
+        default=default_outcome, compare=False
+    )
+    logs: tuple[str, ...] = ()
+    settings: type[S] | None = None
+    deployments: tuple[str, ...] = ("host",)
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        harness = (self.install, self.wire, self.launch)
+        if any(x is not None for x in harness) and any(x is None for x in harness):
+            raise ValueError(f"agent {self.name!r}: a harness needs install, wire and launch")
+        if self.wire is not None and self.wire not in WIRES:
+            raise ValueError(f"agent {self.name!r}: wire must be one of {', '.join(WIRES)}")
+
+    @property
+    def is_harness(self) -> bool:
+        """Whether it runs as a program in the sandbox (not the built-in loop)."""
+        return self.launch is not None
+
+    def describe(self) -> dict[str, Any]:
+        """Its install and wire details, JSON-ready (``uniagent plugins --json``)."""
+        return {
+            "install": self.install.describe() if self.install else None,
+            "wire": self.wire,
+            "harness": self.is_harness,
+            "deployments": list(self.deployments) if self.is_harness else None,
+            "logs": list(self.logs),
+            "settings": (
+                self.settings.model_json_schema()  # type: ignore[attr-defined]
+                if self.settings is not None
+                else None
+            ),
+        }
+
+
+Record = ToolSpec | DeploymentSpec | ParserSpec | RewardSpec | ServiceSpec | AgentSpec
 
 RECORD_TYPES: dict[Kind, type] = {
     "tools": ToolSpec,
@@ -288,4 +426,5 @@ RECORD_TYPES: dict[Kind, type] = {
     "tool_parsers": ParserSpec,
     "rewards": RewardSpec,
     "services": ServiceSpec,
+    "agents": AgentSpec,
 }

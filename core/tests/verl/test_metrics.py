@@ -106,3 +106,29 @@ def test_no_uniagent_rows_gives_nothing() -> None:
     """A batch of other loops' rows (or an empty one) adds no agent metrics."""
     assert agent_metrics([None, None]) == {}
     assert agent_metrics([]) == {}
+
+
+def test_tamper_reports_are_shares_per_step() -> None:
+    """``integrity/...``: every kind each step (0 when unseen), rules and forced reasons seen."""
+    from uniagent.protect.report import integrity_flags
+
+    tampered = {
+        "score_reason": "tampered",
+        "integrity": {
+            "tampered": [
+                {"kind": "protected_file", "path": "setup.cfg", "change": "modified",
+                 "rule": "runner-config-sections", "scores": True},
+                {"kind": "content", "path": "calc.py", "change": "added",
+                 "rule": "pytest-internals", "scores": False},
+            ]
+        },
+    }  # fmt: skip
+    extras = [row(integrity=integrity_flags(tampered)), row(integrity={}), row(integrity={})]
+    out = agent_metrics(extras)
+    assert out["integrity/tampered"] == pytest.approx(1 / 3)
+    assert out["integrity/tampered/protected_file"] == pytest.approx(1 / 3)
+    assert out["integrity/tampered/content"] == 0.0, "a report that does not score is a rule"
+    assert out["integrity/tampered/toolchain"] == 0.0, "every kind, seen or not"
+    assert out["integrity/rule/pytest-internals"] == pytest.approx(1 / 3)
+    assert out["integrity/score_reason/tampered"] == pytest.approx(1 / 3)
+    assert "integrity/tampered" in agent_metrics([row(integrity={})])

@@ -178,6 +178,10 @@ def page(browser: Any, tmp_path: Path) -> Iterator[Any]:
     page.on("pageerror", lambda exc: errors.append(str(exc)))
     page.on("console", lambda msg: errors.append(msg.text) if msg.type == "error" else None)
     page.set_default_timeout(60_000)
+    # expect() has its own wait (5 s by default), too short for a page on a loaded machine.
+    from playwright.sync_api import expect
+
+    expect.set_options(timeout=60_000)
     yield page
     context.close()
     assert not errors, f"the page had JavaScript errors: {errors}"

@@ -122,7 +122,14 @@ def test_a_tampered_episode_is_flagged_in_its_row(viewer, messages_run):
     ] * 2
     others = viewer.json("/api/runs/0/episodes", q="mean-empty")["rows"]
     assert {(r["tampered"], r["score_reason"]) for r in others} == {(0, None)}
-    assert viewer.json("/api/runs/0/summary")["tampered_episodes"] == 2
+    summary = viewer.json("/api/runs/0/summary")
+    assert summary["tampered_episodes"] == 2
+    saved = json.loads((messages_run / "summary.json").read_text())
+    assert summary["integrity"] == saved["integrity"], "the viewer counts as summary.json does"
+    assert summary["integrity"]["tampered"]["protected_file"] == 2
+    timeline = summary["integrity_timeline"]
+    assert sum(b["tampered"] for b in timeline) == 2
+    assert sum(b["episodes"] for b in timeline) == summary["integrity"]["graded_episodes"]
 
 
 def test_summary_follows_the_filters(viewer):

@@ -157,6 +157,10 @@ def test_the_summary_draws_its_charts(viewer, page, screenshot):
     expect(page.locator("#summary")).to_contain_text("pass@2")
     expect(page.locator("#summary .stat-card.alarm")).to_contain_text("Tampered2")
     expect(page.locator("#time-chart .stack-part")).to_have_count(4)
+    chart = page.locator("#integrity-chart")
+    expect(chart).to_contain_text("2 of 12 graded episodes report tampering")
+    expect(chart.locator(".hbar").first).to_contain_text("tampered: protected_file")
+    expect(chart.locator(".vbar").first).to_be_visible()
     screenshot("summary")
 
 

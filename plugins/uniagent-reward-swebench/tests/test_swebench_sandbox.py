@@ -12,6 +12,7 @@ from typing import Any
 import pytest
 from swebench_helpers import (
     FIXED,
+    PYTEST,
     CalcRepo,
     r2e_gym_row,
     swe_bench_full_script_row,
@@ -209,3 +210,43 @@ async def test_test_patch_that_does_not_apply_scores_zero(host_env, calc_repo) -
     assert result.score == 0.0
     assert result.info["test_patch_applied"] is False
     assert result.info["failure_reason"] == "test_patch_did_not_apply"
+
+
+async def test_r2e_gym_tests_outside_the_repo_are_put_back_before_grading(
+    host_env, calc_repo, tmp_path
+) -> None:
+    # R2E-Gym's set-up moves run_tests.sh and r2e_tests to /root, out of the repository.
+    outside = tmp_path / "root"
+    outside.mkdir()
+    (calc_repo.path / "r2e_tests").rename(outside / "r2e_tests")
+    script = outside / "run_tests.sh"
+    script.write_text(f"cd {calc_repo.path} && {PYTEST} {outside / 'r2e_tests'}\n")
+    settings = {"workdir": str(calc_repo.path), "test_cmd": f"bash {script}",
+                "protect_outside": [str(script), str(outside / "r2e_tests")]}  # fmt: skip
+    _GRADERS[id(host_env)] = await prepare_grader(
+        host_env, "r2e_gym", r2e_gym_row(), settings=settings
+    )
+    fake = "echo 'PASSED r2e_tests/test_1.py::TestCalc::test_add'"
+    await host_env.write_file(str(script), fake + "\n")
+    await host_env.write_file(str(outside / "r2e_tests" / "test_2.py"), "x = 1\n")
+    result = await score("r2e_gym", host_env, r2e_gym_row())
+    assert result.score == 0.0 and result.info["score_reason"] == "tampered"
+    assert {(t["path"], t["change"], t["rule"]) for t in result.info["integrity"]["tampered"]} == {
+        (str(script), "modified", "outside-paths"),
+        (str(outside / "r2e_tests" / "test_2.py"), "added", "outside-paths"),
+    }
+    assert script.read_text().startswith("cd ")
+    assert not (outside / "r2e_tests" / "test_2.py").exists()
+
+
+def test_the_swe_rewards_grade_in_a_fresh_sandbox_by_default() -> None:
+    from uniagent import AgentConfig
+    from uniagent.resolver import resolve
+
+    for name, expected in (("swe_bench", "fresh"), ("r2e_gym", "fresh"), ("command", "episode")):
+        agent = resolve(AgentConfig.model_validate({"reward": {"name": name}}))
+        assert agent.reward is not None and agent.reward.grade_in == expected, name
+    explicit = resolve(
+        AgentConfig.model_validate({"reward": {"name": "swe_bench", "grade_in": "episode"}})
+    )
+    assert explicit.reward is not None and explicit.reward.grade_in == "episode"

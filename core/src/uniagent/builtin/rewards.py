@@ -7,6 +7,7 @@ from collections.abc import Iterator
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from uniagent.builtin.harbor_reward import HarborRewardConfig, harbor_reward
 from uniagent.builtin.judge import JudgeSettings, llm_judge_reward
 from uniagent.hookspecs import hookimpl
 from uniagent.reward import RewardContext, RewardInfraError, RewardResult
@@ -55,6 +56,13 @@ def uniagent_rewards() -> Iterator[RewardSpec]:
         settings=CommandRewardConfig,
         description="1.0 when a test command (from the config or the task) exits 0 in a clean "
         "grading shell",
+    )
+    yield RewardSpec(
+        name="harbor",
+        fn=harbor_reward,
+        settings=HarborRewardConfig,
+        description="a Harbor task's tests/test.sh, copied in at grading time; its reward.txt "
+        "or named rewards (reward.json)",
     )
     yield RewardSpec(
         name="llm_judge",

@@ -38,15 +38,18 @@ class Gateway:
         self.sessions: dict[str, Session] = {}
         self._by_key: dict[str, Session] = {}
 
-    def open_session(self, session_id: str | None = None) -> Session:
-        """A new session with its own id and API key."""
+    def open_session(
+        self, session_id: str | None = None, *, backend: TokenBackend | None = None
+    ) -> Session:
+        """A new session with its own id and API key (and its own ``backend``, if given: an
+        episode's model in front of the same tokenizer, e.g. one per verl episode)."""
         session_id = session_id or new_session_id()
         if session_id in self.sessions:
             raise GatewayError(f"session {session_id!r} exists", status=409)
         session = Session(
             session_id,
             new_key(),
-            self.backend,
+            backend or self.backend,
             self.parser,
             self.chat_template_kwargs,
             self.exactness,
@@ -86,3 +89,10 @@ class Gateway:
             )
         self._by_key.pop(session.key, None)
         return session.close()
+
+    def forget(self, session_id: str) -> None:
+        """Drop a closed session (its owner kept what :meth:`close` returned): a long run's
+        gateway then holds only the sessions of the episodes still going."""
+        session = self.sessions.get(session_id)
+        if session is not None and session.closed:
+            del self.sessions[session_id]

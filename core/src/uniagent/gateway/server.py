@@ -59,6 +59,7 @@ def create_app(gateway: Gateway, *, model_name: str = "uniagent-gateway") -> Sta
             except GatewayError as exc:
                 return JSONResponse(wire.error(exc), status_code=exc.status)
             except ModelError as exc:
+                session.backend_errors.append(str(exc))  # the episode masks it: infrastructure
                 failed = GatewayError(
                     f"the token backend failed: {exc}", status=502, kind="api_error"
                 )

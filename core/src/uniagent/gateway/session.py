@@ -130,6 +130,8 @@ class Session:
         self.closed = False
         #: Completions generated but never delivered (the client went away): not in the tree.
         self.undelivered: list[dict[str, Any]] = []
+        #: Why the token backend failed on a request (infrastructure, not the harness's).
+        self.backend_errors: list[str] = []
         self._prompts: dict[bytes, Node] = {}  # key of a request's messages -> its turn's end
         self._ends: dict[bytes, Node] = {}  # key of request + its reply -> the turn's end
         self._served = 0  # completions generated (for tool-call ids)
@@ -348,6 +350,7 @@ class Session:
             "tokens": sum(len(n.ids) for n in nodes),
             "generated_tokens": sum(sum(n.mask) for n in nodes),
             "undelivered": list(self.undelivered),
+            "backend_errors": list(self.backend_errors),
         }
 
     def close(self) -> dict[str, Any]:

@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import logging
 import time
 import traceback
@@ -33,19 +34,19 @@ from typing import TYPE_CHECKING, Any
 
 from uniagent.env.errors import EnvError, TerminalNotAliveError
 from uniagent.exit import ExitReason
-from uniagent.grading import integrity
+from uniagent.grading import integrity, outside, testenv
+from uniagent.grading.control import control_sandbox
 from uniagent.grading.integrity import Baseline, GradingSetupError, Tamper
 from uniagent.grading.patch import (
     FilePatch,
     PatchTooLarge,
     apply_patch,
-    content_hits,
-    extract_patch,
     join_patch,
-    split_patch,
+    screen_patch,
+    take_patch,
 )
 from uniagent.grading.sandbox import GradingSandbox
-from uniagent.protect.settings import IntegritySettings, Workspace
+from uniagent.protect.settings import IntegritySettings, TestEnv, Workspace
 from uniagent.reward import RewardContext, RewardInfraError, RewardResult
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -98,6 +99,8 @@ class EpisodeGrader:
         #: in which sandbox: a grading timeout is the agent's unless it hit a fresh start.
         self._phase = "checking"
         self._active: AgentEnv | None = None
+        #: ``grade_in: fresh``: the fresh sandbox started while the agent works, and its start.
+        self._ahead: tuple[AgentEnv, asyncio.Task[None]] | None = None
 
     @property
     def uses_sandbox(self) -> bool:
@@ -109,6 +112,7 @@ class EpisodeGrader:
         if not self.uses_sandbox:
             return {}
         started = time.perf_counter()
+        check = self.plan.integrity.verify_toolchain
         try:
             self.baseline = await integrity.capture(
                 env,
@@ -116,6 +120,8 @@ class EpisodeGrader:
                 self.plan.spec.integrity,
                 self.workspace,
                 self.plan.session_env,
+                check_toolchain=check,
+                after=self._after_capture,
             )
         finally:
             self.prepare_seconds = time.perf_counter() - started
@@ -124,7 +130,58 @@ class EpisodeGrader:
                 f"grade_in: fresh needs a git repository with a commit at "
                 f"{self.baseline.repo!r} (the agent's patch is taken against it)"
             )
+        if self.plan.grade_in == "fresh" and self.plan.fresh_env is not None:
+            # Started now, while the agent works: grading does not wait for its start-up.
+            # :meth:`close` stops it whatever becomes of the episode.
+            fresh = self.plan.fresh_env()
+            self._ahead = (fresh, asyncio.ensure_future(fresh.start()))
         return self.baseline.report()
+
+    async def fresh_started(self) -> None:
+        """Wait until the fresh sandbox started ahead is up (or has failed): what the agent's
+        working time hides (benchmarks and tests stand in for it with this)."""
+        if self._ahead is not None:
+            await asyncio.wait({self._ahead[1]})
+
+    async def _take_fresh(self) -> AgentEnv:
+        """The fresh sandbox started ahead (or, if that one failed, one started now)."""
+        ahead, self._ahead = self._ahead, None
+        if ahead is not None:
+            fresh, starting = ahead
+            try:
+                await starting  # cancelled with this grading: AgentEnv.start then closes it
+                return fresh
+            except Exception as exc:  # start() closed it
+                log.info("the fresh sandbox started ahead failed (%s); starting another", exc)
+        fresh = self.plan.fresh_env()
+        await fresh.start()
+        return fresh
+
+    async def close(self) -> None:
+        """Stop a fresh sandbox started ahead and not used (the episode was not graded, or
+        failed, or was interrupted); a no-op otherwise, and idempotent."""
+        ahead, self._ahead = self._ahead, None
+        if ahead is None:
+            return
+        fresh, starting = ahead
+        starting.cancel()  # nothing if it has started
+        try:
+            await asyncio.wait({starting})
+        finally:
+            if starting.done() and not starting.cancelled():
+                starting.exception()  # retrieved: it is not reported as never retrieved
+            await fresh.close()  # shielded and idempotent
+
+    async def _after_capture(self, sandbox: GradingSandbox, baseline: Baseline) -> None:
+        """The parts of the baseline outside the repository: the test environment (with the
+        toolchain check) and the benchmark's own outside paths."""
+        if self.plan.integrity.verify_toolchain:
+            hook = self.plan.spec.integrity.test_env
+            spec = hook(self.plan.task, self.plan.settings) if hook is not None else TestEnv()
+            await testenv.discover(sandbox, baseline, spec)
+        await outside.snapshot(
+            sandbox, baseline, self.workspace.outside_paths, self.plan.integrity.snapshot_max_bytes
+        )
 
     async def grade(
         self,
@@ -191,6 +248,10 @@ class EpisodeGrader:
         try:
             if mode == "episode":
                 changed = await integrity.verify_toolchain(sandbox, baseline)
+                env_changes, purged = await testenv.verify(sandbox, baseline)
+                changed += env_changes
+                if purged:
+                    info["bytecode_purged"] = purged
                 self._record(changed)
                 if changed and (
                     settings.on_tamper == "zero" or settings.on_toolchain_tamper == "zero"
@@ -200,12 +261,14 @@ class EpisodeGrader:
                     mode = info["grade_in"] = "fresh"
                     info["fallback"] = "the toolchain changed: graded in a fresh sandbox"
             self._record(await integrity.screen(sandbox, baseline, restore=True))
+            self._record(await outside.screen(sandbox, baseline))
             parts: list[FilePatch] = []
-            if baseline.base is not None and (mode == "fresh" or baseline.rules.content):
-                patch = await extract_patch(sandbox, baseline, settings.max_patch_bytes)
-                parts = split_patch(patch or b"")
-                self._record(content_hits(parts, baseline.rules))
-                info["patch_files"] = [p.path for p in parts]
+            if baseline.base is not None:
+                taken = await take_patch(sandbox, baseline, settings.max_patch_bytes)
+                if taken is not None:
+                    parts = taken.parts
+                    self._record(screen_patch(taken, baseline.rules))
+                    info.update(taken.report())
         except PatchTooLarge as exc:
             return self._zero(info, "patch_too_large", str(exc))
         except Exception as exc:
@@ -216,7 +279,9 @@ class EpisodeGrader:
         if mode == "episode":
             self._phase = "the reward"
             return await self._run_reward(sandbox, context, info, env=env)
-        kept = [p for p in parts if not integrity.is_protected(baseline.rules, p.path)]
+        # Whole protected files were put back (their parts are gone); a shared config file's
+        # edits stay: only its test-runner section is the benchmark's, and that is as it was.
+        kept = [p for p in parts if not baseline.rules.protects(p.path)]
         return await self._grade_fresh(env, join_patch(kept), context, info)
 
     async def _grade_fresh(
@@ -227,15 +292,14 @@ class EpisodeGrader:
         started = time.perf_counter()
         self._phase = "starting the fresh sandbox"
         try:
-            fresh = self.plan.fresh_env()
-            await fresh.start()
+            fresh = await self._take_fresh()
         except Exception as exc:
             raise GradingInfraError(
                 f"the fresh grading sandbox did not start: {type(exc).__name__}: {exc}"
             ) from exc
         try:
             environment = await integrity.environment_of(
-                fresh, self.plan.integrity, self.plan.session_env
+                fresh, self.plan.integrity, self.plan.session_env, self.plan.spec.integrity
             )
             repo = integrity.moved_repo(baseline.repo, episode, fresh)
             probe = await GradingSandbox.open(fresh, environment, workdir=repo)
@@ -247,10 +311,28 @@ class EpisodeGrader:
                         f"tree {baseline.base_tree} (commit {baseline.base}): the task's set-up "
                         "is not reproducible"
                     )
+                # What the fresh sandbox shares with the episode's (the host's directories
+                # without isolation) must be as it was before the agent's first command.
+                shared = await integrity.verify_toolchain(probe, baseline)
+                shared += await outside.screen(probe, baseline)
+                shared += (await testenv.verify(
+                    probe, baseline, since_baseline=False, repo=repo,
+                    moved=lambda path: integrity.moved_path(path, episode, fresh),
+                ))[0]  # fmt: skip
                 problem = await apply_patch(probe, repo, patch)
             finally:
                 await probe.close()
             info["fresh_setup_seconds"] = round(time.perf_counter() - started, 3)
+            self._record(shared)
+            if shared and self.plan.integrity.on_tamper == "zero":
+                info["tampered"] = [t.to_dict() for t in self._tampered]
+                return self._zero(
+                    info,
+                    "tampered",
+                    "what the fresh sandbox shares with the "
+                    "episode's (toolchain, test environment, the task's paths "
+                    "outside the repository) changed after the episode's start",
+                )
             if problem is not None:
                 return self._zero(info, "patch_did_not_apply", problem)
             sandbox = await GradingSandbox.open(fresh, environment, workdir=repo)
@@ -280,6 +362,7 @@ class EpisodeGrader:
             task=self.plan.task,
             settings=self.plan.settings,
             workspace=self._workspace(repo),
+            control=self._control(env, repo),
             **context,
         )
         try:
@@ -295,6 +378,20 @@ class EpisodeGrader:
             {**dict(outcome.info), **({"integrity": info} if info else {})},
             {int(turn): float(value) for turn, value in outcome.turn_scores.items()},
         )
+
+    def _control(self, env: AgentEnv | None, repo: str | None) -> Any:
+        """``RewardContext.control``: a fresh sandbox of the task, untouched by the agent."""
+        if self.plan.fresh_env is None or env is None or self.baseline is None:
+            return None
+
+        def starting(now: bool) -> None:  # a grading timeout while it starts is not the agent's
+            self._phase = "starting the fresh sandbox" if now else "the reward"
+
+        workdir = repo or self.baseline.repo
+        return functools.partial(
+            control_sandbox, self.plan.fresh_env, self.plan.integrity, self.plan.session_env,
+            episode=env, workdir=workdir, starting=starting,
+        )  # fmt: skip
 
     def _workspace(self, repo: str | None = None) -> Workspace:
         baseline = self.baseline

@@ -17,7 +17,7 @@ import logging
 import posixpath
 import re
 import tarfile
-from collections.abc import Mapping
+from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -25,7 +25,7 @@ from uniagent.env.errors import EnvError
 from uniagent.grading import scripts
 from uniagent.grading.sandbox import OUTPUT_LIMIT, GradingSandbox, grading_environment
 from uniagent.protect.rules import RuleSet, runner_section
-from uniagent.protect.settings import IntegrityDefaults, IntegritySettings, Workspace
+from uniagent.protect.settings import IntegrityDefaults, IntegritySettings, TestEnv, Workspace
 
 if TYPE_CHECKING:  # pragma: no cover
     from uniagent.env import AgentEnv
@@ -93,6 +93,18 @@ class Baseline:
     snapshot: dict[str, Member] = field(default_factory=dict)
     toolchain: dict[str, str] | None = None
     scrub: dict[str, Any] | None = None
+    #: Ignored files of the repository at the start (they are not the agent's patch).
+    ignored: frozenset[str] = frozenset()
+    #: The sandbox's clock at the start (``date +%s.%N``): later changes have a newer ctime.
+    epoch: str | None = None
+    #: The test environment (:mod:`uniagent.grading.testenv`): ``bin:WORD`` -> interpreter,
+    #: ``root:PATH`` -> digest of the names under it; and how it was resolved.
+    test_env: dict[str, str] | None = None
+    test_env_spec: TestEnv | None = None
+    #: The benchmark's paths outside the repository (:mod:`uniagent.grading.outside`).
+    outside_paths: tuple[str, ...] = ()
+    outside: dict[str, Member] = field(default_factory=dict)
+    outside_dirs: set[str] = field(default_factory=set)
 
     def report(self) -> dict[str, Any]:
         """What the result records about the baseline."""
@@ -101,6 +113,7 @@ class Baseline:
             "base_commit": self.base,
             "protected_files": len(self.snapshot),
             "toolchain_files": len(self.toolchain or {}),
+            "test_env_roots": sum(1 for k in self.test_env or {} if k.startswith("root:")),
             "history_scrub": self.scrub,
         }
 
@@ -146,9 +159,16 @@ async def capture(
     defaults: IntegrityDefaults,
     workspace: Workspace,
     session_env: Mapping[str, str],
+    *,
+    check_toolchain: bool | None = None,
+    after: Callable[[GradingSandbox, Baseline], Awaitable[None]] | None = None,
 ) -> Baseline:
-    """Take the baseline in ``env`` (after set-up, before the agent's first turn)."""
-    environment = await environment_of(env, settings, session_env)
+    """Take the baseline in ``env`` (after set-up, before the agent's first turn).
+
+    ``check_toolchain`` (default ``settings.verify_toolchain``) records the toolchain;
+    ``after`` runs in the same grading shell once the rest is taken.
+    """
+    environment = await environment_of(env, settings, session_env, defaults)
     repo = settings.repo or workspace.repo or env.workdir
     rules = settings.rules(defaults, workspace.protect_paths)
     baseline = Baseline(repo=repo, base=None, environment=environment, rules=rules)
@@ -173,7 +193,7 @@ async def capture(
                 "reward's workdir (or reward.integrity.repo) to the checkout"
             )
         if scrub:
-            baseline.scrub = {k: v for k, v in report.items() if k not in ("head", "tree")}
+            baseline.scrub = {k: v for k, v in report.items() if k not in ("head", "tree", "epoch")}
             baseline.scrub["head_is_base"] = bool(baseline.scrub.get("head_is_base"))
         head = str(report.get("head", ""))
         baseline.base = workspace.base_commit or (
@@ -182,27 +202,41 @@ async def capture(
         if baseline.base is not None:
             baseline.base_tree = str(report.get("tree")) if report.get("tree") else None
         baseline.listing = _parse_listing(blob(output, "list"))
+        baseline.ignored = frozenset(nul_list(blob(output, "ignored")))
+        epoch = str(report.get("epoch", ""))
+        baseline.epoch = epoch if re.fullmatch(r"\d+(\.\d+)?", epoch) else None
         protected = [
             p for p, kind in baseline.listing.items() if kind in "fl" and is_protected(rules, p)
         ]
         baseline.snapshot = await pack(sandbox, repo, protected, settings.snapshot_max_bytes)
-        if settings.verify_toolchain:
+        if settings.verify_toolchain if check_toolchain is None else check_toolchain:
             baseline.toolchain = await toolchain(sandbox)
+        if after is not None:
+            await after(sandbox, baseline)
     finally:
         await sandbox.close()
     return baseline
 
 
 async def environment_of(
-    env: AgentEnv, settings: IntegritySettings, session_env: Mapping[str, str]
+    env: AgentEnv,
+    settings: IntegritySettings,
+    session_env: Mapping[str, str],
+    defaults: IntegrityDefaults | None = None,
 ) -> dict[str, str]:
-    """The grading environment of ``env``: its start-up environment, cleaned (see sandbox)."""
+    """The grading environment of ``env``: its start-up environment, cleaned (see sandbox),
+    with ``PYTEST_DISABLE_PLUGIN_AUTOLOAD=1`` where the task set declares it."""
     started = await env.execute(["env", "-0"], env=None, timeout=60)
     start_env = dict(item.split("=", 1) for item in started.stdout.split("\0") if "=" in item)
     exclude = tuple(p for p in (env.tools_dir, env.workdir) if p)
-    return grading_environment(
-        {**start_env, **session_env}, exclude_path=exclude, extra=settings.grading_env
-    )
+    autoload_off = settings.disable_plugin_autoload
+    if autoload_off is None:
+        autoload_off = defaults.disable_plugin_autoload if defaults is not None else False
+    extra = {
+        **({"PYTEST_DISABLE_PLUGIN_AUTOLOAD": "1"} if autoload_off else {}),
+        **settings.grading_env,
+    }
+    return grading_environment({**start_env, **session_env}, exclude_path=exclude, extra=extra)
 
 
 def moved_repo(repo: str, old: AgentEnv, new: AgentEnv) -> str:
@@ -210,6 +244,20 @@ def moved_repo(repo: str, old: AgentEnv, new: AgentEnv) -> str:
     if old.workdir and new.workdir and (repo + "/").startswith(old.workdir.rstrip("/") + "/"):
         return posixpath.normpath(posixpath.join(new.workdir, posixpath.relpath(repo, old.workdir)))
     return repo
+
+
+def moved_path(path: str, old: AgentEnv, new: AgentEnv) -> str:
+    """Where ``path`` of sandbox ``old`` is in ``new``: where their work dirs differ, what is
+    under the old work dir's parent (the sandbox's own directory) moves with it."""
+    if not old.workdir or not new.workdir or old.workdir == new.workdir:
+        return path
+    own, there = (
+        posixpath.dirname(old.workdir.rstrip("/")),
+        posixpath.dirname(new.workdir.rstrip("/")),
+    )
+    if own in ("", "/") or not (path + "/").startswith(own + "/"):
+        return path
+    return posixpath.normpath(posixpath.join(there, posixpath.relpath(path, own)))
 
 
 async def tree_of(sandbox: GradingSandbox, repo: str, commit: str = "HEAD") -> str | None:
@@ -353,8 +401,12 @@ async def screen(sandbox: GradingSandbox, baseline: Baseline, *, restore: bool) 
     for path, now in current.items():
         if path in baseline.snapshot:
             continue
-        if rules.protects_section(path) and runner_section(path, _text(now)) is None:
-            continue  # a new shared config file without a test-runner section
+        if (
+            rules.protects_section(path)
+            and now.kind == "f"
+            and runner_section(path, _text(now)) is None
+        ):
+            continue  # a new shared config file without a test-runner section (not a link)
         remove.add(path)
         tampered.append(_file_tamper(rules, path, "added"))
     # Something at a protected directory's place that is no longer a directory hides what
@@ -383,9 +435,11 @@ def _text(member: Member) -> str | None:
 
 
 def _same_section(rules: RuleSet, path: str, before: Member, now: Member) -> bool:
-    return rules.protects_section(path) and runner_section(path, _text(before)) == runner_section(
-        path, _text(now)
-    )
+    """Whether only what is not the runner's changed in a shared config file (a file that
+    became a symlink changed, whatever it points to: the runner reads the target)."""
+    if not rules.protects_section(path) or not before.kind == now.kind == "f":
+        return False
+    return runner_section(path, _text(before)) == runner_section(path, _text(now))
 
 
 async def _restore(
@@ -425,6 +479,17 @@ async def _restore(
 
 def _nul_list(paths: list[str]) -> bytes:
     return b"".join(p.encode("utf-8", "surrogateescape") + b"\0" for p in paths)
+
+
+def nul_list(data: bytes) -> list[str]:
+    """The paths of a NUL-separated list (undecodable bytes kept as surrogates)."""
+    return [p for p in data.decode("utf-8", "surrogateescape").split("\0") if p]
+
+
+def sorted_nul_list(paths: frozenset[str] | set[str]) -> bytes:
+    """``paths`` NUL-separated in byte order (as ``LC_ALL=C sort -z`` sorts)."""
+    encoded = sorted(p.encode("utf-8", "surrogateescape") for p in paths)
+    return b"".join(p + b"\0" for p in encoded)
 
 
 async def verify_toolchain(sandbox: GradingSandbox, baseline: Baseline) -> list[Tamper]:

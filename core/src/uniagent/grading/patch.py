@@ -1,10 +1,14 @@
 """The agent's patch: taken from the sandbox, split into its files, scanned, applied.
 
 Before grading, the agent's whole change against the base commit is taken as one
-binary-safe ``git diff`` (refused over ``max_patch_bytes``), split into one part
+binary-safe ``git diff`` (refused over ``max_patch_bytes``), with the ignored
+files the agent made (ignored files are imported like any other; the ignored
+files of the baseline it changed are reported and scanned), split into one part
 per file, its added lines scanned with the content rules, and, for
 ``grade_in: fresh``, what remains outside the protected files applied in a fresh
-sandbox. The baseline and the screening of protected files are in
+sandbox. Files git takes for binary are diffed again as text for the scan, and a
+binary change to a text source file is tampering (``binary-source``). The
+baseline and the screening of protected files are in
 :mod:`uniagent.grading.integrity`.
 """
 
@@ -12,7 +16,7 @@ from __future__ import annotations
 
 import base64
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from uniagent.grading import scripts
 from uniagent.grading.integrity import (
@@ -23,7 +27,10 @@ from uniagent.grading.integrity import (
     blob,
     is_protected,
     key_values,
+    nul_list,
+    pack,
     run_script,
+    sorted_nul_list,
 )
 from uniagent.grading.sandbox import GradingSandbox
 from uniagent.protect.rules import RuleSet
@@ -36,9 +43,14 @@ class FilePatch:
     path: str
     text: str
 
+    @property
+    def binary(self) -> bool:
+        """Whether git wrote this part as a binary patch."""
+        return "\nGIT binary patch\n" in self.text
+
     def added_lines(self) -> list[str]:
         """The lines this part adds (none for a binary part)."""
-        if "\nGIT binary patch\n" in self.text:
+        if self.binary:
             return []
         return [
             line[1:]
@@ -47,16 +59,53 @@ class FilePatch:
         ]
 
 
+@dataclass
+class AgentPatch:
+    """What the agent changed: the patch, and what of it the screen reads as text."""
+
+    patch: bytes
+    parts: list[FilePatch]
+    #: Text diffs (``--text``) of the parts git wrote as binary.
+    text_parts: list[FilePatch] = field(default_factory=list)
+    #: Ignored files the agent made (in the patch) and ignored files of the baseline it
+    #: changed (not in the patch: reported and scanned whole).
+    ignored_new: list[str] = field(default_factory=list)
+    ignored_changed: list[str] = field(default_factory=list)
+    #: path -> text of the changed ignored files that are text sources (scanned whole).
+    changed_sources: dict[str, str] = field(default_factory=dict)
+
+    def report(self) -> dict[str, object]:
+        """What the result records of the patch."""
+        out: dict[str, object] = {"patch_files": [p.path for p in self.parts]}
+        if self.ignored_new or self.ignored_changed:
+            out["ignored_files"] = {"new": self.ignored_new, "changed": self.ignored_changed}
+        return out
+
+
 async def extract_patch(sandbox: GradingSandbox, baseline: Baseline, limit: int) -> bytes | None:
     """The agent's whole change against the base, binary-safe; ``None`` without git."""
+    taken = await take_patch(sandbox, baseline, limit)
+    return None if taken is None else taken.patch
+
+
+async def take_patch(sandbox: GradingSandbox, baseline: Baseline, limit: int) -> AgentPatch | None:
+    """The agent's change against the base (see the module); ``None`` without git."""
     if baseline.repo is None or baseline.base is None:
         return None
+    listed = f"{sandbox.scratch}/ignored"
+    await sandbox.write_bytes(listed, sorted_nul_list(baseline.ignored))
     output = await run_script(
         sandbox,
         scripts.DIFF,
-        {"REPO": baseline.repo, "BASE": baseline.base, "LIMIT": str(limit)},
+        {
+            "REPO": baseline.repo,
+            "BASE": baseline.base,
+            "LIMIT": str(limit),
+            "IGNORED": listed,
+            "SINCE": baseline.epoch or "",
+        },
         what="taking the agent's patch",
-        max_bytes=limit * 4 // 3 + (1 << 16),
+        max_bytes=limit * 4 // 3 + (1 << 24),
     )
     size = key_values(output).get("size")
     if not isinstance(size, int):
@@ -66,7 +115,29 @@ async def extract_patch(sandbox: GradingSandbox, baseline: Baseline, limit: int)
     patch = blob(output, "patch")
     if len(patch) != size:
         raise GradingSetupError(f"the agent's patch has {len(patch)} bytes, not {size}")
-    return patch
+    taken = AgentPatch(
+        patch, split_patch(patch), ignored_new=nul_list(blob(output, "ignored_new")),
+        ignored_changed=nul_list(blob(output, "ignored_changed")),
+    )  # fmt: skip
+    binary = [p.path for p in taken.parts if p.binary]
+    if binary:
+        names = f"{sandbox.scratch}/binary"
+        await sandbox.write_bytes(names, sorted_nul_list(set(binary)))
+        text = await run_script(
+            sandbox, scripts.DIFF_TEXT,
+            {"REPO": baseline.repo, "BASE": baseline.base, "LIST": names, "LIMIT": str(limit)},
+            what="diffing binary files as text", max_bytes=limit * 4 // 3 + (1 << 16),
+        )  # fmt: skip
+        taken.text_parts = split_patch(blob(text, "patch"))
+    sources = [p for p in taken.ignored_changed if baseline.rules.is_source(p)]
+    if sources:
+        members = await pack(sandbox, baseline.repo, sources, limit)
+        taken.changed_sources = {
+            path: m.data.decode("utf-8", "surrogateescape")
+            for path, m in members.items()
+            if m.kind == "f"
+        }
+    return taken
 
 
 class PatchTooLarge(Exception):
@@ -136,6 +207,31 @@ def content_hits(parts: list[FilePatch], rules: RuleSet) -> list[Tamper]:
         for hit in rules.content_hits(part.path, part.added_lines()):
             hits.append(Tamper("content", part.path, "hit", hit["rule"], True, hit["line"]))
     return hits
+
+
+def screen_patch(taken: AgentPatch, rules: RuleSet) -> list[Tamper]:
+    """Everything the patch screen finds: content-rule matches in the text of every part
+    (binary parts as their text diff, changed ignored sources whole) and binary changes
+    to text source files."""
+    found = content_hits([*taken.parts, *taken.text_parts], rules)
+    for path, text in taken.changed_sources.items():
+        if is_protected(rules, path):
+            continue
+        for hit in rules.content_hits(path, text.splitlines()):
+            found.append(Tamper("content", path, "hit", hit["rule"], True, hit["line"]))
+    for part in taken.parts:
+        if part.binary and rules.is_source(part.path) and not is_protected(rules, part.path):
+            found.append(
+                Tamper(
+                    "content",
+                    part.path,
+                    "binary",
+                    "binary-source",
+                    True,
+                    "a text source file changed as a binary patch",
+                )
+            )
+    return found
 
 
 async def apply_patch(sandbox: GradingSandbox, repo: str, patch: bytes) -> str | None:

@@ -50,6 +50,8 @@ FIXED_VARIABLES: dict[str, str] = {
     "GIT_CONFIG_NOSYSTEM": "1",
     "GIT_CONFIG_GLOBAL": "/dev/null",
     "GIT_TERMINAL_PROMPT": "0",
+    # `git replace` refs would change what every git command (the eval script's too) sees.
+    "GIT_NO_REPLACE_OBJECTS": "1",
     "PAGER": "cat",
     "GIT_PAGER": "cat",
     "NO_COLOR": "1",
@@ -61,7 +63,8 @@ FIXED_VARIABLES: dict[str, str] = {
 GIT_FUNCTION = (
     "gitc() { git -c core.fsmonitor=false -c core.hooksPath=/dev/null -c core.autocrlf=false "
     "-c core.safecrlf=false -c core.quotepath=false -c protocol.allow=never "
-    '-c "safe.directory=*" -c advice.detachedHead=false -c gc.auto=0 "$@"; }'
+    '-c "safe.directory=*" -c advice.detachedHead=false -c gc.auto=0 '
+    '-c core.useReplaceRefs=false "$@"; }'
 )
 
 #: Bytes of one grading command's output kept by default; more is cut (``truncated``).

@@ -13,6 +13,7 @@ import shlex
 from collections.abc import Mapping
 
 from uniagent.grading.sandbox import GIT_FUNCTION
+from uniagent.protect.rules import CODE_PATTERNS
 
 
 def with_vars(script: str, variables: Mapping[str, str]) -> str:
@@ -21,9 +22,18 @@ def with_vars(script: str, variables: Mapping[str, str]) -> str:
     return f"{head}\n{GIT_FUNCTION}\n{script}"
 
 
+def _find_names(patterns: tuple[str, ...]) -> str:
+    tests = [
+        f"-path '*/{p.rstrip('/')}/*'" if p.endswith("/") else f"-name '{p}'" for p in patterns
+    ]
+    return r"\( " + " -o ".join(tests) + r" \)"
+
+
 #: ``blob:list=``: every entry of the tree as ``TYPE PATH\0`` (f file, l symlink, d dir),
-#: .git's bulk skipped.
-LIST = r"""
+#: .git's bulk skipped but for what in it is not git's: importable files anywhere in it,
+#: and files of objects/ and lfs/ that are not git's shape.
+LIST = (
+    r"""
 cd "$REPO" || exit 3
 set -o pipefail
 printf 'blob:list='
@@ -32,10 +42,28 @@ printf 'blob:list='
       -o -path ./.git/modules -o -path ./.git/worktrees \) -prune -o -printf '%y %P\0' \
       2>"$TMPDIR/list.err" || exit 4
   if [ -d .git/objects/info ]; then find .git/objects/info -printf '%y %p\0' 2>/dev/null; fi
+  for d in .git/refs .git/logs .git/modules .git/worktrees; do
+    if [ -d "$d" ]; then
+      find "$d" \( -type f -o -type l \) __CODE__ -printf '%y %p\0' 2>/dev/null
+    fi
+  done
+  if [ -d .git/objects ]; then
+    find .git/objects -path .git/objects/info -prune -o \( -type f -o -type l \) \
+      ! -regex '\.git/objects/[0-9a-f][0-9a-f]/[0-9a-f]+' \
+      ! -regex '\.git/objects/pack/\(pack-[0-9a-f]+\.[a-z]+\|multi-pack-index\|tmp_.*\)' \
+      -printf '%y %p\0' 2>/dev/null
+  fi
+  if [ -d .git/lfs ]; then
+    find .git/lfs \( -type f -o -type l \) \
+      ! -regex '\.git/lfs/objects/[0-9a-f][0-9a-f]/[0-9a-f][0-9a-f]/[0-9a-f]+' \
+      ! -path '.git/lfs/tmp/*' ! -path '.git/lfs/cache/*' -printf '%y %p\0' 2>/dev/null
+  fi
+  true
 } | base64 -w0 || { echo; cat "$TMPDIR/list.err"; exit 4; }
 echo
 exit 0
 """
+).replace("__CODE__", _find_names(CODE_PATTERNS))
 
 #: ``blob:pack=``: a tar of the NUL-separated paths in $LIST, without recursing into
 #: directories.
@@ -156,23 +184,57 @@ TOOLCHAIN_TOOLS = (
     "bash sh env timeout git python python3 pytest tar find xargs base64 sha256sum rm cat"
 )
 
-#: The agent's change as one binary-safe patch against $BASE (untracked files included,
-#: ignored ones not): ``size=N``, then ``blob:patch=`` unless it is over $LIMIT bytes; the
-#: repository's own index is left alone.
+#: The agent's change as one binary-safe patch against $BASE: tracked and untracked files,
+#: and ignored files that were not there at the baseline (NUL list $IGNORED, sorted); with
+#: ``size=N``, then ``blob:patch=`` unless it is over $LIMIT bytes, ``blob:ignored_new=``
+#: and ``blob:ignored_changed=`` (ignored files of the baseline changed since $SINCE, the
+#: sandbox's epoch then). The repository's own index is left alone; the one built here stays
+#: in $TMPDIR for :data:`DIFF_TEXT`. Replace refs are off (GIT_NO_REPLACE_OBJECTS).
 DIFF = r"""
 cd "$REPO" || exit 3
-idx="$TMPDIR/index.$$"
+idx="$TMPDIR/index.grading"
 out="$TMPDIR/patch.$$"
 if [ -f .git/index ]; then cp -p .git/index "$idx" || exit 4; else rm -f "$idx"; fi
 export GIT_INDEX_FILE="$idx"
 gitc add -A . >/dev/null || exit 5
+gitc ls-files -z -o -i --exclude-standard | LC_ALL=C sort -z > "$TMPDIR/ign.now" || exit 9
+LC_ALL=C comm -z -23 "$TMPDIR/ign.now" "$IGNORED" > "$TMPDIR/ign.new" || exit 9
+if [ -s "$TMPDIR/ign.new" ]; then
+  gitc --literal-pathspecs add -f --pathspec-from-file="$TMPDIR/ign.new" --pathspec-file-nul \
+    >/dev/null || exit 5
+fi
+: > "$TMPDIR/ign.changed"
+if [ -n "$SINCE" ]; then
+  LC_ALL=C comm -z -12 "$TMPDIR/ign.now" "$IGNORED" | sed -z 's|^|./|' \
+    | xargs -0 -r sh -c 'find "$@" -maxdepth 0 -newerct "@$0" -print0 2>/dev/null; true' "$SINCE" \
+    | sed -z 's|^\./||' > "$TMPDIR/ign.changed"
+fi
 gitc diff --cached --binary --full-index --no-color --no-ext-diff --no-textconv --no-renames \
   "$BASE" > "$out" || exit 6
-rm -f "$idx"
 size=$(wc -c < "$out") || exit 7
 echo "size=$size"
 if [ "$size" -le "$LIMIT" ]; then printf 'blob:patch='; base64 -w0 < "$out" || exit 8; echo; fi
+printf 'blob:ignored_new='; base64 -w0 < "$TMPDIR/ign.new"; echo
+printf 'blob:ignored_changed='; base64 -w0 < "$TMPDIR/ign.changed"; echo
 rm -f "$out"
+exit 0
+"""
+
+#: The NUL-separated paths in $LIST of :data:`DIFF`'s index diffed as text (``--text``: a
+#: ``-diff`` attribute or a NUL byte does not hide their lines): ``blob:patch=``, at most
+#: $LIMIT bytes of it.
+DIFF_TEXT = r"""
+cd "$REPO" || exit 3
+export GIT_INDEX_FILE="$TMPDIR/index.grading"
+[ -f "$GIT_INDEX_FILE" ] || exit 4
+mapfile -d '' paths < "$LIST" || exit 5
+set -o pipefail
+printf 'blob:patch='
+gitc --literal-pathspecs diff --cached --text --full-index --no-color --no-ext-diff \
+  --no-textconv --no-renames "$BASE" -- "${paths[@]}" 2>"$TMPDIR/difftext.err" \
+  | { head -c "$LIMIT"; cat > /dev/null; } | base64 -w0 \
+  || { echo; cat "$TMPDIR/difftext.err"; exit 6; }
+echo
 exit 0
 """
 
@@ -187,7 +249,8 @@ exit 0
 
 #: Everything the baseline reads in one call: ``missing=1`` when $REPO is not there; the
 #: history scrub when $SCRUB is 1; ``head=`` and ``tree=`` (of $BASE, default HEAD); the
-#: listing of the tree (``blob:list=``, as :data:`LIST`).
+#: sandbox's ``epoch=`` (seconds); the listing of the tree (``blob:list=``, as :data:`LIST`)
+#: and its ignored files (``blob:ignored=``, NUL-separated).
 PREPARE = r"""
 cd "$REPO" 2>/dev/null || { echo "missing=1"; exit 0; }
 if [ "$SCRUB" = 1 ]; then
@@ -195,7 +258,11 @@ if [ "$SCRUB" = 1 ]; then
 fi
 head=$(gitc rev-parse -q --verify HEAD 2>/dev/null) && echo "head=$head"
 tree=$(gitc rev-parse -q --verify "${BASE:-HEAD}^{tree}" 2>/dev/null) && echo "tree=$tree"
+echo "epoch=$(date +%s.%N)"
 ( __LIST__ ) || exit $?
+printf 'blob:ignored='
+{ gitc ls-files -z -o -i --exclude-standard 2>/dev/null; true; } | base64 -w0
+echo
 exit 0
 """
 

@@ -10,6 +10,8 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from uniagent.protect.rules import (
     CACHES,
+    GIT_ATTRIBUTES,
+    GIT_FOREIGN,
     GIT_METADATA,
     PYTHON_CONTENT,
     PYTHON_HARNESS,
@@ -36,6 +38,21 @@ class Workspace:
     repo: str | None = None
     base_commit: str | None = None
     protect_paths: tuple[str, ...] = ()
+    #: Absolute paths outside the repository that the benchmark owns (files or
+    #: directories, e.g. R2E-Gym's /root/run_tests.sh): snapshotted at the baseline and
+    #: put back before grading in the episode's sandbox.
+    outside_paths: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True)
+class TestEnv:
+    """How a task's tests find their interpreter: the eval script's activation lines and the
+    words its test commands start with (``pytest``, ``python``, an absolute path)."""
+
+    __test__ = False  # not a test class (for pytest)
+
+    activate: str = ""
+    interpreters: tuple[str, ...] = ("python", "python3", "pytest")
 
 
 @dataclass(frozen=True)
@@ -45,9 +62,31 @@ class IntegrityDefaults:
     scrub_history: bool = False
     protect: tuple[ProtectRule, ...] = PYTHON_HARNESS
     content_rules: tuple[ContentRule, ...] = PYTHON_CONTENT
+    #: Whether the task set's tests run without pytest's auto-loaded plugins.
+    disable_plugin_autoload: bool = False
+    #: Where the reward grades by default (``reward.grade_in`` overrides).
+    grade_in: GradeIn = "episode"
     #: ``workspace(task, settings)``: the repository, base and benchmark-owned paths of a task.
     workspace: Callable[[Mapping[str, Any], Any], Workspace] | None = field(
         default=None, compare=False
+    )
+    #: ``test_env(task, settings)``: how the task's tests find their interpreter (default:
+    #: ``python``, ``python3`` and ``pytest`` on the grading PATH, no activation).
+    test_env: Callable[[Mapping[str, Any], Any], TestEnv] | None = field(
+        default=None, compare=False
+    )
+
+
+class TamperAlert(BaseModel):
+    """``reward.integrity.alert``: stop a ``uniagent run`` whose policy keeps probing."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    share: float = Field(
+        gt=0, le=1, description="stop once this share of the graded episodes report tampering"
+    )
+    min_episodes: int = Field(
+        20, ge=1, description="graded episodes to wait for before the share is judged"
     )
 
 
@@ -83,7 +122,9 @@ class IntegritySettings(BaseModel):
     verify_toolchain: bool = Field(
         True,
         description="checksum bash, git, timeout, the interpreters, their start-up hooks and "
-        "the test runner at start and verify them before grading in the episode's sandbox",
+        "the test runner, and the test environment the tests really run in (after the eval "
+        "script's activation: its prefixes, site-packages, stdlib), at start and verify them "
+        "before grading in the episode's sandbox (grade_in: episode)",
     )
     on_toolchain_tamper: Literal["fresh", "zero"] = Field(
         "fresh",
@@ -95,6 +136,12 @@ class IntegritySettings(BaseModel):
     grading_env: dict[str, str] = Field(
         default_factory=dict, description="variables set for grading commands, applied last"
     )
+    disable_plugin_autoload: bool | None = Field(
+        None,
+        description="set PYTEST_DISABLE_PLUGIN_AUTOLOAD=1 for grading commands: pytest loads no "
+        "plugin through entry points (a [pytest11] one planted in the environment); for task "
+        "sets whose tests need no auto-loaded plugin. null: the reward's default (off)",
+    )
     grading_timeout: float = Field(
         3600.0,
         gt=0,
@@ -102,6 +149,11 @@ class IntegritySettings(BaseModel):
         "sandbox, the reward); past it the episode scores 0 (score_reason grading_timed_out, "
         "trained on: the tested code can hang), unless a fresh sandbox was still starting "
         "(reward_error). Keep it above the reward's own test timeout",
+    )
+    alert: TamperAlert | None = Field(
+        None,
+        description="stop the run (status stopped, exit 1) when at least `share` of the graded "
+        "episodes report tampering, after `min_episodes` of them; null: never",
     )
     max_patch_bytes: int = Field(
         50_000_000, ge=1, description="a larger patch (grade_in: fresh, content rules) scores 0"
@@ -111,7 +163,8 @@ class IntegritySettings(BaseModel):
     )
 
     def rules(self, defaults: IntegrityDefaults, extra_paths: tuple[str, ...] = ()) -> RuleSet:
-        """The protect and content rules in force, git metadata always included."""
+        """The protect and content rules in force; git's attributes, foreign files under
+        ``.git`` and git metadata always included."""
         protect = list(self.protect if self.protect is not None else defaults.protect)
         content = list(
             self.content_rules if self.content_rules is not None else defaults.content_rules
@@ -123,4 +176,4 @@ class IntegritySettings(BaseModel):
         if extra_paths:
             patterns = tuple(literal_pattern(p) for p in extra_paths)
             protect.append(ProtectRule(name="task-paths", patterns=patterns))
-        return RuleSet([*protect, GIT_METADATA, CACHES], content)
+        return RuleSet([*protect, GIT_ATTRIBUTES, GIT_FOREIGN, GIT_METADATA, CACHES], content)

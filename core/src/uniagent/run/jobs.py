@@ -69,8 +69,19 @@ def episode_payload(job: Job, result: EpisodeResult) -> dict[str, Any]:
     return {
         "record": {"task_id": job.task.id, "sample": job.sample, **result.summary()},
         "messages": result.saved_messages(),
-        "rollout": result.cache.to_dict() if result.cache is not None else None,
+        "rollout": rollout_payload(result),
     }
+
+
+def rollout_payload(result: EpisodeResult) -> dict[str, Any] | None:
+    """``rollout.json``: the rollout (a harness episode's: its main branch), and a harness
+    episode's whole trajectory tree under ``tree`` (none: the rollout is the one branch)."""
+    if result.cache is None:
+        return None
+    rollout = result.cache.to_dict()
+    if result.tree is not None:
+        rollout["tree"] = dict(result.tree)
+    return rollout
 
 
 def failure_payload(job: Job, error: str) -> dict[str, Any]:

@@ -36,8 +36,13 @@ CHECKED = ("config", "model.spec", "tasks.sha256")
 
 
 def file_digest(path: Path) -> str:
-    """The SHA-256 of a file, read in chunks."""
+    """The SHA-256 of a file, read in chunks; of a folder, over its files' paths and bytes."""
     digest = hashlib.sha256()
+    if path.is_dir():
+        for item in sorted(p for p in path.rglob("*") if p.is_file()):
+            name = item.relative_to(path).as_posix().encode()
+            digest.update(b"%d:%s:%s\n" % (len(name), name, file_digest(item).encode()))
+        return digest.hexdigest()
     with path.open("rb") as handle:
         for chunk in iter(lambda: handle.read(1 << 20), b""):
             digest.update(chunk)

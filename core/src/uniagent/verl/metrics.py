@@ -15,6 +15,10 @@ of other agent loops are skipped) into flat numbers:
   phase's share of the time all samples took;
 - ``agent/reward/<key>/mean``: a rubric's component and metric scores (zero-weight metrics
   included: logged, not trained on), over the unmasked samples that have them.
+- ``integrity/tampered`` and ``integrity/tampered/<kind>`` (every kind, each step), and
+  ``integrity/rule/<rule>``, ``integrity/score_reason/<reason>`` (those seen): the share of
+  samples whose grading reported it (:mod:`uniagent.protect.report`), so that a run shows
+  when its policy starts probing the grader.
 
 How they reach verl's logs (both are verl extension points, set in the recipe):
 
@@ -41,6 +45,7 @@ from verl.protocol import DataProto
 from verl.utils.ray_utils import auto_await
 
 from uniagent.exit import ExitReason
+from uniagent.protect.report import integrity_metrics
 from uniagent.verl.output import extras_record
 
 PREFIX = "agent"
@@ -93,6 +98,7 @@ def agent_metrics(extras: Iterable[Any], prefix: str = PREFIX) -> dict[str, floa
             components.setdefault(str(key), []).append(_number(score))
     for key, values in sorted(components.items()):
         out[f"{prefix}/reward/{key}/mean"] = fmean(values)
+    out.update(integrity_metrics(records))
     return out
 
 

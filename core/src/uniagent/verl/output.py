@@ -28,6 +28,7 @@ from typing import Any
 from uniagent.episode import EpisodeResult
 from uniagent.exit import ExitReason
 from uniagent.interaction.metrics import EpisodeMetrics
+from uniagent.protect.report import integrity_flags
 from uniagent.rubric import component_scores
 from uniagent.verl.credit import token_scores
 
@@ -61,6 +62,7 @@ UNIAGENT_FIELDS: tuple[str, ...] = (
     "error",
     "reward_components",
     "token_scores",
+    "integrity",
 )
 _ERROR_CHARS = 2000
 
@@ -117,6 +119,7 @@ def _extra(
         else component_scores(result.reward_info),
         # what reward.credit adds to rm_scores: [[position in the response, score], ...]
         "token_scores": list(token_scores or []),
+        "integrity": integrity_flags(result.reward_info if result is not None else None),
     }
     turns = metrics.turns
     return {

@@ -30,6 +30,7 @@ from uniagent.errors import ConfigError
 from uniagent.run.layout import LOG, MESSAGES, RESULT, ROLLOUT
 from uniagent.view import index
 from uniagent.view.access import EpisodeFiles, OutsideRunFolder, StaleIndex
+from uniagent.view.branches import branch_rollout, branches
 from uniagent.view.catalog import Catalog
 from uniagent.view.files import Unreadable
 from uniagent.view.row import INFRA_EXITS
@@ -359,14 +360,24 @@ def create_app(
         rollout, why = load_rollout(run, key)
         if rollout is None:
             return JSON({"available": False, "reason": why})
+        branch = request.query_params.get("branch")
         decoder, note = (None, "")
         if rollout.get("mode") == "tokens":
             decoder, note = tokenizers.get(_str_or_none(rollout.get("tokenizer")))
         try:
-            page = token_page(rollout, decoder, offset=offset, limit=limit)
+            listed = branches(rollout)
+            shown = (
+                rollout if branch is None else branch_rollout(rollout, number(request, "branch", 0))
+            )
+            page = token_page(shown, decoder, offset=offset, limit=limit)
+        except ConfigError:
+            raise
         except Exception as exc:  # a malformed rollout: say so for this episode
             return JSON({"available": False, "reason": _broken(exc)})
         page["tokenizer_note"] = None if decoder is not None else note
+        # A harness episode's tree: its branches (the default view is the main one).
+        page["branches"] = listed
+        page["branch"] = None if branch is None else number(request, "branch", 0)
         return JSON(page)
 
     def exactness_report(request: Request) -> Response:

@@ -190,8 +190,29 @@ def stats(rows: Iterable[Row], *, n: int) -> dict[str, Any]:
         "timeouts": sum(r.timeouts for r in finished),
     }
     summary["tampered_episodes"] = sum(1 for r in finished if r.tampered)
+    summary["integrity_timeline"] = integrity_timeline(finished)
     summary["score_reasons"] = dict(Counter(r.score_reason for r in finished if r.score_reason))
     return summary
+
+
+def integrity_timeline(finished: Sequence[Row], *, max_bins: int = 20) -> list[dict[str, Any]]:
+    """Graded episodes in the order they finished, in up to ``max_bins`` equal groups: how
+    many of each group report tampering (a run shows when its policy starts probing)."""
+    graded = sorted((r for r in finished if r.reward is not None), key=lambda r: r.order)
+    if not graded:
+        return []
+    size = math.ceil(len(graded) / max_bins)
+    out = []
+    for start in range(0, len(graded), size):
+        group = graded[start : start + size]
+        out.append(
+            {
+                "label": f"{start + 1}–{start + len(group)}",
+                "episodes": len(group),
+                "tampered": sum(1 for r in group if r.integrity.get("tampered")),
+            }
+        )
+    return out
 
 
 def _per_task(rows: Iterable[Row]) -> dict[str, dict[str, Any]]:

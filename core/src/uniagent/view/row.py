@@ -8,6 +8,7 @@ from dataclasses import dataclass, field
 from typing import Any, Literal
 
 from uniagent.exit import DEFAULT_EXIT_POLICY
+from uniagent.protect.report import integrity_flags
 from uniagent.rubric import component_scores
 
 Status = Literal["queued", "running", "finished", "failed", "interrupted"]
@@ -44,6 +45,8 @@ class Row:
     error: str | None = None
     score_reason: str | None = None  # why the grader forced the score (e.g. "tampered")
     tampered: int = 0  # changes to protected files, code or tools the grader found
+    #: The probing flags of its grading (:func:`uniagent.protect.report.integrity_flags`).
+    integrity: dict[str, int] = field(default_factory=dict)
     offset: int | None = None  # where its line starts in results.jsonl
     attempt: int | None = None  # the attempt the result is of (a retry or resume: > 1)
     #: A rubric's scores: every component's and every metric's, by key ({} for one reward).
@@ -90,6 +93,7 @@ class Row:
             "traj_masked": self.masked,
             "metrics": {**metrics, "tool_calls": self.tool_calls},
             "reward_info": {"rubric": {k: {"score": v} for k, v in self.reward_components.items()}},
+            "integrity_flags": self.integrity,
         }
 
 
@@ -122,6 +126,7 @@ def row_from_record(record: dict[str, Any], key: str, order: int, offset: int | 
         error=error[:ERROR_CHARS] if error else None,
         score_reason=as_str(info.get("score_reason")),
         tampered=len(tampered) if isinstance(tampered, list) else 0,
+        integrity=integrity_flags(info),
         offset=offset,
         attempt=as_int(record.get("attempt")),
         reward_components=component_scores(info),

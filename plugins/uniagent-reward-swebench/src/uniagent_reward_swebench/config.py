@@ -65,6 +65,14 @@ class SweBenchRewardConfig(BaseModel):
     log_tail_chars: int = Field(
         default=4000, ge=0, description="characters of the test log kept in RewardResult.info"
     )
+    protect_outside: list[str] = Field(
+        default_factory=list,
+        description=(
+            "absolute paths outside the checkout that the benchmark owns (test files, the "
+            "test runner): snapshotted before the agent's first turn and put back before "
+            "grading"
+        ),
+    )
 
 
 class SweRebenchRewardConfig(SweBenchRewardConfig):
@@ -94,6 +102,13 @@ class R2EGymRewardConfig(SweBenchRewardConfig):
         description=(
             "test command; default: R2E-Gym's run_tests.sh (/root/run_tests.sh where R2E-Gym's "
             "set-up moved it, else run_tests.sh in the work dir)"
+        ),
+    )
+    protect_outside: list[str] = Field(
+        default_factory=lambda: ["/root/run_tests.sh", "/root/r2e_tests"],
+        description=(
+            "absolute paths outside the checkout that the benchmark owns: R2E-Gym's set-up "
+            "moves its tests and run_tests.sh to /root, out of the repository's protection"
         ),
     )
     exact_match: bool = Field(

@@ -8,6 +8,8 @@ from typing import Any
 from pydantic import BaseModel, ValidationError
 
 from uniagent import ConfigError, IntegrityDefaults, RewardContext, RewardResult, Workspace
+from uniagent.grading.testenv import script_test_env
+from uniagent.protect.settings import TestEnv
 from uniagent_reward_swebench.config import (
     R2EGymRewardConfig,
     SweBenchRewardConfig,
@@ -15,7 +17,7 @@ from uniagent_reward_swebench.config import (
 )
 from uniagent_reward_swebench.evaluate import evaluate
 from uniagent_reward_swebench.rows import Dataset, build_spec
-from uniagent_reward_swebench.scripts import patch_files
+from uniagent_reward_swebench.scripts import END_TEST_OUTPUT, START_TEST_OUTPUT, patch_files
 
 
 def _config(ctx: RewardContext, cls: type[SweBenchRewardConfig]) -> SweBenchRewardConfig:
@@ -61,25 +63,52 @@ async def r2e_gym_reward(ctx: RewardContext) -> RewardResult:
     return await _reward("r2e_gym", ctx, R2EGymRewardConfig)
 
 
+_DEFAULTS: dict[str, type[SweBenchRewardConfig]] = {
+    "swe_bench": SweBenchRewardConfig,
+    "swe_rebench": SweRebenchRewardConfig,
+    "r2e_gym": R2EGymRewardConfig,
+}
+
+
 def _workspace(dataset: Dataset) -> Any:
     def workspace(task: Mapping[str, Any], config: SweBenchRewardConfig | None) -> Workspace:
         """The checkout, its base commit and the test patch's files (the benchmark's)."""
-        defaults = {
-            "swe_bench": SweBenchRewardConfig,
-            "swe_rebench": SweRebenchRewardConfig,
-            "r2e_gym": R2EGymRewardConfig,
-        }[dataset]
-        config = config or defaults()
+        config = config or _DEFAULTS[dataset]()
         spec = build_spec(dataset, task, config)
+        owned = tuple(f.path for f in patch_files(spec.test_patch))
+        if dataset == "r2e_gym":
+            owned += ("run_tests.sh", "r2e_tests")  # where the set-up did not move them
         return Workspace(
             repo=spec.workdir if config.workdir is not None else None,
             base_commit=spec.base_commit,
-            protect_paths=tuple(f.path for f in patch_files(spec.test_patch)),
+            protect_paths=owned,
+            outside_paths=tuple(config.protect_outside),
         )
 
     return workspace
 
 
+def _test_env(dataset: Dataset) -> Any:
+    def test_env(task: Mapping[str, Any], config: SweBenchRewardConfig | None) -> TestEnv:
+        """How the eval script finds its interpreter: its activation and test commands."""
+        spec = build_spec(dataset, task, config or _DEFAULTS[dataset]())
+        lines = spec.eval_script.splitlines()
+        starts = [i for i, line in enumerate(lines) if START_TEST_OUTPUT in line]
+        ends = [i for i, line in enumerate(lines) if END_TEST_OUTPUT in line]
+        tests = lines[starts[0] + 1 : ends[0]] if starts and ends else lines
+        before = lines[: starts[0]] if starts else lines
+        return script_test_env("\n".join(before), tests)
+
+    return test_env
+
+
 def integrity_defaults(dataset: Dataset) -> IntegrityDefaults:
-    """The grader's defaults for one dataset: history scrubbed, Python harness protected."""
-    return IntegrityDefaults(scrub_history=True, workspace=_workspace(dataset))
+    """The grader's defaults for one dataset: graded in a fresh sandbox (as the SWE-bench
+    harness does), history scrubbed, Python harness protected, the test environment resolved
+    as the eval script resolves it."""
+    return IntegrityDefaults(
+        scrub_history=True,
+        workspace=_workspace(dataset),
+        test_env=_test_env(dataset),
+        grade_in="fresh",
+    )

@@ -39,6 +39,7 @@ export async function renderSummary(main, runId) {
         panel("Reward distribution", columns(s.reward_histogram, "reward", rewardColour), "reward-chart"),
         panel("Where the time went", timeBreakdown(s), "time-chart"),
         panel("Status", bars(status, (k) => `bar-st-${k}`), "status-chart"),
+        panel("Probing the grader", probing(s), "integrity-chart"),
       ),
     );
     const errors = s.errors || {};
@@ -108,4 +109,21 @@ function timeBreakdown(s) {
       h("td", { class: "num" }, fmtSeconds((s.mean_seconds || {})[k])),
       h("td", { class: "num" }, pct((totals[k] || 0) / sum))))));
   return h("div", {}, stack, table);
+}
+
+// Tamper reports: per kind and rule, and over the run (graded episodes in the order they
+// finished), so that a run shows when its policy starts probing the grader.
+function probing(s) {
+  const integrity = s.integrity || {};
+  const timeline = s.integrity_timeline || [];
+  if (!timeline.length) return h("p", { class: "muted" }, "No graded episodes yet.");
+  const kinds = Object.entries(integrity.tampered || {}).filter(([, c]) => c).map(([k, c]) => [`tampered: ${k}`, c]);
+  const rules = Object.entries(integrity.rules || {}).map(([k, c]) => [`rule: ${k}`, c]);
+  const counts = [...kinds, ...rules];
+  const over = timeline.map((b) => ({ label: b.label, count: b.tampered, hi: 0, lo: 0 }));
+  return h("div", {},
+    h("p", { class: "muted small" }, `${num(integrity.tampered_episodes || 0)} of ${num(integrity.graded_episodes || 0)} graded episodes report tampering`),
+    counts.length ? bars(counts, () => "bar-tamper") : h("p", { class: "muted" }, "No tamper reports."),
+    h("h4", {}, "Tampering episodes over the run"),
+    columns(over, "episodes", () => "fill-zero"));
 }

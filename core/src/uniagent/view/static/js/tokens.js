@@ -6,9 +6,11 @@ const KIND = ["prompt", "model", "env"];
 const KIND_LABEL = { prompt: "prompt", model: "model (mask 1)", env: "environment (mask 0)" };
 const PAGE = 4000;
 
-export async function renderTokens(body, runId, key) {
+export async function renderTokens(body, runId, key, branch = null) {
   const url = `/api/runs/${runId}/episode/tokens`;
-  const first = await api(url, { key, offset: 0, limit: 1 });
+  // A harness episode's tree: one branch at a time (null: the main one, as saved).
+  const on = branch === null ? {} : { branch };
+  const first = await api(url, { key, ...on, offset: 0, limit: 1 });
   if (!first.available) {
     body.append(h("section", { class: "card", id: "tokens" }, h("p", { class: "muted" }, first.reason)));
     return null;
@@ -43,10 +45,12 @@ export async function renderTokens(body, runId, key) {
   const responseBox = h("div", { class: "tokens", id: "token-stream" });
   view.append(prompt, h("div", { class: "stream-label muted small" },
     `response: ${num(first.total - first.prompt_length)} tokens, model and environment interleaved; ▸ marks each model call`), responseBox);
-  add(body, h("section", { class: "card", id: "tokens" },
+  const section = h("section", { class: "card", id: "tokens" },
+    branchPicker(first, branch, (chosen) => { section.remove(); renderTokens(body, runId, key, chosen); }),
     stats(first),
     first.tokenizer_note ? h("p", { class: "note" }, first.tokenizer_note) : null,
-    report, controls, scale, view));
+    report, controls, scale, view);
+  add(body, section);
 
   function toggle(value, label, on) {
     return h("button", {
@@ -65,7 +69,7 @@ export async function renderTokens(body, runId, key) {
     const more = h("div", { class: "more-row" });
     box.after(more);
     async function next(offset) {
-      const page = await api(url, { key, offset, limit: Math.min(PAGE, end - offset) });
+      const page = await api(url, { key, ...on, offset, limit: Math.min(PAGE, end - offset) });
       const frag = document.createDocumentFragment();
       const special = new Set(page.special);
       for (let i = 0; i < page.ids.length; i++) {
@@ -200,4 +204,17 @@ async function loadExactness(box, runId, key, page) {
           h("td", {}, h("code", {}, d.cache_text.slice(0, 200))),
           h("td", {}, h("code", {}, d.render_text.slice(0, 200)))))))));
   }
+}
+
+// The branches of a trajectory tree (compaction, retries, subagents each start one): pick one.
+function branchPicker(page, branch, onPick) {
+  const listed = page.branches || [];
+  if (listed.length < 2) return null;
+  const select = h("select", { id: "branch", onchange: (e) => onPick(e.target.value === "" ? null : Number(e.target.value)) },
+    h("option", { value: "" }, "main branch (as saved)"),
+    ...listed.map((b) => h("option", { value: String(b.index) },
+      `branch ${b.index + 1}: ${num(b.turns)} calls, ${num(b.tokens)} tokens (${num(b.model_tokens)} model)`)));
+  select.value = branch === null ? "" : String(branch);
+  return h("div", { class: "branches" },
+    h("label", { for: "branch" }, `${listed.length} branches in this episode's tree `), select);
 }

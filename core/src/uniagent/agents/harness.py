@@ -1,0 +1,198 @@
+"""One harness run in an episode's sandbox: a gateway session, the command, the tree.
+
+The harness runs in the agent's own shell session (same sandbox, same user, same limits as
+the built-in loop's commands), with the session's base URL and key. How it ended maps to
+an exit reason: its own exit (0, or not) and its time limit are the policy's; the gateway's
+token backend failing under it is infrastructure (``model_error``, masked).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import shlex
+import uuid
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from uniagent.agents.gateways import open_session
+from uniagent.agents.install import bin_folder, ensure_installed
+from uniagent.env.agent_env import AgentEnv
+from uniagent.env.errors import ActionTimeoutError, ShellKilledError, TerminalNotAliveError
+from uniagent.exit import ExitReason
+from uniagent.resolver import ResolvedAgent
+from uniagent.rollout import RolloutCache
+from uniagent.specs import AgentLaunch
+
+#: Characters of the harness's output (and of each of its logs) kept in the episode log.
+LOG_TAIL = 20_000
+
+
+@dataclass
+class HarnessRun:
+    """What one harness run produced."""
+
+    exit_reason: ExitReason
+    tree: dict[str, Any] | None = None
+    session: dict[str, Any] = field(default_factory=dict)
+    cache: RolloutCache | None = None
+    submission: str | None = None
+    error: str | None = None
+    inexact_turns: int = 0
+    turns: int = 0
+
+
+def prepare(agent: ResolvedAgent) -> Path:
+    """Install the harness (cached) and return the folder the sandbox must see."""
+    assert agent.agent.install is not None
+    return ensure_installed(agent.agent.install)
+
+
+def with_install(agent: ResolvedAgent, folder: Path) -> Any:
+    """The agent's deployment config with the harness's folder visible read-only."""
+    config = agent.deployment_config
+    binds = list(getattr(config, "ro_binds", []))
+    if str(folder) not in binds:
+        binds.append(str(folder))
+    return config.model_copy(update={"ro_binds": binds})
+
+
+async def run_harness(
+    agent: ResolvedAgent,
+    env: AgentEnv,
+    instruction: str,
+    model: Any,
+    folder: Path,
+    logger: logging.Logger,
+) -> HarnessRun:
+    """Run the harness once in ``env``, through a new gateway session; never raises for the
+    harness's own failure (an exit reason), only for the gateway's set-up."""
+    spec, settings = agent.agent, agent.agent_settings
+    assert spec.launch is not None and spec.install is not None
+    running, session = open_session(model, agent.config.tool_parser)
+    home = f"/tmp/uniagent-agent-{uuid.uuid4().hex[:12]}"
+    launch = AgentLaunch(
+        base_url=running.base_url(session),
+        api_key=session.key,
+        instruction=instruction,
+        workdir=env.workdir or ".",
+        home=home,
+        bin=str(bin_folder(spec.install, folder)),
+    )
+    command = spec.launch(launch, settings)
+    reason: ExitReason
+    submission = error = None
+    try:
+        await env.run_action(f"mkdir -p {shlex.quote(home)}", timeout=60)
+        for path, text in command.files.items():
+            where = path if path.startswith("/") else f"{home}/{path}"
+            await env.run_action(f"mkdir -p {shlex.quote(str(Path(where).parent))}", timeout=60)
+            await env.write_file(where, text)
+        exports = {"HOME": home, **command.env}
+        line = " ".join(f"{k}={shlex.quote(v)}" for k, v in exports.items())
+        logger.info("agent %s: %s", spec.name, command.command[:500])
+        # A subshell: the harness's variables and directory never stay in the agent's session.
+        obs = await env.run_action(f"(export {line}; {command.command})", timeout=command.timeout)
+        logger.info("agent %s exited %s; its output:\n%s", spec.name, obs.exit_code,
+                    obs.output[-LOG_TAIL:])  # fmt: skip
+        outcome = spec.outcome(obs.exit_code, obs.output, settings)
+        reason, submission = ExitReason(outcome.exit_reason), outcome.submission
+    except ActionTimeoutError as exc:
+        reason, error = ExitReason.TIMEOUT_ERROR, f"the harness ran past its {command.timeout:g} s"
+        logger.info("agent %s: %s (%s)", spec.name, error, exc)
+    except ShellKilledError as exc:
+        reason, error = ExitReason.AGENT_KILLED_SHELL, str(exc)
+    except TerminalNotAliveError as exc:
+        reason, error = ExitReason.TERMINAL_NOT_ALIVE, str(exc)
+    finally:
+        closed = running.gateway.close(session.id)
+        running.gateway.forget(session.id)
+    await _log_files(env, spec.logs, home, logger)
+    with contextlib.suppress(Exception):  # without isolation, /tmp is this machine's
+        await env.run_action(f"rm -rf {shlex.quote(home)}", timeout=60)
+    failures = list(session.backend_errors)
+    if failures:  # the model behind the gateway failed: not the policy's doing
+        reason = ExitReason.MODEL_ERROR
+        error = f"the token backend failed under the harness: {failures[0]}"
+    tree = closed["tree"]
+    turns = tree["turns"]
+    return HarnessRun(
+        exit_reason=reason,
+        tree=tree,
+        session=closed["session"],
+        cache=main_branch(session, tree),
+        submission=submission,
+        error=error,
+        inexact_turns=sum(1 for t in turns if t.get("exact") is False),
+        turns=len(turns),
+    )
+
+
+async def _log_files(
+    env: AgentEnv, logs: tuple[str, ...], home: str, logger: logging.Logger
+) -> None:
+    for path in logs:
+        where = path if path.startswith("/") else f"{home}/{path}"
+        try:
+            text = await env.read_file(where)
+        except Exception as exc:  # the harness may not have written it
+            logger.info("agent log %s: not read (%s)", where, exc)
+            continue
+        logger.info("agent log %s:\n%s", where, text[-LOG_TAIL:])
+
+
+def main_branch(session: Any, tree: dict[str, Any]) -> RolloutCache | None:
+    """The tree's last-served branch as a token rollout (what readers of a linear episode
+    read); ``None`` before the first turn. Its messages are the branch's last request and
+    the reply; its ids, mask and log-probs are the branch's, exactly."""
+    from uniagent.rollout.cache import FORMAT, FORMAT_VERSION
+    from uniagent.rollout.exactness import ids_checksum
+    from uniagent.rollout.template import decode
+
+    live = session.tree
+    if not live.turns:
+        return None
+    last = live.turns[-1]
+    end = live.end_of(last)
+    ids, mask, logprobs = live.context(end)
+    turns = [t for node in end.path() for t in node.turns]
+    first = turns[0]
+    marks: list[list[int]] = []
+    crc, prev = 0, 0
+    for turn in turns:
+        here = turn.prompt_len + turn.generated
+        crc = ids_checksum(ids, prev, here, crc)
+        marks.append([here, crc])
+        prev = here
+    reply = decode(session.tokenizer, ids[last.prompt_len :])
+    eot = session.analysis.eot_id
+    reply = reply.removesuffix(session.tokenizer.decode([eot])) if ids[-1] == eot else reply
+    messages = [*last.messages, {"role": "assistant", "content": reply}]
+    p = first.prompt_len
+    snapshot = {
+        "format": FORMAT,
+        "version": FORMAT_VERSION,
+        "mode": "tokens",
+        "tokenizer": str(getattr(session.tokenizer, "name_or_path", "")) or None,
+        "eot_id": eot,
+        "tools": last.tools,
+        "chat_template_kwargs": dict(session.kwargs),
+        "messages": messages,
+        "num_prompt_messages": len(first.messages),
+        "num_turns": len(turns),
+        "prompt_ids": ids[:p],
+        "response_ids": ids[p:],
+        "response_mask": mask[p:],
+        "response_logprobs": logprobs[p:],
+        "has_logprobs": True,
+        "turn_marks": marks,
+        "state": {
+            "last": "generated",
+            "open_turn": ids[-1] != eot,
+            "segment_start": len(ids),
+            "segment_msg_start": len(messages),
+            "turn_start": last.prompt_len,
+        },
+    }
+    return RolloutCache.from_dict(snapshot, session.tokenizer)

@@ -1,0 +1,160 @@
+"""Harness installs, pinned and cached: once per machine, shared by every episode.
+
+Each install lives in its own folder of uniagent's cache directory (``$UNIAGENT_CACHE_DIR``
+or ``~/.cache/uniagent``), named by kind, package and version. Concurrent callers are safe:
+the install runs under a file lock into a staging folder that is renamed into place, so a
+folder that exists is complete. The sandbox sees it read-only, at the same path.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import os
+import shutil
+import subprocess
+import tempfile
+from collections.abc import Iterator
+from pathlib import Path
+
+from uniagent.errors import UniAgentError
+from uniagent.specs import AgentInstall
+
+INSTALL_TIMEOUT_S = 900
+#: The Python a pip harness's venv is made with: one the sandbox sees (system dirs).
+SYSTEM_PYTHONS = ("/usr/bin/python3", "/usr/local/bin/python3")
+
+
+class AgentInstallError(UniAgentError):
+    """A harness could not be installed (registry unreachable, no npm, a bad pin)."""
+
+
+def cache_root() -> Path:
+    """``$UNIAGENT_CACHE_DIR`` or ``~/.cache/uniagent``."""
+    env = os.environ.get("UNIAGENT_CACHE_DIR")
+    return Path(env).expanduser() if env else Path.home() / ".cache" / "uniagent"
+
+
+@contextlib.contextmanager
+def file_lock(path: Path) -> Iterator[None]:
+    """An exclusive lock on ``path`` (created) for the block; other processes wait."""
+    import fcntl
+
+    with open(path, "a+") as handle:
+        fcntl.flock(handle.fileno(), fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(handle.fileno(), fcntl.LOCK_UN)
+
+
+def install_folder(install: AgentInstall) -> Path:
+    """Where ``install`` goes in the cache (whether or not it is there yet)."""
+    safe = install.package.lstrip("@").replace("/", "-").replace(":", "-")
+    if install.kind == "npm":  # the folder uniagent.testing.npm_clis has always used
+        return cache_root() / "npm-cli" / f"{safe}-{install.version}"
+    if install.kind == "binary":  # its pin is its digest: a changed file is a new folder
+        safe = f"{Path(install.package).name}-{(install.sha256 or '')[:16]}"
+    return cache_root() / "agents" / f"{install.kind}-{safe}-{install.version}"
+
+
+def bin_folder(install: AgentInstall, folder: Path) -> Path:
+    """The folder of an installed harness's executables."""
+    return {"pip": folder / "bin", "npm": folder / "node_modules" / ".bin"}.get(
+        install.kind, folder
+    )
+
+
+def ensure_installed(install: AgentInstall) -> Path:
+    """The installed harness's folder, installed into the cache first if it is not there."""
+    folder = install_folder(install)
+    binary = bin_folder(install, folder) / install.command
+    if binary.exists():
+        return folder
+    folder.parent.mkdir(parents=True, exist_ok=True)
+    with file_lock(folder.parent / f".{folder.name}.lock"):
+        if not binary.exists():
+            staged(folder, lambda staging: _install(install, staging))
+    if not binary.exists():
+        raise AgentInstallError(
+            f"{install.package}@{install.version} installed into {folder} but has no "
+            f"{install.command}"
+        )
+    return folder
+
+
+def staged(target: Path, build: object) -> None:
+    """Run ``build(staging)`` in a fresh folder beside ``target``, then move it into place."""
+    staging = Path(tempfile.mkdtemp(prefix=".staging-", dir=target.parent))
+    try:
+        build(staging)  # type: ignore[operator]
+        staging.chmod(0o755)  # mkdtemp's 0700: a sandbox's own user must read it too
+        if target.exists():
+            shutil.rmtree(target)
+        os.replace(staging, target)
+    finally:
+        shutil.rmtree(staging, ignore_errors=True)
+
+
+def _install(install: AgentInstall, staging: Path) -> None:
+    if install.kind == "pip":
+        python = next((p for p in SYSTEM_PYTHONS if os.access(p, os.X_OK)), None)
+        python = python or shutil.which("python3")
+        if python is None:
+            raise AgentInstallError("no python3 to make a venv for a pip harness with")
+        run_install([python, "-m", "venv", str(staging)], install)
+        pip = [str(staging / "bin" / "python"), "-m", "pip", "install", "-q"]
+        run_install([*pip, f"{install.package}=={install.version}"], install)
+        # The venv is moved after it is made: its scripts name their final interpreter.
+        _retarget(staging, staging.parent / install_folder(install).name)
+    elif install.kind == "npm":
+        npm_install(install.package, install.version, staging)
+    else:
+        _copy_binary(install, staging)
+
+
+def _retarget(staging: Path, final: Path) -> None:
+    """Point the venv's scripts and activation files at the folder it is moved to."""
+    old, new = str(staging).encode(), str(final).encode()
+    for path in [*(staging / "bin").iterdir(), staging / "pyvenv.cfg"]:
+        if path.is_file() and not path.is_symlink():
+            data = path.read_bytes()
+            if old in data:
+                path.write_bytes(data.replace(old, new))
+
+
+def npm_install(package: str, version: str, staging: Path) -> None:
+    """``npm install --prefix STAGING package@version`` (a clear error when it fails)."""
+    npm = shutil.which("npm")
+    if npm is None:
+        raise AgentInstallError(f"npm is not installed, so {package}@{version} cannot be")
+    argv = [npm, "install", "--prefix", str(staging), "--no-audit", "--no-fund"]
+    run_install([*argv, f"{package}@{version}"], None, what=f"npm install {package}@{version}")
+
+
+def _copy_binary(install: AgentInstall, staging: Path) -> None:
+    source = Path(install.package).expanduser()
+    if not source.is_file():
+        raise AgentInstallError(f"binary harness {install.package!r}: no such file")
+    digest = hashlib.sha256(source.read_bytes()).hexdigest()
+    if digest != install.sha256:
+        raise AgentInstallError(
+            f"binary harness {install.package!r}: sha256 {digest}, pinned {install.sha256}"
+        )
+    target = staging / install.command
+    shutil.copyfile(source, target)
+    target.chmod(0o755)
+
+
+def run_install(argv: list[str], install: AgentInstall | None, *, what: str = "") -> None:
+    """Run one install command; a failure or a time-out is an :class:`AgentInstallError`."""
+    what = what or f"installing {install.package}=={install.version}" if install else what
+    try:
+        proc = subprocess.run(
+            argv, capture_output=True, text=True, timeout=INSTALL_TIMEOUT_S, check=False
+        )
+    except subprocess.TimeoutExpired as exc:
+        raise AgentInstallError(f"{what} did not finish in {INSTALL_TIMEOUT_S} s") from exc
+    if proc.returncode != 0:
+        tail = (proc.stderr or proc.stdout).strip()[-1500:]
+        raise AgentInstallError(f"{what} failed (exit {proc.returncode}):\n{tail}")

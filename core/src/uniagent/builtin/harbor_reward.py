@@ -1,0 +1,347 @@
+"""The ``harbor`` reward: a Harbor task's ``tests/test.sh`` as the verifier.
+
+At grading time, in the grading sandbox (after the agent's processes were stopped and
+the protected files put back): ``/tests`` and ``/logs/verifier`` must be empty (anything
+there is the agent's, reported as tampering and scored 0); the task's ``tests/`` is copied
+in (first into the grading scratch directory, which did not exist while the agent ran),
+``test.sh`` runs in the work dir with the task's ``[verifier]`` timeout, env and user,
+and the reward is read back through the sandbox's bounded reads: ``reward.txt`` (one
+number), else ``reward.json`` / ``rewards.json`` (named numbers, each recorded in the
+result's ``rewards``; ``reward_key`` picks one, by default ``reward`` or the only one,
+else their mean). A verifier that runs past its timeout scores 0.
+
+``test.sh`` runs the agent's code with the agent's rights, so a verifier that writes no
+readable reward (it crashed, or wrote an empty file, not a number, bad JSON) may be the
+agent's doing, and masking it would let the policy choose to be masked. So it runs once
+more in the same sandbox (its inputs copied in again): a reward now is used, the first
+failure kept in ``info["verifier_retried"]``. Failing again, it runs in the control
+sandbox (``RewardContext.control``: the task as it was before the agent's first
+command). A readable reward there (or a timeout: that grades the task too) makes the
+failure the agent's: score 0, trained on, ``score_reason: verifier_failed`` with the
+failures in ``error``. A failure there too means the task's verifier is broken:
+infrastructure (``reward_error``, masked and retried), naming both. Without a control
+(a grader embedded without ``fresh_env``) the failure is masked, an opening the message
+names.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import re
+import shlex
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from uniagent.grading.sandbox import GradingReadError, GradingSandbox
+from uniagent.reward import RewardContext, RewardInfraError, RewardResult
+
+TESTS = "/tests"
+LOGS = "/logs/verifier"
+#: The reward files, in the order they are read (the first present wins).
+REWARD_FILES = ("reward.txt", "reward.json", "rewards.json")
+#: Bytes of a reward file read at most.
+REWARD_BYTES = 1 << 20
+#: Exit status of the wrapper when the verifier's user cannot be taken.
+_NO_USER = 125
+_TEMPLATE = re.compile(r"\$\{([A-Za-z_][A-Za-z0-9_]*)(?::-([^}]*))?\}")
+
+
+class HarborRewardConfig(BaseModel):
+    """Settings of the ``harbor`` reward."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    reward_key: str | None = Field(
+        None,
+        description="the named reward (of reward.json) used as the score; default: `reward`, "
+        "or the only one, else `aggregate` over all",
+    )
+    aggregate: Literal["mean", "min"] = Field(
+        "mean", description="how several named rewards make the score without reward_key"
+    )
+    timeout: float | None = Field(
+        None, gt=0, description="seconds test.sh may run; default: the task's verifier.timeout_sec"
+    )
+    output_chars: int = Field(2000, ge=0, description="tail of the verifier's output kept")
+
+
+def harbor_row(task: Mapping[str, Any]) -> Mapping[str, Any]:
+    """The task's ``harbor`` section (made by the Harbor task loader)."""
+    row = task.get("harbor")
+    if not isinstance(row, Mapping) or not isinstance(row.get("dir"), str):
+        raise RewardInfraError(
+            "the harbor reward grades Harbor tasks: run it with --data on a Harbor task folder"
+        )
+    return row
+
+
+def resolve_env(env: Mapping[str, str], where: str) -> dict[str, str]:
+    """``${VAR}`` and ``${VAR:-default}`` in the values, from this process's environment."""
+    out = {}
+    for key, value in env.items():
+
+        def sub(match: re.Match[str], key: str = key) -> str:
+            name, default = match.group(1), match.group(2)
+            if name in os.environ:
+                return os.environ[name]
+            if default is not None:
+                return default
+            raise RewardInfraError(f"{where}.{key}: ${{{name}}} is not set")
+
+        out[key] = _TEMPLATE.sub(sub, str(value))
+    return out
+
+
+def as_user(command: str, user: str | None) -> str:
+    """``command`` run as ``user``: directly when the sandbox runs as that user, else with
+    ``runuser`` (as root, where the sandbox can switch users: a container, not bubblewrap)."""
+    if not user:
+        return command
+    u = shlex.quote(user)
+    return (
+        f'if [ "$(id -un)" = {u} ] || [ "$(id -u)" = {u} ]; then {command}; '
+        f'elif [ "$(id -u)" = 0 ] && command -v runuser >/dev/null && runuser -u {u} -- true '
+        f"2>/dev/null; then runuser -u {u} -- {command}; "
+        f"else echo 'cannot run as user '{u}' here (it runs as '\"$(id -un)\"')'; "
+        f"exit {_NO_USER}; fi"
+    )
+
+
+class VerifierInputsError(RuntimeError):
+    """``/tests`` or ``/logs/verifier`` could not be listed or prepared.
+
+    Not a :class:`RewardInfraError`: in a fresh sandbox both are absent or empty, so the
+    grader decides (the agent's doing in a sandbox that still works: scored 0).
+    """
+
+
+async def verifier_inputs_left(sandbox: GradingSandbox) -> list[str]:
+    """What is in ``/tests`` and ``/logs/verifier`` before the tests are copied in.
+
+    Either may be a symlink to a private directory (the host backend's); what it
+    leads to must be a directory or nothing (a symlink left there, a loop, a file: listed).
+    """
+    listing = await sandbox.run(
+        f'for d in {TESTS} {LOGS}; do t=$(readlink -m "$d") || {{ echo "$d"; continue; }}; '
+        'if [ -L "$t" ] || { [ -e "$t" ] && [ ! -d "$t" ]; }; then echo "$d"; '
+        'elif [ -d "$t" ]; then find "$t" -mindepth 1 -maxdepth 2 | head -n 20; fi; done',
+        timeout=60,
+        cwd="/",
+    )
+    if listing.exit_code != 0 or listing.timed_out:
+        raise VerifierInputsError(f"could not list {TESTS} and {LOGS}: {listing.output[-300:]}")
+    return [line for line in listing.output.splitlines() if line.strip()]
+
+
+async def copy_tests(sandbox: GradingSandbox, tests: Path) -> None:
+    """``tests/`` into the scratch dir (new at grading time), then into an empty ``/tests``."""
+    staged = f"{sandbox.scratch}/tests"
+    await sandbox.upload(str(tests), staged)
+    done = await sandbox.run(
+        f't=$(readlink -m {TESTS}) l=$(readlink -m {LOGS}) && mkdir -p "$t" "$l" && '
+        f'find "$t" "$l" -mindepth 1 -delete && cp -R {shlex.quote(staged)}/. "$t"/ && '
+        'chmod -R a+rX "$t" && chmod 777 "$l"',
+        timeout=120,
+        cwd="/",
+    )
+    if done.exit_code != 0:
+        raise VerifierInputsError(f"could not copy the tests into {TESTS}: {done.output[-500:]}")
+
+
+async def read_rewards(sandbox: GradingSandbox) -> tuple[str, dict[str, float]] | None:
+    """The first reward file there is and its rewards; ``None`` when there is none."""
+    for name in REWARD_FILES:
+        try:
+            data = await sandbox.read_bytes(f"{LOGS}/{name}", max_bytes=REWARD_BYTES)
+        except GradingReadError:
+            continue
+        return name, parse_rewards(name, data.decode("utf-8", "replace"))
+    return None
+
+
+def parse_rewards(name: str, text: str) -> dict[str, float]:
+    """The rewards of a reward file: ``reward.txt`` one number, the JSON files named ones."""
+    if not text.strip():
+        raise RewardInfraError(f"the verifier wrote an empty {name}")
+    if name == "reward.txt":
+        try:
+            found: Any = {"reward": float(text.strip())}
+        except ValueError:
+            raise RewardInfraError(f"{name} is not a number: {text[:80]!r}") from None
+    else:
+        try:
+            found = json.loads(text)
+        except json.JSONDecodeError as exc:
+            raise RewardInfraError(f"{name} is not valid JSON: {exc.msg}") from None
+        if not isinstance(found, dict) or not found:
+            raise RewardInfraError(f"{name} must be an object of named numbers")
+    for key, value in found.items():
+        if isinstance(value, bool) or not isinstance(value, int | float):
+            raise RewardInfraError(f"{name}: reward {key!r} is not a number: {value!r}")
+        if not math.isfinite(value):
+            raise RewardInfraError(f"{name}: reward {key!r} is not finite: {value!r}")
+    return {str(k): float(v) for k, v in found.items()}
+
+
+def choose(rewards: Mapping[str, float], settings: HarborRewardConfig) -> tuple[str, float]:
+    """The score of the rewards: the named one, ``reward``, the only one, or the aggregate."""
+    key = settings.reward_key
+    if key is not None:
+        if key not in rewards:
+            raise RewardInfraError(
+                f"reward.settings.reward_key: the verifier wrote no reward {key!r} "
+                f"(it wrote {', '.join(sorted(rewards))})"
+            )
+        return key, rewards[key]
+    if "reward" in rewards:
+        return "reward", rewards["reward"]
+    if len(rewards) == 1:
+        return next(iter(rewards.items()))
+    values = list(rewards.values())
+    score = min(values) if settings.aggregate == "min" else sum(values) / len(values)
+    return settings.aggregate, score
+
+
+class VerifierFailed(RewardInfraError):
+    """``test.sh`` wrote no readable reward (it crashed, or wrote one that does not read)."""
+
+
+async def run_verifier(
+    sandbox: GradingSandbox,
+    tests: Path,
+    verifier: Mapping[str, Any],
+    settings: HarborRewardConfig,
+    timeout: float,
+) -> tuple[RewardResult, dict[str, Any]]:
+    """``tests/`` copied in (``/tests`` and ``/logs/verifier`` emptied first), ``test.sh``
+    run and its reward read: the result, and what the run showed (also on failure).
+
+    Raises :class:`VerifierFailed` when no readable reward came of it.
+    """
+    await copy_tests(sandbox, tests)
+    env = resolve_env(verifier.get("env") or {}, "verifier.env")
+    command = " ".join(
+        ["env", *(shlex.quote(f"{k}={v}") for k, v in env.items()), "bash", f"{TESTS}/test.sh"]
+    )
+    done = await sandbox.run(as_user(command, verifier.get("user")), timeout=timeout)
+    shown: dict[str, Any] = {
+        "exit_code": done.exit_code,
+        "timed_out": done.timed_out,
+        "output_tail": done.output[-settings.output_chars :] if settings.output_chars else "",
+    }
+    if done.timed_out:
+        shown.update(score_reason="verifier_timed_out", detail=f"test.sh ran past {timeout:g} s")
+        return RewardResult(0.0, shown), shown
+    try:
+        found = await read_rewards(sandbox)
+        if found is None:
+            raise VerifierFailed(
+                f"the verifier crashed: test.sh exited {done.exit_code} and wrote none of "
+                f"{', '.join(REWARD_FILES)} in {LOGS}; output: {done.output[-500:]}"
+            )
+        name, rewards = found
+        key, score = choose(rewards, settings)
+    except VerifierFailed:
+        raise
+    except RewardInfraError as exc:
+        raise VerifierFailed(f"{exc} (test.sh exited {done.exit_code})") from None
+    shown.update(reward_file=name, rewards=rewards, reward_key=key)
+    return RewardResult(score, shown), shown
+
+
+async def check_user(sandbox: GradingSandbox, verifier: Mapping[str, Any]) -> None:
+    """The verifier's user can be taken here (else infrastructure), asked before
+    ``test.sh`` runs: its exit status, which the tested code sets, says nothing of it."""
+    user = verifier.get("user")
+    if not user:
+        return
+    done = await sandbox.run(as_user("true", user), timeout=60, cwd="/")
+    if done.exit_code == _NO_USER and "cannot run as user" in done.output:
+        raise RewardInfraError(f"[verifier] user: {done.output.strip()[-200:]}")
+
+
+async def harbor_reward(ctx: RewardContext[HarborRewardConfig]) -> RewardResult:
+    """Run the task's verifier in the grading sandbox and score what it wrote; on a failure,
+    once more there, then in the control sandbox to tell whose failure it is."""
+    settings = ctx.settings
+    row = harbor_row(ctx.task)
+    sandbox = ctx.require_sandbox()
+    tests = Path(row["dir"]) / "tests"
+    if not (tests / "test.sh").is_file():
+        raise RewardInfraError(f"task {row.get('name')}: {tests}/test.sh is missing")
+    verifier = dict(row.get("verifier") or {})
+    timeout = settings.timeout or float(verifier.get("timeout_sec") or 600.0)
+    info: dict[str, Any] = {"verifier_timeout": timeout}
+    left = await verifier_inputs_left(sandbox)
+    if left:
+        info.update(
+            score_reason="tampered",
+            detail=f"the agent left files where the verifier's inputs go: {', '.join(left)}",
+            tampered=[{"kind": "verifier_input", "path": p} for p in left],
+        )
+        return RewardResult(0.0, info)
+    await check_user(sandbox, verifier)
+    failures: list[str] = []
+    for _ in range(2):  # a second run in the same sandbox: the failure may have been transient
+        try:
+            result, shown = await run_verifier(sandbox, tests, verifier, settings, timeout)
+        except VerifierFailed as exc:
+            failures.append(str(exc))
+            continue
+        if failures:
+            info["verifier_retried"] = failures[0]
+        return RewardResult(result.score, {**info, **shown})
+    return await judge_failure(ctx, tests, verifier, settings, timeout, info, failures)
+
+
+async def judge_failure(
+    ctx: RewardContext[HarborRewardConfig],
+    tests: Path,
+    verifier: Mapping[str, Any],
+    settings: HarborRewardConfig,
+    timeout: float,
+    info: dict[str, Any],
+    failures: list[str],
+) -> RewardResult:
+    """The verifier failed twice on the agent's work: run it in the control sandbox (the
+    task untouched). It works there: the agent broke it (0, trained on). It fails there
+    too, or no control can be had: infrastructure (masked)."""
+    first, second = failures
+    if ctx.control is None:
+        raise RewardInfraError(
+            f"the verifier failed twice ({first}; again: {second}) and there is no control "
+            "sandbox to tell whether the agent's changes made it fail, so the episode is "
+            "masked (an opening: the policy can mask its failures by breaking the verifier; "
+            "graded through uniagent run, verify or the verl adapter a control is started "
+            "from the task's deployment)"
+        )
+    async with ctx.control() as control:
+        await check_user(control, verifier)
+        try:
+            checked, shown = await run_verifier(control, tests, verifier, settings, timeout)
+        except VerifierFailed as exc:
+            raise RewardInfraError(
+                f"the task's verifier is broken: it failed on the agent's work ({first}; "
+                f"again: {second}) and on the task untouched by the agent ({exc})"
+            ) from None
+    info.update(
+        score_reason="verifier_failed",
+        detail="test.sh wrote no readable reward, twice, after the agent's changes; on the "
+        f"task untouched by the agent it {_outcome(checked, shown)}",
+        error=f"{first}\nagain: {second}"[-4000:],
+        verifier_retried=first,
+        control={k: shown[k] for k in ("exit_code", "timed_out", "reward_file") if k in shown}
+        | {"score": checked.score},
+    )
+    return RewardResult(0.0, info)
+
+
+def _outcome(result: RewardResult, shown: Mapping[str, Any]) -> str:
+    if shown.get("timed_out"):
+        return "ran past its timeout (scored 0 there too: it grades the task)"
+    return f"wrote {shown.get('reward_file')} (score {result.score:g})"

@@ -1,0 +1,313 @@
+"""The test environment as part of the baseline: the interpreter the tests really run, and all
+it loads.
+
+The toolchain check (:mod:`uniagent.grading.integrity`) covers the tools on the
+grading ``PATH``. The tests, though, run after the eval script's own activation
+(a conda env, a venv) with whatever interpreter its command names. So the
+baseline also resolves the test environment exactly so: the reward's
+:class:`~uniagent.protect.settings.TestEnv` (the activation lines, the words its
+test command starts with) is run in a clean shell, each word looked up and
+followed to its interpreter (a ``pytest`` script to its ``#!`` line), and that
+interpreter, started as the tests start it (``.pth`` files and all, before the
+agent's first turn), reports its roots: its prefixes, site-packages, stdlib
+(``pythonX.Y.zip`` too) and every directory on its ``sys.path`` outside the
+repository; a conda activation adds ``$CONDA_PREFIX`` (its ``etc/conda/activate.d``)
+and the conda installation itself. Each root is recorded as a digest of the names
+under it (bytecode caches aside).
+
+Before grading in the episode's sandbox the same is checked: the words must
+resolve to the same interpreters, every root's names must be the same, no file
+under a root may have changed since the baseline (its ctime is after the
+sandbox's clock then: ctime cannot be set back without setting the clock), and
+bytecode written under a root since then is deleted (``__pycache__`` files are
+loaded instead of the sources they claim to match). A change is toolchain
+tampering (rule ``test-env``).
+"""
+
+from __future__ import annotations
+
+import posixpath
+import re
+from collections.abc import Callable, Mapping
+
+from uniagent.grading.integrity import Baseline, Tamper, run_script
+from uniagent.grading.sandbox import GradingSandbox
+from uniagent.protect.settings import TestEnv
+
+#: How many changed files a root reports at most.
+MAX_CHANGED = 50
+
+_ROOTS_PY = r"""
+import importlib.util, os, site, sys, sysconfig
+roots = set()
+try:
+    roots.update(site.getsitepackages())
+except Exception:
+    pass
+for key in ("stdlib", "platstdlib", "purelib", "platlib"):
+    try:
+        roots.add(sysconfig.get_paths()[key])
+    except Exception:
+        pass
+roots.update(p for p in sys.path if p and os.path.isabs(p))
+roots.add(sys.executable)
+roots.add(os.path.join(sys.prefix, "pyvenv.cfg"))
+files = set()
+for d in sys.path:
+    if d and os.path.isdir(d):
+        for name in os.listdir(d):
+            path = os.path.join(d, name)
+            if name.endswith(".pth") or name in ("sitecustomize.py", "usercustomize.py"):
+                files.add(path)
+            elif name.endswith((".dist-info", ".egg-info")):
+                files.add(os.path.join(path, "entry_points.txt"))
+for name in ("sitecustomize", "usercustomize", "pytest", "_pytest", "pluggy"):
+    try:
+        spec = importlib.util.find_spec(name)
+    except Exception:
+        continue
+    if spec is None or not spec.origin or not os.path.isfile(spec.origin):
+        continue
+    for root in spec.submodule_search_locations or ():
+        for here, _, names in os.walk(root):
+            files.update(os.path.join(here, f) for f in names if f.endswith(".py"))
+    files.add(spec.origin)
+for root in sorted(roots):
+    if os.path.exists(root):
+        print("root", os.path.realpath(root))
+for path in sorted(files):
+    if os.path.isfile(path):
+        print("file", os.path.realpath(path))
+"""
+
+#: ``env-bin WORD PATH`` for each word of $INTERPRETERS after $ACTIVATE (in the repository,
+#: in a subshell, its output discarded); with $MODE ``discover`` the roots its interpreters
+#: and the activation report (``root PATH``, into $ROOTS) and the files they load at start-up
+#: or as the runner (into $FILES). Then ``hash FILE SHA`` for each file of $FILES, and for
+#: each root of $ROOTS (parents before children) ``digest ROOT SHA`` of the names under it
+#: and, with $SINCE, the files changed since then (``changed PATH``) and the bytecode written
+#: since, deleted (``purged ROOT N``).
+TEST_ENV = r"""
+activated() (
+  exec 3>&1 >/dev/null 2>&1 </dev/null
+  set +eu
+  eval "$ACTIVATE"
+  exec 1>&3
+  for word in $INTERPRETERS; do
+    p=$(command -v "$word" 2>/dev/null) || continue
+    case "$p" in /*) ;; *) continue ;; esac
+    real=$(readlink -f "$p")
+    printf 'env-bin %s %s\n' "$word" "$real"
+    [ "$MODE" = discover ] || continue
+    printf 'root %s\n' "$real"
+    py=$p  # as found, not the link's target: a venv's python finds its pyvenv.cfg so
+    first=$(head -c 256 "$real" 2>/dev/null | head -n 1)
+    case "$first" in
+      '#!'*) set -- ${first#??}; py=${1:-}
+             case "${py##*/}" in env) py=$(command -v "${2:-}" 2>/dev/null) ;; esac ;;
+    esac
+    [ -n "$py" ] && "$py" -c "$ROOTS_PY" 2>/dev/null
+  done
+  if [ "$MODE" = discover ]; then
+    # conda's activation: the env's activate.d scripts, the installation's shell hooks and
+    # the conda package that writes the activation.
+    [ -n "${CONDA_PREFIX:-}" ] && printf 'root %s\n' "$CONDA_PREFIX/etc/conda"
+    if [ -n "${CONDA_EXE:-}" ]; then
+      base=${CONDA_EXE%/bin/conda}
+      printf 'root %s\n' "$CONDA_EXE" "$base/etc" "$base/condabin" "$base/bin/activate" \
+        "$base"/lib/python*/site-packages/conda
+    fi
+    # a venv's activation: its scripts (activate, the console scripts) and its config
+    [ -n "${VIRTUAL_ENV:-}" ] && printf 'root %s\n' "$VIRTUAL_ENV/bin" "$VIRTUAL_ENV/pyvenv.cfg"
+  fi
+  true
+)
+cd "$REPO" 2>/dev/null || cd / || exit 3  # where the eval script activates
+activated > "$TMPDIR/env.out"
+grep '^env-bin ' "$TMPDIR/env.out"
+if [ "$MODE" = discover ]; then
+  sed -n 's/^root //p' "$TMPDIR/env.out" | LC_ALL=C sort -u \
+    | awk -v repo="$REPO" -v scratch="${TMPDIR%/tmp}" '
+    $0 == "/" || $0 == repo || index($0, repo "/") == 1 || index($0, scratch "/") == 1 { next }
+    $0 ~ "^/(proc|sys|dev)(/|$)" { next }
+    {
+      for (i = 1; i <= n; i++)
+        if (index($0, kept[i] "/") == 1 && substr($0, length(kept[i]) + 2) !~ /^(envs|pkgs)\//) next
+      kept[++n] = $0
+      print
+    }' > "$ROOTS"
+  sed 's/^/root /' "$ROOTS"
+  sed -n 's/^file //p' "$TMPDIR/env.out" | LC_ALL=C sort -u > "$FILES"
+fi
+while IFS= read -r file; do
+  sum=$(sha256sum < "$file" 2>/dev/null) || sum=missing
+  printf 'hash %s %s\n' "$file" "${sum%% *}"
+done < "$FILES"
+while IFS= read -r root; do
+  [ -e "$root" ] || { printf 'digest %s missing\n' "$root"; continue; }
+  skip=( \( -name __pycache__ -o -path "$root/pkgs" -o -path "$root/envs" -o -path "$REPO" \) )
+  sum=$(find "$root" -xdev "${skip[@]}" -prune -o -printf '%P\0' 2>/dev/null | LC_ALL=C sort -z \
+        | sha256sum)
+  printf 'digest %s %s\n' "$root" "${sum%% *}"
+  if [ -n "$SINCE" ]; then
+    find "$root" -xdev "${skip[@]}" -prune -o ! -type d -newerct "@$SINCE" \
+      -printf 'changed %p\n' 2>/dev/null | head -n "$MAX"
+    # (-delete cannot be combined with -prune: the paths below are filtered instead)
+    n=$(find "$root" -xdev -path '*/__pycache__/*' -type f ! -path "$REPO/*" \
+        ! -path "$root/pkgs/*" -newerct "@$SINCE" -print -delete 2>/dev/null | wc -l)
+    printf 'purged %s %s\n' "$root" "$n"
+  fi
+done < "$ROOTS"
+exit 0
+"""
+
+
+def _variables(
+    baseline: Baseline,
+    spec: TestEnv,
+    scratch: str,
+    mode: str,
+    since: str,
+    repo: str | None = None,
+) -> dict[str, str]:
+    return {
+        "ACTIVATE": spec.activate,
+        "INTERPRETERS": " ".join(spec.interpreters),
+        "ROOTS_PY": _ROOTS_PY,
+        "MODE": mode,
+        "ROOTS": f"{scratch}/roots",
+        "FILES": f"{scratch}/files",
+        "REPO": repo or baseline.repo or "/nonexistent",
+        "SINCE": since,
+        "MAX": str(MAX_CHANGED),
+    }
+
+
+def _record(output: str) -> tuple[dict[str, str], list[str], dict[str, int]]:
+    """``bin:WORD`` -> path and ``root:PATH`` -> digest; the changed files; purged counts."""
+    record: dict[str, str] = {}
+    changed: list[str] = []
+    purged: dict[str, int] = {}
+    for line in output.splitlines():
+        kind, _, rest = line.partition(" ")
+        if kind == "env-bin":
+            word, _, path = rest.partition(" ")
+            record[f"bin:{word}"] = path
+        elif kind == "digest":
+            root, _, digest = rest.rpartition(" ")
+            record[f"root:{root}"] = digest
+        elif kind == "hash":
+            path, _, digest = rest.rpartition(" ")
+            record[path] = digest
+        elif kind == "changed":
+            changed.append(rest)
+        elif kind == "purged":
+            root, _, count = rest.rpartition(" ")
+            purged[root] = int(count) if count.isdigit() else 0
+    return record, changed, purged
+
+
+async def discover(sandbox: GradingSandbox, baseline: Baseline, spec: TestEnv) -> None:
+    """Record the test environment in ``baseline`` (before the agent's first turn)."""
+    output = await run_script(
+        sandbox, TEST_ENV, _variables(baseline, spec, sandbox.scratch, "discover", ""),
+        what="resolving the test environment",
+    )  # fmt: skip
+    record, _, _ = _record(output)
+    baseline.test_env = record
+    baseline.test_env_spec = spec
+
+
+async def verify(
+    sandbox: GradingSandbox,
+    baseline: Baseline,
+    *,
+    since_baseline: bool = True,
+    moved: Callable[[str], str] | None = None,
+    repo: str | None = None,
+) -> tuple[list[Tamper], int]:
+    """The test environment's changes since the baseline, and how many bytecode files
+    written since were deleted.
+
+    ``since_baseline`` (the episode's own sandbox) also checks which files changed after
+    the baseline's clock. A fresh sandbox is compared by names, interpreters and contents
+    only (a fresh machine may unpack its image anew), its paths mapped by ``moved`` (a
+    sandbox's own directories differ between sandboxes; what they share must not), in
+    ``repo``.
+    """
+    spec, recorded = baseline.test_env_spec, baseline.test_env
+    if spec is None or recorded is None:
+        return [], 0
+    move = moved or (lambda path: path)
+    before = {
+        _moved_key(key, move): move(value) if key.startswith("bin:") else value
+        for key, value in recorded.items()
+    }
+    s = sandbox.scratch
+    roots = [key.removeprefix("root:") for key in before if key.startswith("root:")]
+    files = [key for key in before if key.startswith("/")]
+    await sandbox.write_file(f"{s}/roots", "".join(f"{r}\n" for r in roots))
+    await sandbox.write_file(f"{s}/files", "".join(f"{f}\n" for f in files))
+    since = (baseline.epoch or "") if since_baseline else ""
+    output = await run_script(
+        sandbox, TEST_ENV, _variables(baseline, spec, s, "verify", since, repo),
+        what="checking the test environment",
+    )  # fmt: skip
+    after, changed, purged = _record(output)
+    return changes(before, after, changed), sum(purged.values())
+
+
+def _moved_key(key: str, move: Callable[[str], str]) -> str:
+    if key.startswith("root:"):
+        return "root:" + move(key.removeprefix("root:"))
+    return move(key) if key.startswith("/") else key
+
+
+def changes(
+    before: Mapping[str, str], after: Mapping[str, str], changed: list[str]
+) -> list[Tamper]:
+    """What differs: interpreters resolved elsewhere, roots whose names differ, changed files."""
+    found: list[Tamper] = []
+    for key in sorted(set(before) | set(after)):
+        if before.get(key) == after.get(key):
+            continue
+        change = "added" if key not in before else "deleted" if key not in after else "modified"
+        detail = (
+            f"{before.get(key)} -> {after.get(key)}"
+            if key.startswith("bin:")
+            else "files were added or removed under it"
+            if key.startswith("root:")
+            else "its content changed"
+        )
+        found.append(Tamper("toolchain", key, change, "test-env", True, detail))
+    for path in changed:
+        found.append(
+            Tamper("toolchain", path, "modified", "test-env", True, "changed since the baseline")
+        )
+    return found
+
+
+_ACTIVATION = re.compile(
+    r"^\s*(?:(?:source|\.)\s+\S*activate\b.*|(?:conda|mamba|micromamba)\s+activate\b.*"
+    r"|export\s+(?:PATH|VIRTUAL_ENV|CONDA_\w+|PYTHONHOME)=.*"
+    r"|if \[ -f \S*activate \]; then .*activate.*fi)\s*$"
+)
+
+
+def script_test_env(script: str, commands: list[str]) -> TestEnv:
+    """The test environment of a shell script: its activation lines, and the first word of
+    each test command (``python``, ``pytest``, an absolute interpreter, after ``VAR=value``
+    prefixes), with ``python``/``python3`` always."""
+    activate = "\n".join(line for line in script.splitlines() if _ACTIVATION.match(line))
+    words: list[str] = []
+    for command in commands:
+        for word in command.split():
+            if re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*=\S*", word):
+                continue
+            name = posixpath.basename(word)
+            if re.fullmatch(r"(python[0-9.]*|pytest|py\.test|tox|nosetests)", name):
+                words.append(word)
+            break
+    return TestEnv(
+        activate=activate, interpreters=tuple(dict.fromkeys([*words, "python", "python3"]))
+    )

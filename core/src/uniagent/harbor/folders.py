@@ -1,0 +1,197 @@
+"""Harbor task folders (one, or a folder of them) as ``uniagent run`` tasks.
+
+A task folder holds ``task.toml``, ``instruction.md``, ``tests/test.sh``, an
+``environment/Dockerfile`` or a prebuilt ``[environment] docker_image``, and optionally
+``solution/solve.sh``. Each becomes one task row: its id is the folder's name, its
+``problem_statement`` the instruction (the default ``instance_template`` shows it),
+``harbor`` what the ``harbor`` reward and ``uniagent verify`` need, and ``tools_kwargs``
+point the deployment at the task's environment (see :func:`deployment_overrides`).
+A folder that is not a usable task is a bad row with the reason, like a bad JSONL line.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from pathlib import Path
+from typing import Any
+
+from uniagent.errors import ConfigError
+from uniagent.harbor.schema import TaskToml, load_task_toml, unsupported
+from uniagent.run.tasks import BadRow, Task
+
+TASK_FILE = "task.toml"
+#: Where the sandbox keeps Harbor's fixed paths: the tests (copied in at grading
+#: time), the verifier's logs and the oracle's solution.
+SANDBOX_DIRS = ("/tests", "/logs", "/solution")
+#: Under bubblewrap the root is read-only and each process gets its own mounts, so the
+#: fixed paths are symlinks into the sandbox's private ``/tmp`` (made when first used).
+BWRAP_HOME = "/tmp/.harbor"
+
+#: Builds (or finds) the image of a task folder: ``(task_dir, config) -> image tag``.
+ImageBuilder = Callable[[Path, TaskToml], str]
+
+
+def is_task_set(path: str | Path) -> bool:
+    """Whether ``path`` is a Harbor task folder or a folder holding some."""
+    path = Path(path)
+    if not path.is_dir():
+        return False
+    return (path / TASK_FILE).is_file() or any(
+        (child / TASK_FILE).is_file() for child in path.iterdir() if child.is_dir()
+    )
+
+
+def task_dirs(path: str | Path) -> list[Path]:
+    """The task folders of ``path`` (itself, or its sub-folders that hold a ``task.toml``)."""
+    path = Path(path).resolve()
+    if (path / TASK_FILE).is_file():
+        return [path]
+    return sorted(c for c in path.iterdir() if c.is_dir() and (c / TASK_FILE).is_file())
+
+
+def read_task(task_dir: Path) -> tuple[TaskToml, dict[str, Any]]:
+    """The parsed ``task.toml`` and the task row (without ``tools_kwargs``) of one folder."""
+    config = load_task_toml(task_dir / TASK_FILE)
+    problems = unsupported(config, task_dir)
+    if problems:
+        raise ConfigError("; ".join(problems))
+    instruction = task_dir / "instruction.md"
+    if not instruction.is_file():
+        raise ConfigError("no instruction.md")
+    text = instruction.read_text(encoding="utf-8")
+    if not text.strip():
+        raise ConfigError("instruction.md is empty")
+    if not (task_dir / "tests" / "test.sh").is_file():
+        raise ConfigError("no tests/test.sh (the verifier)")
+    env = config.environment
+    dockerfile = task_dir / "environment" / "Dockerfile"
+    verifier = config.verifier
+    harbor = {
+        "dir": str(task_dir),
+        "name": config.task.name if config.task else task_dir.name,
+        "verifier": {
+            "timeout_sec": verifier.timeout_sec,
+            "env": dict(verifier.env),
+            "user": None if verifier.user is None else str(verifier.user),
+        },
+        "agent": {
+            "timeout_sec": config.agent.timeout_sec,
+            "user": None if config.agent.user is None else str(config.agent.user),
+        },
+        "solution": (task_dir / "solution" / "solve.sh").is_file(),
+        "solution_env": dict(config.solution.env),
+        "docker_image": env.docker_image,
+        "dockerfile": dockerfile.is_file(),
+        "workdir": env.workdir,
+        "network_mode": config.network_mode(),
+        "resources": {"cpus": env.cpus, "memory_mb": env.memory_mb, "storage_mb": env.storage_mb},
+        "metadata": dict(config.metadata),
+    }
+    row = {"task_id": task_dir.name, "problem_statement": text, "instruction": text}
+    return config, {**row, "harbor": harbor}
+
+
+def deployment_overrides(
+    config: TaskToml,
+    task_dir: Path,
+    deployment: Mapping[str, Any],
+    build: ImageBuilder | None,
+) -> dict[str, Any]:
+    """The ``tools_kwargs`` that run the task on the config's ``deployment``.
+
+    ``local``: the task's ``docker_image``, or its Dockerfile built by ``build``; its
+    ``workdir``; ``no-network`` as ``--network none``. ``host``: bubblewrap only (the
+    task writes ``/tests``, ``/logs`` and ``/solution``: symlinks into the sandbox's own
+    ``/tmp``), no image. Any other backend: the prebuilt ``docker_image``.
+    """
+    kind = deployment.get("type", "host")
+    env = config.environment
+    if kind == "host":
+        if deployment.get("isolation") != "bwrap":
+            raise ConfigError(
+                "Harbor tasks on the host backend need env.deployment.isolation: bwrap "
+                f"(the verifier writes {', '.join(SANDBOX_DIRS)}, private to each sandbox)"
+            )
+        args = [*deployment.get("bwrap_args", [])]
+        for inside in SANDBOX_DIRS:
+            args += ["--symlink", f"{BWRAP_HOME}{inside}", inside]
+        return {"env": {"deployment": {"bwrap_args": args}}}
+    if kind == "local":
+        if env.docker_image:
+            image = env.docker_image
+        elif (task_dir / "environment" / "Dockerfile").is_file():
+            if build is None:
+                raise ConfigError("environment/Dockerfile: no image builder for this run")
+            image = build(task_dir, config)
+        else:
+            raise ConfigError("neither environment/Dockerfile nor environment.docker_image")
+        out: dict[str, Any] = {"env": {"deployment": {"image": image}}}
+        if config.network_mode() == "no-network":
+            out["env"]["deployment"]["run_args"] = [
+                *deployment.get("run_args", []),
+                "--network",
+                "none",
+            ]
+        if env.workdir:
+            out["env"]["workdir"] = env.workdir
+        return out
+    if not env.docker_image:
+        raise ConfigError(
+            f"the {kind} backend runs prebuilt images only: set environment.docker_image"
+        )
+    return {"env": {"deployment": {"image": env.docker_image}}}
+
+
+def load_harbor_tasks(
+    path: str | Path,
+    deployment: Mapping[str, Any] | None = None,
+    *,
+    build: ImageBuilder | None = None,
+) -> tuple[list[Task], list[BadRow]]:
+    """The tasks of a Harbor task folder (or folder of them); unusable folders are bad rows.
+
+    With ``deployment`` (the config's ``env.deployment``) each task gets the
+    ``tools_kwargs`` that run it there; without, none (``uniagent data prepare``).
+    """
+    dirs = task_dirs(path)
+    if not dirs:
+        raise ConfigError(f"{path} holds no Harbor task (no task.toml in it or its sub-folders)")
+    tasks: list[Task] = []
+    bad: list[BadRow] = []
+    for number, task_dir in enumerate(dirs, 1):
+        try:
+            config, row = read_task(task_dir)
+            if deployment is not None:
+                row["tools_kwargs"] = deployment_overrides(config, task_dir, deployment, build)
+        except ConfigError as exc:
+            bad.append(BadRow(number, f"{task_dir.name}: {exc}"))
+            continue
+        tasks.append(Task(row["task_id"], row))
+    return tasks, bad
+
+
+def load_task_set(
+    path: str | Path,
+    deployment: Mapping[str, Any] | None = None,
+    *,
+    build: ImageBuilder | None = None,
+    exclude: frozenset[str] = frozenset(),
+) -> tuple[list[Task], list[BadRow]]:
+    """Tasks of a JSONL/Parquet file or a Harbor task folder, without the ``exclude`` ids."""
+    from uniagent.run.tasks import load_tasks
+
+    if is_task_set(path):
+        tasks, bad = load_harbor_tasks(path, deployment, build=build)
+    else:
+        tasks, bad = load_tasks(path)
+    return [t for t in tasks if t.id not in exclude], bad
+
+
+def read_exclude(path: str | Path) -> frozenset[str]:
+    """Task ids of an exclude file: one a line; ``#`` starts a comment (``uniagent verify``)."""
+    try:
+        text = Path(path).read_text(encoding="utf-8")
+    except OSError as exc:
+        raise ConfigError(f"--exclude {path}: cannot read it: {exc}") from None
+    ids = (line.split("#", 1)[0].strip() for line in text.splitlines())
+    return frozenset(i for i in ids if i)

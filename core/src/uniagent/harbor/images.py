@@ -1,0 +1,87 @@
+"""A Harbor task's image for the ``local`` backend: its ``environment/`` built once per content.
+
+The tag is ``localhost/uniagent-harbor:<digest>``, the digest taken over the files of
+``environment/`` (and the ``FROM`` override): a task whose environment did not change
+is not built again, and two tasks with the same environment share one image. On
+machines without a registry, ``from_image`` replaces the Dockerfile's ``FROM`` (the
+engine's ``build --from``), e.g. with an image built offline that has ``swerex-remote``.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import shutil
+import subprocess
+from pathlib import Path
+
+from uniagent.errors import ConfigError
+from uniagent.harbor.schema import TaskToml
+from uniagent.run.manifest import file_digest
+
+REPOSITORY = "localhost/uniagent-harbor"
+
+
+def pick_engine(preferred: str = "auto") -> str:
+    """``docker`` or ``podman`` (``auto``: docker if its daemon answers, else podman)."""
+    if preferred != "auto":
+        return preferred
+    if shutil.which("docker"):
+        probe = subprocess.run(["docker", "info"], capture_output=True, timeout=30, check=False)
+        if probe.returncode == 0:
+            return "docker"
+    if shutil.which("podman"):
+        return "podman"
+    raise ConfigError("building a Harbor task's image needs docker or podman; neither works here")
+
+
+def image_tag(task_dir: Path, from_image: str | None = None) -> str:
+    """The content-addressed tag of the task's ``environment/`` (with ``from_image``)."""
+    digest = hashlib.sha256()
+    digest.update(file_digest(task_dir / "environment").encode())
+    digest.update(f"\nfrom={from_image or ''}".encode())
+    return f"{REPOSITORY}:{digest.hexdigest()[:24]}"
+
+
+class ImageBuilder:
+    """Builds task images with one engine, each tag once per process (then the engine's cache)."""
+
+    def __init__(self, engine: str = "auto", *, from_image: str | None = None) -> None:
+        self.engine_setting = engine
+        self.from_image = from_image
+        self._built: dict[str, str] = {}
+
+    def __call__(self, task_dir: Path, config: TaskToml) -> str:
+        tag = image_tag(task_dir, self.from_image)
+        if tag in self._built:
+            return tag
+        engine = pick_engine(self.engine_setting)
+        exists = subprocess.run(
+            [engine, "image", "inspect", tag], capture_output=True, timeout=60, check=False
+        )
+        if exists.returncode != 0:
+            self._build(engine, task_dir, tag, config.environment.build_timeout_sec)
+        self._built[tag] = tag
+        return tag
+
+    def _build(self, engine: str, task_dir: Path, tag: str, timeout: float) -> None:
+        context = task_dir / "environment"
+        argv = [engine, "build", "-t", tag, "-f", str(context / "Dockerfile")]
+        if self.from_image:
+            argv += ["--from", self.from_image]
+        try:
+            done = subprocess.run(
+                [*argv, str(context)],
+                capture_output=True,
+                text=True,
+                timeout=timeout,
+                check=False,
+            )
+        except subprocess.TimeoutExpired:
+            raise ConfigError(
+                f"environment/Dockerfile: the build took longer than {timeout:g} s "
+                "(environment.build_timeout_sec)"
+            ) from None
+        if done.returncode != 0:
+            raise ConfigError(
+                f"environment/Dockerfile: `{engine} build` failed: {done.stderr.strip()[-800:]}"
+            )

@@ -1,0 +1,81 @@
+"""A harness of a few lines for tests of harness agents (``binary`` install, Chat
+Completions): it asks the gateway, runs the ``bash`` call it gets, answers, repeats; exits
+with ``exit_with`` when the model stops calling tools. With ``restarts``, it then starts
+the conversation again from a new first message that many times (each a new branch of the
+session's tree, as a subagent makes)."""
+
+from __future__ import annotations
+
+import hashlib
+from pathlib import Path
+
+from pydantic import BaseModel, ConfigDict
+
+from uniagent.specs import AgentCommand, AgentInstall, AgentLaunch, AgentSpec
+
+#: The harness script (``#!/usr/bin/python3``: the sandbox sees the system's Python).
+HARNESS = r"""#!/usr/bin/python3
+import json, os, subprocess, sys, urllib.error, urllib.request
+url = os.environ["BASE"] + "/v1/chat/completions"
+tools = [{"type": "function", "function": {"name": "bash", "description": "Run it.",
+          "parameters": {"type": "object", "properties": {"command": {"type": "string"}},
+                         "required": ["command"]}}}]
+def conversation(first):
+    messages = [{"role": "user", "content": first}]
+    for _ in range(int(os.environ["STEPS"])):
+        req = urllib.request.Request(url, json.dumps({"model": "m", "messages": messages,
+              "tools": tools}).encode(), {"Authorization": "Bearer " + os.environ["KEY"],
+              "Content-Type": "application/json"})
+        try:
+            reply = json.load(urllib.request.urlopen(req))["choices"][0]["message"]
+        except urllib.error.HTTPError as exc:
+            print("gateway said", exc.code, exc.read().decode()); sys.exit(3)
+        messages.append(reply)
+        if not reply.get("tool_calls"):
+            return
+        for call in reply["tool_calls"]:
+            command = json.loads(call["function"]["arguments"])["command"]
+            out = subprocess.run(command, shell=True, capture_output=True, text=True).stdout
+            messages.append({"role": "tool", "tool_call_id": call["id"], "content": out})
+conversation(sys.argv[1])
+for i in range(int(os.environ["RESTARTS"])):
+    conversation(f"Again ({i + 1}): " + sys.argv[1])
+sys.exit(int(os.environ["EXIT_WITH"]))
+"""
+
+
+class TinySettings(BaseModel):
+    """The harness's settings (``agent.settings``)."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    exit_with: int = 0
+    steps: int = 5
+    restarts: int = 0
+    timeout: float = 120.0
+
+
+def tiny_spec(path: Path) -> AgentSpec[TinySettings]:
+    """The harness agent ``tiny`` running the script at ``path`` (write :data:`HARNESS` there)."""
+    digest = hashlib.sha256(path.read_bytes()).hexdigest()
+
+    def launch(run: AgentLaunch, settings: TinySettings) -> AgentCommand:
+        return AgentCommand(
+            f"{run.bin}/tiny 'Write hello into out.txt.'",
+            env={
+                "BASE": run.base_url,
+                "KEY": run.api_key,
+                "EXIT_WITH": str(settings.exit_with),
+                "STEPS": str(settings.steps),
+                "RESTARTS": str(settings.restarts),
+            },
+            timeout=settings.timeout,
+        )
+
+    return AgentSpec(
+        name="tiny",
+        install=AgentInstall("binary", str(path), "1", "tiny", sha256=digest),
+        wire="chat",
+        launch=launch,
+        settings=TinySettings,
+    )

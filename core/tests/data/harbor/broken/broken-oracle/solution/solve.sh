@@ -1,0 +1,3 @@
+#!/bin/bash
+# Wrong: writes the greeting into the wrong file.
+echo hello > greeting.txt

@@ -1,0 +1,3 @@
+#!/bin/bash
+printf '#!/bin/sh\necho ok\n' > run.sh
+chmod +x run.sh

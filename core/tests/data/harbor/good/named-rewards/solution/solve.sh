@@ -1,0 +1,3 @@
+#!/bin/bash
+echo hi > greeting.txt
+echo bye > farewell.txt

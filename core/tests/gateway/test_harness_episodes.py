@@ -1,0 +1,172 @@
+"""A harness episode through `uniagent run`: the harness runs in the sandbox through a
+gateway session; its exit, time-out and crash map to exit reasons, the backend's failure
+is infrastructure, and its tree is saved in rollout.json (with every branch)."""
+
+from __future__ import annotations
+
+import io
+import json
+import types
+from pathlib import Path
+
+import pytest
+
+from uniagent import hookimpl
+from uniagent.agents import gateways
+from uniagent.config import AgentConfig
+from uniagent.errors import ConfigError
+from uniagent.models.base import ModelError
+from uniagent.plugins import load_plugins, reset_plugins
+from uniagent.rollout import RolloutCache
+from uniagent.run.progress import Progress
+from uniagent.run.runner import run
+from uniagent.run.tasks import Task
+from uniagent.testing.harness import HARNESS, tiny_spec
+from uniagent.testing.scripted import ScriptedTokenModel, hermes_call
+
+
+@pytest.fixture
+def tiny(tmp_path_factory, monkeypatch):
+    cache = tmp_path_factory.mktemp("cache")
+    monkeypatch.setenv("UNIAGENT_CACHE_DIR", str(cache))
+    script = tmp_path_factory.mktemp("harness") / "tiny.py"
+    script.write_text(HARNESS)
+    spec = tiny_spec(script)
+    reset_plugins()
+
+    @hookimpl
+    def uniagent_agents():
+        return [spec]
+
+    load_plugins().register(types.SimpleNamespace(uniagent_agents=uniagent_agents), "test-agents")
+    yield spec
+    reset_plugins()
+
+
+def config(settings: dict | None = None, **deployment) -> AgentConfig:
+    return AgentConfig.from_dict(
+        {
+            "agent": {"name": "tiny", "settings": settings or {}},
+            "env": {
+                "deployment": {"type": "host", "isolation": "bwrap", "network": True, **deployment}
+            },
+            "reward": {"name": "command", "settings": {"command": "grep -qx hello out.txt"}},
+        }
+    )
+
+
+async def _run(agent_config: AgentConfig, model, out: Path) -> dict:
+    await run(
+        agent_config,
+        [Task("t", {"problem_statement": "Write hello."})],
+        [],
+        lambda: model,
+        out,
+        retries=0,
+        progress=Progress(io.StringIO(), live=False),
+    )
+    episode = out / "episodes" / "t" / "0"
+    rollout = episode / "rollout.json"
+    return {
+        "result": json.loads((episode / "result.json").read_text()),
+        "rollout": json.loads(rollout.read_text()) if rollout.exists() else None,
+        "log": (episode / "log.txt").read_text(),
+    }
+
+
+WRITE = hermes_call("bash", {"command": "echo hello > out.txt"})
+
+
+async def test_a_harness_solves_the_task_and_is_graded(tiny, qwen3_tokenizer, tmp_path) -> None:
+    model = ScriptedTokenModel(qwen3_tokenizer, [WRITE, "Done."])
+    done = await _run(config(), model, tmp_path / "out")
+    result, rollout = done["result"], done["rollout"]
+    assert result["exit_reason"] == "finished", done["log"][-2000:]
+    assert result["reward"] == 1.0 and result["traj_masked"] is False
+    assert rollout["tree"]["branches"] == 1 and len(rollout["tree"]["turns"]) == 2
+    assert all(t["exact"] for t in rollout["tree"]["turns"])
+    reply = qwen3_tokenizer.encode(WRITE, add_special_tokens=False) + [rollout["eot_id"]]
+    gen = [i for i, m in zip(rollout["response_ids"], rollout["response_mask"]) if m]
+    assert gen[: len(reply)] == reply
+    # The run's gateway keeps no finished session (a long run's memory stays flat).
+    assert all(not server.gateway.sessions for _, server in gateways._running.values())
+    # Readers of linear episodes load it as a token rollout: the tree's main branch.
+    cache = RolloutCache.from_dict(rollout, qwen3_tokenizer)
+    assert cache.prompt_ids == rollout["prompt_ids"] and cache.messages[-1]["role"] == "assistant"
+    assert cache.check_exactness().ok
+
+
+async def test_a_harness_exiting_non_zero_is_the_policys_outcome(
+    tiny, qwen3_tokenizer, tmp_path
+) -> None:
+    model = ScriptedTokenModel(qwen3_tokenizer, ["I give up."])
+    done = await _run(config({"exit_with": 2}), model, tmp_path / "out")
+    result = done["result"]
+    assert result["exit_reason"] == "format_error" and result["traj_masked"] is False
+    assert result["outcome"] == "policy" and result["reward"] == 0.0
+
+
+async def test_a_harness_past_its_time_limit_is_a_timeout(tiny, qwen3_tokenizer, tmp_path) -> None:
+    model = ScriptedTokenModel(qwen3_tokenizer, [hermes_call("bash", {"command": "sleep 600"})])
+    done = await _run(config({"timeout": 3}), model, tmp_path / "out")
+    assert done["result"]["exit_reason"] == "timeout_error"
+    assert done["result"]["traj_masked"] is False
+
+
+async def test_the_backend_failing_under_a_harness_is_infrastructure(
+    tiny, qwen3_tokenizer, tmp_path
+) -> None:
+    model = ScriptedTokenModel(qwen3_tokenizer, [ModelError("the server went away")])
+    done = await _run(config(), model, tmp_path / "out")
+    result = done["result"]
+    assert result["exit_reason"] == "model_error" and result["traj_masked"] is True
+    assert result["outcome"] == "infrastructure" and result["reward"] is None
+    assert "the server went away" in result["error"]
+
+
+async def test_a_harness_that_starts_over_saves_every_branch(tiny, qwen3_tokenizer, tmp_path):
+    model = ScriptedTokenModel(qwen3_tokenizer, [WRITE, "Done.", "Done again."])
+    done = await _run(config({"restarts": 1}), model, tmp_path / "out")
+    assert done["result"]["exit_reason"] == "finished" and done["result"]["reward"] == 1.0
+    tree = done["rollout"]["tree"]
+    assert tree["branches"] == 2 and len(tree["turns"]) == 3
+    # The saved linear rollout is the last-served branch: the restarted conversation.
+    gen = [
+        i for i, m in zip(done["rollout"]["response_ids"], done["rollout"]["response_mask"]) if m
+    ]
+    eot = done["rollout"]["eot_id"]
+    assert gen == [*qwen3_tokenizer.encode("Done again.", add_special_tokens=False), eot]
+
+
+async def test_a_model_the_gateway_cannot_serve_is_refused_before_any_episode(tiny, tmp_path):
+    with pytest.raises(ConfigError, match="agent 'tiny' is a harness: it needs a token model"):
+        await _run(config(), object(), tmp_path / "out")
+    assert not (tmp_path / "out" / "episodes").exists()
+
+
+async def test_a_harness_that_edits_the_tests_is_caught_as_the_built_in_loop_would_be(
+    tiny, qwen3_tokenizer, tmp_path
+) -> None:
+    """The harness runs as the agent: the grader's baseline and protections hold for it."""
+    agent_config = AgentConfig.from_dict(
+        {
+            "agent": {"name": "tiny"},
+            "env": {
+                "deployment": {"type": "host", "isolation": "bwrap", "network": True},
+                "post_setup": ["mkdir -p tests && echo 'grep -qx hello out.txt' > tests/check.sh"],
+            },
+            "reward": {
+                "name": "command",
+                "settings": {"command": "sh tests/check.sh"},
+                "integrity": {"protect_paths": ["tests/"]},
+            },
+        }
+    )
+    tamper = hermes_call("bash", {"command": "echo 'exit 0' > tests/check.sh"})
+    model = ScriptedTokenModel(qwen3_tokenizer, [tamper, "Done."])
+    done = await _run(agent_config, model, tmp_path / "out")
+    result = done["result"]
+    assert result["exit_reason"] == "finished" and result["traj_masked"] is False
+    assert result["reward"] == 0.0 and result["reward_info"]["score_reason"] == "tampered"
+    tampered = result["reward_info"]["integrity"]["tampered"]
+    assert [t["path"] for t in tampered] == ["tests/check.sh"]

@@ -1,0 +1,361 @@
+"""The patch screen: the runner's own parsers, symlinked configs, package metadata, attributes,
+binary sources, ignored files, code under .git and replace refs, in real host sandboxes."""
+
+from __future__ import annotations
+
+import shlex
+import types
+from collections.abc import AsyncIterator
+from typing import Any
+
+import pytest
+
+from uniagent import RewardSpec, hookimpl, open_env
+from uniagent.env import AgentEnv
+from uniagent.plugins import load_plugins, reset_plugins
+from uniagent.protect.rules import PYTHON_CONTENT, RuleSet, runner_section
+from uniagent.protect.settings import IntegrityDefaults, IntegritySettings
+from uniagent.reward import RewardContext, RewardResult
+from uniagent.testing.grading import grade, prepare_grader
+
+BUGGY = "def add(a, b):\n    return a - b\n"
+FIXED = "def add(a, b):\n    return a + b\n"
+TESTS = "from calc import add\nassert add(2, 3) == 5, 'add is broken'\nprint('ok')\n"
+SETUP_CFG = "[metadata]\nname = calc\n\n[tool:pytest]\nminversion = 6\n"
+SETUP = (
+    "git init -q && git config user.email t@t && git config user.name t && "
+    f"printf %s {shlex.quote(BUGGY)} > calc.py && mkdir tests && "
+    f"printf %s {shlex.quote(TESTS)} > tests/check.py && "
+    f"printf %s {shlex.quote(SETUP_CFG)} > setup.cfg && printf 'build/\\n' > .gitignore && "
+    "mkdir build && printf 'x = 1\\n' > build/gen.py && git add -A && git commit -qm base"
+)
+SEEN: list[RewardContext[Any]] = []
+
+
+async def command(ctx: RewardContext[Any]) -> RewardResult:
+    SEEN.append(ctx)
+    done = await ctx.require_sandbox().run(
+        "PYTHONPATH=. python3 tests/check.py; env; cat setup.cfg", timeout=60
+    )
+    return RewardResult(1.0 if "ok\n" in done.output else 0.0, {"output": done.output})
+
+
+@pytest.fixture(autouse=True)
+def rewards():
+    reset_plugins()
+
+    @hookimpl
+    def uniagent_rewards():
+        yield RewardSpec(name="check", fn=command, integrity=IntegrityDefaults())
+
+    load_plugins().register(types.SimpleNamespace(uniagent_rewards=uniagent_rewards), "t")
+    yield
+    reset_plugins()
+
+
+@pytest.fixture
+async def env() -> AsyncIterator[AgentEnv]:
+    sandbox = open_env({"type": "host", "isolation": "none"}, {"post_setup": [SETUP]})
+    await sandbox.start()
+    try:
+        yield sandbox
+    finally:
+        await sandbox.close()
+
+
+def fresh_env() -> AgentEnv:
+    return open_env({"type": "host", "isolation": "none"}, {"post_setup": [SETUP]})
+
+
+async def act(env: AgentEnv, *commands: str) -> None:
+    for command_ in commands:
+        obs = await env.run_action(command_, timeout=30)
+        assert obs.exit_code == 0, obs.output
+
+
+def tampered(result: Any) -> set[tuple[str, str, str]]:
+    return {(t["path"], t["change"], t["rule"]) for t in result.info["integrity"]["tampered"]}
+
+
+# -- runner configuration, read as the runner reads it ---------------------------------------
+
+
+@pytest.mark.parametrize("hidden", ["\r", "\x0b", "\x0c", "\x1c", "\u2028"])
+def test_a_runner_option_hidden_behind_a_line_break_pytest_sees_is_a_change(hidden):
+    base = "[tool:pytest]\nminversion = 6\n"
+    edited = base + f"# just a note{hidden}addopts = -p evil\n"
+    assert runner_section("setup.cfg", edited) != runner_section("setup.cfg", base)
+    assert runner_section("setup.cfg", edited)["tool:pytest"]["addopts"] == "-p evil"
+
+
+def test_edits_outside_the_runner_section_are_not_a_change():
+    base = "[metadata]\nname = calc\n\n[tool:pytest]\nminversion = 6\n"
+    assert runner_section("setup.cfg", base.replace("calc", "calc2")) == runner_section(
+        "setup.cfg", base
+    )
+
+
+async def test_a_hidden_runner_option_in_setup_cfg_is_tampering_and_restored(env):
+    grader = await prepare_grader(env, "check", {})
+    await act(
+        env,
+        "printf '# note\\raddopts = -p evil\\n' >> setup.cfg",
+        f"printf %s {shlex.quote(FIXED)} > calc.py",
+    )
+    result = await grade(grader, env)
+    assert result.score == 0.0
+    assert ("setup.cfg", "modified", "runner-config-sections") in tampered(result)
+    assert await env.read_file("setup.cfg") == SETUP_CFG
+
+
+@pytest.mark.parametrize("grade_in", ["episode", "fresh"])
+async def test_a_shared_config_file_made_a_symlink_is_tampering(env, grade_in):
+    grader = await prepare_grader(env, "check", {}, grade_in=grade_in, fresh_env=fresh_env)
+    await act(
+        env,
+        "sed 's/calc/calc/' setup.cfg > other.cfg && ln -sf other.cfg setup.cfg",
+        f"printf %s {shlex.quote(FIXED)} > calc.py",
+    )
+    result = await grade(grader, env)
+    assert result.score == 0.0
+    assert ("setup.cfg", "modified", "runner-config-sections") in tampered(result)
+
+
+async def test_a_new_symlinked_config_file_is_tampering(env):
+    grader = await prepare_grader(env, "check", {})
+    await act(env, "printf '[metadata]\\n' > a.cfg && mkdir -p sub && ln -s ../a.cfg sub/setup.cfg")
+    result = await grade(grader, env)
+    assert ("sub/setup.cfg", "added", "runner-config-sections") in tampered(result)
+
+
+# -- package metadata, attributes, binary sources -----------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("path", "rule"),
+    [
+        ("evil-1.0.dist-info/entry_points.txt", "package-metadata"),
+        ("src/evil.egg-info/entry_points.txt", "package-metadata"),
+        ("evil.egg-link", "package-metadata"),
+        ("__editable___evil_finder.py", "package-metadata"),
+        (".gitattributes", "git-attributes"),
+        ("sub/.gitattributes", "git-attributes"),
+    ],
+)
+async def test_plugin_metadata_and_attributes_in_the_patch_are_tampering(env, path, rule):
+    grader = await prepare_grader(env, "check", {})
+    await act(
+        env,
+        f"mkdir -p $(dirname {path}) && printf '[pytest11]\\nx = y\\n' > {path}",
+        f"printf %s {shlex.quote(FIXED)} > calc.py",
+    )
+    result = await grade(grader, env)
+    assert result.score == 0.0
+    assert (path, "added", rule) in tampered(result)
+
+
+async def test_a_binary_change_to_a_source_file_is_tampering_and_its_text_is_screened(env):
+    grader = await prepare_grader(env, "check", {}, integrity={"on_tamper": "report"})
+    await act(
+        env,
+        "printf 'import os\\n# \\000\\nos._exit(0)\\n' > calc.py",
+        "printf 'data \\000 atexit.register(f)\\n' > blob.bin",
+    )
+    result = await grade(grader, env)
+    found = tampered(result)
+    assert ("calc.py", "binary", "binary-source") in found
+    assert ("calc.py", "hit", "exit-hijack") in found, "read through the --text diff"
+    assert ("blob.bin", "hit", "exit-hijack") in found
+    assert not any(path == "blob.bin" and rule == "binary-source" for path, _, rule in found)
+
+
+def test_content_rules_catch_import_hooks_and_entry_points():
+    rules = RuleSet([], PYTHON_CONTENT)
+    for line, rule in (
+        ("sys.path.insert(0, '.git/x')", "import-path"),
+        ("sys.path += ['/tmp/x']", "import-path"),
+        ("site.addsitedir(d)", "import-path"),
+        ("sys.path_hooks.append(f)", "runner-modules"),
+        ("class F(importlib.abc.MetaPathFinder):", "runner-modules"),
+        ("entry_points={'pytest11': ['x = y']}", "entry-points"),
+    ):
+        assert [h["rule"] for h in rules.content_hits("x.py", [line])] == [rule], line
+    assert rules.content_hits("x.py", ["if sys.path == other:", "paths = sys.path[:]"]) == []
+
+
+# -- what the patch does not show -----------------------------------------------------------------
+
+
+@pytest.mark.parametrize("grade_in", ["episode", "fresh"])
+async def test_new_ignored_files_are_in_the_patch_and_screened(env, grade_in):
+    grader = await prepare_grader(
+        env, "check", {}, grade_in=grade_in, fresh_env=fresh_env, integrity={"on_tamper": "report"}
+    )
+    await act(
+        env,
+        "printf 'import atexit\\n' > build/hook.py",
+        f"printf %s {shlex.quote(FIXED)} > calc.py && printf 'import os\\n' >> build/gen.py",
+    )
+    result = await grade(grader, env)
+    integrity = result.info["integrity"]
+    assert "build/hook.py" in integrity["patch_files"]
+    assert integrity["ignored_files"] == {"new": ["build/hook.py"], "changed": ["build/gen.py"]}
+    assert result.score == 1.0, "reported only (on_tamper: report): the fix still counts"
+
+
+async def test_changed_ignored_sources_are_screened_whole(env):
+    grader = await prepare_grader(env, "check", {})
+    await act(env, "printf 'import os\\nos._exit(0)\\n' >> build/gen.py")
+    result = await grade(grader, env)
+    assert ("build/gen.py", "hit", "exit-hijack") in tampered(result)
+
+
+async def test_code_hidden_under_git_is_removed_before_grading(env):
+    grader = await prepare_grader(env, "check", {})
+    await act(
+        env,
+        "mkdir -p .git/x .git/refs/heads/lib && printf 'x = 1\\n' > .git/x/evil.py && "
+        "printf 'x = 1\\n' > .git/refs/heads/lib/evil.py && "
+        "printf 'x = 1\\n' > .git/objects/evil.py && git branch -q side",
+        f"printf %s {shlex.quote(FIXED)} > calc.py",
+    )
+    result = await grade(grader, env)
+    found = {(p, rule) for p, _, rule in tampered(result)}
+    assert {
+        (".git/x/evil.py", "git-foreign"),
+        (".git/refs/heads/lib/evil.py", "git-foreign"),
+        (".git/objects/evil.py", "git-foreign"),
+    } <= found
+    assert result.score == 1.0, "removed, reported, not scored: git's own files stay"
+    listing = await env.execute(
+        ["sh", "-c", "ls .git/x .git/refs/heads; find .git/objects -name '*.py'"], env=None
+    )
+    assert "evil.py" not in listing.stdout and "side" in listing.stdout
+
+
+async def test_replace_refs_do_not_change_what_git_shows_the_grader(env):
+    grader = await prepare_grader(env, "check", {}, integrity={"on_tamper": "report"})
+    await act(
+        env,
+        "printf 'import os\\nos._exit(0)\\n' >> calc.py && "
+        'git replace -f "$(git rev-parse HEAD:calc.py)" "$(git hash-object -w calc.py)"',
+    )
+    result = await grade(grader, env)
+    assert ("calc.py", "hit", "exit-hijack") in tampered(result)
+    assert "GIT_NO_REPLACE_OBJECTS=1" in result.info["output"]
+
+
+def test_plugin_autoload_is_off_where_the_task_set_declares_it():
+    assert IntegritySettings(disable_plugin_autoload=True).disable_plugin_autoload is True
+
+
+@pytest.mark.parametrize(("declared", "expected"), [(True, True), (None, False)])
+async def test_plugin_autoload_declared_per_task_set(env, declared, expected):
+    SEEN.clear()
+    grader = await prepare_grader(env, "check", {}, integrity={"disable_plugin_autoload": declared})
+    result = await grade(grader, env)
+    assert ("PYTEST_DISABLE_PLUGIN_AUTOLOAD=1" in result.info["output"]) is expected
+
+
+# -- fresh sandboxes ---------------------------------------------------------------------------
+
+
+async def test_a_fresh_sandbox_keeps_legitimate_edits_of_a_shared_config_file(env):
+    grader = await prepare_grader(env, "check", {}, grade_in="fresh", fresh_env=fresh_env)
+    await act(
+        env,
+        "sed -i 's/name = calc/name = calc2/' setup.cfg",
+        f"printf %s {shlex.quote(FIXED)} > calc.py",
+    )
+    result = await grade(grader, env)
+    assert result.score == 1.0 and tampered(result) == set()
+    assert "name = calc2" in result.info["output"], "only the runner's section is the grader's"
+
+
+async def test_the_fresh_sandbox_is_started_while_the_agent_works(env):
+    started: list[AgentEnv] = []
+
+    def tracked() -> AgentEnv:
+        fresh = fresh_env()
+        started.append(fresh)
+        return fresh
+
+    grader = await prepare_grader(env, "check", {}, grade_in="fresh", fresh_env=tracked)
+    assert len(started) == 1, "asked for at the baseline, before the agent's first turn"
+    await act(env, f"printf %s {shlex.quote(FIXED)} > calc.py")
+    assert (await grade(grader, env)).score == 1.0
+    assert len(started) == 1, "grading used the one started ahead"
+    unused = await prepare_grader(env, "check", {}, grade_in="fresh", fresh_env=tracked)
+    await unused.close()  # an episode that is not graded closes it
+    assert len(started) == 2 and not await started[1].is_alive()
+
+
+async def test_a_fresh_sandbox_still_starting_is_stopped_when_the_episode_ends(env, tmp_path):
+    """An episode that ends before grading (failed, masked, interrupted) while the fresh
+    sandbox is still in its set-up stops it there: close() does not wait for the set-up."""
+    import asyncio
+    import os
+
+    from uniagent.env.open_envs import env_scope
+
+    gate, began = tmp_path / "gate", tmp_path / "began"
+    os.mkfifo(gate)
+    slow = f"{SETUP} && touch {began} && cat {gate}"  # blocks until the gate is opened
+
+    def blocked() -> AgentEnv:
+        return open_env({"type": "host", "isolation": "none"}, {"post_setup": [slow]})
+
+    with env_scope() as scope:
+        grader = await prepare_grader(env, "check", {}, grade_in="fresh", fresh_env=blocked)
+        async with asyncio.timeout(120):
+            while not began.exists():  # its set-up has begun (a file it writes, not a delay)
+                await asyncio.sleep(0.05)
+        assert len(scope) == 1
+        async with asyncio.timeout(120):  # not the set-up's time: it never ends by itself
+            await grader.close()
+        assert len(scope) == 0
+        await grader.close()  # idempotent
+
+
+async def test_a_fresh_sandbox_started_ahead_is_stopped_when_grading_times_out(env):
+    """A grading timeout while waiting for the fresh sandbox leaves nothing running."""
+    from uniagent.env.open_envs import env_scope
+
+    def never() -> AgentEnv:
+        return open_env(
+            {"type": "host", "isolation": "none"}, {"post_setup": [f"{SETUP} && sleep 600"]}
+        )
+
+    with env_scope() as scope:
+        grader = await prepare_grader(
+            env, "check", {}, grade_in="fresh", fresh_env=never, integrity={"grading_timeout": 5}
+        )
+        await act(env, f"printf %s {shlex.quote(FIXED)} > calc.py")
+        with pytest.raises(Exception, match="fresh sandbox did not start in time"):
+            await grade(grader, env)
+        assert len(scope) == 0
+        await grader.close()
+
+
+TWICE = {
+    "hidden-option": (
+        "printf '# note\\raddopts = -p evil\\n' >> setup.cfg",
+        0.0,
+        {("setup.cfg", "modified", "runner-config-sections")},
+    ),
+    "legit-setup-cfg-edit": ("sed -i 's/name = calc/name = calc2/' setup.cfg", 1.0, set()),
+}
+
+
+@pytest.mark.parametrize("case", sorted(TWICE))
+@pytest.mark.parametrize("grade_in", ["episode", "fresh"])
+async def test_grading_the_same_sandbox_twice_gives_the_same_result(env, grade_in, case):
+    """The second grading (fresh: a sandbox started then, the first one used the one started
+    ahead) sees what the first saw: the same scores, reasons and tamper reports."""
+    command_, score, reports = TWICE[case]
+    grader = await prepare_grader(env, "check", {}, grade_in=grade_in, fresh_env=fresh_env)
+    await act(env, command_, f"printf %s {shlex.quote(FIXED)} > calc.py")
+    first, second = await grade(grader, env), await grade(grader, env)
+    assert first.score == second.score == score
+    assert first.info.get("score_reason") == second.info.get("score_reason")
+    assert tampered(first) == tampered(second) == reports

@@ -1,0 +1,151 @@
+"""The test environment in the baseline: the interpreter the tests really run (after the eval
+script's activation), its site-packages, start-up hooks, entry points and bytecode."""
+
+from __future__ import annotations
+
+import shlex
+import subprocess
+import sys
+import types
+from collections.abc import AsyncIterator, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from uniagent import RewardSpec, hookimpl, open_env
+from uniagent.env import AgentEnv
+from uniagent.grading.testenv import script_test_env
+from uniagent.plugins import load_plugins, reset_plugins
+from uniagent.protect.settings import IntegrityDefaults, TestEnv
+from uniagent.reward import RewardContext, RewardResult
+from uniagent.testing.grading import grade, prepare_grader
+
+PY = f"python{sys.version_info.major}.{sys.version_info.minor}"
+SETUP = (
+    "git init -q && git config user.email t@t && git config user.name t && "
+    "printf 'x = 1\\n' > calc.py && git add -A && git commit -qm base"
+)
+
+
+@pytest.fixture
+def venv(tmp_path: Path) -> Path:
+    """A test environment outside the repository (shared by the episode's and a fresh
+    sandbox: the host's directories without isolation), with a module of its own."""
+    path = tmp_path / "env"
+    subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(path)], check=True)
+    (path / "lib" / PY / "site-packages" / "helper.py").write_text("VALUE = 1\n")
+    return path
+
+
+@pytest.fixture(autouse=True)
+def rewards(venv: Path) -> Iterator[None]:
+    reset_plugins()
+
+    async def run_python(ctx: RewardContext[Any]) -> RewardResult:
+        done = await ctx.require_sandbox().run(
+            f"source {shlex.quote(str(venv))}/bin/activate && python -c 'import helper'",
+            timeout=60,
+        )
+        return RewardResult(1.0 if done.exit_code == 0 else 0.0, {"output": done.output})
+
+    def test_env(task: Any, settings: Any) -> TestEnv:
+        return TestEnv(
+            activate=f"source {shlex.quote(str(venv))}/bin/activate", interpreters=("python",)
+        )
+
+    @hookimpl
+    def uniagent_rewards():
+        yield RewardSpec(name="venv", fn=run_python, integrity=IntegrityDefaults(test_env=test_env))
+
+    load_plugins().register(types.SimpleNamespace(uniagent_rewards=uniagent_rewards), "t")
+    yield
+    reset_plugins()
+
+
+@pytest.fixture
+async def env() -> AsyncIterator[AgentEnv]:
+    sandbox = open_env({"type": "host", "isolation": "none"}, {"post_setup": [SETUP]})
+    await sandbox.start()
+    try:
+        yield sandbox
+    finally:
+        await sandbox.close()
+
+
+def fresh_env() -> AgentEnv:
+    return open_env({"type": "host", "isolation": "none"}, {"post_setup": [SETUP]})
+
+
+async def act(env: AgentEnv, command: str) -> None:
+    obs = await env.run_action(command, timeout=30)
+    assert obs.exit_code == 0, obs.output
+
+
+def changed(result: Any) -> set[str]:
+    return {t["path"] for t in result.info["integrity"]["tampered"]
+            if t["rule"] == "test-env"}  # fmt: skip
+
+
+async def test_the_baseline_resolves_the_interpreter_after_the_activation(env, venv):
+    grader = await prepare_grader(env, "venv", {})
+    record = grader.baseline.test_env
+    assert record["bin:python"] == str(Path(sys.executable).resolve())
+    assert f"root:{venv / 'lib' / PY}" in record and f"root:{venv / 'bin'}" in record
+    result = await grade(grader, env)
+    assert result.score == 1.0 and changed(result) == set()
+
+
+@pytest.mark.parametrize(
+    ("attack", "expected"),
+    [
+        ("printf 'import helper\\n' > {sp}/zz.pth", "root:{sp_root}"),
+        (
+            "mkdir {sp}/evil-1.0.dist-info && printf '[pytest11]\\nx = helper\\n' > "
+            "{sp}/evil-1.0.dist-info/entry_points.txt",
+            "root:{sp_root}",
+        ),
+        ("printf 'VALUE = 2\\n' > {sp}/helper.py", "{sp}/helper.py"),  # same names, new ctime
+        ("printf 'export PYTHONPATH=/x\\n' >> {env}/bin/activate", "{env}/bin/activate"),
+        ("rm {env}/bin/python && printf '#!/bin/sh\\n' > {env}/bin/python", "bin:python"),
+    ],
+    ids=["pth", "entry-point", "module", "activate", "interpreter"],
+)
+async def test_a_changed_test_environment_is_toolchain_tampering(env, venv, attack, expected):
+    sp = venv / "lib" / PY / "site-packages"
+    grader = await prepare_grader(env, "venv", {})
+    await act(env, attack.format(sp=sp, env=venv))
+    result = await grade(grader, env)
+    assert result.score == 0.0 and result.info["score_reason"] == "tampered"
+    assert expected.format(sp=sp, sp_root=venv / "lib" / PY, env=venv) in changed(result)
+
+
+async def test_bytecode_written_after_the_baseline_is_deleted_not_scored(env, venv):
+    cache = venv / "lib" / PY / "site-packages" / "__pycache__"
+    grader = await prepare_grader(env, "venv", {})
+    await act(env, f"mkdir -p {cache} && printf 'planted' > {cache}/helper.cpython-3.pyc")
+    result = await grade(grader, env)
+    assert result.score == 1.0 and changed(result) == set()
+    assert result.info["integrity"]["bytecode_purged"] == 1
+    assert not (cache / "helper.cpython-3.pyc").exists()
+
+
+async def test_a_fresh_sandbox_sharing_the_changed_environment_scores_zero(env, venv):
+    # Without isolation the fresh sandbox runs the same interpreter the agent could change.
+    grader = await prepare_grader(env, "venv", {}, grade_in="fresh", fresh_env=fresh_env)
+    await act(env, f"printf 'import helper\\n' > {venv}/lib/{PY}/site-packages/zz.pth")
+    result = await grade(grader, env)
+    assert result.score == 0.0 and result.info["score_reason"] == "tampered"
+    assert f"root:{venv / 'lib' / PY}" in changed(result)
+
+
+def test_the_test_environment_of_an_eval_script():
+    script = (
+        "#!/bin/bash\nset -uxo pipefail\nsource /opt/miniconda3/bin/activate\n"
+        "conda activate testbed\ncd /testbed\ngit status\nexport PATH=/opt/x:$PATH\n"
+    )
+    spec = script_test_env(script, ["PYTEST_ADDOPTS=-x pytest -rA tests/", "python -m t"])
+    assert spec.activate.splitlines() == [
+        "source /opt/miniconda3/bin/activate", "conda activate testbed",
+        "export PATH=/opt/x:$PATH"]  # fmt: skip
+    assert spec.interpreters == ("pytest", "python", "python3")

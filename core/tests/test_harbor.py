@@ -1,0 +1,575 @@
+"""Harbor task folders: the task.toml model, the loader, the ``harbor`` reward end to end
+through ``uniagent run`` on the host backend (bubblewrap), and ``uniagent verify``.
+
+The task sets under ``data/harbor/`` were written for these tests; each folder is also
+loaded by Harbor's own code (``test_harbor_loads_every_test_task``). The scripted chat
+server plays the model: it runs one shell command, then calls ``done``.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import types
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from pydantic import BaseModel
+
+from uniagent import ToolSpec, hookimpl
+from uniagent.builtin.harbor_reward import HarborRewardConfig, choose, parse_rewards
+from uniagent.errors import ConfigError
+from uniagent.harbor.folders import load_harbor_tasks, read_exclude
+from uniagent.harbor.images import image_tag
+from uniagent.harbor.schema import load_task_toml
+from uniagent.plugins import load_plugins, reset_plugins
+from uniagent.reward import RewardInfraError
+from uniagent.testing import Reply, ScriptedChatServer, cli, tool_call
+
+DATA = Path(__file__).parent / "data" / "harbor"
+GOOD = DATA / "good"
+BWRAP = {"type": "host", "isolation": "bwrap"}
+
+pytestmark = pytest.mark.skipif(shutil.which("bwrap") is None, reason="needs bubblewrap")
+
+
+class Command(BaseModel):
+    command: str
+
+
+class NoArgs(BaseModel):
+    pass
+
+
+SHELL = ToolSpec(
+    name="shell", description="Run a command.", arguments=Command, render=lambda a: a["command"]
+)
+DONE = ToolSpec(
+    name="done", description="Finish.", arguments=NoArgs, render=lambda a: "echo ok",
+    ends_episode=True,
+)  # fmt: skip
+
+
+@pytest.fixture
+def tools() -> Iterator[None]:
+    reset_plugins()
+
+    @hookimpl
+    def uniagent_tools() -> list[ToolSpec]:
+        return [SHELL, DONE]
+
+    load_plugins().register(types.SimpleNamespace(uniagent_tools=uniagent_tools), "test-tools")
+    yield
+    reset_plugins()
+
+
+@pytest.fixture
+def state(tmp_path: Path) -> Path:
+    """A host folder the sandboxes see as /state (the counters of the crash and flaky tasks)."""
+    path = tmp_path / "state"
+    path.mkdir()
+    path.chmod(0o777)
+    return path
+
+
+def write_config(tmp_path: Path, state: Path, reward: dict[str, Any] | None = None) -> Path:
+    config = tmp_path / "agent.yaml"
+    deployment = {**BWRAP, "binds": [f"{state}:/state"]}
+    config.write_text(json.dumps({
+        "tools": ["shell", "done"],
+        "env": {"deployment": deployment},
+        "reward": reward or {"name": "harbor"},
+        "interaction": {"max_turns": 4},
+    }))  # fmt: skip
+    return config
+
+
+def agent_running(command: str):
+    """The model: ``command`` on the first turn, then ``done``."""
+
+    def reply(body: dict[str, Any]) -> Reply:
+        if not any(m["role"] == "assistant" for m in body["messages"]):
+            return Reply("On it.", tool_calls=[tool_call("shell", {"command": command}, "c1")])
+        return Reply("Done.", tool_calls=[tool_call("done", {}, "c2")])
+
+    return reply
+
+
+def run(
+    tmp_path: Path, state: Path, data: Path, command: str, *args: str, **config: Any
+) -> tuple[int, list[dict[str, Any]]]:
+    """``uniagent run`` over ``data`` with the scripted agent; the exit status and results."""
+    tmp_path.mkdir(parents=True, exist_ok=True)
+    out = tmp_path / "out"
+    with ScriptedChatServer(default=agent_running(command)) as server:
+        status = cli([
+            "run", str(write_config(tmp_path, state, **config)), "--data", str(data),
+            "--out", str(out), "--model", f"openai:{server.base_url}#scripted",
+            "--retry-delay", "0", *args,
+        ])  # fmt: skip
+    lines = (out / "results.jsonl").read_text().splitlines()
+    return status, [json.loads(line) for line in lines]
+
+
+# -- the format ---------------------------------------------------------------------------
+
+
+def harbor_python() -> Path | None:
+    """A Python 3.12 with harbor 0.25 (made under ~/.cache from pyenv's 3.12 if needed)."""
+    import subprocess
+    import tempfile
+
+    venv = Path.home() / ".cache" / "uniagent-tests" / "harbor-0.25"
+    if (venv / "bin" / "python").exists():
+        return venv / "bin" / "python"
+    found = sorted((Path.home() / ".pyenv" / "versions").glob("3.12*/bin/python3.12"))
+    if not found:
+        return None
+    venv.parent.mkdir(parents=True, exist_ok=True)
+    # Made aside and moved into place once harbor is installed: never a half-made venv.
+    with tempfile.TemporaryDirectory(dir=venv.parent) as tmp:
+        staged = Path(tmp) / "venv"
+        subprocess.run([str(found[-1]), "-m", "venv", str(staged)], check=True)
+        pip = [str(staged / "bin" / "python"), "-m", "pip", "install", "-q", "harbor==0.25"]
+        subprocess.run(pip, check=True, timeout=900)
+        staged.rename(venv)
+    return venv / "bin" / "python"
+
+
+VALIDATE = """
+import sys
+from pathlib import Path
+from harbor.models.task.config import TaskConfig
+from harbor.models.task.task import Task
+for d in sorted(p.parent for p in Path(sys.argv[1]).glob("*/*/task.toml")):
+    TaskConfig.model_validate_toml((d / "task.toml").read_text())
+    assert Task.is_valid_dir(d), d
+    print(d.relative_to(sys.argv[1]).as_posix(), Task(d).name)
+"""
+
+
+@pytest.mark.slow
+def test_harbor_loads_every_test_task() -> None:
+    import subprocess
+
+    python = harbor_python()
+    if python is None:
+        # CI's machines have pyenv's 3.12: there, a missing one is a failure, not a skip.
+        missing = "harbor needs Python 3.12: no ~/.pyenv/versions/3.12* here"
+        if os.environ.get("CI"):
+            pytest.fail(missing)
+        pytest.skip(missing)
+    done = subprocess.run(
+        [str(python), "-c", VALIDATE, str(DATA)], capture_output=True, text=True, check=False
+    )
+    assert done.returncode == 0, done.stderr
+    loaded = {line.split()[0] for line in done.stdout.splitlines()}
+    ours = {p.parent.relative_to(DATA).as_posix() for p in DATA.glob("*/*/task.toml")}
+    assert loaded == ours and len(ours) == 13
+
+
+def test_task_toml_is_read_strictly(tmp_path: Path) -> None:
+    path = tmp_path / "task.toml"
+    path.write_text('schema_version = "1.4"\n[verifier]\ntimeout = 5\n')
+    with pytest.raises(ConfigError, match=r"verifier\.timeout: unknown key"):
+        load_task_toml(path)
+    path.write_text('[verifier]\ntimeout_sec = "soon"\n')
+    with pytest.raises(ConfigError, match=r"verifier\.timeout_sec: "):
+        load_task_toml(path)
+    path.write_text('schema_version = "9.0"\n')
+    with pytest.raises(ConfigError, match="schema version '9.0'"):
+        load_task_toml(path)
+    path.write_text("[task\n")
+    with pytest.raises(ConfigError, match="not valid TOML"):
+        load_task_toml(path)
+    config = load_task_toml(GOOD / "hello-file" / "task.toml")
+    assert config.verifier.timeout_sec == 120 and config.verifier.env == {"EXPECTED": "hello"}
+    assert config.environment.workdir == "/app" and config.task is not None
+
+
+def test_the_loader_makes_one_task_per_folder() -> None:
+    tasks, bad = load_harbor_tasks(GOOD, BWRAP)
+    assert not bad
+    assert [t.id for t in tasks] == [
+        "hello-file", "named-rewards", "prebuilt-image", "verifier-timeout"
+    ]  # fmt: skip
+    hello = tasks[0].row
+    text = (GOOD / "hello-file" / "instruction.md").read_text()
+    assert hello["problem_statement"] == text
+    assert hello["harbor"]["verifier"] == {
+        "timeout_sec": 120.0, "env": {"EXPECTED": "hello"}, "user": None
+    }  # fmt: skip
+    args = tasks[0].overrides()["env"]["deployment"]["bwrap_args"]
+    assert args[:3] == ["--symlink", "/tmp/.harbor/tests", "/tests"]
+    # One folder is a task set of one.
+    one, _ = load_harbor_tasks(GOOD / "hello-file", BWRAP)
+    assert [t.id for t in one] == ["hello-file"]
+    # The host backend without bubblewrap cannot give each sandbox its own /tests.
+    _, bad = load_harbor_tasks(GOOD, {"type": "host", "isolation": "none"})
+    assert len(bad) == 4 and "isolation: bwrap" in bad[0].reason
+
+
+def test_the_local_backend_gets_the_image_and_workdir() -> None:
+    built: list[str] = []
+
+    def build(task_dir: Path, config: Any) -> str:
+        built.append(task_dir.name)
+        return image_tag(task_dir)
+
+    tasks, bad = load_harbor_tasks(GOOD, {"type": "local", "image": "unused"}, build=build)
+    assert not bad and built == ["hello-file", "named-rewards", "verifier-timeout"]
+    by_id = {t.id: t.overrides()["env"] for t in tasks}
+    assert by_id["prebuilt-image"]["deployment"]["image"] == "localhost/uniagent-swerex:bookworm"
+    assert by_id["hello-file"]["workdir"] == "/app"
+    # The tag is the environment's content: hello-file and named-rewards share one.
+    assert (
+        by_id["hello-file"]["deployment"]["image"] == by_id["named-rewards"]["deployment"]["image"]
+    )
+    assert image_tag(GOOD / "hello-file") != image_tag(GOOD / "hello-file", "other-base")
+
+
+def test_tasks_it_cannot_honour_are_bad_rows_with_the_reason() -> None:
+    tasks, bad = load_harbor_tasks(DATA / "unsupported", BWRAP)
+    assert not tasks
+    assert "verifier.environment_mode: a separate verifier container" in bad[0].reason
+
+
+def test_reward_files_are_parsed_strictly() -> None:
+    assert parse_rewards("reward.txt", "1\n") == {"reward": 1.0}
+    assert parse_rewards("reward.json", '{"a": 1, "b": 0.5}') == {"a": 1.0, "b": 0.5}
+    for name, text in [("reward.txt", "yes"), ("reward.txt", ""), ("reward.json", '{"a": "1"}'),
+                       ("reward.json", '{"a": NaN}'), ("rewards.json", "[1]")]:  # fmt: skip
+        with pytest.raises(RewardInfraError):
+            parse_rewards(name, text)
+    settings = HarborRewardConfig()
+    assert choose({"a": 1.0, "b": 0.0}, settings) == ("mean", 0.5)
+    assert choose({"a": 1.0, "b": 0.0}, HarborRewardConfig(aggregate="min")) == ("min", 0.0)
+    assert choose({"a": 1.0, "b": 0.0}, HarborRewardConfig(reward_key="a")) == ("a", 1.0)
+    with pytest.raises(RewardInfraError, match="reward_key"):
+        choose({"a": 1.0}, HarborRewardConfig(reward_key="c"))
+
+
+# -- uniagent run on the host backend --------------------------------------------------------
+
+
+def test_a_solved_task_scores_1_and_an_unsolved_one_0(tools, tmp_path, state) -> None:
+    status, results = run(tmp_path, state, GOOD / "hello-file", "echo hello > hello.txt")
+    assert status == 0
+    [solved] = results
+    assert solved["exit_reason"] == "finished" and solved["reward"] == 1.0
+    info = solved["reward_info"]
+    assert info["reward_file"] == "reward.txt" and info["rewards"] == {"reward": 1.0}
+    status, results = run(tmp_path / "b", state, GOOD / "hello-file", "echo bye > hello.txt")
+    assert results[0]["reward"] == 0.0 and not results[0]["traj_masked"]
+
+
+def test_named_rewards_are_recorded_and_one_chosen(tools, tmp_path, state) -> None:
+    data = GOOD / "named-rewards"
+    _, [mean] = run(tmp_path, state, data, "echo hi > greeting.txt")
+    assert mean["reward"] == 0.5
+    assert mean["reward_info"]["rewards"] == {"greeting": 1.0, "farewell": 0.0}
+    assert mean["reward_info"]["reward_file"] == "reward.json"
+    reward = {"name": "harbor", "settings": {"reward_key": "farewell"}}
+    _, [picked] = run(tmp_path / "b", state, data, "echo hi > greeting.txt", reward=reward)
+    assert picked["reward"] == 0.0 and picked["reward_info"]["reward_key"] == "farewell"
+
+
+def test_a_verifier_timeout_caused_by_the_agent_scores_0(tools, tmp_path, state) -> None:
+    never = "printf '#!/bin/sh\\nsleep 100000\\n' > run.sh && chmod +x run.sh"
+    _, [result] = run(tmp_path, state, GOOD / "verifier-timeout", never)
+    assert result["exit_reason"] == "finished" and not result["traj_masked"]
+    assert result["reward"] == 0.0
+    assert result["reward_info"]["score_reason"] == "verifier_timed_out"
+    assert result["reward_info"]["verifier_timeout"] == 10.0
+
+
+def test_a_verifier_that_crashes_once_is_run_again_in_the_same_sandbox(tools, tmp_path, state):
+    """A transient crash: the second run, in the grading sandbox, scores (the episode is
+    not retried; the first failure is recorded)."""
+    data = DATA / "crash" / "crash-once"
+    status, results = run(tmp_path, state, data, "echo hello > hello.txt", "--retries", "1")
+    assert status == 0
+    [result] = results
+    assert result["attempt"] == 1 and not result.get("previous_attempts")
+    assert result["exit_reason"] == "finished" and result["reward"] == 1.0
+    info = result["reward_info"]
+    assert "the verifier crashed: test.sh exited 3" in info["verifier_retried"]
+    assert "control" not in info and (state / "crash-once").read_text().strip() == "2"
+
+
+def test_an_agent_that_kills_the_verifier_scores_0_and_is_trained_on(tools, tmp_path, state):
+    """The tested code kills test.sh before it writes a reward, in both runs; on the task
+    untouched by the agent (the control sandbox) the verifier works: the agent's doing."""
+    # (SIGTERM: the grading sandbox reads a death by SIGKILL as its timeout, also scored 0)
+    kill = "printf '#!/bin/sh\\nkill $PPID\\n' > run.sh && chmod +x run.sh"
+    _, [result] = run(tmp_path, state, DATA / "crash" / "runs-program", kill, "--retries", "0")
+    assert result["exit_reason"] == "finished" and not result["traj_masked"]
+    assert result["reward"] == 0.0
+    info = result["reward_info"]
+    assert info["score_reason"] == "verifier_failed"
+    assert info["error"].count("the verifier crashed: test.sh exited 143") == 2
+    assert info["control"] == {
+        "exit_code": 0, "timed_out": False, "reward_file": "reward.txt", "score": 0.0
+    }  # fmt: skip
+    # The same task solved scores 1 (the crash above was the agent's program).
+    solve = "printf '#!/bin/sh\\necho ok\\n' > run.sh && chmod +x run.sh"
+    _, [solved] = run(tmp_path / "b", state, DATA / "crash" / "runs-program", solve)
+    assert solved["reward"] == 1.0 and "verifier_retried" not in solved["reward_info"]
+
+
+def test_an_agent_that_writes_garbage_as_the_reward_scores_0(tools, tmp_path, state) -> None:
+    """The tested code overwrites reward.txt with what is not a number (both runs)."""
+    garbage = (
+        "printf '#!/bin/sh\\necho garbage > /logs/verifier/reward.txt\\n' > run.sh && "
+        "chmod +x run.sh"
+    )
+    _, [result] = run(tmp_path, state, GOOD / "verifier-timeout", garbage, "--retries", "0")
+    assert result["exit_reason"] == "finished" and not result["traj_masked"]
+    assert result["reward"] == 0.0
+    info = result["reward_info"]
+    assert info["score_reason"] == "verifier_failed"
+    assert "reward.txt is not a number: 'garbage" in info["error"]
+    assert info["control"]["score"] == 0.0
+
+
+def test_a_verifier_broken_for_everyone_is_masked(tools, tmp_path, state) -> None:
+    """It crashes on the agent's work, again, and on the untouched task: infrastructure."""
+    data = DATA / "crash" / "broken-verifier"
+    _, [result] = run(tmp_path, state, data, "echo hello > hello.txt", "--retries", "0")
+    assert result["exit_reason"] == "reward_error" and result["traj_masked"]
+    assert "the task's verifier is broken" in result["error"]
+    assert result["error"].count("test.sh exited 3") == 3
+
+
+def test_editing_the_verifiers_inputs_is_tampering(tools, tmp_path, state) -> None:
+    plant = (
+        # (on the host backend the two are symlinks into the sandbox's /tmp)
+        'mkdir -p "$(readlink -m /logs/verifier)" "$(readlink -m /tests)" && '
+        "echo 1 > /logs/verifier/reward.txt && "
+        "printf 'echo 1 > /logs/verifier/reward.txt' > /tests/test.sh"
+    )
+    _, [result] = run(tmp_path, state, GOOD / "hello-file", plant)
+    assert result["reward"] == 0.0 and not result["traj_masked"]
+    info = result["reward_info"]
+    assert info["score_reason"] == "tampered"
+    assert {t["path"] for t in info["tampered"]} == {
+        "/tmp/.harbor/logs/verifier/reward.txt", "/tmp/.harbor/tests/test.sh"
+    }  # fmt: skip
+
+
+def test_a_verifier_user_the_sandbox_cannot_switch_to_is_infrastructure(
+    tools, tmp_path, state
+) -> None:
+    """Under bubblewrap only root is mapped: a task whose verifier runs as `nobody` cannot
+    be graded there (reward_error, masked), rather than graded as the wrong user."""
+    _, [result] = run(tmp_path, state, DATA / "user", "echo hello > hello.txt", "--retries", "0")
+    assert result["exit_reason"] == "reward_error" and result["traj_masked"]
+    assert "[verifier] user: cannot run as user nobody here" in result["error"]
+
+
+def test_a_symlink_loop_where_the_tests_go_is_the_agents_not_infrastructure(
+    tools, tmp_path, state
+) -> None:
+    loop = "mkdir -p /tmp/.harbor && ln -s /tmp/.harbor/tests /tmp/.harbor/tests"
+    _, [result] = run(tmp_path, state, GOOD / "hello-file", loop, "--retries", "0")
+    assert result["exit_reason"] == "finished" and not result["traj_masked"]
+    assert result["reward"] == 0.0
+    assert result["reward_info"]["score_reason"] == "tampered"
+
+
+def test_data_prepare_reads_harbor_folders(tools, tmp_path, state) -> None:
+    pq = pytest.importorskip("pyarrow.parquet")
+    out = tmp_path / "train.parquet"
+    config = write_config(tmp_path, state)
+    assert cli(["data", "prepare", str(GOOD), "--out", str(out), "--config", str(config)]) == 0
+    rows = pq.read_table(out).to_pylist()
+    assert [r["extra_info"]["task_id"] for r in rows][:2] == ["hello-file", "named-rewards"]
+    assert rows[0]["prompt"][-1]["content"].startswith("Write the word `hello`")
+    assert "--symlink" in rows[0]["extra_info"]["tools_kwargs"]
+
+
+# -- uniagent verify ------------------------------------------------------------------------
+
+
+def verify(tmp_path: Path, state: Path, data: Path, *args: str) -> tuple[int, dict[str, Any]]:
+    config = write_config(tmp_path, state)
+    return verify_with(tmp_path / "verify", config, data, "--concurrency", "4", *args)
+
+
+def test_every_oracle_scores_1_and_every_baseline_0(tools, tmp_path, state) -> None:
+    status, found = verify(tmp_path, state, GOOD)
+    assert status == 0
+    assert {t: (r["status"], r["oracle"], r["baseline"]) for t, r in found.items()} == {
+        t: ("ok", [1.0], [0.0])
+        for t in ("hello-file", "named-rewards", "prebuilt-image", "verifier-timeout")
+    }
+    assert read_exclude(tmp_path / "verify" / "exclude.txt") == frozenset()
+
+
+def test_verify_classes_a_verifier_that_always_crashes_as_a_broken_oracle(tools, tmp_path, state):
+    status, found = verify(tmp_path, state, DATA / "crash")
+    assert status == 1
+    assert {t: r["status"] for t, r in found.items()} == {
+        "broken-verifier": "broken_oracle", "crash-once": "ok", "runs-program": "ok"
+    }  # fmt: skip
+    assert "the task's verifier is broken" in found["broken-verifier"]["attempts"][0]["error"]
+
+
+def test_verify_finds_broken_and_flaky_tasks_and_run_excludes_them(tools, tmp_path, state):
+    status, found = verify(tmp_path, state, DATA / "broken", "-k", "2")
+    assert status == 1
+    assert {t: r["status"] for t, r in found.items()} == {
+        "broken-oracle": "broken_oracle",
+        "passing-baseline": "passing_baseline",
+        "flaky": "flaky",
+        "sound": "ok",
+    }
+    assert found["flaky"]["oracle"] == [1.0, 0.0]
+    exclude = tmp_path / "verify" / "exclude.txt"
+    assert read_exclude(exclude) == {"broken-oracle", "passing-baseline", "flaky"}
+    _, results = run(tmp_path / "run", state, DATA / "broken", "echo hello > hello.txt",
+                     "--exclude", str(exclude))  # fmt: skip
+    assert [(r["task_id"], r["reward"]) for r in results] == [("sound", 1.0)]
+
+
+# -- the local backend (podman or docker) ------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def engine() -> str:
+    from uniagent.testing.images import engine_with_test_image
+
+    return engine_with_test_image()
+
+
+def local_config(tmp_path: Path, engine: str) -> Path:
+    from uniagent.testing.images import TEST_IMAGE
+
+    config = tmp_path / "local.yaml"
+    deployment = {"type": "local", "image": TEST_IMAGE, "engine": engine, "pull": "never"}
+    config.write_text(json.dumps({
+        "tools": ["shell", "done"], "env": {"deployment": deployment},
+        "reward": {"name": "harbor"}, "interaction": {"max_turns": 4},
+    }))  # fmt: skip
+    return config
+
+
+@pytest.mark.slow
+def test_tasks_run_in_their_own_images_on_the_local_backend(tools, tmp_path, engine) -> None:
+    """The Dockerfile task is built (FROM mapped to the offline test image), once per
+    content; the docker_image task runs in its prebuilt image; the workdir is the task's."""
+    from uniagent.testing.images import TEST_IMAGE
+    from uniagent.testing.images import run as run_command
+
+    config = local_config(tmp_path, engine)
+    skip = write_lines(tmp_path / "x.txt", ["named-rewards", "verifier-timeout"])
+    tag = image_tag(GOOD / "hello-file", TEST_IMAGE)
+    with ScriptedChatServer(default=agent_running("pwd > where && echo hello > hello.txt")) as s:
+        status = cli([
+            "run", str(config), "--data", str(GOOD), "--out", str(tmp_path / "out"),
+            "--model", f"openai:{s.base_url}#scripted", "--from-image", TEST_IMAGE,
+            "--exclude", str(skip),
+        ])  # fmt: skip
+    assert status == 0
+    lines = (tmp_path / "out" / "results.jsonl").read_text().splitlines()
+    rewards = {r["task_id"]: r["reward"] for r in map(json.loads, lines)}
+    assert rewards == {"hello-file": 1.0, "prebuilt-image": 0.0}
+    image = run_command([engine, "image", "inspect", "--format", "{{.Id}}", tag])
+    assert image.returncode == 0, "the Dockerfile task's image is tagged by its content"
+    status, found = verify_with(tmp_path / "v", config, GOOD, "--from-image", TEST_IMAGE)
+    assert status == 0 and {r["status"] for r in found.values()} == {"ok"}
+    again = run_command([engine, "image", "inspect", "--format", "{{.Id}}", tag])
+    assert again.stdout == image.stdout, "the same environment is not built again"
+    # In a container the verifier runs as its task's user.
+    with ScriptedChatServer(default=agent_running("echo hello > hello.txt")) as s:
+        status = cli([
+            "run", str(config), "--data", str(DATA / "user"), "--out", str(tmp_path / "user"),
+            "--model", f"openai:{s.base_url}#scripted", "--from-image", TEST_IMAGE,
+        ])  # fmt: skip
+    [user] = map(json.loads, (tmp_path / "user" / "results.jsonl").read_text().splitlines())
+    assert user["reward"] == 1.0
+    assert "verifier runs as nobody" in user["reward_info"]["output_tail"]
+
+
+def write_lines(path: Path, lines: list[str]) -> Path:
+    path.write_text("".join(f"{line}\n" for line in lines))
+    return path
+
+
+def verify_with(out: Path, config: Path, data: Path, *args: str) -> tuple[int, dict[str, Any]]:
+    status = cli(["verify", str(config), "--data", str(data), "--out", str(out), *args])
+    lines = (out / "verify.jsonl").read_text().splitlines()
+    return status, {r["task_id"]: r for r in map(json.loads, lines)}
+
+
+GOLD = """\
+diff --git a/fixed.txt b/fixed.txt
+new file mode 100644
+--- /dev/null
++++ b/fixed.txt
+@@ -0,0 +1 @@
++fixed
+"""
+
+
+def test_verify_applies_a_rows_gold_patch_as_its_oracle(tools, tmp_path) -> None:
+    """A SWE-bench-style row: its gold ``patch`` is the oracle (applied, submitted)."""
+    rows = [
+        {"id": "gold", "problem_statement": "fix it", "patch": GOLD,
+         "test_command": "grep -qx fixed fixed.txt"},
+        {"id": "no-patch", "problem_statement": "fix it", "test_command": "true"},
+    ]  # fmt: skip
+    data = tmp_path / "rows.jsonl"
+    data.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    config = tmp_path / "rows.yaml"
+    setup = "git init -q . && git -c user.name=t -c user.email=t@t commit -q --allow-empty -m base"
+    config.write_text(json.dumps({
+        "tools": ["shell", "done"],
+        "env": {"deployment": BWRAP, "post_setup": [setup]},
+        "reward": {"name": "command"},
+    }))  # fmt: skip
+    status, found = verify_with(tmp_path / "v", config, data, "-k", "2")
+    assert found["gold"]["status"] == "ok"
+    assert found["gold"]["oracle"] == [1.0, 1.0] and found["gold"]["baseline"] == [0.0, 0.0]
+    # No oracle, and a test that passes whatever: the baseline passes.
+    assert found["no-patch"]["status"] == "passing_baseline"
+    assert status == 1
+
+
+def test_the_example_config_reads() -> None:
+    from uniagent.config import AgentConfig
+
+    example = Path(__file__).parents[2] / "examples" / "harbor" / "config.yaml"
+    config = AgentConfig.from_yaml(example)
+    assert config.reward is not None and config.reward.name == "harbor"
+    assert config.env.deployment["type"] == "local"
+
+
+# -- the grader without a control sandbox ------------------------------------------------------
+
+
+async def test_without_a_control_sandbox_a_failing_verifier_is_masked_and_says_so(tools) -> None:
+    """A grader that cannot start a sandbox (``prepare_grader`` without ``fresh_env``):
+    the failure cannot be judged, so it is masked, and the message names the opening."""
+    from uniagent import open_env
+    from uniagent.testing.grading import grade, prepare_grader
+
+    [task], _ = load_harbor_tasks(DATA / "crash" / "runs-program", BWRAP)
+    settings = dict(task.overrides()["env"])
+    env = open_env({**BWRAP, **settings.pop("deployment")}, settings)  # as the run merges them
+    await env.start()
+    try:
+        grader = await prepare_grader(env, "harbor", task.row)
+        done = await env.run_action(
+            "printf '#!/bin/sh\\nkill $PPID\\n' > run.sh && chmod +x run.sh", timeout=30
+        )
+        assert done.exit_code == 0, done.output
+        with pytest.raises(RewardInfraError, match="no control sandbox") as raised:
+            await grade(grader, env)
+    finally:
+        await env.close()
+    assert "an opening" in str(raised.value)
+    assert str(raised.value).count("test.sh exited 143") == 2

@@ -1,0 +1,93 @@
+"""Probing shows while a run trains: tamper flags per class, their metrics, the summary, and
+the alert that stops a run."""
+
+from __future__ import annotations
+
+from uniagent.exit import ExitReason
+from uniagent.protect.report import integrity_flags, integrity_metrics, is_tampered
+from uniagent.protect.settings import IntegritySettings
+from uniagent.run.retry import CircuitBreaker, TamperAlarm
+from uniagent.run.summary import format_summary, summarize
+
+CONFTEST = {"kind": "protected_file", "path": "conftest.py", "change": "added",
+            "rule": "pytest-plugins"}  # fmt: skip
+GIT_CONFIG = {"kind": "protected_file", "path": ".git/config", "change": "modified",
+              "rule": "git-metadata", "scores": False}  # fmt: skip
+TEST_ENV = {"kind": "toolchain", "path": "root:/env/lib", "change": "modified",
+            "rule": "test-env"}  # fmt: skip
+
+
+def record(i: int, reward: float | None, tampered: list[dict] = (), reason: str = "") -> dict:
+    info: dict = {"integrity": {"tampered": list(tampered)}}
+    if reason:
+        info["score_reason"] = reason
+    return {"task_id": f"t{i}", "sample": 0, "exit_reason": "finished", "traj_masked": False,
+            "reward": reward, "reward_info": info}  # fmt: skip
+
+
+def test_flags_name_the_kind_the_rule_and_the_forced_score():
+    flags = integrity_flags(record(0, 0.0, [CONFTEST, GIT_CONFIG], "tampered")["reward_info"])
+    assert flags == {"tampered": 1, "tampered/protected_file": 1, "rule/pytest-plugins": 1,
+                     "rule/git-metadata": 1, "score_reason/tampered": 1}  # fmt: skip
+    unscored = integrity_flags(record(0, 1.0, [GIT_CONFIG])["reward_info"])
+    assert unscored == {"rule/git-metadata": 1}, "reported, not counted as tampering"
+    assert integrity_flags(None) == {} and integrity_flags({"integrity": "x"}) == {}
+
+
+def test_metrics_are_shares_per_step_with_every_kind_present():
+    records = [{"integrity": integrity_flags(r["reward_info"])} for r in (
+        record(0, 0.0, [CONFTEST], "tampered"), record(1, 0.0, [TEST_ENV], "tampered"),
+        record(2, 1.0), record(3, 0.0, reason="reward_failed"))]  # fmt: skip
+    metrics = integrity_metrics(records)
+    assert metrics["integrity/tampered"] == 0.5
+    assert metrics["integrity/tampered/protected_file"] == 0.25
+    assert metrics["integrity/tampered/toolchain"] == 0.25
+    assert metrics["integrity/tampered/content"] == 0.0  # charted even when none probed so
+    assert metrics["integrity/rule/test-env"] == 0.25
+    assert metrics["integrity/score_reason/reward_failed"] == 0.25
+    assert integrity_metrics([]) == {}
+
+
+def test_the_summary_counts_tampering_per_kind_rule_and_reason():
+    records = [record(0, 0.0, [CONFTEST], "tampered"), record(1, 0.0, [TEST_ENV], "tampered"),
+               record(2, 1.0, [GIT_CONFIG]), record(3, None)]  # fmt: skip
+    summary = summarize(records, n=1, wall_seconds=1.0)
+    assert summary["integrity"] == {
+        "graded_episodes": 3,
+        "tampered_episodes": 2,
+        "tampered": {"protected_file": 1, "toolchain": 1, "content": 0},
+        "rules": {"git-metadata": 1, "pytest-plugins": 1, "test-env": 1},
+        "score_reasons": {"tampered": 2},
+    }
+    assert "tampering reported: 2 of 3 graded episodes" in format_summary(summary)
+
+
+def test_the_alert_trips_at_its_share_after_its_minimum():
+    alert = IntegritySettings.model_validate({"alert": {"share": 0.5, "min_episodes": 3}}).alert
+    breaker = CircuitBreaker(3, alarm=TamperAlarm.of(alert))
+    tampered, clean = record(0, 0.0, [CONFTEST]), record(1, 1.0)
+    assert is_tampered(tampered) and not is_tampered(clean)
+    assert [breaker.observe(r) for r in (tampered, clean)] == [False, False]
+    assert breaker.observe(record(2, None)) is False, "an ungraded episode is not counted"
+    assert breaker.observe(tampered) is True  # 2 of 3
+    assert breaker.tripped and "2 of 3 graded episodes report tampering" in breaker.message()
+    assert TamperAlarm.of(None) is None
+
+
+def test_the_verl_extras_carry_the_episodes_flags():
+    """What the verl adapter writes per sample (its ``extras``) holds the grading's flags."""
+    from uniagent.episode import EpisodeResult
+    from uniagent.interaction.metrics import EpisodeMetrics
+    from uniagent.verl.output import UNIAGENT_KEY, _extra
+
+    result = EpisodeResult(exit_reason=ExitReason.FINISHED, traj_masked=False,
+                           metrics=EpisodeMetrics())  # fmt: skip
+    result.reward, result.reward_info = 0.0, {
+        "score_reason": "tampered",
+        "integrity": {"tampered": [{"kind": "toolchain", "path": "/env/bin/python",
+                                    "change": "modified", "rule": "test-env"}]},
+    }  # fmt: skip
+    extra = _extra(result, exit_reason=ExitReason.FINISHED, traj_masked=False,
+                   truncated=False, error=None)["extras"][UNIAGENT_KEY]  # fmt: skip
+    assert extra["integrity"] == {"tampered": 1, "tampered/toolchain": 1, "rule/test-env": 1,
+                                  "score_reason/tampered": 1}  # fmt: skip

@@ -1,0 +1,1 @@
+"""A uniagent plugin; its hook and example are in ``plugin.py``."""
