@@ -96,12 +96,66 @@ class ToolRef(_Strict):
         return f"mcp:{self.mcp.name}" if self.mcp is not None else self.name
 
 
-class RewardConfig(_Strict):
-    """Which reward runs at the end of an episode, its settings, and how it is graded."""
+class MetricConfig(_Strict):
+    """A reward computed and logged with a rubric but never trained on (weight 0)."""
 
-    name: str
+    name: str = Field(description="a registered reward")
     settings: dict[str, Any] = Field(
         default_factory=dict, description="the reward's own settings (checked by its model)"
+    )
+    label: str | None = Field(
+        None, description="the key of its score in the result (default: the name)"
+    )
+
+    @property
+    def key(self) -> str:
+        """The key of its score in the result."""
+        return self.label or self.name
+
+
+class RubricComponentConfig(MetricConfig):
+    """One reward of a rubric: a registered reward, its weight and its settings."""
+
+    weight: float = Field(1.0, description="its weight in the aggregate (0: a logged metric)")
+
+
+RubricAggregate = Literal["weighted-sum", "weighted-mean", "all-pass", "min"]
+
+
+class RewardConfig(_Strict):
+    """Which reward runs at the end of an episode, its settings, and how it is graded.
+
+    Either one reward (``name``, ``settings``) or a rubric: several rewards run on the
+    same grading sandbox (``rubric``, ``metrics``, ``aggregate``); see docs/rewards.md.
+    """
+
+    name: str = Field(
+        "rubric", description="the reward (for a rubric: 'rubric', the default, or unset)"
+    )
+    settings: dict[str, Any] = Field(
+        default_factory=dict, description="the reward's own settings (checked by its model)"
+    )
+    rubric: list[RubricComponentConfig] | None = Field(
+        None, description="rewards whose scores are aggregated into the episode's reward"
+    )
+    metrics: list[MetricConfig] = Field(
+        default_factory=list, description="rewards computed and logged, never trained on"
+    )
+    aggregate: RubricAggregate = Field(
+        "weighted-sum",
+        description="how a rubric's scores make the reward: 'weighted-sum', 'weighted-mean', "
+        "'all-pass' (1.0 when every weighted component scores at least pass_score, else 0.0) "
+        "or 'min' (the lowest score of the weighted components)",
+    )
+    pass_score: float = Field(1.0, description="the score a component needs for 'all-pass'")
+    credit: Literal["outcome", "turn", "discounted"] = Field(
+        "outcome",
+        description="what verl's rm_scores hold: 'outcome', the episode's reward on the last "
+        "token; 'turn', also each turn's score (RewardResult.turn_scores) on that turn's last "
+        "generated token; 'discounted', there the discounted return of the turn scores",
+    )
+    gamma: float = Field(
+        1.0, ge=0.0, le=1.0, description="the discount of credit: discounted (1.0: no discount)"
     )
     grade_in: GradeIn | None = Field(
         None,
@@ -128,6 +182,38 @@ class RewardConfig(_Strict):
             )
             data["settings"] = data.pop("config")
         return data
+
+    @model_validator(mode="after")
+    def _one_reward_or_rubric(self) -> RewardConfig:
+        if self.rubric is None:
+            if "name" not in self.model_fields_set:
+                raise ValueError("give a reward `name`, or a `rubric` of rewards")
+            fields = type(self).model_fields
+            given = [  # a dumped config holds the defaults: only other values are refused
+                key
+                for key in ("metrics", "aggregate", "pass_score")
+                if getattr(self, key) != fields[key].get_default(call_default_factory=True)
+            ]
+            if given:
+                raise ValueError(f"{', '.join(given)}: only with a `rubric`")
+            return self
+        if self.name != "rubric":
+            raise ValueError("give a reward `name` or a `rubric`, not both")
+        if self.settings:
+            raise ValueError("a rubric's settings go on its components (rubric[i].settings)")
+        if not self.rubric:
+            raise ValueError("rubric: give at least one reward")
+        keys = [c.key for c in self.rubric] + [m.key for m in self.metrics]
+        twice = sorted({key for key in keys if keys.count(key) > 1})
+        if twice:
+            raise ValueError(
+                f"rubric: {', '.join(twice)} named twice; give each a distinct `label`"
+            )
+        if not any(c.weight != 0 for c in self.rubric):
+            raise ValueError("rubric: every weight is 0 (nothing to train on)")
+        if self.aggregate == "weighted-mean" and sum(c.weight for c in self.rubric) == 0:
+            raise ValueError("rubric: weighted-mean needs weights whose sum is not 0")
+        return self
 
 
 class AgentRef(_Strict):

@@ -62,6 +62,7 @@ class EpisodeResult(InteractionResult):
             "traj_masked": self.traj_masked,
             "reward": self.reward,
             "reward_info": dict(self.reward_info),
+            "turn_scores": {str(turn): score for turn, score in sorted(self.turn_scores.items())},
             "submission": self.submission,
             "error": self.error,
             "metrics": self.metrics.to_dict(),
@@ -187,6 +188,7 @@ async def _run_episode(
             error=outcome.error,
             integrity=integrity,
             notes=outcome.notes,
+            turn_scores=dict(outcome.turn_scores),
         )
         if result.exit_reason is ExitReason.AGENT_KILLED_SHELL:
             # The agent's own command ended its shell: a policy outcome worth nothing.
@@ -253,6 +255,10 @@ async def grade(
             submission=result.submission,
         )
         result.reward, result.reward_info = grade.score, grade.info
+        if grade.info.get("score_reason"):  # a forced score (tampering...): no credit at all
+            result.turn_scores = {}
+        for turn, value in grade.turn_scores.items():  # the reward's, added to the tools'
+            result.turn_scores[turn] = result.turn_scores.get(turn, 0.0) + value
         logger.info(
             "reward %s: %s %s", config.reward.name, grade.score, grade.info.get("score_reason", "")
         )

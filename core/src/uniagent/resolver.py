@@ -32,13 +32,14 @@ from typing import Any
 from pydantic import BaseModel, ValidationError
 
 from uniagent.builtin.agents import REACT
-from uniagent.config import AgentConfig, ToolRef, format_validation_error
+from uniagent.config import AgentConfig, RewardConfig, ToolRef, format_validation_error
 from uniagent.env.agent_env import AgentEnv
 from uniagent.env.config import EnvConfig
 from uniagent.errors import ConfigError, UnknownPluginNameError
 from uniagent.mcp.config import McpServerConfig
 from uniagent.parsers.base import ToolCallParser
 from uniagent.registry import Registry, get_registry
+from uniagent.rubric import Component, Rubric, rubric_spec
 from uniagent.specs import (
     AgentSpec,
     DeploymentSpec,
@@ -179,16 +180,7 @@ def _resolve(
             raise ConfigError(f"invalid {source}:\n  {listed}")
     reward = None
     if config.reward is not None:
-        spec = _lookup(registry.rewards(), config.reward.name, "reward.name", source)
-        settings = _settings(
-            spec.settings,
-            config.reward.settings,
-            "reward.settings",
-            source,
-            what=f"reward {spec.name!r}",
-        )
-        grade_in = config.reward.grade_in or spec.integrity.grade_in
-        reward = ResolvedReward(spec, settings, grade_in, config.reward.integrity)
+        reward = _reward(registry, config.reward, source)
     services = tuple(
         (
             spec := _lookup(registry.services(), name, f"services.{name}", source),
@@ -212,6 +204,35 @@ def _resolve(
         source=source,
         registry=registry,
     )
+
+
+def _reward(registry: Registry, config: RewardConfig, source: str) -> ResolvedReward:
+    if config.rubric is None:
+        spec = _component(registry, config.name, "reward", source)
+        settings = _settings(
+            spec.settings, config.settings, "reward.settings", source, what=f"reward {spec.name!r}"
+        )
+        grade_in = config.grade_in or spec.integrity.grade_in
+        return ResolvedReward(spec, settings, grade_in, config.integrity)
+    parts: list[tuple[str, Any, float, bool]] = [
+        (f"reward.rubric.{i}", c, c.weight, False) for i, c in enumerate(config.rubric)
+    ] + [(f"reward.metrics.{i}", m, 0.0, True) for i, m in enumerate(config.metrics)]
+    components = []
+    for path, part, weight, metric in parts:
+        spec = _component(registry, part.name, path, source)
+        settings = _settings(
+            spec.settings, part.settings, f"{path}.settings", source, what=f"reward {spec.name!r}"
+        )
+        components.append(Component(part.key, spec, settings, weight, metric))
+    rubric = Rubric(tuple(components), config.aggregate, config.pass_score)
+    spec = rubric_spec(rubric)
+    grade_in = config.grade_in or spec.integrity.grade_in
+    return ResolvedReward(spec, rubric, grade_in, config.integrity)
+
+
+def _component(registry: Registry, name: str, path: str, source: str) -> RewardSpec[Any]:
+    spec: RewardSpec[Any] = _lookup(registry.rewards(), name, f"{path}.name", source)
+    return spec
 
 
 def _agent(

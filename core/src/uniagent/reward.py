@@ -73,10 +73,24 @@ class RewardContext(Generic[C]):
 
 @dataclass(frozen=True)
 class RewardResult:
-    """A reward score plus details worth saving with the episode."""
+    """A reward score plus details worth saving with the episode.
+
+    ``turn_scores`` optionally credits model turns: ``{turn index: score}``, the index
+    counting model turns from 0 (the first model call is turn 0). They go with the episode
+    (``results.jsonl``) and, with ``reward.credit: turn`` or ``discounted``, onto each
+    turn's last generated token in verl's ``rm_scores`` (see docs/training.md).
+    """
 
     score: float
     info: Mapping[str, Any] = field(default_factory=dict)
+    turn_scores: Mapping[int, float] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        for turn, value in self.turn_scores.items():
+            if isinstance(turn, bool) or not isinstance(turn, int) or turn < 0:
+                raise TypeError(f"turn_scores: a key must be a turn index >= 0, got {turn!r}")
+            if isinstance(value, bool) or not isinstance(value, int | float):
+                raise TypeError(f"turn_scores[{turn}]: a score must be a number, got {value!r}")
 
     @classmethod
     def coerce(cls, value: RewardResult | float | int | bool) -> RewardResult:

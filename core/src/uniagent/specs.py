@@ -120,6 +120,12 @@ class ToolSpec(_Record):
     ends_episode: bool = False
     settings: type[BaseModel] | None = None
     configure: Callable[[Any], ToolSpec] | None = field(default=None, compare=False)
+    #: ``score(arguments, output, exit_code)``: a score this call's observation adds to its
+    #: model turn (``None``: none), e.g. a ``submit`` running a quick check; per-task points
+    #: come from the tool's settings (``configure``). Dropped when the grader forces the score.
+    score: Callable[[Mapping[str, Any], str, int | None], float | None] | None = field(
+        default=None, compare=False
+    )
 
     def parameters_schema(self) -> dict[str, Any]:
         """The JSON schema of the arguments, as OpenAI function ``parameters`` (a copy)."""
@@ -230,6 +236,9 @@ class RewardSpec(_SettingsRecord, Generic[S]):
     description: str = ""
     uses_sandbox: bool = True
     integrity: IntegrityDefaults = field(default_factory=IntegrityDefaults, compare=False)
+    #: In a rubric, whether this reward may run at the same time as the other rewards that
+    #: allow it (it only reads the sandbox, or writes only under its own scratch paths).
+    concurrent: bool = False
     #: Deprecated name of ``settings`` (until 0.4).
     config: type[S] | None = field(default=None, repr=False, compare=False)
 

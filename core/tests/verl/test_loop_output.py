@@ -156,3 +156,37 @@ def test_placeholder(want: bool, reward: bool) -> None:
     assert record(fields)["traj_masked"] is True
     assert record(fields)["exit_reason"] == "env_error"
     assert set(fields.extra_fields) == set(EXTRA_FIELD_KEYS)
+
+
+@pytest.mark.parametrize(
+    ("credit", "at_turns"),
+    [("outcome", [0.0, 0.0]), ("turn", [0.5, -0.25]), ("discounted", [0.375, -0.25])],
+)
+def test_turn_credit_on_each_turns_last_generated_token(
+    qwen3_tokenizer: Any, credit: str, at_turns: list[float]
+) -> None:
+    """token_scores name each turn's last mask-1 token; the v1 output's rm_scores carry them."""
+    from uniagent.verl.agent_loop import _output
+
+    result = episode(qwen3_tokenizer)
+    result.turn_scores = {0: 0.5, 1: -0.25}
+    fields = convert(result, credit=credit, gamma=0.5)
+    mask = fields.response_mask
+    ends = [i for i, m in enumerate(mask) if m and (i + 1 == len(mask) or not mask[i + 1])]
+    assert len(ends) == 2
+    expected = [[e, v] for e, v in zip(ends, at_turns, strict=True) if v]
+    assert record(fields)["token_scores"] == expected
+    assert fields.extra_fields["turn_scores"] == [0.5, -0.25]
+    rm_scores = _output(fields).as_dict()["rm_scores"].tolist()  # what the v1 trainer stores
+    want = [0.0] * len(mask)
+    want[-1] += 1.0  # the episode's reward on the last token
+    for end, value in zip(ends, at_turns, strict=True):
+        want[end] += value
+    assert rm_scores == pytest.approx(want)
+
+
+def test_a_masked_episode_gets_no_turn_credit(qwen3_tokenizer: Any) -> None:
+    result = episode(qwen3_tokenizer, masked=True)
+    result.turn_scores = {0: 0.5}
+    fields = convert(result, credit="turn")
+    assert record(fields)["token_scores"] == [] and fields.extra_fields["turn_scores"] == []

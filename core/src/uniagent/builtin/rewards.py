@@ -1,4 +1,5 @@
-"""Built-in rewards: ``command`` scores 1.0 when a test command exits 0 in the grading sandbox."""
+"""Built-in rewards: ``command`` scores 1.0 when a test command exits 0 in the grading sandbox;
+``llm_judge`` asks an OpenAI-compatible endpoint to grade the submission."""
 
 from __future__ import annotations
 
@@ -7,6 +8,7 @@ from collections.abc import Iterator
 from pydantic import BaseModel, ConfigDict, Field
 
 from uniagent.builtin.harbor_reward import HarborRewardConfig, harbor_reward
+from uniagent.builtin.judge import JudgeSettings, llm_judge_reward
 from uniagent.hookspecs import hookimpl
 from uniagent.reward import RewardContext, RewardInfraError, RewardResult
 from uniagent.specs import RewardSpec
@@ -61,4 +63,13 @@ def uniagent_rewards() -> Iterator[RewardSpec]:
         settings=HarborRewardConfig,
         description="a Harbor task's tests/test.sh, copied in at grading time; its reward.txt "
         "or named rewards (reward.json)",
+    )
+    yield RewardSpec(
+        name="llm_judge",
+        fn=llm_judge_reward,
+        settings=JudgeSettings,
+        description="an OpenAI-compatible chat model grades the submission with a rubric "
+        "prompt (verdict or number); retries infrastructure errors, caches verdicts",
+        uses_sandbox=False,
+        concurrent=True,
     )

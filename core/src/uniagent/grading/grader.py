@@ -66,6 +66,8 @@ class Grade:
 
     score: float
     info: dict[str, Any] = field(default_factory=dict)
+    #: The reward's per-turn scores (``RewardResult.turn_scores``; none when scored 0 here).
+    turn_scores: dict[int, float] = field(default_factory=dict)
 
 
 @dataclass
@@ -372,7 +374,9 @@ class EpisodeGrader:
                 raise
             return await self._after_agent(env, exc, "the reward", info, probe=sandbox)
         return Grade(
-            float(outcome.score), {**dict(outcome.info), **({"integrity": info} if info else {})}
+            float(outcome.score),
+            {**dict(outcome.info), **({"integrity": info} if info else {})},
+            {int(turn): float(value) for turn, value in outcome.turn_scores.items()},
         )
 
     def _control(self, env: AgentEnv | None, repo: str | None) -> Any:

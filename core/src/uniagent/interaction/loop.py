@@ -59,6 +59,9 @@ class InteractionResult:
     #: What the record of the conversation adds to some messages (by index), never sent
     #: to the model: calls parsed from an assistant message's text (see :data:`PARSED_CALLS`).
     notes: dict[int, dict[str, Any]] = field(default_factory=dict)
+    #: Per-turn scores by model turn index from 0: the tools' (``ToolSpec.score``), then
+    #: the reward's added (``RewardResult.turn_scores``).
+    turn_scores: dict[int, float] = field(default_factory=dict)
 
     @property
     def messages(self) -> list[dict[str, Any]]:
@@ -114,6 +117,7 @@ class AgentInteraction:
         self.timeout_left = config.timeout_budget
         self.consecutive_format_errors = 0
         self.notes: dict[int, dict[str, Any]] = {}
+        self.turn_scores: dict[int, float] = {}
         self._turn = 0
 
     async def run(
@@ -158,7 +162,27 @@ class AgentInteraction:
     def _result(
         self, reason: ExitReason, cache: RolloutCache, metrics: EpisodeMetrics, **more: Any
     ) -> InteractionResult:
-        return InteractionResult(reason, cache, metrics, notes=dict(self.notes), **more)
+        return InteractionResult(
+            reason,
+            cache,
+            metrics,
+            notes=dict(self.notes),
+            turn_scores=dict(self.turn_scores),
+            **more,
+        )
+
+    def _score(self, spec: ToolSpec, arguments: Any, output: str, code: int | None) -> None:
+        """Add the tool's score of this observation (``ToolSpec.score``) to this turn's."""
+        if spec.score is None:
+            return
+        try:
+            value = spec.score(arguments, output, code)
+        except Exception as exc:  # the output is the agent's: a crash here scores nothing
+            self.log.warning("turn %d: %s's score failed: %s", self._turn, spec.name, exc)
+            return
+        if value is not None:
+            turn = self._turn - 1
+            self.turn_scores[turn] = self.turn_scores.get(turn, 0.0) + float(value)
 
     def parse(self, response: ModelTurn) -> ParseResult:
         """This turn's validated calls (see :func:`parse_turn`)."""
@@ -208,6 +232,7 @@ class AgentInteraction:
                 text = _observation_text(observation.output, observation.exit_code)
                 code = observation.exit_code
                 outcome = "done" if code is None else f"exit {code}"
+                self._score(spec, call.arguments, observation.output, code)
             except ActionSyntaxError as exc:
                 metrics.syntax_errors += 1
                 outcome = "not run: a syntax error"

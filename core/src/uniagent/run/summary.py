@@ -10,6 +10,7 @@ from pathlib import Path
 from typing import Any
 
 from uniagent.protect.report import KINDS, integrity_flags
+from uniagent.rubric import component_scores
 from uniagent.run.results import is_infra_failure
 
 TIME_KEYS = ("setup_seconds", "model_seconds", "env_seconds", "reward_seconds")
@@ -51,6 +52,9 @@ def summarize(
         "time_seconds": {k: round(times.get(k, 0.0), 3) for k in TIME_KEYS},
         "wall_seconds": round(wall_seconds, 3),
     }
+    components = reward_components(records)
+    if components:
+        summary["reward_components"] = components
     summary["integrity"] = integrity_summary(records)
     if n > 1:
         summary["pass_at_k"] = {
@@ -62,6 +66,19 @@ def summarize(
             for k in sorted({1, n} | ({5} if n >= 5 else set()))
         }
     return summary
+
+
+def reward_components(records: Iterable[Mapping[str, Any]]) -> dict[str, float]:
+    """The mean score of each rubric component and metric over the rewarded episodes that
+    have it (masked episodes left out); {} without a rubric."""
+    scores: dict[str, list[float]] = defaultdict(list)
+    for r in records:
+        if r.get("reward") is None or r.get("traj_masked"):
+            continue
+        info = r.get("reward_info")
+        for key, score in component_scores(info if isinstance(info, Mapping) else {}).items():
+            scores[key].append(score)
+    return {key: sum(values) / len(values) for key, values in sorted(scores.items())}
 
 
 def resumed_wall_seconds(previous: Path, this_run: float) -> float:
@@ -117,6 +134,8 @@ def format_summary(summary: Mapping[str, Any]) -> str:
         if mean is not None
         else "mean reward: n/a (no episode was rewarded)",
     ]
+    for name, value in (summary.get("reward_components") or {}).items():
+        lines.append(f"  {name}: {value:.3f}")
     for name, value in (summary.get("pass_at_k") or {}).items():
         lines.append(f"{name}: {value:.3f}" if value is not None else f"{name}: n/a")
     lines.append(

@@ -14,7 +14,7 @@ and screens, and runs the reward in a clean grading shell.
 from __future__ import annotations
 
 import warnings
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from uniagent.env import AgentEnv
@@ -69,6 +69,9 @@ async def grade(
     *,
     submission: str | None = None,
     exit_reason: ExitReason = ExitReason.FINISHED,
+    messages: Sequence[Mapping[str, Any]] = (),
 ) -> Grade:
-    """Grade ``env`` as at the end of an episode."""
-    return await grader.grade(env, messages=(), exit_reason=exit_reason, submission=submission)
+    """Grade ``env`` as at the end of an episode (``messages``: its conversation)."""
+    return await grader.grade(
+        env, messages=messages, exit_reason=exit_reason, submission=submission
+    )

@@ -220,6 +220,8 @@ class UniAgentLoop(AgentLoopBase):
             reward_configured=config.reward is not None,
             end_token_id=self._end_token_id(),
             num_prompt_messages=len(messages),
+            credit=config.reward.credit if config.reward is not None else "outcome",
+            gamma=config.reward.gamma if config.reward is not None else 1.0,
         )
 
     def _stamp(self, fields: LoopFields, server: ServerLog, kwargs: Mapping[str, Any]) -> None:
@@ -360,10 +362,30 @@ class UniAgentLoop(AgentLoopBase):
         )
 
 
+class UniAgentLoopOutput(AgentLoopOutput):
+    """verl's ``AgentLoopOutput`` whose per-sample tensors (``as_dict``, what the v1
+    trainer's TransferQueue worker stores) carry the row's per-turn credit in ``rm_scores``.
+
+    The classic trainers batch the outputs in the worker instead; there
+    ``UniAgentLoopManager`` places the same scores
+    (:func:`uniagent.verl.metrics.place_token_scores`).
+    """
+
+    def as_dict(self) -> dict[str, Any]:
+        """verl's ``as_dict``, then the row's ``token_scores`` added to ``rm_scores``."""
+        out: dict[str, Any] = super().as_dict()
+        record = extras_record((self.extra_fields or {}).get("extras")) or {}
+        rm_scores = out.get("rm_scores")
+        if rm_scores is not None:
+            for position, score in record.get("token_scores") or []:
+                rm_scores[int(position)] += float(score)
+        return out
+
+
 def _output(fields: LoopFields) -> AgentLoopOutput:
     kwargs = dict(as_kwargs(fields))
     metrics = kwargs.pop("metrics")
-    return AgentLoopOutput(metrics=AgentLoopMetrics(**metrics), **kwargs)
+    return UniAgentLoopOutput(metrics=AgentLoopMetrics(**metrics), **kwargs)
 
 
 class ServerLog:

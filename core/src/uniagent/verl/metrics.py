@@ -13,6 +13,8 @@ of other agent loops are skipped) into flat numbers:
 - ``agent/tool_calls/mean`` and ``agent/tool_calls/<tool>/mean``: calls per sample;
 - ``agent/time/{setup,model,env,reward}/{mean,max,share}``: seconds per sample, and the
   phase's share of the time all samples took;
+- ``agent/reward/<key>/mean``: a rubric's component and metric scores (zero-weight metrics
+  included: logged, not trained on), over the unmasked samples that have them.
 - ``integrity/tampered`` and ``integrity/tampered/<kind>`` (every kind, each step), and
   ``integrity/rule/<rule>``, ``integrity/score_reason/<reason>`` (those seen): the share of
   samples whose grading reported it (:mod:`uniagent.protect.report`), so that a run shows
@@ -89,6 +91,13 @@ def agent_metrics(extras: Iterable[Any], prefix: str = PREFIX) -> dict[str, floa
         out[f"{prefix}/time/{phase}/mean"] = fmean(values)
         out[f"{prefix}/time/{phase}/max"] = max(values)
         out[f"{prefix}/time/{phase}/share"] = sum(values) / total if total else 0.0
+    components: dict[str, list[float]] = {}
+    for r in records:
+        scores = r.get("reward_components")
+        for key, score in (scores if isinstance(scores, dict) else {}).items():
+            components.setdefault(str(key), []).append(_number(score))
+    for key, values in sorted(components.items()):
+        out[f"{prefix}/reward/{key}/mean"] = fmean(values)
     out.update(integrity_metrics(records))
     return out
 
@@ -99,8 +108,36 @@ def batch_agent_metrics(batch: DataProto) -> dict[str, float]:
     return agent_metrics(extras.tolist() if extras is not None else [])
 
 
+#: ``meta_info`` flag of a batch whose token scores were placed.
+PLACED = "uniagent_token_scores_placed"
+
+
+def place_token_scores(batch: Any) -> int:
+    """Add every uniagent row's ``token_scores`` to the batch's ``rm_scores``, in place.
+
+    ``batch`` is a verl ``DataProto`` (its ``rm_scores`` right-padded like ``responses``);
+    returns how many scores were placed. Rows of other agent loops are left as they are.
+    """
+    extras = batch.non_tensor_batch.get("extras")
+    if extras is None or "rm_scores" not in batch.batch:
+        return 0
+    if batch.meta_info.get(PLACED):  # once per batch: a second call would add them again
+        return 0
+    batch.meta_info[PLACED] = True
+    rm_scores = batch.batch["rm_scores"]
+    placed = 0
+    for row, value in enumerate(extras.tolist()):
+        record = extras_record(value) or {}
+        pairs: list[Any] = record.get("token_scores") or []
+        for position, score in pairs:
+            rm_scores[row, int(position)] += float(score)
+            placed += 1
+    return placed
+
+
 class UniAgentLoopManager(AgentLoopManager):
-    """verl's ``AgentLoopManager`` whose ``timing`` output also holds the agent metrics.
+    """verl's ``AgentLoopManager`` whose ``timing`` output also holds the agent metrics, and
+    whose ``rm_scores`` get each turn's credit (``reward.credit``, :mod:`uniagent.verl.credit`).
 
     For verl's classic trainers (``agent_loop_manager_class``): they log the manager's
     ``meta_info["timing"]`` with a ``timing_s/`` prefix.
@@ -110,6 +147,7 @@ class UniAgentLoopManager(AgentLoopManager):
     async def generate_sequences(self, prompts: DataProto) -> DataProto:
         """verl's ``generate_sequences``, then the batch's agent metrics in its timing."""
         output: DataProto = await super().generate_sequences(prompts)
+        place_token_scores(output)
         output.meta_info.setdefault("timing", {}).update(batch_agent_metrics(output))
         return output
 

@@ -29,6 +29,8 @@ from uniagent.episode import EpisodeResult
 from uniagent.exit import ExitReason
 from uniagent.interaction.metrics import EpisodeMetrics
 from uniagent.protect.report import integrity_flags
+from uniagent.rubric import component_scores
+from uniagent.verl.credit import token_scores
 
 log = logging.getLogger(__name__)
 
@@ -58,6 +60,8 @@ UNIAGENT_FIELDS: tuple[str, ...] = (
     "reward_seconds",
     "truncated",
     "error",
+    "reward_components",
+    "token_scores",
     "integrity",
 )
 _ERROR_CHARS = 2000
@@ -92,6 +96,7 @@ def _extra(
     traj_masked: bool,
     truncated: bool,
     error: str | None,
+    token_scores: list[list[float]] | None = None,
 ) -> dict[str, Any]:
     metrics = result.metrics if result is not None else EpisodeMetrics()
     record = {
@@ -108,11 +113,20 @@ def _extra(
         "reward_seconds": metrics.reward_seconds,
         "truncated": bool(truncated),
         "error": error[-_ERROR_CHARS:] if error else None,
+        # a rubric's scores, every component's and metric's ({} for one reward or masked)
+        "reward_components": {}
+        if result is None or traj_masked
+        else component_scores(result.reward_info),
+        # what reward.credit adds to rm_scores: [[position in the response, score], ...]
+        "token_scores": list(token_scores or []),
         "integrity": integrity_flags(result.reward_info if result is not None else None),
     }
+    turns = metrics.turns
     return {
-        # uniagent has no per-turn scores or per-tool-call rewards: one reward per episode
-        "turn_scores": [],
+        # the reward's score of each model turn (RewardResult.turn_scores), [] without any
+        "turn_scores": [float(result.turn_scores.get(t, 0.0)) for t in range(turns)]
+        if result is not None and result.turn_scores and not traj_masked
+        else [],
         "tool_rewards": [],
         "min_global_steps": None,  # filled by the agent loop from the server's outputs
         "max_global_steps": None,
@@ -143,8 +157,14 @@ def episode_fields(
     reward_configured: bool,
     end_token_id: int,
     num_prompt_messages: int = 2,
+    credit: str = "outcome",
+    gamma: float = 1.0,
 ) -> LoopFields:
-    """Convert a finished episode; one without token ids becomes :func:`placeholder_fields`."""
+    """Convert a finished episode; one without token ids becomes :func:`placeholder_fields`.
+
+    ``credit`` and ``gamma`` (``reward.credit``, ``reward.gamma``) say what each model
+    turn's last generated token gets besides the episode's reward (:mod:`.credit`).
+    """
     cache = result.cache
     if cache is None or cache.mode != "tokens":
         return placeholder_fields(
@@ -203,6 +223,15 @@ def episode_fields(
             traj_masked=masked,
             truncated=cut.truncated,
             error=error,
+            token_scores=[]
+            if masked or reward is None
+            else token_scores(
+                cache,
+                result.turn_scores,
+                mode=credit,
+                gamma=gamma,
+                response_length=len(ids),
+            ),
         ),
     )
     fields.check()

@@ -9,6 +9,7 @@ from typing import Any, Literal
 
 from uniagent.exit import DEFAULT_EXIT_POLICY
 from uniagent.protect.report import integrity_flags
+from uniagent.rubric import component_scores
 
 Status = Literal["queued", "running", "finished", "failed", "interrupted"]
 STATUSES: tuple[Status, ...] = ("queued", "running", "finished", "failed", "interrupted")
@@ -48,6 +49,8 @@ class Row:
     integrity: dict[str, int] = field(default_factory=dict)
     offset: int | None = None  # where its line starts in results.jsonl
     attempt: int | None = None  # the attempt the result is of (a retry or resume: > 1)
+    #: A rubric's scores: every component's and every metric's, by key ({} for one reward).
+    reward_components: dict[str, float] = field(default_factory=dict)
 
     @property
     def total_seconds(self) -> float | None:
@@ -77,6 +80,7 @@ class Row:
             "score_reason": self.score_reason,
             "tampered": self.tampered,
             "attempt": self.attempt,
+            "reward_components": self.reward_components,
         }
 
     def as_record(self) -> dict[str, Any]:
@@ -88,6 +92,7 @@ class Row:
             "reward": self.reward,
             "traj_masked": self.masked,
             "metrics": {**metrics, "tool_calls": self.tool_calls},
+            "reward_info": {"rubric": {k: {"score": v} for k, v in self.reward_components.items()}},
             "integrity_flags": self.integrity,
         }
 
@@ -124,6 +129,7 @@ def row_from_record(record: dict[str, Any], key: str, order: int, offset: int | 
         integrity=integrity_flags(info),
         offset=offset,
         attempt=as_int(record.get("attempt")),
+        reward_components=component_scores(info),
     )
 
 

@@ -39,3 +39,13 @@ async def test_reward_is_1_only_for_the_expected_answer(env: AgentEnv) -> None:
     result = await grade(grader, env)
     assert result.score == 1.0
     assert result.info["found"] == "42"
+
+
+async def test_the_answering_turn_gets_its_per_turn_score(env: AgentEnv) -> None:
+    """With ``turn_bonus``, a right answer also credits the last model turn (index 1)."""
+    grader = await prepare_grader(env, REWARD, {"answer": "42"}, settings={"turn_bonus": 0.5})
+    await env.write_file("answer.txt", "42\n")
+    turns = [{"role": "assistant", "content": "looking"}, {"role": "tool", "content": "ok"}]
+    turns += [{"role": "assistant", "content": "answered"}]
+    result = await grade(grader, env, messages=turns)
+    assert result.score == 1.0 and result.turn_scores == {1: 0.5}

@@ -29,6 +29,7 @@ class {{ cookiecutter.__class_name }}Config(BaseModel):
     path: str = Field("answer.txt", description="file the agent writes its answer to")
     task_field: str = Field("answer", description="task field holding the expected answer")
     timeout: float = Field(60.0, gt=0, description="seconds reading the file may take")
+    turn_bonus: float = Field(0.0, description="per-turn score of the answering turn")
 
 
 async def {{ cookiecutter.__record_name }}_reward(
@@ -48,9 +49,16 @@ async def {{ cookiecutter.__record_name }}_reward(
     if done.exit_code != 0:  # no such file: the agent gave no answer
         return RewardResult(score=0.0, info={"path": config.path, "missing": True})
     found = done.output.strip()
+    score = 1.0 if found == expected else 0.0
+    # Per-turn credit (optional): {model turn index from 0: score}. Here the last model
+    # turn, which ended the episode, gets `turn_bonus` for a right answer; with
+    # `reward.credit: turn` verl puts it on that turn's last generated token.
+    turns = sum(1 for m in ctx.messages if m.get("role") == "assistant")
+    turn_scores = {turns - 1: config.turn_bonus} if score and turns and config.turn_bonus else {}
     return RewardResult(
-        score=1.0 if found == expected else 0.0,
+        score=score,
         info={"path": config.path, "expected": expected, "found": found[:500]},
+        turn_scores=turn_scores,
     )
 
 

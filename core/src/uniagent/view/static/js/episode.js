@@ -205,16 +205,45 @@ function result(body, data) {
       h("div", { class: "facts" },
         fact("reward", rewardCell(rec.reward)),
         fact("exit reason", exitBadge(rec.exit_reason)),
-        fact("masked in training", rec.traj_masked ? "yes" : "no")),
+        fact("masked in training", rec.traj_masked ? "yes" : "no"),
+        turnScores(rec.turn_scores)),
       forced(rec.reward_info || {}),
       rec.error ? h("div", { class: "error" }, h("b", {}, "error: "), rec.error) : null),
     h("section", { class: "card", id: "submission" }, h("h3", {}, "Submission"),
       submission ? textBlock(submission, { lines: 80, chars: 20000, cls: looksLikeDiff(submission) ? "diff" : "" }) : h("p", { class: "muted" }, "No submission.")),
     h("section", { class: "card", id: "integrity" }, h("h3", {}, "Grading integrity"),
       integrity((rec.reward_info || {}).integrity || rec.integrity)),
+    rubric(rec.reward_info || {}),
     h("section", { class: "card", id: "reward-info" }, h("h3", {}, "Reward details"), rewardInfo(rec.reward_info || {})),
   );
   return null;
+}
+
+// Per-turn scores ({turn index: score}, the tools' and the reward's), turns counted from 1 as the log does.
+function turnScores(scores) {
+  if (!scores || typeof scores !== "object" || !Object.keys(scores).length) return null;
+  const text = Object.entries(scores).sort((a, b) => Number(a[0]) - Number(b[0]))
+    .map(([turn, score]) => `turn ${Number(turn) + 1}: ${score}`).join(", ");
+  return fact("turn scores", text);
+}
+
+// A rubric's components (trained on, by weight) and metrics (logged only), each with its details.
+function rubric(info) {
+  const parts = [["rubric", info.rubric], ["metric", info.metrics]].filter(([, v]) => v && typeof v === "object");
+  if (!parts.length) return null;
+  const rows = [];
+  for (const [kind, entries] of parts) {
+    for (const [key, c] of Object.entries(entries)) {
+      rows.push(h("tr", { class: kind === "metric" ? "noted" : "" },
+        h("td", { class: "mono" }, key), h("td", { class: "mono" }, String(c.reward || "")),
+        h("td", {}, kind === "metric" ? "metric (not trained on)" : value(c.weight)),
+        h("td", {}, value(c.score)), h("td", {}, value(c.info))));
+    }
+  }
+  return h("section", { class: "card", id: "rubric" }, h("h3", {}, `Rubric (${info.aggregate || "weighted-sum"})`),
+    h("table", { class: "mini" },
+      h("thead", {}, h("tr", {}, ["key", "reward", "weight", "score", "details"].map((t) => h("th", {}, t)))),
+      h("tbody", {}, rows)));
 }
 
 function forced(info) {
@@ -251,7 +280,7 @@ function integrity(report) {
 }
 
 // Shown elsewhere on the tab: the test lists above, the integrity report, the forced score.
-const OWN_PLACE = ["tests_status", "integrity", "score_reason", "detail"];
+const OWN_PLACE = ["tests_status", "integrity", "score_reason", "detail", "rubric", "metrics", "aggregate"];
 
 function rewardInfo(info) {
   const entries = Object.entries(info).filter(([k]) => !OWN_PLACE.includes(k));
