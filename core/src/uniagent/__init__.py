@@ -77,6 +77,8 @@ _EXPORTS: dict[str, str] = {
     "GradingSetupError": "uniagent.grading.integrity",
     "Workspace": "uniagent.protect.settings",
     "IntegrityDefaults": "uniagent.protect.settings",
+    "TestEnv": "uniagent.protect.settings",
+    "script_test_env": "uniagent.grading.testenv",
     "ContentRule": "uniagent.protect.rules",
     "ProtectRule": "uniagent.protect.rules",
     # services
@@ -179,6 +181,7 @@ __all__ = [
     "ServiceStartError",
     "ShellKilledError",
     "TerminalNotAliveError",
+    "TestEnv",
     "ToolCall",
     "ToolCallFormatError",
     "ToolCallParser",
@@ -200,6 +203,7 @@ __all__ = [
     "reset_plugins",
     "resolve",
     "running_services",
+    "script_test_env",
     "tool_calls_from_openai",
     "validate_call",
 ]
@@ -250,6 +254,7 @@ if TYPE_CHECKING:  # pragma: no cover - what type checkers and IDEs see
     from uniagent.exit import ExitReason
     from uniagent.grading.integrity import GradingSetupError
     from uniagent.grading.sandbox import GradingOutput, GradingReadError, GradingSandbox
+    from uniagent.grading.testenv import script_test_env
     from uniagent.hookspecs import hookimpl
     from uniagent.parsers.base import (
         ErrorKind,
@@ -265,7 +270,7 @@ if TYPE_CHECKING:  # pragma: no cover - what type checkers and IDEs see
     )
     from uniagent.plugins import load_plugins, reset_plugins
     from uniagent.protect.rules import ContentRule, ProtectRule
-    from uniagent.protect.settings import IntegrityDefaults, Workspace
+    from uniagent.protect.settings import IntegrityDefaults, TestEnv, Workspace
     from uniagent.registry import get_parser, get_registry
     from uniagent.resolver import ResolvedAgent, open_env, resolve
     from uniagent.reward import RewardContext, RewardInfraError, RewardResult

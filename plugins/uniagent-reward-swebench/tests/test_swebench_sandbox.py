@@ -240,8 +240,7 @@ async def test_r2e_gym_tests_outside_the_repo_are_put_back_before_grading(
 
 
 def test_the_swe_rewards_grade_in_a_fresh_sandbox_by_default() -> None:
-    from uniagent import AgentConfig
-    from uniagent.resolver import resolve
+    from uniagent import AgentConfig, resolve
 
     for name, expected in (("swe_bench", "fresh"), ("r2e_gym", "fresh"), ("command", "episode")):
         agent = resolve(AgentConfig.model_validate({"reward": {"name": name}}))

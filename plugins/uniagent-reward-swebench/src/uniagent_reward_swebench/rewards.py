@@ -7,9 +7,15 @@ from typing import Any
 
 from pydantic import BaseModel, ValidationError
 
-from uniagent import ConfigError, IntegrityDefaults, RewardContext, RewardResult, Workspace
-from uniagent.grading.testenv import script_test_env
-from uniagent.protect.settings import TestEnv
+from uniagent import (
+    ConfigError,
+    IntegrityDefaults,
+    RewardContext,
+    RewardResult,
+    TestEnv,
+    Workspace,
+    script_test_env,
+)
 from uniagent_reward_swebench.config import (
     R2EGymRewardConfig,
     SweBenchRewardConfig,
