@@ -26,6 +26,16 @@ from uniagent.testing import Fail, Reply, ScriptedChatServer
 from uniagent.testing.scripted import ScriptedTokenModel, hermes_call
 
 
+@pytest.fixture(autouse=True)
+def _empty_verdict_cache():
+    """Each test starts with no cached verdicts (the cache is per process)."""
+    from uniagent.builtin import judge
+
+    judge._cache.clear()
+    yield
+    judge._cache.clear()
+
+
 class Answer(BaseModel):
     text: str
 

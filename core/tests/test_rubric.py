@@ -343,3 +343,27 @@ async def test_concurrent_failures_raise_the_infrastructure_error_first() -> Non
     only_broken = Rubric(parts[:1])
     with pytest.raises(ValueError, match="broke me"):
         await grade_rubric(RewardContext(sandbox=None, task={}, settings=only_broken))
+
+
+async def test_a_component_that_reports_tampering_zeroes_the_whole_rubric() -> None:
+    from uniagent.rubric import grade_rubric
+
+    async def honest(ctx: RewardContext[None]) -> RewardResult:
+        return RewardResult(1.0, {}, turn_scores={0: 1.0})
+
+    async def caught(ctx: RewardContext[None]) -> RewardResult:
+        tampered = [{"kind": "verifier_input", "path": "/tests/test.sh"}]
+        return RewardResult(0.0, {"score_reason": "tampered", "tampered": tampered})
+
+    parts = tuple(
+        Component(name, RewardSpec(name=name, fn=fn, uses_sandbox=False), None, 1)
+        for name, fn in (("honest", honest), ("caught", caught))
+    )
+    ctx: RewardContext[Rubric] = RewardContext(sandbox=None, task={}, settings=Rubric(parts))
+    result = await grade_rubric(ctx)
+    assert result.score == 0.0 and result.turn_scores == {}, "not only the part that caught it"
+    assert result.info["score_reason"] == "tampered" and "caught" in result.info["detail"]
+    assert result.info["tampered"] == [{"kind": "verifier_input", "path": "/tests/test.sh"}]
+    assert result.info["rubric"]["honest"]["score"] == 1.0  # every component still recorded
+    clean = await grade_rubric(RewardContext(sandbox=None, task={}, settings=Rubric(parts[:1])))
+    assert clean.score == 1.0 and clean.turn_scores == {0: 1.0}

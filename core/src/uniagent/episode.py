@@ -140,7 +140,7 @@ async def _run_episode(
     logger = logger or log
     observer = observer or NULL_OBSERVER
     if agent.agent.is_harness:
-        return await run_harness_episode(agent, task, model, messages, logger, observer)
+        return await run_harness_episode(agent, task, model, grader, messages, logger, observer)
     config = agent.config
     tools = list(agent.tools)
     parser = agent.new_parser()
@@ -191,8 +191,10 @@ async def _run_episode(
             turn_scores=dict(outcome.turn_scores),
         )
         if result.exit_reason is ExitReason.AGENT_KILLED_SHELL:
-            # The agent's own command ended its shell: a policy outcome worth nothing.
+            # The agent's own command ended its shell: a policy outcome worth nothing (and no
+            # tool's turn score either: a score the grader forces drops them).
             result.reward, result.reward_info = 0.0, {"score_reason": "agent_killed_shell"}
+            result.turn_scores = {}
         elif grader is not None and not result.traj_masked:
             observer.phase("grading")
             await grade(config, grader, env, result, logger)
@@ -306,6 +308,7 @@ async def run_harness_episode(
     agent: ResolvedAgent,
     task: Mapping[str, Any],
     model: Any,
+    grader: EpisodeGrader | None,
     messages: Sequence[Mapping[str, Any]] | None,
     logger: logging.Logger,
     observer: EpisodeObserver,
@@ -319,7 +322,6 @@ async def run_harness_episode(
     config = agent.config
     instruction = instruction_of(agent, task, messages)
     gateway_for(model, config.tool_parser)  # a model the gateway cannot serve: said now
-    grader = make_grader(agent, task)
     metrics = EpisodeMetrics()
     started = time.perf_counter()
     env: AgentEnv | None = None
@@ -362,6 +364,7 @@ async def run_harness_episode(
         )
         if result.exit_reason is ExitReason.AGENT_KILLED_SHELL:
             result.reward, result.reward_info = 0.0, {"score_reason": "agent_killed_shell"}
+            result.turn_scores = {}
         elif grader is not None and not result.traj_masked:
             observer.phase("grading")
             await grade(config, grader, env, result, logger)

@@ -101,19 +101,25 @@ async def grade_rubric(ctx: RewardContext[Rubric]) -> RewardResult:
         }
         for c in rubric.components
     }
+    info: dict[str, Any] = {
+        "aggregate": rubric.aggregate,
+        "rubric": {k: v for k, v in parts.items() if not _metric(rubric, k)},
+        "metrics": {k: v for k, v in parts.items() if _metric(rubric, k)},
+    }
+    tampered = [k for k, r in results.items() if r.info.get("score_reason") == "tampered"]
+    if tampered:
+        # One component caught tampering: the episode is worth nothing, not only that part.
+        info.update(
+            score_reason="tampered",
+            detail=f"rubric component(s) {', '.join(tampered)} reported tampering",
+            tampered=[t for k in tampered for t in results[k].info.get("tampered") or ()],
+        )
+        return RewardResult(0.0, info)
     turns: dict[int, float] = {}
     for c in rubric.weighted:  # per-turn credit: the weighted sum of the components'
         for turn, value in results[c.key].turn_scores.items():
             turns[turn] = turns.get(turn, 0.0) + c.weight * float(value)
-    return RewardResult(
-        turn_scores=turns,
-        score=aggregate(rubric, scores),
-        info={
-            "aggregate": rubric.aggregate,
-            "rubric": {k: v for k, v in parts.items() if not _metric(rubric, k)},
-            "metrics": {k: v for k, v in parts.items() if _metric(rubric, k)},
-        },
-    )
+    return RewardResult(turn_scores=turns, score=aggregate(rubric, scores), info=info)
 
 
 def _metric(rubric: Rubric, key: str) -> bool:

@@ -16,10 +16,11 @@ agent's doing, and masking it would let the policy choose to be masked. So it ru
 more in the same sandbox (its inputs copied in again): a reward now is used, the first
 failure kept in ``info["verifier_retried"]``. Failing again, it runs in the control
 sandbox (``RewardContext.control``: the task as it was before the agent's first
-command). A readable reward there (or a timeout: that grades the task too) makes the
+command). A readable reward there makes the
 failure the agent's: score 0, trained on, ``score_reason: verifier_failed`` with the
-failures in ``error``. A failure there too means the task's verifier is broken:
-infrastructure (``reward_error``, masked and retried), naming both. Without a control
+failures in ``error``. A failure or a timeout there too means the task's verifier is
+broken (or the machine too slow): infrastructure (``reward_error``, masked and
+retried), naming both. Without a control
 (a grader embedded without ``fresh_env``) the failure is masked, an opening the message
 names.
 """
@@ -285,7 +286,21 @@ async def harbor_reward(ctx: RewardContext[HarborRewardConfig]) -> RewardResult:
             tampered=[{"kind": "verifier_input", "path": p} for p in left],
         )
         return RewardResult(0.0, info)
-    await check_user(sandbox, verifier)
+    try:
+        await check_user(sandbox, verifier)
+    except RewardInfraError as exc:
+        if ctx.control is None:
+            raise
+        # The agent may have removed the user (or runuser): the task untouched tells.
+        async with ctx.control() as control:
+            await check_user(control, verifier)  # fails there too: infrastructure
+        info.update(
+            score_reason="verifier_failed",
+            detail="the verifier's user cannot be taken after the agent's changes, and can "
+            "on the task untouched by the agent",
+            error=str(exc),
+        )
+        return RewardResult(0.0, info)
     failures: list[str] = []
     for _ in range(2):  # a second run in the same sandbox: the failure may have been transient
         try:
@@ -320,15 +335,28 @@ async def judge_failure(
             "graded through uniagent run, verify or the verl adapter a control is started "
             "from the task's deployment)"
         )
-    async with ctx.control() as control:
-        await check_user(control, verifier)
-        try:
+    try:
+        async with ctx.control() as control:
+            await check_user(control, verifier)
             checked, shown = await run_verifier(control, tests, verifier, settings, timeout)
-        except VerifierFailed as exc:
-            raise RewardInfraError(
-                f"the task's verifier is broken: it failed on the agent's work ({first}; "
-                f"again: {second}) and on the task untouched by the agent ({exc})"
-            ) from None
+    except VerifierFailed as exc:
+        raise RewardInfraError(
+            f"the task's verifier is broken: it failed on the agent's work ({first}; "
+            f"again: {second}) and on the task untouched by the agent ({exc})"
+        ) from None
+    except RewardInfraError:
+        raise
+    except Exception as exc:  # the control sandbox's own failure is never the agent's
+        raise RewardInfraError(
+            f"the verifier failed twice on the agent's work ({first}; again: {second}) and "
+            f"the control sandbox failed too: {type(exc).__name__}: {exc}"
+        ) from exc
+    if shown.get("timed_out"):
+        # Past its timeout on the untouched task: broken for everyone, or a slow machine.
+        raise RewardInfraError(
+            f"the verifier failed twice on the agent's work ({first}; again: {second}) and "
+            f"ran past its timeout ({timeout:g} s) on the task untouched by the agent"
+        )
     info.update(
         score_reason="verifier_failed",
         detail="test.sh wrote no readable reward, twice, after the agent's changes; on the "
@@ -342,6 +370,4 @@ async def judge_failure(
 
 
 def _outcome(result: RewardResult, shown: Mapping[str, Any]) -> str:
-    if shown.get("timed_out"):
-        return "ran past its timeout (scored 0 there too: it grades the task)"
     return f"wrote {shown.get('reward_file')} (score {result.score:g})"

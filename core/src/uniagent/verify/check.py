@@ -133,6 +133,7 @@ async def attempt(
         )
     finally:
         observer.phase("close")
+        await grader.close()  # a fresh sandbox started ahead and not used
         await env.close()
 
 
@@ -153,7 +154,9 @@ def classify(task_id: str, attempts: Sequence[Attempt], has_oracle: bool) -> Ver
             return Verdict(task_id, "broken_oracle", f"the oracle scored {oracle[0]:g}", done)
     if baseline[0] is None:
         error = next(a.error for a in attempts if a.mode == "baseline")
-        return Verdict(task_id, "passing_baseline", f"the verifier crashed on it: {error}", done)
+        # Excluded either way: a verifier that crashes on an unsolved task would let the
+        # policy mask its episodes; a baseline that cannot run at all is not a task to train on.
+        return Verdict(task_id, "passing_baseline", f"the baseline run failed: {error}", done)
     if baseline[0] > 0.0:
         return Verdict(task_id, "passing_baseline", f"doing nothing scored {baseline[0]:g}", done)
     if not has_oracle:
