@@ -170,3 +170,31 @@ async def test_a_harness_that_edits_the_tests_is_caught_as_the_built_in_loop_wou
     assert result["reward"] == 0.0 and result["reward_info"]["score_reason"] == "tampered"
     tampered = result["reward_info"]["integrity"]["tampered"]
     assert [t["path"] for t in tampered] == ["tests/check.sh"]
+
+
+@pytest.mark.parametrize(
+    ("script", "reason"),
+    [([ModelError("the server went away")], "model_error"), ([WRITE, "Done."], "finished")],
+)
+async def test_a_harness_episode_stops_the_fresh_sandbox_started_ahead(
+    tiny, qwen3_tokenizer, script, reason
+) -> None:
+    """grade_in: fresh starts a second sandbox at the baseline; a harness episode, masked or
+    graded, leaves no sandbox running (the episode's own grader is the one closed)."""
+    from uniagent.env.open_envs import env_scope
+    from uniagent.episode import run_episode
+    from uniagent.resolver import resolve
+
+    repo = "git init -q && git -c user.name=t -c user.email=t@t commit -q --allow-empty -m base"
+    raw = config().model_dump(exclude_unset=True)
+    raw["env"]["post_setup"] = [repo]
+    raw["reward"]["grade_in"] = "fresh"
+    agent = resolve(AgentConfig.from_dict(raw))
+    with env_scope() as scope:
+        result = await run_episode(
+            agent,
+            {"problem_statement": "Write hello."},
+            ScriptedTokenModel(qwen3_tokenizer, script),
+        )
+        assert result.exit_reason.value == reason, result.error
+        assert len(scope) == 0
