@@ -92,6 +92,23 @@ async def test_infrastructure_errors_are_retried_then_raised_and_verdicts_cached
         await llm_judge_reward(context("43", settings(server, retries=1)))
 
 
+async def test_a_refusal_of_the_answer_scores_zero_and_a_refusal_of_anything_is_masked() -> None:
+    def content_filter(body: dict[str, Any]) -> Reply | Fail:
+        refused = "forbidden words" in body["messages"][0]["content"]
+        return Fail(400, "content filter") if refused else Reply("INCORRECT")
+
+    with ScriptedChatServer([content_filter] * 8) as server:
+        result = await llm_judge_reward(context("forbidden words", settings(server, retries=0)))
+        assert result.score == 0.0 and result.info["score_reason"] == "judge_refused"
+        assert "HTTP 400" in result.info["error"]
+        assert "(no answer)" in server.requests[-1]["messages"][0]["content"]
+    with (
+        ScriptedChatServer([Fail(400, "model does not exist")] * 4) as server,
+        pytest.raises(RewardInfraError, match="HTTP 400"),
+    ):
+        await llm_judge_reward(context("42", settings(server, retries=0)))
+
+
 async def test_a_task_without_a_field_the_prompt_uses_is_infrastructure() -> None:
     with ScriptedChatServer([]) as server, pytest.raises(RewardInfraError, match="rubric"):
         await llm_judge_reward(context("42", settings(server), task={"question": "q"}))

@@ -45,6 +45,18 @@ _NUMBER = re.compile(r"[-+]?\d+(?:\.\d+)?")
 class JudgeError(RewardInfraError):
     """The judge could not be asked (no key, unreachable, an HTTP error): infrastructure."""
 
+    def __init__(self, message: str, status: int | None = None) -> None:
+        super().__init__(message)
+        #: The HTTP status the judge answered with, when it answered.
+        self.status = status
+
+
+#: Statuses with which a server refuses the request itself (its content, its size): the
+#: request carries the policy's answer, so such a refusal may be the answer's doing.
+REFUSALS = frozenset({400, 413, 422})
+#: What a control request puts where the answer goes.
+NEUTRAL = "(no answer)"
+
 
 class JudgeEndpoint(BaseModel):
     """Where the judge is and how its verdict reads (shared by the judges of plugins)."""
@@ -151,7 +163,7 @@ def _post(settings: JudgeEndpoint, body: bytes, headers: dict[str, str]) -> str:
             text: str = response.read().decode("utf-8", "replace")
     except urllib.error.HTTPError as exc:
         detail = exc.read().decode("utf-8", "replace")[:300]
-        raise JudgeError(f"the judge answered HTTP {exc.code}: {detail}") from None
+        raise JudgeError(f"the judge answered HTTP {exc.code}: {detail}", exc.code) from None
     except (urllib.error.URLError, OSError) as exc:
         failure = f"{type(exc).__name__}: {exc}"
         raise JudgeError(f"the judge at {url} is unreachable: {failure}") from None
@@ -201,7 +213,29 @@ async def llm_judge_reward(ctx: RewardContext[JudgeSettings]) -> RewardResult:
     settings = ctx.settings
     if not ctx.submission:
         return RewardResult(0.0, {"judge": None, "reason": "no submission"})
-    reply, attempts, cached = await ask_judge(settings, render(settings, ctx.task, ctx.submission))
+    try:
+        reply, attempts, cached = await ask_judge(
+            settings, render(settings, ctx.task, ctx.submission)
+        )
+    except JudgeError as exc:
+        if exc.status not in REFUSALS:
+            raise
+        # Refused: asked with a neutral answer, the judge tells whose doing it was. It
+        # answers: the policy's answer was refused (0, trained on); it refuses again: the
+        # judge's set-up (infrastructure, masked).
+        try:
+            await ask_judge(settings, render(settings, ctx.task, NEUTRAL))
+        except JudgeError:
+            raise exc from None
+        return RewardResult(
+            0.0,
+            {
+                "model": settings.model,
+                "score_reason": "judge_refused",
+                "detail": "the judge refused the request with this answer, not with a neutral one",
+                "error": str(exc),
+            },
+        )
     score = parse(settings, reply)
     info = {"model": settings.model, "reply": reply, "attempts": attempts, "cached": cached}
     return RewardResult(score, info)
