@@ -541,8 +541,9 @@ def test_round_two_attacks_score_zero_and_are_trained_on(
 
 #: A container with what the swe_bench reward's tests need (Debian's pytest and git).
 GRADING_IMAGE = "localhost/uniagent-integrity:bookworm"
-#: The classes tried in containers: what the tested code writes and prints, and root.
-IN_CONTAINERS = ("artifacts.", "self-masking.", "root.")
+#: The classes tried in containers: what the tested code writes and prints, what the repo
+#: loads or hides from the screen, and root (test-env and outside paths build host paths).
+IN_CONTAINERS = ("artifacts.", "self-masking.", "plugin-config.", "patch-screen.", "root.")
 
 
 @pytest.mark.slow

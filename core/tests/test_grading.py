@@ -330,8 +330,10 @@ async def test_reward_infra_errors_pass_through(env):
 
 
 async def test_grading_that_hangs_scores_zero_at_the_grading_timeout_and_is_trained_on(env):
-    grader = await prepare_grader(env, "hangs", {}, integrity={"grading_timeout": 2})
-    result = await asyncio.wait_for(grade(grader, env), 120)  # no hang: bounded
+    # Long enough for the checks before the reward on a loaded machine (2 s was not), so
+    # the time-out falls in the reward that hangs.
+    grader = await prepare_grader(env, "hangs", {}, integrity={"grading_timeout": 30})
+    result = await asyncio.wait_for(grade(grader, env), 300)  # no hang: bounded
     assert result.score == 0.0
     assert result.info["score_reason"] == "grading_timed_out"
     assert "while the reward" in result.info["detail"]

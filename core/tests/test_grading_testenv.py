@@ -107,7 +107,9 @@ async def test_the_baseline_resolves_the_interpreter_after_the_activation(env, v
         ),
         ("printf 'VALUE = 2\\n' > {sp}/helper.py", "{sp}/helper.py"),  # same names, new ctime
         ("printf 'export PYTHONPATH=/x\\n' >> {env}/bin/activate", "{env}/bin/activate"),
-        ("rm {env}/bin/python && printf '#!/bin/sh\\n' > {env}/bin/python", "bin:python"),
+        # The file itself, always; "bin:python" only when no other python on PATH resolves
+        # to the same interpreter (the new file is not executable, so PATH moves on).
+        ("rm {env}/bin/python && printf '#!/bin/sh\\n' > {env}/bin/python", "{env}/bin/python"),
     ],
     ids=["pth", "entry-point", "module", "activate", "interpreter"],
 )
