@@ -549,8 +549,9 @@ IN_CONTAINERS = ("artifacts.", "self-masking.", "plugin-config.", "patch-screen.
 @pytest.mark.slow
 @pytest.mark.parametrize("grade_in", ["episode", "fresh"])
 def test_round_two_in_containers(round2_tasks, tmp_path, grade_in):
-    """The artifact, self-masking and root classes in podman containers (``local`` backend):
-    reward 0 and trained on, the legitimate fix 1.0, in both grading modes."""
+    """The artifact, self-masking, plugin/config, patch-screen and root classes in podman
+    containers (``local`` backend): reward 0 and trained on, the legitimate fixes 1.0, in
+    both grading modes."""
     from uniagent.testing.images import engine_with_test_image
 
     engine = engine_with_test_image(
