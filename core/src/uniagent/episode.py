@@ -190,21 +190,34 @@ async def _run_episode(
             notes=outcome.notes,
             turn_scores=dict(outcome.turn_scores),
         )
-        if result.exit_reason is ExitReason.AGENT_KILLED_SHELL:
-            # The agent's own command ended its shell: a policy outcome worth nothing (and no
-            # tool's turn score either: a score the grader forces drops them).
-            result.reward, result.reward_info = 0.0, {"score_reason": "agent_killed_shell"}
-            result.turn_scores = {}
-        elif grader is not None and not result.traj_masked:
-            observer.phase("grading")
-            await grade(config, grader, env, result, logger)
-        return result
+        return await _conclude(config, grader, env, result, logger, observer)
     except Exception as exc:
         logger.exception("episode failed")
         return failed(config, ExitReason.UNKNOWN_ERROR, metrics, exc)
     finally:
         observer.phase("close")
         await env.close()
+
+
+async def _conclude(
+    config: AgentConfig,
+    grader: EpisodeGrader | None,
+    env: AgentEnv,
+    result: EpisodeResult,
+    logger: logging.Logger,
+    observer: EpisodeObserver,
+) -> EpisodeResult:
+    """The end of an episode that ran (the built-in loop's or a harness's): graded, unless
+    it is masked or the agent ended its own shell."""
+    if result.exit_reason is ExitReason.AGENT_KILLED_SHELL:
+        # The agent's own command ended its shell: a policy outcome worth nothing (and no
+        # tool's turn score either: a score the grader forces drops them).
+        result.reward, result.reward_info = 0.0, {"score_reason": "agent_killed_shell"}
+        result.turn_scores = {}
+    elif grader is not None and not result.traj_masked:
+        observer.phase("grading")
+        await grade(config, grader, env, result, logger)
+    return result
 
 
 async def _mcp_tools(agent: ResolvedAgent, env: AgentEnv, tools: list[Any]) -> list[Any]:
@@ -362,13 +375,7 @@ async def run_harness_episode(
             integrity=integrity,
             tree=run.tree,
         )
-        if result.exit_reason is ExitReason.AGENT_KILLED_SHELL:
-            result.reward, result.reward_info = 0.0, {"score_reason": "agent_killed_shell"}
-            result.turn_scores = {}
-        elif grader is not None and not result.traj_masked:
-            observer.phase("grading")
-            await grade(config, grader, env, result, logger)
-        return result
+        return await _conclude(config, grader, env, result, logger, observer)
     except Exception as exc:
         logger.exception("episode failed")
         return failed(config, ExitReason.UNKNOWN_ERROR, metrics, exc)
