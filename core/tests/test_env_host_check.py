@@ -97,7 +97,7 @@ def test_a_set_up_that_writes_to_the_read_only_root_is_a_config_error(settings, 
 @pytest.mark.parametrize(
     "command",
     [
-        "mkdir -p /tmp/a/b && touch /uniagent/work/x && echo hi > /root/.note",
+        f"mkdir -p /tmp/a/b && touch {BWRAP_WORKDIR}/x && echo hi > /root/.note",
         "mkdir -p /usr/bin",  # exists: nothing is written
         "mkdir /opt/x || true",  # may fail: not certain from the text
         "mkdir /opt/x; true",

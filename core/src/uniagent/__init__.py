@@ -81,6 +81,9 @@ _EXPORTS: dict[str, str] = {
     "script_test_env": "uniagent.grading.testenv",
     "ContentRule": "uniagent.protect.rules",
     "ProtectRule": "uniagent.protect.rules",
+    # the download cache (tokenizers, wheels, harness installs): built once per machine
+    "cache_dir": "uniagent.cache",
+    "build_once": "uniagent.cache",
     # services
     "running_services": "uniagent.services",
     "ServiceStartError": "uniagent.services",

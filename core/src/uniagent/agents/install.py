@@ -8,15 +8,13 @@ folder that exists is complete. The sandbox sees it read-only, at the same path.
 
 from __future__ import annotations
 
-import contextlib
 import hashlib
 import os
 import shutil
 import subprocess
-import tempfile
-from collections.abc import Iterator
 from pathlib import Path
 
+from uniagent.cache import build_once, cache_dir
 from uniagent.errors import UniAgentError
 from uniagent.specs import AgentInstall
 
@@ -29,33 +27,14 @@ class AgentInstallError(UniAgentError):
     """A harness could not be installed (registry unreachable, no npm, a bad pin)."""
 
 
-def cache_root() -> Path:
-    """``$UNIAGENT_CACHE_DIR`` or ``~/.cache/uniagent``."""
-    env = os.environ.get("UNIAGENT_CACHE_DIR")
-    return Path(env).expanduser() if env else Path.home() / ".cache" / "uniagent"
-
-
-@contextlib.contextmanager
-def file_lock(path: Path) -> Iterator[None]:
-    """An exclusive lock on ``path`` (created) for the block; other processes wait."""
-    import fcntl
-
-    with open(path, "a+") as handle:
-        fcntl.flock(handle.fileno(), fcntl.LOCK_EX)
-        try:
-            yield
-        finally:
-            fcntl.flock(handle.fileno(), fcntl.LOCK_UN)
-
-
 def install_folder(install: AgentInstall) -> Path:
     """Where ``install`` goes in the cache (whether or not it is there yet)."""
     safe = install.package.lstrip("@").replace("/", "-").replace(":", "-")
     if install.kind == "npm":  # the folder uniagent.testing.npm_clis has always used
-        return cache_root() / "npm-cli" / f"{safe}-{install.version}"
+        return cache_dir() / "npm-cli" / f"{safe}-{install.version}"
     if install.kind == "binary":  # its pin is its digest: a changed file is a new folder
         safe = f"{Path(install.package).name}-{(install.sha256 or '')[:16]}"
-    return cache_root() / "agents" / f"{install.kind}-{safe}-{install.version}"
+    return cache_dir() / "agents" / f"{install.kind}-{safe}-{install.version}"
 
 
 def bin_folder(install: AgentInstall, folder: Path) -> Path:
@@ -68,32 +47,17 @@ def bin_folder(install: AgentInstall, folder: Path) -> Path:
 def ensure_installed(install: AgentInstall) -> Path:
     """The installed harness's folder, installed into the cache first if it is not there."""
     folder = install_folder(install)
-    binary = bin_folder(install, folder) / install.command
-    if binary.exists():
-        return folder
-    folder.parent.mkdir(parents=True, exist_ok=True)
-    with file_lock(folder.parent / f".{folder.name}.lock"):
-        if not binary.exists():
-            staged(folder, lambda staging: _install(install, staging))
-    if not binary.exists():
+
+    def done(path: Path) -> bool:
+        return (bin_folder(install, path) / install.command).exists()
+
+    build_once(folder, lambda staging: _install(install, staging), done=done)
+    if not done(folder):
         raise AgentInstallError(
             f"{install.package}@{install.version} installed into {folder} but has no "
             f"{install.command}"
         )
     return folder
-
-
-def staged(target: Path, build: object) -> None:
-    """Run ``build(staging)`` in a fresh folder beside ``target``, then move it into place."""
-    staging = Path(tempfile.mkdtemp(prefix=".staging-", dir=target.parent))
-    try:
-        build(staging)  # type: ignore[operator]
-        staging.chmod(0o755)  # mkdtemp's 0700: a sandbox's own user must read it too
-        if target.exists():
-            shutil.rmtree(target)
-        os.replace(staging, target)
-    finally:
-        shutil.rmtree(staging, ignore_errors=True)
 
 
 def _install(install: AgentInstall, staging: Path) -> None:

