@@ -463,11 +463,9 @@ def _replace_spans(script: str, kind: str, start_at: re.Pattern[str]) -> str:
     return "".join(pieces)
 
 
-def _closing(s: str, i: int) -> int | None:
-    """The index after the bracket that closes the one at ``s[i]``, quotes skipped."""
-    pairs = {"(": ")", "[": "]"}
-    stack = [pairs[s[i]]]
-    j = i + 1
+def _unquoted(s: str, j: int) -> Iterator[int]:
+    """The indices from ``s[j]`` on outside quotes and backslash escapes (none after a quote
+    that does not close)."""
     while j < len(s):
         c = s[j]
         if c == "\\":
@@ -476,39 +474,36 @@ def _closing(s: str, i: int) -> int | None:
         if c in "'\"":
             end = s.find(c, j + 1)
             if end == -1:
-                return None
+                return
             j = end + 1
             continue
-        if c in pairs:
-            stack.append(pairs[c])
-        elif c == stack[-1]:
+        yield j
+        j += 1
+
+
+def _closing(s: str, i: int) -> int | None:
+    """The index after the bracket that closes the one at ``s[i]``, quotes skipped."""
+    pairs = {"(": ")", "[": "]"}
+    stack = [pairs[s[i]]]
+    for j in _unquoted(s, i + 1):
+        if s[j] in pairs:
+            stack.append(pairs[s[j]])
+        elif s[j] == stack[-1]:
             stack.pop()
             if not stack:
                 return j + 1
-        j += 1
     return None
 
 
 def _test_end(s: str, j: int) -> int | None:
     """The index after the ``]]`` word that ends a ``[[`` test begun before ``s[j]``."""
-    while j < len(s):
-        c = s[j]
-        if c == "\\":
-            j += 2
-            continue
-        if c in "'\"":
-            end = s.find(c, j + 1)
-            if end == -1:
-                return None
-            j = end + 1
-            continue
-        if c == "\n":
+    for k in _unquoted(s, j):
+        if s[k] == "\n":
             return None
         if (
-            s.startswith("]]", j)
-            and s[j - 1] in " \t"
-            and (j + 2 == len(s) or s[j + 2] in " \t\n;&|)")
+            s.startswith("]]", k)
+            and s[k - 1] in " \t"
+            and (k + 2 == len(s) or s[k + 2] in " \t\n;&|)")
         ):
-            return j + 2
-        j += 1
+            return k + 2
     return None
