@@ -3,7 +3,8 @@
 from __future__ import annotations
 
 import shutil
-from collections.abc import AsyncIterator
+import types
+from collections.abc import AsyncIterator, Iterator
 from typing import Any
 
 import pytest
@@ -45,3 +46,28 @@ async def env(request: pytest.FixtureRequest) -> AsyncIterator[Any]:
 
     async with open_env({"type": "host", "isolation": request.param}) as sandbox:
         yield sandbox
+
+
+@pytest.fixture
+def tiny(
+    tmp_path_factory: pytest.TempPathFactory, monkeypatch: pytest.MonkeyPatch
+) -> Iterator[Any]:
+    """The harness agent ``tiny`` (:mod:`uniagent.testing.harness`) registered as a plugin,
+    with a fresh install cache; the plugins are reset after."""
+    from uniagent import hookimpl
+    from uniagent.plugins import load_plugins, reset_plugins
+    from uniagent.testing.harness import HARNESS, tiny_spec
+
+    monkeypatch.setenv("UNIAGENT_CACHE_DIR", str(tmp_path_factory.mktemp("cache")))
+    script = tmp_path_factory.mktemp("harness") / "tiny.py"
+    script.write_text(HARNESS)
+    spec = tiny_spec(script)
+    reset_plugins()
+
+    @hookimpl
+    def uniagent_agents() -> list[Any]:
+        return [spec]
+
+    load_plugins().register(types.SimpleNamespace(uniagent_agents=uniagent_agents), "test-agents")
+    yield spec
+    reset_plugins()

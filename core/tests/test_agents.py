@@ -4,46 +4,13 @@ core/tests/gateway/test_harness_episodes.py.)"""
 
 from __future__ import annotations
 
-import types
-
 import pytest
 
-from uniagent import AgentInstall, hookimpl
+from uniagent import AgentInstall
 from uniagent.config import AgentConfig
 from uniagent.errors import ConfigError
-from uniagent.plugins import load_plugins, reset_plugins
 from uniagent.resolver import resolve
-from uniagent.testing.harness import HARNESS, tiny_spec
-
-
-@pytest.fixture
-def tiny(tmp_path_factory, monkeypatch):
-    cache = tmp_path_factory.mktemp("cache")
-    monkeypatch.setenv("UNIAGENT_CACHE_DIR", str(cache))
-    script = tmp_path_factory.mktemp("harness") / "tiny.py"
-    script.write_text(HARNESS)
-    spec = tiny_spec(script)
-    reset_plugins()
-
-    @hookimpl
-    def uniagent_agents():
-        return [spec]
-
-    load_plugins().register(types.SimpleNamespace(uniagent_agents=uniagent_agents), "test-agents")
-    yield spec
-    reset_plugins()
-
-
-def config(settings: dict | None = None, **deployment) -> AgentConfig:
-    return AgentConfig.from_dict(
-        {
-            "agent": {"name": "tiny", "settings": settings or {}},
-            "env": {
-                "deployment": {"type": "host", "isolation": "bwrap", "network": True, **deployment}
-            },
-            "reward": {"name": "command", "settings": {"command": "grep -qx hello out.txt"}},
-        }
-    )
+from uniagent.testing.harness import tiny_config
 
 
 def test_the_default_agent_is_the_built_in_loop() -> None:
@@ -58,15 +25,15 @@ def test_an_unknown_agent_is_named_with_its_key_path() -> None:
 
 def test_an_unknown_agent_setting_is_named_with_its_key_path(tiny) -> None:
     with pytest.raises(ConfigError, match=r"agent\.settings\.stepz: unknown key"):
-        resolve(config({"stepz": 3}))
+        resolve(tiny_config({"stepz": 3}))
     with pytest.raises(ConfigError, match=r"agent\.settings: agent 'react' takes no settings"):
         resolve(AgentConfig.from_dict({"agent": {"name": "react", "settings": {"x": 1}}}))
 
 
 def test_a_harness_needs_a_sandbox_that_reaches_the_gateway(tiny) -> None:
     with pytest.raises(ConfigError, match=r"env\.deployment\.network: agent 'tiny'"):
-        resolve(config(network=None))
-    assert resolve(config(isolation="none", network=None)).agent.name == "tiny"
+        resolve(tiny_config(network=None))
+    assert resolve(tiny_config(isolation="none", network=None)).agent.name == "tiny"
 
 
 def test_an_unpinned_install_is_refused() -> None:

@@ -6,53 +6,20 @@ from __future__ import annotations
 
 import io
 import json
-import types
 from pathlib import Path
 
 import pytest
 
-from uniagent import hookimpl
 from uniagent.agents import gateways
 from uniagent.config import AgentConfig
 from uniagent.errors import ConfigError
 from uniagent.models.base import ModelError
-from uniagent.plugins import load_plugins, reset_plugins
 from uniagent.rollout import RolloutCache
 from uniagent.run.progress import Progress
 from uniagent.run.runner import run
 from uniagent.run.tasks import Task
-from uniagent.testing.harness import HARNESS, tiny_spec
+from uniagent.testing.harness import tiny_config
 from uniagent.testing.scripted import ScriptedTokenModel, hermes_call
-
-
-@pytest.fixture
-def tiny(tmp_path_factory, monkeypatch):
-    cache = tmp_path_factory.mktemp("cache")
-    monkeypatch.setenv("UNIAGENT_CACHE_DIR", str(cache))
-    script = tmp_path_factory.mktemp("harness") / "tiny.py"
-    script.write_text(HARNESS)
-    spec = tiny_spec(script)
-    reset_plugins()
-
-    @hookimpl
-    def uniagent_agents():
-        return [spec]
-
-    load_plugins().register(types.SimpleNamespace(uniagent_agents=uniagent_agents), "test-agents")
-    yield spec
-    reset_plugins()
-
-
-def config(settings: dict | None = None, **deployment) -> AgentConfig:
-    return AgentConfig.from_dict(
-        {
-            "agent": {"name": "tiny", "settings": settings or {}},
-            "env": {
-                "deployment": {"type": "host", "isolation": "bwrap", "network": True, **deployment}
-            },
-            "reward": {"name": "command", "settings": {"command": "grep -qx hello out.txt"}},
-        }
-    )
 
 
 async def _run(agent_config: AgentConfig, model, out: Path) -> dict:
@@ -79,7 +46,7 @@ WRITE = hermes_call("bash", {"command": "echo hello > out.txt"})
 
 async def test_a_harness_solves_the_task_and_is_graded(tiny, qwen3_tokenizer, tmp_path) -> None:
     model = ScriptedTokenModel(qwen3_tokenizer, [WRITE, "Done."])
-    done = await _run(config(), model, tmp_path / "out")
+    done = await _run(tiny_config(), model, tmp_path / "out")
     result, rollout = done["result"], done["rollout"]
     assert result["exit_reason"] == "finished", done["log"][-2000:]
     assert result["reward"] == 1.0 and result["traj_masked"] is False
@@ -100,7 +67,7 @@ async def test_a_harness_exiting_non_zero_is_the_policys_outcome(
     tiny, qwen3_tokenizer, tmp_path
 ) -> None:
     model = ScriptedTokenModel(qwen3_tokenizer, ["I give up."])
-    done = await _run(config({"exit_with": 2}), model, tmp_path / "out")
+    done = await _run(tiny_config({"exit_with": 2}), model, tmp_path / "out")
     result = done["result"]
     assert result["exit_reason"] == "format_error" and result["traj_masked"] is False
     assert result["outcome"] == "policy" and result["reward"] == 0.0
@@ -108,7 +75,7 @@ async def test_a_harness_exiting_non_zero_is_the_policys_outcome(
 
 async def test_a_harness_past_its_time_limit_is_a_timeout(tiny, qwen3_tokenizer, tmp_path) -> None:
     model = ScriptedTokenModel(qwen3_tokenizer, [hermes_call("bash", {"command": "sleep 600"})])
-    done = await _run(config({"timeout": 3}), model, tmp_path / "out")
+    done = await _run(tiny_config({"timeout": 3}), model, tmp_path / "out")
     assert done["result"]["exit_reason"] == "timeout_error"
     assert done["result"]["traj_masked"] is False
 
@@ -117,7 +84,7 @@ async def test_the_backend_failing_under_a_harness_is_infrastructure(
     tiny, qwen3_tokenizer, tmp_path
 ) -> None:
     model = ScriptedTokenModel(qwen3_tokenizer, [ModelError("the server went away")])
-    done = await _run(config(), model, tmp_path / "out")
+    done = await _run(tiny_config(), model, tmp_path / "out")
     result = done["result"]
     assert result["exit_reason"] == "model_error" and result["traj_masked"] is True
     assert result["outcome"] == "infrastructure" and result["reward"] is None
@@ -126,7 +93,7 @@ async def test_the_backend_failing_under_a_harness_is_infrastructure(
 
 async def test_a_harness_that_starts_over_saves_every_branch(tiny, qwen3_tokenizer, tmp_path):
     model = ScriptedTokenModel(qwen3_tokenizer, [WRITE, "Done.", "Done again."])
-    done = await _run(config({"restarts": 1}), model, tmp_path / "out")
+    done = await _run(tiny_config({"restarts": 1}), model, tmp_path / "out")
     assert done["result"]["exit_reason"] == "finished" and done["result"]["reward"] == 1.0
     tree = done["rollout"]["tree"]
     assert tree["branches"] == 2 and len(tree["turns"]) == 3
@@ -140,7 +107,7 @@ async def test_a_harness_that_starts_over_saves_every_branch(tiny, qwen3_tokeniz
 
 async def test_a_model_the_gateway_cannot_serve_is_refused_before_any_episode(tiny, tmp_path):
     with pytest.raises(ConfigError, match="agent 'tiny' is a harness: it needs a token model"):
-        await _run(config(), object(), tmp_path / "out")
+        await _run(tiny_config(), object(), tmp_path / "out")
     assert not (tmp_path / "out" / "episodes").exists()
 
 
@@ -186,7 +153,7 @@ async def test_a_harness_episode_stops_the_fresh_sandbox_started_ahead(
     from uniagent.resolver import resolve
 
     repo = "git init -q && git -c user.name=t -c user.email=t@t commit -q --allow-empty -m base"
-    raw = config().model_dump(exclude_unset=True)
+    raw = tiny_config().model_dump(exclude_unset=True)
     raw["env"]["post_setup"] = [repo]
     raw["reward"]["grade_in"] = "fresh"
     agent = resolve(AgentConfig.from_dict(raw))

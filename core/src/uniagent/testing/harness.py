@@ -8,9 +8,11 @@ from __future__ import annotations
 
 import hashlib
 from pathlib import Path
+from typing import Any
 
 from pydantic import BaseModel, ConfigDict
 
+from uniagent.config import AgentConfig
 from uniagent.specs import AgentCommand, AgentInstall, AgentLaunch, AgentSpec
 
 #: The harness script (``#!/usr/bin/python3``: the sandbox sees the system's Python).
@@ -78,4 +80,19 @@ def tiny_spec(path: Path) -> AgentSpec[TinySettings]:
         wire="chat",
         launch=launch,
         settings=TinySettings,
+    )
+
+
+def tiny_config(settings: dict[str, Any] | None = None, **deployment: Any) -> AgentConfig:
+    """A config running ``tiny`` (registered by the test) in a bubblewrap sandbox with
+    network (the gateway is on 127.0.0.1), graded by ``command`` (``out.txt`` says hello);
+    ``deployment`` keys override the sandbox's."""
+    return AgentConfig.from_dict(
+        {
+            "agent": {"name": "tiny", "settings": settings or {}},
+            "env": {
+                "deployment": {"type": "host", "isolation": "bwrap", "network": True, **deployment}
+            },
+            "reward": {"name": "command", "settings": {"command": "grep -qx hello out.txt"}},
+        }
     )
