@@ -37,6 +37,7 @@ def pytest(session: nox.Session, *paths: str) -> None:
         "no:cacheprovider",
         "-q",
         "-ra",
+        "--durations=15",  # where a suite's time goes, in every CI log
         *session.posargs,
     )
 
