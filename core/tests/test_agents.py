@@ -4,9 +4,12 @@ core/tests/gateway/test_harness_episodes.py.)"""
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 
 from uniagent import AgentInstall
+from uniagent.agents.install import AgentInstallError
 from uniagent.config import AgentConfig
 from uniagent.errors import ConfigError
 from uniagent.resolver import resolve
@@ -49,3 +52,39 @@ def test_plugins_json_lists_agents_with_install_and_wire(tiny) -> None:
     assert agent["name"] == "tiny" and agent["wire"] == "chat"
     assert agent["install"]["kind"] == "binary" and agent["install"]["version"] == "1"
     assert agent["settings"]["properties"]["steps"]["default"] == 5
+
+
+def test_extras_and_python_are_pinned_and_for_pip_only() -> None:
+    with pytest.raises(ValueError, match="pin each extra as name==version"):
+        AgentInstall("pip", "a", "1", "a", extras=("b>=2",))
+    with pytest.raises(ValueError, match="extras and python are for pip"):
+        AgentInstall("npm", "a", "1", "a", python="3.12")
+    with pytest.raises(ValueError, match="python is a version like '3.12'"):
+        AgentInstall("pip", "a", "1", "a", python=">=3.12")
+    install = AgentInstall("pip", "a", "1", "a", extras=("b==2",), python="3.12")
+    assert install.describe()["extras"] == ["b==2"] and install.describe()["python"] == "3.12"
+
+
+def test_a_harness_on_another_python_gets_its_own_folder_and_the_sandbox_sees_it(
+    tmp_path, monkeypatch
+) -> None:
+    import sys
+
+    from uniagent.agents.install import find_python, install_folder, python_home
+
+    monkeypatch.setenv("UNIAGENT_CACHE_DIR", str(tmp_path))
+    plain = install_folder(AgentInstall("pip", "a", "1", "a"))
+    other = install_folder(AgentInstall("pip", "a", "1", "a", python="3.11"))
+    extra = install_folder(AgentInstall("pip", "a", "1", "a", extras=("b==2",)))
+    assert len({plain, other, extra}) == 3 and other.name.endswith("-py3.11")
+    mine = f"{sys.version_info.major}.{sys.version_info.minor}"
+    found = find_python(mine)  # this machine has at least the Python running the tests
+    assert Path(found).is_file()
+    with pytest.raises(AgentInstallError, match=r"no Python 3\.99 or newer here.*python3\.99"):
+        find_python("3.99")
+    venv = tmp_path / "venv"
+    venv.mkdir()
+    (venv / "pyvenv.cfg").write_text("home = /usr/bin\nversion = 3.11.2\n")
+    assert python_home(venv) is None  # the system's: every sandbox sees it
+    (venv / "pyvenv.cfg").write_text("home = /opt/py312/bin\n")
+    assert python_home(venv) == Path("/opt/py312")

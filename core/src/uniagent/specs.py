@@ -12,6 +12,7 @@ import copy
 import functools
 import importlib.util
 import json
+import re
 import shlex
 import warnings
 from collections.abc import Awaitable, Callable, Iterable, Mapping
@@ -301,6 +302,13 @@ class AgentInstall:
     command: str
     #: ``binary`` only: the sha256 of the file (its pin).
     sha256: str | None = None
+    #: ``pip`` only: more packages installed into the same venv, each pinned
+    #: (``name==version``).
+    extras: tuple[str, ...] = ()
+    #: ``pip`` only: the lowest Python its venv needs (``"3.12"``); by default the
+    #: system's ``python3``. Another interpreter is found on ``PATH`` (``python3.12``,
+    #: pyenv's shims) and its installation is made visible, read-only, to the sandbox.
+    python: str | None = None
 
     def __post_init__(self) -> None:
         if self.kind not in ("pip", "npm", "binary"):
@@ -311,6 +319,18 @@ class AgentInstall:
             )
         if self.kind == "binary" and not self.sha256:
             raise ValueError(f"binary install {self.package!r}: give its sha256 (its pin)")
+        if (self.extras or self.python) and self.kind != "pip":
+            raise ValueError(f"install of {self.package!r}: extras and python are for pip")
+        for extra in self.extras:
+            name, sep, pin = extra.partition("==")
+            if not name or not sep or not pin or any(c in pin for c in "<>=~^*, "):
+                raise ValueError(
+                    f"install of {self.package!r}: pin each extra as name==version, not {extra!r}"
+                )
+        if self.python is not None and not re.fullmatch(r"3\.\d+", self.python):
+            raise ValueError(
+                f"install of {self.package!r}: python is a version like '3.12', not {self.python!r}"
+            )
 
     def describe(self) -> dict[str, Any]:
         """JSON-ready, for ``uniagent plugins --json``."""
@@ -318,6 +338,10 @@ class AgentInstall:
         out.update(version=self.version, command=self.command)
         if self.sha256:
             out["sha256"] = self.sha256
+        if self.extras:
+            out["extras"] = list(self.extras)
+        if self.python:
+            out["python"] = self.python
         return out
 
 

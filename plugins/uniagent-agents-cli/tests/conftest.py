@@ -71,3 +71,13 @@ def check_exact(rollout: dict[str, Any], script: list[str], tokenizer: Any) -> N
     assert rollout["prompt_ids"] + rollout["response_ids"] == ids
     assert rollout["response_mask"] == mask[len(rollout["prompt_ids"]) :]
     assert rollout["messages"][-1]["role"] == "assistant"
+
+
+def check_solved(done: dict[str, Any], script: list[str], tokenizer: Any) -> None:
+    """The episode finished on the policy's own terms, solved (reward 1, trained on), and its
+    tree is the script's one exact branch."""
+    result = done["result"]
+    assert result["exit_reason"] == "finished", (result, done["log"][-3000:])
+    assert result["traj_masked"] is False and result["reward"] == 1.0
+    assert result["outcome"] == "policy"
+    check_exact(done["rollout"], script, tokenizer)

@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from uniagent.agents.gateways import open_session
-from uniagent.agents.install import bin_folder, ensure_installed
+from uniagent.agents.install import bin_folder, ensure_installed, python_home
 from uniagent.env.agent_env import AgentEnv
 from uniagent.env.errors import ActionTimeoutError, ShellKilledError, TerminalNotAliveError
 from uniagent.exit import ExitReason
@@ -53,8 +53,10 @@ def with_install(agent: ResolvedAgent, folder: Path) -> Any:
     """The agent's deployment config with the harness's folder visible read-only."""
     config = agent.deployment_config
     binds = list(getattr(config, "ro_binds", []))
-    if str(folder) not in binds:
-        binds.append(str(folder))
+    home = python_home(folder)  # a pip harness's interpreter, when not the system's
+    for path in (folder, *([home] if home is not None else [])):
+        if str(path) not in binds:
+            binds.append(str(path))
     return config.model_copy(update={"ro_binds": binds})
 
 

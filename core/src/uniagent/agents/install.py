@@ -34,7 +34,12 @@ def install_folder(install: AgentInstall) -> Path:
         return cache_dir() / "npm-cli" / f"{safe}-{install.version}"
     if install.kind == "binary":  # its pin is its digest: a changed file is a new folder
         safe = f"{Path(install.package).name}-{(install.sha256 or '')[:16]}"
-    return cache_dir() / "agents" / f"{install.kind}-{safe}-{install.version}"
+    suffix = ""
+    if install.extras:  # other pins: another folder
+        suffix += "-" + hashlib.sha256("\n".join(install.extras).encode()).hexdigest()[:12]
+    if install.python:
+        suffix += f"-py{install.python}"
+    return cache_dir() / "agents" / f"{install.kind}-{safe}-{install.version}{suffix}"
 
 
 def bin_folder(install: AgentInstall, folder: Path) -> Path:
@@ -62,19 +67,75 @@ def ensure_installed(install: AgentInstall) -> Path:
 
 def _install(install: AgentInstall, staging: Path) -> None:
     if install.kind == "pip":
-        python = next((p for p in SYSTEM_PYTHONS if os.access(p, os.X_OK)), None)
-        python = python or shutil.which("python3")
-        if python is None:
-            raise AgentInstallError("no python3 to make a venv for a pip harness with")
+        python = find_python(install.python) if install.python else _system_python()
         run_install([python, "-m", "venv", str(staging)], install)
         pip = [str(staging / "bin" / "python"), "-m", "pip", "install", "-q"]
-        run_install([*pip, f"{install.package}=={install.version}"], install)
+        run_install([*pip, f"{install.package}=={install.version}", *install.extras], install)
         # The venv is moved after it is made: its scripts name their final interpreter.
         _retarget(staging, staging.parent / install_folder(install).name)
     elif install.kind == "npm":
         npm_install(install.package, install.version, staging)
     else:
         _copy_binary(install, staging)
+
+
+def _system_python() -> str:
+    python = next((p for p in SYSTEM_PYTHONS if os.access(p, os.X_OK)), None)
+    python = python or shutil.which("python3")
+    if python is None:
+        raise AgentInstallError("no python3 to make a venv for a pip harness with")
+    return python
+
+
+#: Prints an interpreter's version, its real executable and its installation's prefix.
+_PROBE = "import sys; print(*sys.version_info[:2], sys.executable, sys.base_prefix, sep='\\n')"
+
+
+def find_python(minimum: str) -> str:
+    """The real executable of a Python of at least ``minimum`` (``"3.12"``): the system's
+    ``python3`` if it is new enough, else ``python3.N`` on ``PATH`` (pyenv's shims too),
+    lowest first. A shim is resolved to the interpreter it runs."""
+    want = tuple(int(x) for x in minimum.split("."))
+    names = [*SYSTEM_PYTHONS, *(f"python3.{n}" for n in range(want[1], want[1] + 8))]
+    pyenv = Path(os.environ.get("PYENV_ROOT") or Path.home() / ".pyenv") / "versions"
+    # pyenv's shims run only the versions it has activated: its installs are looked at too
+    installs = sorted(pyenv.glob("3.*/bin/python3"), key=lambda p: _version_key(p.parts[-3]))
+    for name in [*names, *map(str, installs)]:
+        found = name if os.path.isabs(name) else shutil.which(name)
+        if found is None or not os.access(found, os.X_OK):
+            continue
+        try:
+            probe = subprocess.run(
+                [found, "-c", _PROBE], capture_output=True, text=True, timeout=60, check=False
+            )
+        except (OSError, subprocess.TimeoutExpired):
+            continue
+        lines = probe.stdout.split("\n")
+        if probe.returncode == 0 and len(lines) >= 3 and (int(lines[0]), int(lines[1])) >= want:
+            return lines[2]
+    raise AgentInstallError(
+        f"no Python {minimum} or newer here (looked for {', '.join(names[len(SYSTEM_PYTHONS) :])} "
+        "on PATH); install one (e.g. `pyenv install 3.12`) for this harness"
+    )
+
+
+def _version_key(name: str) -> tuple[int, ...]:
+    return tuple(int(x) if x.isdigit() else -1 for x in name.split("."))
+
+
+def python_home(folder: Path) -> Path | None:
+    """The installation a pip harness's venv runs on (from its ``pyvenv.cfg``), when it is
+    not the system's (which every sandbox sees): the sandbox must see it too."""
+    try:
+        cfg = (folder / "pyvenv.cfg").read_text()
+    except OSError:
+        return None
+    for line in cfg.splitlines():
+        key, _, value = line.partition("=")
+        if key.strip() == "home":
+            home = Path(value.strip()).parent  # ``home`` is the interpreter's bin folder
+            return None if str(home) in ("/usr", "/usr/local", "/") else home
+    return None
 
 
 def _retarget(staging: Path, final: Path) -> None:

@@ -9,11 +9,13 @@ from uniagent import AgentSpec, hookimpl
 from uniagent_agents_cli.claude_code import CLAUDE_CODE
 from uniagent_agents_cli.codex import CODEX
 from uniagent_agents_cli.mini_swe_agent import MINI_SWE_AGENT
+from uniagent_agents_cli.openhands import OPENHANDS
 
 
 @hookimpl
 def uniagent_agents() -> Iterator[AgentSpec[Any]]:
-    """mini-swe-agent, Claude Code and Codex."""
+    """mini-swe-agent, Claude Code, Codex and OpenHands."""
     yield MINI_SWE_AGENT
     yield CLAUDE_CODE
     yield CODEX
+    yield OPENHANDS

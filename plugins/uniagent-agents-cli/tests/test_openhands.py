@@ -1,0 +1,30 @@
+"""The OpenHands SDK agent (from pip, into the cache, on a Python >= 3.12 found here) solves
+a scripted task end to end through `uniagent run`: in a bubblewrap sandbox that sees its
+interpreter read-only, with a gateway session in front of a scripted token model; its
+reward is graded, its tree saved, token-exact, and its step limit is the policy's."""
+
+from __future__ import annotations
+
+from conftest import check_solved, harness_config, run_one
+
+from uniagent.testing import ScriptedTokenModel, hermes_call
+
+WRITE = hermes_call("terminal", {"command": "echo hello > out.txt && cat out.txt"}, "Writing it.")
+
+
+async def test_openhands_solves_a_task_through_uniagent_run(qwen3_tokenizer, tmp_path):
+    script = [WRITE, hermes_call("finish", {"message": "Wrote hello into out.txt."})]
+    model = ScriptedTokenModel(qwen3_tokenizer, script)
+    done = await run_one(harness_config("openhands"), model, tmp_path / "out")
+    check_solved(done, script, qwen3_tokenizer)
+    assert "openhands-events.jsonl" in done["log"]  # its own event log is kept
+
+
+async def test_openhands_past_its_step_limit_is_the_policys(qwen3_tokenizer, tmp_path):
+    script = [WRITE, hermes_call("terminal", {"command": "cat out.txt"})]
+    model = ScriptedTokenModel(qwen3_tokenizer, script)
+    config = harness_config("openhands", {"max_iterations": 2})
+    done = await run_one(config, model, tmp_path / "out")
+    result = done["result"]
+    assert result["exit_reason"] == "max_step_limit", (result, done["log"][-3000:])
+    assert result["traj_masked"] is False and result["reward"] == 1.0  # out.txt is right
