@@ -99,8 +99,11 @@ def tests(session: nox.Session, suite: str) -> None:
         )
         pytest(session, "core/tests/gateway")
     else:
-        # Cross-package: real pip installs into fresh venvs, end-to-end runs.
-        session.install("./core[test,tokenizers,swerex,openai,data,ray]", "build", "cookiecutter")
+        # Cross-package: real pip installs into fresh venvs, end-to-end runs; `mcp` for the
+        # third-party MCP servers' runs (the servers themselves are pip/npm-installed there).
+        session.install(
+            "./core[test,tokenizers,swerex,openai,data,ray,mcp]", "build", "cookiecutter"
+        )
         session.install(*(f"./plugins/{p}" for p in PLUGINS))
         pytest(session, "tests")
 
