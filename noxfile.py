@@ -85,7 +85,7 @@ def tests(session: nox.Session, suite: str) -> None:
         # example tasks) and the page in Debian's Chromium, driven by Playwright's Python
         # package (its own browser download does not work offline; .ci/run installs chromium).
         session.install(
-            "./core[test,tokenizers,openai,view]",
+            "./core[test,tokenizers,openai,view,mcp]",  # mcp: an episode's MCP tools
             "./plugins/uniagent-tools-swe",
             "playwright>=1.50",
             "httpx>=0.27",
