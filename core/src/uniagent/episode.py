@@ -192,10 +192,10 @@ async def _run_episode(
             integrity=integrity,
             notes=outcome.notes,
             turn_scores=dict(outcome.turn_scores),
-            tool_servers={
-                t.name: f"mcp:{t.server}"
+            tool_servers={  # the MCP tools' (uniagent.mcp.tools.McpToolSpec.server)
+                t.name: f"mcp:{server}"
                 for t in tools
-                if isinstance(getattr(t, "server", None), str)
+                if isinstance(server := getattr(t, "server", None), str)
             },
         )
         return await _conclude(config, grader, env, result, logger, observer)
