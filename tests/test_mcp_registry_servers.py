@@ -171,6 +171,7 @@ def test_mcp_server_git_from_pip_acts_on_the_tasks_repository(
     assert tools["git_add"]["parameters"]["properties"]["files"]["minItems"] == 1
     assert tools["git_commit"]["parameters"]["required"] == ["repo_path", "message"]
     assert record["metrics"]["tool_calls"]["git_status"] == 2
+    assert record["tool_servers"] == {name: "mcp:git" for name in server["include"]}
 
 
 def test_server_filesystem_from_npm_fixes_the_tasks_repository(
@@ -207,4 +208,7 @@ def test_server_filesystem_from_npm_fixes_the_tasks_repository(
     assert f"+    {FIXED}" in edited, edited
     assert FIXED in after, after
     assert "read_media_file" not in tools and "submit" in tools
+    assert (
+        record["tool_servers"]["edit_file"] == "mcp:fs" and "submit" not in record["tool_servers"]
+    )
     assert tools["edit_file"]["parameters"]["properties"]["edits"]["type"] == "array"
