@@ -86,7 +86,7 @@ def tests(session: nox.Session, suite: str) -> None:
         # example tasks) and the page in Debian's Chromium, driven by Playwright's Python
         # package (its own browser download does not work offline; .ci/run installs chromium).
         session.install(
-            "./core[test,tokenizers,openai,view]",
+            "./core[test,tokenizers,openai,view,mcp]",  # mcp: an episode's MCP tools
             "./plugins/uniagent-tools-swe",
             "playwright>=1.50",
             "httpx>=0.27",
@@ -100,8 +100,11 @@ def tests(session: nox.Session, suite: str) -> None:
         )
         pytest(session, "core/tests/gateway")
     else:
-        # Cross-package: real pip installs into fresh venvs, end-to-end runs.
-        session.install("./core[test,tokenizers,swerex,openai,data,ray]", "build", "cookiecutter")
+        # Cross-package: real pip installs into fresh venvs, end-to-end runs; `mcp` for the
+        # third-party MCP servers' runs (the servers themselves are pip/npm-installed there).
+        session.install(
+            "./core[test,tokenizers,swerex,openai,data,ray,mcp]", "build", "cookiecutter"
+        )
         session.install(*(f"./plugins/{p}" for p in PLUGINS))
         pytest(session, "tests")
 

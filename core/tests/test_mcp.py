@@ -275,3 +275,33 @@ def test_plugins_report_says_mcp_is_supported() -> None:
     report = plugins_report()
     assert report["mcp"]["supported"] is True
     assert report["mcp"]["config"] == "tools: [{mcp: {name, command | url, ...}}]"
+
+
+def test_plugins_report_with_a_config_lists_its_servers_tools(tmp_path: Path) -> None:
+    broken = {"name": "broken", "command": [sys.executable, "-c", "import sys; sys.exit(3)"]}
+    config = agent_config(stdio_server(include=["add", "fail"]))
+    data = config.model_dump(mode="json", exclude_unset=True)
+    # Only the servers: the CLI below runs without this test's `done` plugin.
+    data["tools"] = [data["tools"][1], {"mcp": {**broken, "python": sys.executable}}]
+    path = tmp_path / "config.yaml"
+    path.write_text(json.dumps(data))
+    report = plugins_report(config=str(path))
+    demo, failed = report["mcp"]["servers"]
+    assert demo["name"] == "demo" and demo["error"] is None
+    tools = {t["name"]: t for t in demo["tools"]}
+    assert set(tools) == {"add", "fail"}  # `include` applies, as in an episode
+    assert tools["add"]["server"] == "demo" and tools["add"]["ends_episode"] is False
+    schema = tools["add"]["schema"]["function"]
+    assert schema["name"] == "add" and schema["parameters"]["required"] == ["a", "b"]
+    # A server that does not list its tools is an error of the report (exit 1), by name.
+    assert failed["tools"] == [] and "MCP server 'broken'" in failed["error"]
+    assert failed["error"] in report["errors"]
+    cli = subprocess.run(
+        [sys.executable, "-m", "uniagent.cli", "plugins", "--config", str(path)],
+        capture_output=True,
+        text=True,
+    )
+    assert cli.returncode == 1, cli.stderr
+    assert "MCP server demo (stdio): tools: add, fail" in cli.stdout
+    assert "MCP server broken (stdio): tools: none" in cli.stdout
+    assert "error: MCP server 'broken' did not list its tools" in cli.stderr

@@ -15,8 +15,9 @@ from uniagent.gateway.cli import add_gateway_parser
 from uniagent.specs import KINDS
 
 
-def plugins_report(*, include_builtins: bool = False) -> dict[str, Any]:
-    """What ``uniagent plugins --json`` prints: every plugin, its hooks and contributions."""
+def plugins_report(*, include_builtins: bool = False, config: str | None = None) -> dict[str, Any]:
+    """What ``uniagent plugins --json`` prints: every plugin, its hooks and contributions;
+    with ``config`` (a config file), also its MCP servers' tools (``mcp.servers``)."""
     from uniagent.plugins import load_plugins
     from uniagent.registry import get_registry
 
@@ -64,13 +65,64 @@ def plugins_report(*, include_builtins: bool = False) -> dict[str, Any]:
             if f"deployments:{name}" in details
         }
         plugins.append(entry)
-    mcp = {
+    mcp: dict[str, Any] = {
         "supported": True,
         "config": "tools: [{mcp: {name, command | url, ...}}]",
         # The helper runs inside the sandbox, with the `python` each server names.
         "sdk_installed_here": importlib.util.find_spec("mcp") is not None,
     }
+    if config is not None:
+        mcp["servers"] = mcp_servers_report(config, conflicts)
     return {"uniagent": __version__, "plugins": plugins, "errors": conflicts, "mcp": mcp}
+
+
+def mcp_servers_report(path: str, errors: list[str]) -> list[dict[str, Any]]:
+    """The MCP servers of the config at ``path`` with their tools, listed as an episode lists
+    them: in one sandbox of the config's deployment (without a task's overrides), started
+    and closed here. A server that does not list its tools has an ``error`` (also in
+    ``errors``) and no tools."""
+    import asyncio
+
+    from uniagent.config import AgentConfig
+    from uniagent.env.errors import EnvError
+    from uniagent.mcp.tools import list_mcp_tools
+    from uniagent.resolver import resolve
+
+    agent = resolve(AgentConfig.from_yaml(path), source=path)
+    servers: list[dict[str, Any]] = [
+        {"name": s.name, "transport": s.transport, "tools": [], "error": None}
+        for s in agent.mcp_servers
+    ]
+
+    async def list_all() -> None:
+        env = agent.new_env()
+        try:
+            await env.start()
+            for server, entry in zip(agent.mcp_servers, servers, strict=True):
+                try:
+                    tools = await list_mcp_tools(env, [server], timeout=agent.env.setup_timeout)
+                except EnvError as exc:
+                    entry["error"] = str(exc)
+                    errors.append(str(exc))
+                    continue
+                entry["tools"] = [
+                    {
+                        "name": t.name,
+                        "server": t.server,
+                        "schema": t.openai_schema(),
+                        "ends_episode": t.ends_episode,
+                    }
+                    for t in tools
+                ]
+        finally:
+            await env.close()
+
+    if servers:
+        try:
+            asyncio.run(list_all())
+        except EnvError as exc:  # the sandbox itself did not start
+            errors.append(f"{path}: the sandbox for listing MCP tools did not start: {exc}")
+    return servers
 
 
 def _print_plugins(report: dict[str, Any]) -> None:
@@ -94,13 +146,16 @@ def _print_plugins(report: dict[str, Any]) -> None:
                 f"  {', '.join(names)}: not usable without {', '.join(packages)} "
                 f"(pip install {install})"
             )
+    for server in report["mcp"].get("servers", []):
+        names = ", ".join(t["name"] for t in server["tools"]) or "none"
+        print(f"MCP server {server['name']} ({server['transport']}): tools: {names}")
     for error in report["errors"]:
         print(f"error: {error}", file=sys.stderr)
 
 
 def cmd_plugins(args: argparse.Namespace) -> int:
     """List installed plugins and what they contribute."""
-    report = plugins_report(include_builtins=args.all)
+    report = plugins_report(include_builtins=args.all, config=args.config)
     if args.json:
         print(json.dumps(report, indent=2))
     else:
@@ -442,6 +497,13 @@ def build_parser() -> argparse.ArgumentParser:
     plugins = sub.add_parser("plugins", help="list installed plugins and what they provide")
     plugins.add_argument("--json", action="store_true", help="print JSON")
     plugins.add_argument("--all", action="store_true", help="include the built-in plugins")
+    plugins.add_argument(
+        "--config",
+        metavar="CONFIG",
+        default=None,
+        help="also list the MCP servers' tools of this config (their names, servers and "
+        "schemas), in one sandbox of its deployment",
+    )
     plugins.set_defaults(func=cmd_plugins)
 
     run = sub.add_parser(

@@ -44,6 +44,8 @@ class EpisodeResult(InteractionResult):
     #: A harness episode's trajectory tree (the gateway session's); ``None`` for the
     #: built-in loop, whose rollout is one branch.
     tree: Mapping[str, Any] | None = None
+    #: The MCP servers' tools the agent had, by name: their server (``mcp:NAME``).
+    tool_servers: Mapping[str, str] = field(default_factory=dict)
 
     def saved_messages(self) -> list[dict[str, Any]]:
         """The conversation as ``messages.json`` holds it: the messages, and on an assistant
@@ -67,6 +69,7 @@ class EpisodeResult(InteractionResult):
             "error": self.error,
             "metrics": self.metrics.to_dict(),
             "integrity": dict(self.integrity),
+            "tool_servers": dict(self.tool_servers),
         }
 
 
@@ -189,6 +192,11 @@ async def _run_episode(
             integrity=integrity,
             notes=outcome.notes,
             turn_scores=dict(outcome.turn_scores),
+            tool_servers={  # the MCP tools' (uniagent.mcp.tools.McpToolSpec.server)
+                t.name: f"mcp:{server}"
+                for t in tools
+                if isinstance(server := getattr(t, "server", None), str)
+            },
         )
         return await _conclude(config, grader, env, result, logger, observer)
     except Exception as exc:

@@ -340,11 +340,13 @@ def create_app(
             except StaleIndex:  # the results file changed under the index: look again
                 watcher.refresh(run)
                 record = episode_files.results_record(key) if key in run.rows else None
+        rollout, _ = load_rollout(run, key)
         return JSON(
             {
                 "row": run.row(key).to_json() if key in run.rows else row.to_json(),
                 "record": record,
                 "messages": messages if isinstance(messages, list) else None,
+                "tools": _tools(rollout, record),
                 "files": episode_files.listing(key),
                 "errors": errors,
                 "run": run.info(),
@@ -476,6 +478,30 @@ def create_app(
     app.state.catalog = catalog
     app.state.watcher = watcher
     return app
+
+
+def _tools(rollout: dict[str, Any] | None, record: Any) -> list[dict[str, Any]] | None:
+    """The tools the model saw (the rollout's schemas), each with its MCP server or None."""
+    listed = rollout.get("tools") if rollout is not None else None
+    if not isinstance(listed, list):
+        return None
+    servers = record.get("tool_servers") if isinstance(record, dict) else None
+    servers = servers if isinstance(servers, dict) else {}
+    tools = []
+    for entry in listed:
+        function = entry.get("function") if isinstance(entry, dict) else None
+        if not isinstance(function, dict):
+            continue
+        name = str(function.get("name", ""))
+        tools.append(
+            {
+                "name": name,
+                "description": function.get("description") or "",
+                "parameters": function.get("parameters") or {},
+                "server": servers.get(name),
+            }
+        )
+    return tools
 
 
 def _str_or_none(value: Any) -> str | None:

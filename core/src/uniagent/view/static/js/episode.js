@@ -209,6 +209,7 @@ function result(body, data) {
         turnScores(rec.turn_scores)),
       forced(rec.reward_info || {}),
       rec.error ? h("div", { class: "error" }, h("b", {}, "error: "), rec.error) : null),
+    toolList(data.tools),
     h("section", { class: "card", id: "submission" }, h("h3", {}, "Submission"),
       submission ? textBlock(submission, { lines: 80, chars: 20000, cls: looksLikeDiff(submission) ? "diff" : "" }) : h("p", { class: "muted" }, "No submission.")),
     h("section", { class: "card", id: "integrity" }, h("h3", {}, "Grading integrity"),
@@ -217,6 +218,20 @@ function result(body, data) {
     h("section", { class: "card", id: "reward-info" }, h("h3", {}, "Reward details"), rewardInfo(rec.reward_info || {})),
   );
   return null;
+}
+
+// The tools the model saw: name, where it came from (a plugin, or an MCP server), parameters.
+function toolList(tools) {
+  if (!Array.isArray(tools) || !tools.length) return null;
+  const params = (schema) => Object.entries((schema && schema.properties) || {}).map(([k, v]) =>
+    `${k}${((schema.required || []).includes(k)) ? "" : "?"}: ${(v && v.type) || "any"}`).join(", ");
+  return h("section", { class: "card", id: "tools" }, h("h3", {}, `Tools (${tools.length})`),
+    h("table", { class: "mini" },
+      h("thead", {}, h("tr", {}, ["tool", "from", "parameters", "description"].map((t) => h("th", {}, t)))),
+      h("tbody", {}, tools.map((t) => h("tr", { dataset: { tool: t.name } },
+        h("td", { class: "mono" }, t.name), h("td", { class: "mono" }, t.server || "plugin"),
+        h("td", { class: "mono small" }, params(t.parameters) || "–"),
+        h("td", { class: "small" }, String(t.description || "").slice(0, 200)))))));
 }
 
 // Per-turn scores ({turn index: score}, the tools' and the reward's), turns counted from 1 as the log does.
