@@ -779,8 +779,6 @@ def test_tokenizer_fetch_with_unreachable_registry_says_so(
 def test_encode_calls_the_rust_tokenizer_directly_with_the_same_ids(qwen3_tokenizer: Any) -> None:
     """``encode`` skips the fast tokenizer's wrapper (a batch of one with offsets) where that
     gives the same ids, and falls back to the wrapper where a setting of it would differ."""
-    import copy
-
     from uniagent.rollout import template
 
     texts = [
@@ -790,17 +788,21 @@ def test_encode_calls_the_rust_tokenizer_directly_with_the_same_ids(qwen3_tokeni
         "",
     ]
     assert template._direct_backend(qwen3_tokenizer) is not None
-    for text in texts:
-        assert template.encode(qwen3_tokenizer, text) == qwen3_tokenizer.encode(
-            text, add_special_tokens=False
-        )
-    truncating = copy.deepcopy(qwen3_tokenizer)
-    truncating._tokenizer.enable_truncation(max_length=4)
-    assert template._direct_backend(truncating) is None  # the wrapper turns truncation off
-    assert template.encode(truncating, texts[2]) == template.encode(qwen3_tokenizer, texts[2])
-    splitting = copy.deepcopy(qwen3_tokenizer)
-    splitting.split_special_tokens = True
-    assert template._direct_backend(splitting) is None
-    assert template.encode(splitting, texts[0]) == splitting.encode(
-        texts[0], add_special_tokens=False
-    )
+    expected = [qwen3_tokenizer.encode(t, add_special_tokens=False) for t in texts]
+    assert [template.encode(qwen3_tokenizer, t) for t in texts] == expected
+    backend = qwen3_tokenizer._tokenizer  # the shared tokenizer, its settings restored below
+    try:
+        backend.enable_truncation(max_length=4)
+        assert template._direct_backend(qwen3_tokenizer) is None  # encode turns it off
+        assert template.encode(qwen3_tokenizer, texts[2]) == expected[2]
+        backend.no_truncation()
+        qwen3_tokenizer.split_special_tokens = True
+        assert template._direct_backend(qwen3_tokenizer) is None
+        split = template.encode(qwen3_tokenizer, texts[0])
+        assert split != expected[0]  # <|im_start|> as text: the setting is honoured
+        assert split == qwen3_tokenizer.encode(texts[0], add_special_tokens=False)
+    finally:
+        backend.no_truncation()
+        qwen3_tokenizer.split_special_tokens = False
+        backend.encode_special_tokens = False
+    assert template.encode(qwen3_tokenizer, texts[0]) == expected[0]
