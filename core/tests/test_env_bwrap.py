@@ -7,6 +7,7 @@ probe uses ``/usr/bin/python3`` when there is one, else bash's ``/dev/tcp``.
 from __future__ import annotations
 
 import asyncio
+import os
 import random
 import shlex
 import shutil
@@ -208,3 +209,24 @@ async def test_a_missing_bwrap_says_how_to_install_it() -> None:
 
 def test_bwrap_is_installed() -> None:
     assert shutil.which("bwrap"), "install bubblewrap: apt-get install bubblewrap"
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="staging applies when bwrap runs as another uid")
+async def test_only_what_the_sandbox_user_cannot_reach_is_staged(tmp_path: Path) -> None:
+    """The episode's own dirs (on their 0755 tmpfs) are bound directly: no staging shell,
+    `unshare` or `mount` per sandbox; a bind under a 0700 directory is still staged."""
+    from uniagent.env.bwrap import reachable
+
+    hidden = tmp_path / "private"  # pytest's tmp_path is below a 0700 directory
+    hidden.mkdir()
+    (hidden / "data.txt").write_text("staged\n")
+    assert not reachable(str(hidden), 65534)
+    assert reachable("/usr/bin", 65534)
+    async with open_env({"type": "host", "isolation": "bwrap"}) as env:
+        layout = env.deployment._layout  # type: ignore[attr-defined]
+        assert "unshare" not in layout.prefix, layout.prefix
+        assert (await env.run_action("echo hi > f && cat f")).output == "hi\n"
+    config = {"type": "host", "isolation": "bwrap", "ro_binds": [f"{hidden}:/data"]}
+    async with open_env(config) as env:
+        assert "unshare" in env.deployment._layout.prefix  # type: ignore[attr-defined]
+        assert (await env.run_action("cat /data/data.txt")).output == "staged\n"

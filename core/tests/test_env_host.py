@@ -323,3 +323,15 @@ async def test_base_dir_is_used(tmp_path: Path) -> None:
     async with AgentEnv(deployment) as env:
         assert env.workdir is not None and env.workdir.startswith(str(tmp_path / "episodes"))
     assert os.listdir(tmp_path / "episodes") == []
+
+
+@pytest.mark.parametrize("isolation", ["none", "bwrap"])
+async def test_the_session_never_preempts_the_event_loop(isolation: str) -> None:
+    """bash (and every command it starts) is SCHED_BATCH: waking it to run a command does
+    not take the CPU from the loop driving the other sessions."""
+    async with open_env({"type": "host", "isolation": isolation}) as env:
+        pid = env.deployment.runtime.sessions["default"].pid  # type: ignore[attr-defined]
+        assert os.sched_getscheduler(pid) == os.SCHED_BATCH
+        # A command's own processes inherit it (policy 3 is SCHED_BATCH in /proc).
+        obs = await env.run_action("cut -d' ' -f41 /proc/self/stat")
+        assert obs.output == f"{os.SCHED_BATCH}\n"

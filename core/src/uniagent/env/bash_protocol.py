@@ -88,7 +88,7 @@ def trailer(nonce: str, generation: str, status: str | None = None) -> str:
     return (
         f'{STATUS}="{status}" {RUN_FLAG}=0 '
         f"PS1='{PS1}' PS0='{PS0}' PS2= PROMPT_COMMAND=() HISTSIZE=0; "
-        f"{{ IFS= \\command \\read -r {NONCE}; }} <<< {nonce}\n\n"
+        f"{{ IFS= \\command \\read -r -N {len(nonce)} {NONCE}; }} <<< {nonce}\n\n"
     )
 
 

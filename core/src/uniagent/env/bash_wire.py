@@ -212,6 +212,12 @@ class BashWire:
             chain.append(kids[0])
         self.pid = chain[-1]
         self.protected = set(chain)
+        # bash and all it starts never preempt this process on waking (SCHED_BATCH: no
+        # wake-up preemption). Each write of a command to bash wakes it; as a normal task
+        # it would take the CPU from the event loop at once, so that a thousand sessions
+        # cost a thousand context switches per round and each stalls every other session.
+        with contextlib.suppress(OSError, AttributeError):
+            os.sched_setscheduler(self.pid, os.SCHED_BATCH, os.sched_param(0))
         try:
             self.pgid = os.getpgid(self.pid)
         except ProcessLookupError:
@@ -403,6 +409,8 @@ class BashWire:
                 self.lines[0].poke()
             else:
                 self._stray.feed(data)
+            if len(data) < _READ_CHUNK:  # a short read empties a pipe: no read to learn that
+                return
 
     def _on_control(self) -> None:
         sock = self._control

@@ -236,7 +236,7 @@ class EpisodeLayout:
             env.update(HOME=BWRAP_HOME, PATH=DEFAULT_PATH)
             mounts, stage = self.mounts, list[str]()
             if uid is not None:
-                mounts, stage = stage_mounts(self.mounts)
+                mounts, stage = stage_mounts(self.mounts, uid)
                 # Host files it is given (ro_binds) belong to another uid inside: git must not
                 # refuse them as "dubious ownership" (to clone a bound repository, say). Only a
                 # global config reaches the local transport's subprocess.

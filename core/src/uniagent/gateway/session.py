@@ -136,6 +136,8 @@ class Session:
         self._ends: dict[bytes, Node] = {}  # key of request + its reply -> the turn's end
         self._served = 0  # completions generated (for tool-call ids)
         self._turn_of: dict[int, Turn] = {}  # id(end node) + prompt key -> turn (identical)
+        #: The last recorded turn's end node and its context ids (what a harness extends next).
+        self._last_context: tuple[Node, list[int], list[int]] | None = None
 
     # ------------------------------------------------------------------ the request
     def _keys(self, request: ChatRequest) -> list[bytes]:
@@ -182,12 +184,13 @@ class Session:
             if k:
                 source = "extension"
                 start = self._ends[keys[k]]
-                base = self.tree.context_ids(start)
+                base = self._context_ids(start)
                 obs = [] if base[-1] == self.analysis.eot_id else [self.analysis.eot_id]
                 text = self._render_suffix(messages[k:], request.tools)
                 obs += encode(self.tokenizer, text)
                 seq_ids, seq_mask, seq_lp = obs, [0] * len(obs), [0.0] * len(obs)
-                prompt_ids = base + obs
+                prompt_ids = base
+                prompt_ids += obs  # base is a new list: no second copy of the context
             else:
                 source = "render"
                 prompt_ids = self._render(messages, request.tools)
@@ -236,6 +239,9 @@ class Session:
                 start,
             )
             self.tree.record(end, turn)
+            # A node's context never changes (a split keeps the tail as the node), and the
+            # path to the end of this run spells the prompt and the generated ids.
+            self._last_context = (end, prompt_ids, out.token_ids)
             if id(end) not in self._turn_of:
                 self._turn_of[id(end)] = turn
             self._prompts.setdefault(keys[n], end)
@@ -254,6 +260,16 @@ class Session:
         self.undelivered.append(
             {"wire": completion.turn.wire, "generated": completion.completion_tokens}
         )
+
+    def _context_ids(self, node: Node) -> list[int]:
+        """Ids from the root to the end of ``node``, a new list (the last turn's end: its
+        prompt and generated ids, without walking the tree)."""
+        last = self._last_context
+        if last is None or last[0] is not node:
+            return self.tree.context_ids(node)
+        ids = list(last[1])
+        ids += last[2]
+        return ids
 
     # ------------------------------------------------------------------ rendering
     def _render(

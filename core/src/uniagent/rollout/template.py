@@ -84,7 +84,37 @@ def render_text(
 def encode(tokenizer: Any, text: str) -> list[int]:
     """Tokenize rendered template text the way ``apply_chat_template(tokenize=True)`` does."""
     # The template already contains BOS and friends, so no special tokens are added here.
-    return list(tokenizer.encode(text, add_special_tokens=False))
+    backend = _direct_backend(tokenizer)
+    if backend is None:
+        return list(tokenizer.encode(text, add_special_tokens=False))
+    fast = getattr(backend, "encode_batch_fast", None)  # tokenizers >= 0.21: no offsets
+    if fast is not None:
+        return list(fast([text], add_special_tokens=False)[0].ids)
+    return list(backend.encode(text, add_special_tokens=False).ids)
+
+
+def _direct_backend(tokenizer: Any) -> Any:
+    """The ``tokenizers.Tokenizer`` of a fast tokenizer when calling it gives ``encode``'s ids.
+
+    A fast tokenizer's ``encode`` runs its Rust tokenizer's ``encode_batch`` on a batch of
+    one after turning truncation and padding off and setting whether special tokens are
+    split, and computes character offsets nobody here reads. Where those settings already
+    hold, the Rust tokenizer called directly (``encode_batch_fast``: the same pipeline
+    without offsets, about a fifth faster) gives the same ids; otherwise (or for a slow
+    tokenizer) ``None``: ``encode`` is called.
+    """
+    backend = getattr(tokenizer, "_tokenizer", None)
+    if backend is None or type(backend).__module__.split(".")[0] != "tokenizers":
+        return None
+    try:
+        split = bool(getattr(tokenizer, "split_special_tokens", False))
+        if backend.truncation is not None or backend.padding is not None:
+            return None
+        if bool(backend.encode_special_tokens) != split:
+            return None
+    except AttributeError:
+        return None
+    return backend
 
 
 def decode(tokenizer: Any, ids: Sequence[int]) -> str:
