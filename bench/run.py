@@ -16,7 +16,12 @@ The same tasks and server serve, at each concurrency, in turn:
   floor runs), with its defaults otherwise (per-sandbox cgroup and tmpfs where root
   allows, tools installed, results and episode files written, no reward);
 - ``uniagent+reward``: the same with the built-in ``command`` reward graded in the
-  episode's sandbox (the grader's baseline before the first turn, grading after);
+  episode's sandbox (the grader's baseline before the first turn, grading after), every
+  integrity defence on (history scrub, ``tests/`` protected, toolchain check), in a git
+  checkout made by ``post_setup`` (a local clone of a synthetic repository: 10 files and
+  one commit, or ``--repo-size FILES:COMMITS``, a comma list to compare sizes in one run);
+- ``uniagent+fresh``: the same graded with ``grade_in: fresh`` (the patch applied in a
+  fresh sandbox of the task, started while the agent works);
 - ``mini-swe-agent``: its batch runner (``mini-extra swebench`` 2.4.6, local
   environment: ``bash -c`` per command, one thread per worker) in a venv the bench
   makes (``bench/.venv-mini``, ``pip install mini-swe-agent==2.4.6``).
@@ -27,8 +32,10 @@ for (``RUSAGE_CHILDREN``: sandboxes, commands), its peak RSS, and for asyncio
 runners the event-loop lag (a 10 ms ticker's lateness: p99 and worst). Printed
 per concurrency: episodes/s, runner CPU per episode, started processes' CPU per
 episode, their total, peak memory, loop lag, and the ratios to the floor; then
-uniagent's per-episode split (medians over episodes, from its results:
-setup, tools, baseline, agent loop, of which model wait and env, grading, close).
+uniagent's per-episode split for each of its rows (medians over episodes, from its
+results: setup, tools, baseline, agent loop, of which model wait and env, grading, of
+which the fresh sandbox's set-up and the reward itself, close); and the reward command's
+own CPU and wall time, run alone in a checkout of each repository size.
 """
 
 from __future__ import annotations
@@ -139,11 +146,91 @@ def mini_python() -> Path:
     return python
 
 
-def write_inputs(work: Path, tasks: int) -> dict[str, Path]:
+#: The reward rows' test command (the scripted agent writes note.txt).
+TEST_COMMAND = "test -s note.txt"
+REWARD_RUNNERS = ("uniagent+reward", "uniagent+fresh")
+#: The synthetic repository's tests/ (a protected path of the reward rows).
+NOTE_TEST = """import os
+import unittest
+
+
+class Note(unittest.TestCase):
+    def test_note(self):
+        self.assertTrue(os.path.getsize("note.txt"))
+"""
+
+
+def repo_sizes(text: str) -> list[tuple[int, int]]:
+    """``FILES:COMMITS[,FILES:COMMITS...]`` as pairs (an error naming the bad one)."""
+    sizes = []
+    for item in text.split(","):
+        files, sep, commits = item.partition(":")
+        if not (sep and files.isdigit() and commits.isdigit() and min(int(files), int(commits))):
+            raise SystemExit(f"--repo-size: {item!r} is not FILES:COMMITS (both at least 1)")
+        sizes.append((int(files), int(commits)))
+    return sizes
+
+
+def make_repo(path: Path, files: int, commits: int) -> None:
+    """A git repository of ``files`` Python files (about 2 KB each, in 50 folders) and
+    ``tests/test_note.py``, with ``commits`` commits (each after the first changes three
+    files), written in one ``git fast-import``; a tag and a side branch in the history."""
+    import random
+
+    rng = random.Random(0)
+    names = [f"pkg{i % 50:02d}/mod{i:05d}.py" for i in range(files)]
+    chunks: list[bytes] = []
+
+    def data(text: str) -> None:
+        raw = text.encode()
+        chunks.append(b"data %d\n%s\n" % (len(raw), raw))
+
+    for c in range(commits):
+        chunks.append(b"commit refs/heads/main\ncommitter bench <b@b> %d +0000\n" % (10**9 + c))
+        data(f"commit {c}")
+        touched = range(files) if c == 0 else [rng.randrange(files) for _ in range(3)]
+        for i in touched:
+            body = "".join(f"def f{i}_{j}_{c}(x):\n    return x + {rng.randrange(10**9)}\n"
+                           for j in range(40))  # fmt: skip
+            chunks.append(f"M 100644 inline {names[i]}\n".encode())
+            data(body)
+        if c == 0:
+            chunks.append(b"M 100644 inline tests/test_note.py\n")
+            data(NOTE_TEST)
+        if c == max(0, commits - 2):
+            chunks.append(b"reset refs/tags/v-old\nfrom refs/heads/main\n\n")
+    subprocess.run(["git", "init", "-q", "-b", "main", str(path)], check=True)
+    subprocess.run(["git", "-C", str(path), "fast-import", "--quiet"], input=b"".join(chunks),
+                   check=True)  # fmt: skip
+    subprocess.run(["git", "-C", str(path), "checkout", "-q", "main"], check=True)
+    subprocess.run(["git", "-C", str(path), "branch", "side", "v-old"], check=True)
+
+
+def command_cost(repo: Path, work: Path, runs: int = 20) -> dict[str, float]:
+    """The reward command alone, in a clone of ``repo`` with note.txt (``bash -c``, as the
+    grader's shell runs it): median wall ms and mean CPU ms of ``runs`` runs."""
+    import resource
+
+    checkout = Path(tempfile.mkdtemp(prefix="command-", dir=work))
+    subprocess.run(["git", "clone", "-q", str(repo), str(checkout / "r")], check=True)
+    (checkout / "r" / "note.txt").write_text("hello\n")
+    walls = []
+    before = resource.getrusage(resource.RUSAGE_CHILDREN)
+    for _ in range(runs):
+        started = time.perf_counter()
+        subprocess.run(["bash", "--norc", "-c", TEST_COMMAND], cwd=checkout / "r", check=True)
+        walls.append(time.perf_counter() - started)
+    after = resource.getrusage(resource.RUSAGE_CHILDREN)
+    cpu = after.ru_utime + after.ru_stime - before.ru_utime - before.ru_stime
+    shutil.rmtree(checkout, ignore_errors=True)
+    return {"wall_ms": statistics.median(walls) * 1000, "cpu_ms": cpu / runs * 1000}
+
+
+def write_inputs(work: Path, tasks: int, repos: dict[str, Path] | None = None) -> dict[str, Path]:
     """Tasks (JSONL, and a dataset folder for mini-swe-agent) and uniagent's two configs."""
     rows = [
         {"instance_id": f"task-{i:04d}", "problem_statement": f"Task {i}: look around, then stop.",
-         "test_command": "test -s note.txt"}
+         "test_command": TEST_COMMAND}
         for i in range(tasks)
     ]  # fmt: skip
     text = "".join(json.dumps(r) + "\n" for r in rows)
@@ -158,14 +245,21 @@ def write_inputs(work: Path, tasks: int) -> dict[str, Path]:
         "env:\n  deployment: {type: host, isolation: none}\n"
     )
     (work / "uniagent.yaml").write_text(base)
-    (work / "uniagent-reward.yaml").write_text(base + "reward: {name: command}\n")
+    for label, repo in (repos or {}).items():
+        checkout = f"  post_setup: [{json.dumps(f'git clone -q {repo} .')}]\n"
+        for runner, grade_in in zip(REWARD_RUNNERS, ("episode", "fresh"), strict=True):
+            (work / f"{runner}-{label}.yaml").write_text(
+                base + checkout + f"reward:\n  name: command\n  grade_in: {grade_in}\n"
+                "  integrity: {scrub_history: true, protect_paths: [tests/]}\n"
+            )
     return {"tasks": work / "tasks.jsonl", "dataset": work / "dataset"}
 
 
 def command(runner: str, work: Path, url: str, concurrency: int, out: Path) -> list[str]:
-    """The command line of one runner."""
+    """The command line of one runner (a reward runner is ``RUNNER FILES:COMMITS``)."""
     if runner.startswith("uniagent"):
-        config = work / ("uniagent-reward.yaml" if runner.endswith("reward") else "uniagent.yaml")
+        name, _, size = runner.partition(" ")
+        config = work / (f"{name}-{size}.yaml" if size else "uniagent.yaml")
         return [
             sys.executable,
             "-c",
@@ -210,8 +304,13 @@ def finished(runner: str, out: Path, tasks: int, stdout: str) -> int:
     """How many episodes ended as the script intends (all six turns, then the finish)."""
     if runner.startswith("uniagent"):
         records = [json.loads(x) for x in (out / "results.jsonl").read_text().splitlines()]
+        graded = " " in runner  # a reward runner: the fix (note.txt) scores 1
         return sum(
-            1 for r in records if r["exit_reason"] == "finished" and r["metrics"]["turns"] == TURNS
+            1
+            for r in records
+            if r["exit_reason"] == "finished"
+            and r["metrics"]["turns"] == TURNS
+            and (not graded or r["reward"] == 1.0)
         )
     if runner == "floor":
         report = json.loads(stdout.strip().splitlines()[-1])
@@ -230,6 +329,10 @@ def uniagent_split(out: Path) -> dict[str, float]:
     for name, key in (("model wait", "model_seconds"), ("env", "env_seconds")):
         split[name] = statistics.median([r["metrics"][key] for r in records]) * 1000
     split["episode"] = statistics.median([r["wall_seconds"] for r in records]) * 1000
+    graded = [r["reward_info"].get("integrity", {}) for r in records if r.get("reward_info")]
+    for name, key in (("fresh setup", "fresh_setup_seconds"), ("reward", "reward_seconds")):
+        if any(key in g for g in graded):
+            split[name] = statistics.median([g.get(key, 0.0) for g in graded]) * 1000
     return split
 
 
@@ -279,7 +382,7 @@ def median_row(rows: list[dict[str, Any]]) -> dict[str, Any]:
 
 COLUMNS = (  # header, width, figure of a row (with its floor row), format
     ("conc", 5, lambda r, f: r["concurrency"], "d"),
-    ("runner", 16, lambda r, f: r["runner"], "<"),
+    ("runner", 26, lambda r, f: r["runner"], "<"),
     ("tasks", 5, lambda r, f: r["tasks"], "d"),
     ("ok", 5, lambda r, f: r["ok"], "d"),
     ("ep/s", 7, lambda r, f: r["eps"], ".2f"),
@@ -294,7 +397,7 @@ COLUMNS = (  # header, width, figure of a row (with its floor row), format
 )
 
 
-def report(rows: list[dict[str, Any]]) -> None:
+def report(rows: list[dict[str, Any]], costs: dict[str, dict[str, float]]) -> None:
     """The table, the ratios to the floor and uniagent's split."""
     print(
         f"\nepisodes of {TURNS} turns; ok: those that ran the whole script; CPU (ms) and "
@@ -319,17 +422,24 @@ def report(rows: list[dict[str, Any]]) -> None:
         print(" ".join(cells))
     print(
         "\nuniagent per episode (median ms): setup, tools, baseline, agent loop "
-        "(model wait, env), grading, close; the whole episode"
+        "(model wait, env), grading (fresh sandbox's set-up, the reward), close; the whole "
+        "episode"
     )
     for r in rows:
         if "split" in r:
             s = r["split"]
+            inner = ", ".join(f"{k} {s[k]:.1f}" for k in ("fresh setup", "reward") if k in s)
             print(
-                f"{r['concurrency']:>5} {r['runner']:<16} setup {s['setup']:.1f}  tools "
+                f"{r['concurrency']:>5} {r['runner']:<26} setup {s['setup']:.1f}  tools "
                 f"{s['tools']:.1f}  baseline {s['baseline']:.1f}  agent {s['agent']:.1f} "
                 f"(model {s['model wait']:.1f}, env {s['env']:.1f})  grading "
-                f"{s['grading']:.1f}  close {s['close']:.1f}  episode {s['episode']:.1f}"
+                f"{s['grading']:.1f}{f' ({inner})' if inner else ''}  close {s['close']:.1f}  "
+                f"episode {s['episode']:.1f}"
             )
+    if costs:
+        print("\nthe reward command alone (bash -c, in a checkout): median wall ms, CPU ms")
+        for label, cost in costs.items():
+            print(f"  {label:<12} {cost['wall_ms']:.1f} wall  {cost['cpu_ms']:.1f} CPU")
 
 
 def main() -> None:
@@ -343,17 +453,39 @@ def main() -> None:
         help="tasks at concurrency 1 (one at a time is slow for the slow runners)",
     )
     parser.add_argument("--repeats", type=int, default=1)
-    parser.add_argument("--runners", default="floor,uniagent,uniagent+reward,mini-swe-agent")
+    parser.add_argument(
+        "--runners", default="floor,uniagent,uniagent+reward,uniagent+fresh,mini-swe-agent"
+    )
+    parser.add_argument(
+        "--repo-size",
+        default="10:1",
+        help="FILES:COMMITS of the reward rows' synthetic repository; a comma list runs "
+        "them on each (e.g. 10:1,6000:3000)",
+    )
     parser.add_argument("--serve", type=Path, help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.serve:
         serve(args.serve)
         return
-    runners = args.runners.split(",")
+    sizes = repo_sizes(args.repo_size)
+    runners = []
+    for runner in args.runners.split(","):
+        if runner in REWARD_RUNNERS:
+            runners += [f"{runner} {f}:{c}" for f, c in sizes]
+        else:
+            runners.append(runner)
     if "mini-swe-agent" in runners:
         mini_python()
     with tempfile.TemporaryDirectory(prefix="uniagent-bench-run-") as tmp:
         work = Path(tmp)
+        repos: dict[str, Path] = {}
+        costs: dict[str, dict[str, float]] = {}
+        if any(" " in r for r in runners):
+            for files, commits in sizes:
+                label = f"{files}:{commits}"
+                repos[label] = work / f"repo-{files}-{commits}"
+                make_repo(repos[label], files, commits)
+                costs[label] = command_cost(repos[label], work)
         url_file = work / "url"
         server = subprocess.Popen([sys.executable, __file__, "--serve", str(url_file)])
         try:
@@ -365,7 +497,7 @@ def main() -> None:
             rows = []
             for concurrency in (int(c) for c in args.concurrency.split(",")):
                 tasks = args.serial_tasks if concurrency == 1 else args.tasks
-                write_inputs(work, tasks)
+                write_inputs(work, tasks, repos)
                 runs: dict[str, list[dict[str, Any]]] = {runner: [] for runner in runners}
                 for _ in range(args.repeats):  # runners alternate: machine noise hits all
                     for runner in runners:
@@ -380,7 +512,7 @@ def main() -> None:
         finally:
             server.terminate()
             server.wait()
-    report(rows)
+    report(rows, costs)
 
 
 if __name__ == "__main__":

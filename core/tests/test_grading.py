@@ -242,6 +242,44 @@ async def test_history_scrub_leaves_nothing_that_holds_the_fix():
         await env.close()
 
 
+async def test_history_scrub_keeps_only_the_checkout_of_a_clone_with_history(tmp_path):
+    # A clone (origin/HEAD is a symbolic ref) of a repository with history: the scrub's
+    # new object store holds the base commit's objects only, and the repository works.
+    origin = tmp_path / "origin"
+    history = " && ".join(f"echo {i} > f{i % 3}.txt && git add -A && git commit -qm c{i}"
+                          for i in range(12))  # fmt: skip
+    setup = f"{SETUP} && {history} && git tag v-head && git tag v-old HEAD~4"
+    done = await asyncio.create_subprocess_shell(
+        f"mkdir {origin} && cd {origin} && {setup}", stdout=asyncio.subprocess.DEVNULL
+    )
+    assert await done.wait() == 0
+    env = open_env(
+        {"type": "host", "isolation": "none"}, {"post_setup": [f"git clone -q {origin} ."]}
+    )
+    await env.start()
+    try:
+        grader = await prepare_grader(env, "scrubbed_command", {})
+        scrub = grader.baseline.scrub
+        # v-old, origin/HEAD, origin/main (the checked-out branch and v-head stay)
+        assert (scrub["refs_removed"], scrub["tags_kept"]) == (3, 1), scrub
+        tree = await env.run_action("git ls-tree -r -t HEAD | wc -l", timeout=30)
+        # its blobs and subtrees (listed), the root tree and the commit
+        assert scrub["objects_after"] == int(tree.output.strip()) + 2
+        for command, expected in (
+            ("git log --format=%s", "c11"),
+            ("git status --porcelain", ""),
+            ("git fsck --no-dangling 2>&1", ""),
+            ("git tag", "v-head"),
+            ("git cat-file -t HEAD~1 2>/dev/null || echo gone", "gone"),
+        ):
+            obs = await env.run_action(command, timeout=30)
+            assert obs.output.strip() == expected, (command, obs.output)
+        await act(env, f"printf %s {shlex.quote(FIXED)} > calc.py")
+        assert (await grade(grader, env)).score == 1.0
+    finally:
+        await env.close()
+
+
 async def test_a_changed_tool_on_the_grading_path_is_toolchain_tampering(env, tmp_path):
     tools = tmp_path / "bin"
     tools.mkdir()

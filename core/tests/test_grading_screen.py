@@ -3,17 +3,19 @@ binary sources, ignored files, code under .git and replace refs, in real host sa
 
 from __future__ import annotations
 
+import itertools
 import shlex
 import types
 from collections.abc import AsyncIterator
 from typing import Any
 
+import pathspec
 import pytest
 
 from uniagent import RewardSpec, hookimpl, open_env
 from uniagent.env import AgentEnv
 from uniagent.plugins import load_plugins, reset_plugins
-from uniagent.protect.rules import PYTHON_CONTENT, RuleSet, runner_section
+from uniagent.protect.rules import PYTHON_CONTENT, PathRules, RuleSet, runner_section
 from uniagent.protect.settings import IntegrityDefaults, IntegritySettings
 from uniagent.reward import RewardContext, RewardResult
 from uniagent.testing.grading import grade, prepare_grader
@@ -360,3 +362,24 @@ async def test_grading_the_same_sandbox_twice_gives_the_same_result(env, grade_i
     assert first.score == second.score == score
     assert first.info.get("score_reason") == second.info.get("score_reason")
     assert tampered(first) == tampered(second) == reports
+
+
+def test_path_rules_answer_as_the_gitignore_spec_does():
+    # The one-regex shortcut must give the spec's answer for every path: negations,
+    # directory patterns, anchored and unanchored ones, the defaults of every reward.
+    settings = IntegritySettings.model_validate({"protect_paths": ["tests/", "/setup.cfg"]})
+    lines = [p for r in settings.rules(IntegrityDefaults(), ()).protect for p in r.patterns]
+    lines += ["build/", "!build/keep.py", "*.log", "!important.log", "docs/**/conf.py"]
+    parts = ["", "a", "tests", "build", "docs", "x", ".git", "pytest", "sub", "_pytest"]
+    names = ["conftest.py", "keep.py", "important.log", "run.log", "conf.py", "HEAD",
+             "config", "hooks", "setup.cfg", "mod.py", "x.pth", "pytest", "tests"]  # fmt: skip
+    paths = {
+        "/".join(p for p in (a, b, name) if p)
+        for a, b, name in itertools.product(parts, parts, names)
+    }
+    paths |= {f"{p}/_" for p in paths}
+    spec = pathspec.GitIgnoreSpec.from_lines(lines)
+    fast = PathRules(lines)
+    assert sum(spec.match_file(p) for p in paths) > 100  # the paths do test both answers
+    assert [p for p in sorted(paths) if fast.match_file(p) != spec.match_file(p)] == []
+    assert not PathRules([]).match_file("conftest.py")

@@ -365,6 +365,7 @@ class EpisodeGrader:
             control=self._control(env, repo),
             **context,
         )
+        started = time.perf_counter()
         try:
             outcome = RewardResult.coerce(await self.plan.spec.fn(ctx))
         except RewardInfraError:
@@ -373,6 +374,8 @@ class EpisodeGrader:
             if sandbox is None or env is None:
                 raise
             return await self._after_agent(env, exc, "the reward", info, probe=sandbox)
+        if info:  # graded in a sandbox: the reward's own time, beside the checks'
+            info["reward_seconds"] = round(time.perf_counter() - started, 3)
         return Grade(
             float(outcome.score),
             {**dict(outcome.info), **({"integrity": info} if info else {})},

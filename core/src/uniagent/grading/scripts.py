@@ -85,40 +85,61 @@ if [ -s "$RMDIRS" ]; then xargs -0 rmdir -- < "$RMDIRS" 2>/dev/null; fi
 exit 0
 """
 
-#: Remove every ref but the checked-out branch (tags only when they are not ancestors of
-#: the base), remotes, stashes, reflogs, alternates and unreachable objects.
+#: Remove every ref but the checked-out branch and the tags of HEAD and $BASE, remotes,
+#: stashes and reflogs; then give the repository a new object store holding only what HEAD,
+#: $BASE, the kept tags and the index need (one ``pack-objects`` with no delta search: its
+#: cost is the tree's, not the history's), HEAD and $BASE marked shallow (their parents are
+#: gone). Alternates go with the old store. A linked work tree (its store is shared) falls
+#: back to ``gc --prune=now``.
 SCRUB = r"""
 cd "$REPO" || exit 3
 gitc rev-parse --git-dir >/dev/null 2>&1 || { echo "not_a_repository=1"; exit 0; }
 head=$(gitc rev-parse -q --verify HEAD) || { echo "no_head=1"; exit 0; }
-base=${BASE:-$head}
+base=$(gitc rev-parse -q --verify "${BASE:-$head}^{commit}" 2>/dev/null) || base=$head
 cur=$(gitc symbolic-ref -q HEAD || true)
 echo "head=$head"
-[ "$head" = "$(gitc rev-parse -q --verify "$base^{commit}" 2>/dev/null)" ] && echo "head_is_base=1"
+[ "$head" = "$base" ] && echo "head_is_base=1"
+gd=$(gitc rev-parse --absolute-git-dir) || exit 4
 before=$(gitc count-objects -v | awk '/^(count|in-pack):/ {n += $2} END {print n + 0}')
-removed=0
-kept_tags=0
-gitc for-each-ref --format='%(refname)' > "$TMPDIR/refs" || exit 4
-while IFS= read -r ref; do
-  [ "$ref" = "$cur" ] && continue
-  case "$ref" in
-    refs/tags/*)
-      target=$(gitc rev-parse -q --verify "$ref^{commit}" 2>/dev/null)
-      if [ -n "$target" ] && gitc merge-base --is-ancestor "$target" "$head" 2>/dev/null; then
-        kept_tags=$((kept_tags + 1)); continue
-      fi ;;
-  esac
-  gitc update-ref -d "$ref" && removed=$((removed + 1))
-done < "$TMPDIR/refs"
+gitc for-each-ref --format='%(objectname) %(*objectname) %(refname)' > "$TMPDIR/refs" || exit 4
+awk -v cur="$cur" -v head="$head" -v base="$base" -v kept="$TMPDIR/tags.kept" '
+  { peel = NF == 3 ? $2 : $1; ref = $NF }
+  ref == cur { next }
+  ref ~ /^refs\/tags\// && (peel == head || peel == base) { print $1 > kept; next }
+  { print "delete " ref }
+' "$TMPDIR/refs" > "$TMPDIR/refs.del" || exit 4
+[ -f "$TMPDIR/tags.kept" ] || : > "$TMPDIR/tags.kept"
+removed=$(wc -l < "$TMPDIR/refs.del")
+kept_tags=$(wc -l < "$TMPDIR/tags.kept")
+if [ -s "$TMPDIR/refs.del" ]; then
+  gitc update-ref --no-deref --stdin < "$TMPDIR/refs.del" || exit 4
+fi
 for remote in $(gitc remote); do gitc remote remove "$remote" >/dev/null 2>&1; done
 gitc reflog expire --expire=now --all >/dev/null 2>&1
 rm -rf .git/logs .git/refs/original .git/rr-cache
 rm -f .git/ORIG_HEAD .git/FETCH_HEAD .git/MERGE_HEAD .git/CHERRY_PICK_HEAD .git/REVERT_HEAD \
   .git/AUTO_MERGE .git/BISECT_LOG .git/BISECT_START .git/BISECT_EXPECTED_REV
-if [ -s .git/objects/info/alternates ]; then
-  gitc repack -a -d -q && rm -f .git/objects/info/alternates || exit 5
+if [ ! -e "$gd/commondir" ] && [ -d "$gd/objects" ] && [ ! -L "$gd/objects" ]; then
+  # A new object store with only what the kept commits, kept tags and the index name (one
+  # pack: its cost is the tree's, not the history's); the old store goes whole.
+  new="$gd/objects.scrub"
+  rm -rf "$new" && mkdir -p "$new/pack" "$new/info" || exit 5
+  { gitc rev-list --objects --no-walk "$head" "$base" && cat "$TMPDIR/tags.kept" \
+      && gitc ls-files -s | awk '$1 != "160000" { print $2 }'; } > "$TMPDIR/objects" || exit 6
+  gitc pack-objects -q --window=0 "$new/pack/pack" < "$TMPDIR/objects" > /dev/null || exit 6
+  # shallow: the commits whose parents are gone (read from the object: a shallow clone
+  # hides them from rev-parse)
+  for c in "$head" "$base"; do
+    gitc cat-file commit "$c" | grep -q '^parent ' && echo "$c"
+  done | sort -u > "$TMPDIR/shallow"
+  rm -rf "$gd/objects" && mv "$new" "$gd/objects" || exit 6
+  if [ -s "$TMPDIR/shallow" ]; then cp "$TMPDIR/shallow" "$gd/shallow"; else rm -f "$gd/shallow"; fi
+else
+  if [ -s .git/objects/info/alternates ]; then
+    gitc repack -a -d -q && rm -f .git/objects/info/alternates || exit 5
+  fi
+  gitc -c gc.reflogExpire=now -c gc.reflogExpireUnreachable=now gc --prune=now -q || exit 6
 fi
-gitc -c gc.reflogExpire=now -c gc.reflogExpireUnreachable=now gc --prune=now -q || exit 6
 after=$(gitc count-objects -v | awk '/^(count|in-pack):/ {n += $2} END {print n + 0}')
 echo "refs_removed=$removed"
 echo "tags_kept=$kept_tags"
