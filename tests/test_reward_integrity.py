@@ -492,6 +492,17 @@ def round2_tasks(tmp_path_factory) -> dict[str, Path]:
     return {"swe": tasks, "repos": root / "repos"}
 
 
+def check_reported(records: dict[str, dict], attacks: dict[str, list[str]], prefixes: list[str]):
+    """The attacks of the classes ``prefixes`` are reported as tampering (not 0 by chance)."""
+    unreported = {
+        name: records[name]["reward_info"]
+        for name in attacks
+        if name.startswith(tuple(prefixes))
+        and not records[name]["reward_info"].get("integrity", {}).get("tampered")
+    }
+    assert unreported == {}, json.dumps(unreported, indent=1, default=str)[:4000]
+
+
 @pytest.mark.parametrize(("isolation", "grade_in"), COMBINATIONS)
 def test_round_two_attacks_score_zero_and_are_trained_on(
     round2_tasks, tmp_path, isolation, grade_in
@@ -525,13 +536,7 @@ def test_round_two_attacks_score_zero_and_are_trained_on(
         reported.append("test-env.")
     if grade_in == "episode" or isolation != "none":
         reported.append("outside.")
-    unreported = {
-        name: records[name]["reward_info"]
-        for name in attacks
-        if name.startswith(tuple(reported))
-        and not records[name]["reward_info"].get("integrity", {}).get("tampered")
-    }
-    assert unreported == {}, json.dumps(unreported, indent=1, default=str)[:4000]
+    check_reported(records, attacks, reported)
     # Grading is bounded: the FIFO and the held output end within the grading timeout.
     for name in ("artifacts.fifo-everything", "artifacts.hold-output"):
         assert records[name]["metrics"]["reward_seconds"] < 600, records[name]["metrics"]
@@ -613,13 +618,7 @@ def test_round_two_in_containers(round2_tasks, tmp_path, grade_in):
     reported = ["plugin-config.", "patch-screen."]
     if grade_in == "episode":
         reported += ["test-env.", "outside."]
-    unreported = {
-        name: records[name]["reward_info"]
-        for name in attacks
-        if name.startswith(tuple(reported))
-        and not records[name]["reward_info"].get("integrity", {}).get("tampered")
-    }
-    assert unreported == {}, json.dumps(unreported, indent=1, default=str)[:4000]
+    check_reported(records, attacks, reported)
     # Self-masking is counted as its class (integrity/tampered/self_masking), not tampering.
     unseen = {
         name: records[name]["reward_info"]
