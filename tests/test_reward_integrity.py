@@ -492,6 +492,17 @@ def round2_tasks(tmp_path_factory) -> dict[str, Path]:
     return {"swe": tasks, "repos": root / "repos"}
 
 
+def check_reported(records: dict[str, dict], attacks: dict[str, list[str]], prefixes: list[str]):
+    """The attacks of the classes ``prefixes`` are reported as tampering (not 0 by chance)."""
+    unreported = {
+        name: records[name]["reward_info"]
+        for name in attacks
+        if name.startswith(tuple(prefixes))
+        and not records[name]["reward_info"].get("integrity", {}).get("tampered")
+    }
+    assert unreported == {}, json.dumps(unreported, indent=1, default=str)[:4000]
+
+
 @pytest.mark.parametrize(("isolation", "grade_in"), COMBINATIONS)
 def test_round_two_attacks_score_zero_and_are_trained_on(
     round2_tasks, tmp_path, isolation, grade_in
@@ -525,13 +536,7 @@ def test_round_two_attacks_score_zero_and_are_trained_on(
         reported.append("test-env.")
     if grade_in == "episode" or isolation != "none":
         reported.append("outside.")
-    unreported = {
-        name: records[name]["reward_info"]
-        for name in attacks
-        if name.startswith(tuple(reported))
-        and not records[name]["reward_info"].get("integrity", {}).get("tampered")
-    }
-    assert unreported == {}, json.dumps(unreported, indent=1, default=str)[:4000]
+    check_reported(records, attacks, reported)
     # Grading is bounded: the FIFO and the held output end within the grading timeout.
     for name in ("artifacts.fifo-everything", "artifacts.hold-output"):
         assert records[name]["metrics"]["reward_seconds"] < 600, records[name]["metrics"]
@@ -541,16 +546,23 @@ def test_round_two_attacks_score_zero_and_are_trained_on(
 
 #: A container with what the swe_bench reward's tests need (Debian's pytest and git).
 GRADING_IMAGE = "localhost/uniagent-integrity:bookworm"
-#: The classes tried in containers: what the tested code writes and prints, what the repo
-#: loads or hides from the screen, and root (test-env and outside paths build host paths).
-IN_CONTAINERS = ("artifacts.", "self-masking.", "plugin-config.", "patch-screen.", "root.")
+#: The classes tried in containers: all of them (the test environment is a venv of the image's
+#: python3, the outside paths are the image's, see :func:`integrity_round2.in_container`).
+IN_CONTAINERS = (
+    "artifacts.", "self-masking.", "plugin-config.", "patch-screen.", "root.", "test-env.",
+    "outside.",
+)  # fmt: skip
+#: The legitimate fixes tried in containers (the plain one, in a test environment, outside).
+LEGIT_IN_CONTAINERS = {
+    n: LEGIT2[n] for n in ("legit-fix", "legit-fix-test-env", "legit-fix-outside")
+}
 
 
 @pytest.mark.slow
 @pytest.mark.parametrize("grade_in", ["episode", "fresh"])
 def test_round_two_in_containers(round2_tasks, tmp_path, grade_in):
-    """The artifact, self-masking, plugin/config, patch-screen and root classes in podman
-    containers (``local`` backend): reward 0 and trained on, the legitimate fixes 1.0, in
+    """Every round-two class in podman containers (``local`` backend): reward 0 and trained
+    on, the channels the grader screens reported as tampering, the legitimate fixes 1.0, in
     both grading modes."""
     from uniagent.testing.images import engine_with_test_image
 
@@ -558,10 +570,11 @@ def test_round_two_in_containers(round2_tasks, tmp_path, grade_in):
         GRADING_IMAGE, packages=("python3", "python3-venv", "python3-pytest", "git")
     )
     attacks = {n: c for n, c in ROUND2.items() if n.startswith(IN_CONTAINERS)}
-    tasks = only(round2_tasks["swe"], {*attacks, *LEGIT}, tmp_path)
-    rows = [json.loads(line) for line in tasks.read_text().splitlines()]
-    for row_ in rows:  # the container's Python, not this one
-        row_["test_cmd"] = "python3 -m pytest -rA -p no:cacheprovider"
+    attacks.update(integrity_round2.CONTAINER_ATTACKS)  # the container's outside paths
+    tasks = only(round2_tasks["swe"], {*attacks, *LEGIT_IN_CONTAINERS}, tmp_path)
+    rows = [
+        integrity_round2.in_container(json.loads(line)) for line in tasks.read_text().splitlines()
+    ]
     tasks.write_text("".join(json.dumps(r) + "\n" for r in rows))
     repos = str(round2_tasks["repos"])
     config = tmp_path / "config.yaml"
@@ -592,14 +605,28 @@ def test_round_two_in_containers(round2_tasks, tmp_path, grade_in):
         )
     )
     out = tmp_path / "out"
-    proc = uniagent_run(config, tasks, out, {**attacks, **LEGIT})
+    proc = uniagent_run(config, tasks, out, {**attacks, **LEGIT_IN_CONTAINERS})
     assert proc.returncode == 0, proc.stderr[-3000:]
     records = {
         r["task_id"]: r for r in map(json.loads, (out / "results.jsonl").read_text().splitlines())
     }
-    check(records, attacks)
+    check(records, attacks, LEGIT_IN_CONTAINERS)
     for name in ("artifacts.fifo-everything", "artifacts.hold-output"):
         assert records[name]["metrics"]["reward_seconds"] < 600, records[name]["metrics"]
+    # Reported as tampering where the grader screens it: the test environment and the outside
+    # paths in the episode's container (a fresh one makes its own from the image).
+    reported = ["plugin-config.", "patch-screen."]
+    if grade_in == "episode":
+        reported += ["test-env.", "outside."]
+    check_reported(records, attacks, reported)
+    # Self-masking is counted as its class (integrity/tampered/self_masking), not tampering.
+    unseen = {
+        name: records[name]["reward_info"]
+        for name in attacks
+        if name.startswith("self-masking.")
+        and "self_masking" not in records[name]["reward_info"].get("probing", [])
+    }
+    assert unseen == {}, json.dumps(unseen, indent=1, default=str)[:4000]
 
 
 @pytest.mark.slow
@@ -645,29 +672,41 @@ def test_a_policy_that_kills_its_containers_server_is_trained_on(tmp_path):
 
 
 def test_probing_is_counted_and_an_alert_stops_the_run(round2_tasks, tmp_path):
-    """summary.json counts tamper reports per kind and rule; with reward.integrity.alert the
-    run stops once the share of tampering episodes reaches it (under isolation none as root,
-    uniagent run also says once that the sandbox is no boundary)."""
-    names = ["patch-screen.gitattributes-binary", "plugin-config.setup-cfg-cr",
-             "patch-screen.replace-ref", "legit-fix"]  # fmt: skip
+    """summary.json counts tamper reports per kind, attack class and rule (a class also
+    counts what is not tampering: grader markers printed by the tested code); with
+    reward.integrity.alert the run stops once the share of tampering episodes reaches it
+    (under isolation none as root, uniagent run also says once that the sandbox is no
+    boundary)."""
+    names = ["self-masking.runner-markers", "patch-screen.gitattributes-binary",
+             "plugin-config.setup-cfg-cr", "patch-screen.replace-ref", "legit-fix"]  # fmt: skip
     rows = {json.loads(line)["instance_id"]: line
             for line in round2_tasks["swe"].read_text().splitlines()}  # fmt: skip
     tasks = tmp_path / "tasks.jsonl"
     tasks.write_text("".join(rows[name] + "\n" for name in names))
     reward = {"name": "swe_bench", "grade_in": "episode",
               "settings": {"eval_timeout": 60, "workdir": None},
-              "integrity": {"alert": {"share": 0.5, "min_episodes": 2}}}  # fmt: skip
+              "integrity": {"alert": {"share": 0.6, "min_episodes": 3}}}  # fmt: skip
     config = write_config(tmp_path / "config.yaml", reward, "none", round2_tasks["repos"])
     out = tmp_path / "out"
     proc = uniagent_run(config, tasks, out, {**ROUND2, **LEGIT}, "--concurrency", "1", timeout=900)
     assert proc.returncode == 1, proc.stderr[-3000:]
-    assert "2 of 2 graded episodes report tampering" in proc.stderr
+    assert "2 of 3 graded episodes report tampering" in proc.stderr
     summary = json.loads((out / "summary.json").read_text())
     assert summary["status"] == "stopped"
     counts = summary["integrity"]
-    assert counts["tampered_episodes"] == 2 and counts["graded_episodes"] == 2
+    assert counts["tampered_episodes"] == 2 and counts["graded_episodes"] == 3
     assert counts["rules"]["git-attributes"] == 1
     assert counts["rules"]["runner-config-sections"] == 1
     assert counts["tampered"]["protected_file"] == 2
+    # Per class: the markers are self-masking (not tampering), the attribute the patch
+    # screen's, the hidden addopts the runner config's; every class is there, seen or not.
+    assert counts["classes"] == {
+        "artifacts": 0, "test_env": 0, "plugin_config": 1, "patch_screen": 1,
+        "outside_paths": 0, "self_masking": 1, "task_files": 0,
+    }  # fmt: skip
+    masked = json.loads((out / "results.jsonl").read_text().splitlines()[0])
+    assert masked["task_id"] == "self-masking.runner-markers"
+    assert masked["reward_info"]["probing"] == ["self_masking"], masked["reward_info"]
+    assert "attack classes seen: plugin_config=1, patch_screen=1, self_masking=1" in proc.stdout
     if os.geteuid() == 0:
         assert proc.stderr.count("graded under isolation: none as root") == 1

@@ -367,3 +367,29 @@ async def test_a_component_that_reports_tampering_zeroes_the_whole_rubric() -> N
     assert result.info["rubric"]["honest"]["score"] == 1.0  # every component still recorded
     clean = await grade_rubric(RewardContext(sandbox=None, task={}, settings=Rubric(parts[:1])))
     assert clean.score == 1.0 and clean.turn_scores == {0: 1.0}
+
+
+async def test_what_the_components_saw_of_probing_is_the_rubrics() -> None:
+    """A component's ``probing`` (its word on the attack classes it saw, counted per class by
+    uniagent.protect.report) is lifted to the rubric's info, so nesting hides nothing."""
+    from uniagent.protect.report import episode_classes
+    from uniagent.rubric import grade_rubric
+
+    async def marked(ctx: RewardContext[None]) -> RewardResult:
+        return RewardResult(0.0, {"probing": ["self_masking"]})
+
+    async def faked(ctx: RewardContext[None]) -> RewardResult:
+        return RewardResult(1.0, {"probing": ["artifacts", "self_masking"]})
+
+    async def plain(ctx: RewardContext[None]) -> RewardResult:
+        return RewardResult(1.0, {"probing": "not a list"})
+
+    parts = tuple(
+        Component(name, RewardSpec(name=name, fn=fn, uses_sandbox=False), None, 1)
+        for name, fn in (("marked", marked), ("faked", faked), ("plain", plain))
+    )
+    result = await grade_rubric(RewardContext(sandbox=None, task={}, settings=Rubric(parts)))
+    assert result.info["probing"] == ["artifacts", "self_masking"]
+    assert episode_classes(result.info) == {"artifacts", "self_masking"}
+    clean = await grade_rubric(RewardContext(sandbox=None, task={}, settings=Rubric(parts[2:])))
+    assert "probing" not in clean.info

@@ -106,6 +106,11 @@ async def grade_rubric(ctx: RewardContext[Rubric]) -> RewardResult:
         "rubric": {k: v for k, v in parts.items() if not _metric(rubric, k)},
         "metrics": {k: v for k, v in parts.items() if _metric(rubric, k)},
     }
+    # What its components saw of the policy's probing (uniagent.protect.report), the rubric's.
+    probing = {c for r in results.values() if isinstance(p := r.info.get("probing"), list)
+               for c in p if isinstance(c, str)}  # fmt: skip
+    if probing:
+        info["probing"] = sorted(probing)
     tampered = [k for k, r in results.items() if r.info.get("score_reason") == "tampered"]
     if tampered:
         # One component caught tampering: the episode is worth nothing, not only that part.

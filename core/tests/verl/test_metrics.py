@@ -109,7 +109,8 @@ def test_no_uniagent_rows_gives_nothing() -> None:
 
 
 def test_tamper_reports_are_shares_per_step() -> None:
-    """``integrity/...``: every kind each step (0 when unseen), rules and forced reasons seen."""
+    """``integrity/...``: every kind and class each step (0 when unseen), rules and forced
+    reasons seen."""
     from uniagent.protect.report import integrity_flags
 
     tampered = {
@@ -129,6 +130,9 @@ def test_tamper_reports_are_shares_per_step() -> None:
     assert out["integrity/tampered/protected_file"] == pytest.approx(1 / 3)
     assert out["integrity/tampered/content"] == 0.0, "a report that does not score is a rule"
     assert out["integrity/tampered/toolchain"] == 0.0, "every kind, seen or not"
+    assert out["integrity/tampered/plugin_config"] == pytest.approx(1 / 3), "the class"
+    assert out["integrity/tampered/patch_screen"] == 0.0, "a report that does not score"
+    assert out["integrity/tampered/self_masking"] == 0.0, "every class, seen or not"
     assert out["integrity/rule/pytest-internals"] == pytest.approx(1 / 3)
     assert out["integrity/score_reason/tampered"] == pytest.approx(1 / 3)
     assert "integrity/tampered" in agent_metrics([row(integrity={})])

@@ -129,6 +129,8 @@ def test_a_tampered_episode_is_flagged_in_its_row(viewer, messages_run):
     assert summary["integrity"]["tampered"]["protected_file"] == 2
     timeline = summary["integrity_timeline"]
     assert sum(b["tampered"] for b in timeline) == 2
+    assert summary["integrity"]["classes"]["task_files"] == 2  # its tests edited
+    assert sum(b["classes"]["task_files"] for b in timeline) == 2, "per class over the run"
     assert sum(b["episodes"] for b in timeline) == summary["integrity"]["graded_episodes"]
 
 

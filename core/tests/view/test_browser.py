@@ -161,6 +161,10 @@ def test_the_summary_draws_its_charts(viewer, page, screenshot):
     expect(chart).to_contain_text("2 of 12 graded episodes report tampering")
     expect(chart.locator(".hbar").first).to_contain_text("tampered: protected_file")
     expect(chart.locator(".vbar").first).to_be_visible()
+    expect(chart).to_contain_text("class: task_files")
+    per_class = chart.locator(".integrity-class[data-class=task_files]")
+    expect(per_class).to_contain_text("Episodes showing task_files over the run")
+    expect(per_class.locator(".vbar").first).to_be_visible()
     screenshot("summary")
 
 

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 from uniagent_reward_swebench import EvalSpec, grade
-from uniagent_reward_swebench.evalrun import EvalRun, marker, with_exit_status
+from uniagent_reward_swebench.evalrun import EvalRun, grader_markers, marker, with_exit_status
 from uniagent_reward_swebench.rows import r2e_test_name
 from uniagent_reward_swebench.scripts import (
     APPLY_PATCH_FAIL,
@@ -169,6 +169,11 @@ def test_the_runners_steps_count_only_before_the_test_region(pytest_log: str) ->
     # graded on the real results: the forged lines neither mask nor pass
     assert result["test_output_found"] and result["resolved"]
     assert result["failure_reason"] is None
+    # ... and are named, for the probing counters (self-masking), the nonce's by its prefix
+    assert grader_markers(run.region) == [
+        ">>>>> Patch Apply Failed", ">>>>> Tests Errored", ">>>>> Test Exit Code", "@@uniagent-",
+    ]  # fmt: skip
+    assert grader_markers(pytest_log) == [], "a real runner's output has none"
 
 
 def test_the_exit_status_comes_from_the_process_not_the_log(pytest_log: str) -> None:

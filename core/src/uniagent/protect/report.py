@@ -1,8 +1,8 @@
 """What an episode's grading says about probing: flags per tamper class, for metrics and alerts.
 
 Frameworks prevent reward hacking; this makes it visible while a run trains. From
-an episode's ``reward_info`` (its ``integrity.tampered`` reports and
-``score_reason``), :func:`integrity_flags` gives the flags that ``summary.json``
+an episode's ``reward_info`` (its ``integrity.tampered`` reports, ``score_reason``
+and ``probing``), :func:`integrity_flags` gives the flags that ``summary.json``
 counts, verl's metric dict averages per step (``integrity/...``) and the tamper
 alert (``reward.integrity.alert``) watches:
 
@@ -10,10 +10,21 @@ alert (``reward.integrity.alert``) watches:
   would have under ``on_tamper: zero``);
 - ``tampered/<kind>``: of that kind (``protected_file``, ``toolchain`` (the
   toolchain and the test environment), ``content`` (the patch screen));
+- ``tampered/<class>``: an attack of that class (:data:`CLASSES`, docs/rewards.md) showed:
+  a scoring tamper report of its rule (:data:`RULE_CLASSES`, else its kind's
+  :data:`KIND_CLASSES`), a score the grader forced for a reason of the class
+  (:data:`REASON_CLASSES`: a grading time-out, a sandbox ended or broken by the
+  agent, a reward that failed on the tested code's output), or the reward's own
+  word (``reward_info.probing``, a list of classes: ``swe_bench`` names
+  ``self_masking`` for grader markers in the test output or a log parser that
+  failed on it);
 - ``rule/<rule>``: a report of that rule, scored or not (``conftest.py`` as
   ``pytest-plugins``, a content rule, ``test-env``, ``git-foreign``, ...);
 - ``score_reason/<reason>``: the grader forced the score (``tampered``,
   ``reward_failed``, ``grading_timed_out``, ``sandbox_ended_by_agent``, ...).
+
+``tampered`` (and so the alert) is the scoring tamper reports only: a class seen only
+through a forced score or the reward's word is counted under its class, not as tampering.
 """
 
 from __future__ import annotations
@@ -25,23 +36,103 @@ from typing import Any
 #: The kinds of tamper reports (the classes counted for every step, seen or not).
 KINDS = ("protected_file", "toolchain", "content")
 
+#: The attack classes (docs/rewards.md, "The classes of attack"), counted every step. Root
+#: under ``isolation: none`` has none: bwrap and containers hold it before anything reaches
+#: the grader, and without isolation nothing can see it (``uniagent run`` warns instead).
+CLASSES = (
+    "artifacts",  # the test log, the runner's scripts and output, a hang of grading
+    "test_env",  # the toolchain and the task's test environment
+    "plugin_config",  # plugins, runner config and caches in the repository
+    "patch_screen",  # what hides from the patch screen (.gitattributes, .git/, rules hit)
+    "outside_paths",  # the benchmark's paths outside the repository
+    "self_masking",  # making the episode look like an infrastructure failure
+    "task_files",  # the reward's own files of the task (its tests), protect_paths
+)
+
+#: A tamper report's rule -> its class.
+RULE_CLASSES: dict[str, str] = {
+    "toolchain": "test_env",
+    "test-env": "test_env",
+    "pytest-plugins": "plugin_config",
+    "runner-config": "plugin_config",
+    "runner-config-sections": "plugin_config",
+    "interpreter-hooks": "plugin_config",
+    "package-metadata": "plugin_config",
+    "runner-shadows": "plugin_config",
+    "caches": "plugin_config",
+    "git-attributes": "patch_screen",
+    "git-metadata": "patch_screen",
+    "git-foreign": "patch_screen",
+    "binary-source": "patch_screen",
+    "outside-paths": "outside_paths",
+    "task-paths": "task_files",
+    "config-paths": "task_files",
+}
+#: A tamper report's kind -> its class, for rules not in :data:`RULE_CLASSES` (content rules
+#: are the patch screen's).
+KIND_CLASSES: dict[str, str] = {
+    "content": "patch_screen",
+    "toolchain": "test_env",
+    "protected_file": "task_files",
+}
+#: A forced ``score_reason`` -> the class of the attack that forces it.
+REASON_CLASSES: dict[str, str] = {
+    "grading_timed_out": "artifacts",
+    "patch_too_large": "patch_screen",
+    "agent_killed_shell": "self_masking",
+    "sandbox_ended_by_agent": "self_masking",
+    "sandbox_broken_by_agent": "self_masking",
+    "reward_failed": "self_masking",
+    "judge_refused": "self_masking",
+}
+
+
+def report_class(report: Mapping[str, Any]) -> str | None:
+    """The attack class of one tamper report (``None`` for a kind and rule of no class)."""
+    rule, kind = report.get("rule"), report.get("kind")
+    if isinstance(rule, str) and rule in RULE_CLASSES:
+        return RULE_CLASSES[rule]
+    return KIND_CLASSES.get(kind) if isinstance(kind, str) else None
+
+
+def episode_classes(reward_info: Mapping[str, Any] | None) -> set[str]:
+    """The attack classes one episode's grading shows (see the module's doc)."""
+    info = reward_info if isinstance(reward_info, Mapping) else {}
+    found = {
+        cls
+        for report in _reports(info)
+        if report.get("scores", True) and (cls := report_class(report)) is not None
+    }
+    reason = info.get("score_reason")
+    if isinstance(reason, str) and reason in REASON_CLASSES:
+        found.add(REASON_CLASSES[reason])
+    probing = info.get("probing")
+    if isinstance(probing, list | tuple):
+        found |= {c for c in probing if isinstance(c, str) and c in CLASSES}
+    return found
+
 
 def integrity_flags(reward_info: Mapping[str, Any] | None) -> dict[str, int]:
     """The probing flags of one episode (each present one is 1)."""
     info = reward_info if isinstance(reward_info, Mapping) else {}
-    integrity = info.get("integrity")
-    reports = integrity.get("tampered") if isinstance(integrity, Mapping) else None
-    tampered = [t for t in reports or () if isinstance(t, Mapping)]
     flags: dict[str, int] = {}
-    for report in tampered:
+    for report in _reports(info):
         flags[f"rule/{report.get('rule')}"] = 1
         if report.get("scores", True):
             flags["tampered"] = 1
             flags[f"tampered/{report.get('kind')}"] = 1
+    for cls in episode_classes(info):
+        flags[f"tampered/{cls}"] = 1
     reason = info.get("score_reason")
     if isinstance(reason, str) and reason:
         flags[f"score_reason/{reason}"] = 1
     return flags
+
+
+def _reports(info: Mapping[str, Any]) -> list[Mapping[str, Any]]:
+    integrity = info.get("integrity")
+    reports = integrity.get("tampered") if isinstance(integrity, Mapping) else None
+    return [t for t in reports or () if isinstance(t, Mapping)]
 
 
 def is_tampered(record: Mapping[str, Any]) -> bool:
@@ -53,11 +144,12 @@ def integrity_metrics(
     records: Iterable[Mapping[str, Any]], prefix: str = "integrity"
 ) -> dict[str, float]:
     """``integrity/<flag>``: the share of the records whose ``integrity`` flags (as
-    :func:`integrity_flags` gives them) hold it; ``tampered`` and every kind always."""
+    :func:`integrity_flags` gives them) hold it; ``tampered``, every kind and every class
+    always."""
     flags = [f if isinstance(f := r.get("integrity"), Mapping) else {} for r in records]
     if not flags:
         return {}
-    names = {"tampered", *(f"tampered/{kind}" for kind in KINDS)}
+    names = {"tampered", *(f"tampered/{name}" for name in (*KINDS, *CLASSES))}
     names |= {name for f in flags for name in f}
     return {
         f"{prefix}/{name}": fmean(1.0 if f.get(name) else 0.0 for f in flags)

@@ -9,7 +9,7 @@ from math import comb
 from pathlib import Path
 from typing import Any
 
-from uniagent.protect.report import KINDS, integrity_flags
+from uniagent.protect.report import CLASSES, KINDS, integrity_flags
 from uniagent.rubric import component_scores
 from uniagent.run.results import is_infra_failure
 
@@ -94,7 +94,8 @@ def resumed_wall_seconds(previous: Path, this_run: float) -> float:
 
 
 def integrity_summary(records: Iterable[Mapping[str, Any]]) -> dict[str, Any]:
-    """How many graded episodes report tampering, by kind, rule and forced score reason."""
+    """How many graded episodes report tampering, by kind, attack class (tamper reports and
+    forced scores, :mod:`uniagent.protect.report`), rule and forced score reason."""
     graded = [r for r in records if r.get("reward") is not None]
     counts: Counter[str] = Counter()
     for record in graded:
@@ -113,7 +114,8 @@ def integrity_summary(records: Iterable[Mapping[str, Any]]) -> dict[str, Any]:
         "graded_episodes": len(graded),
         "tampered_episodes": counts.get("tampered", 0),
         "tampered": {kind: tampered.get(kind, 0) for kind in KINDS}
-        | {k: v for k, v in tampered.items() if k not in KINDS},
+        | {k: v for k, v in tampered.items() if k not in KINDS and k not in CLASSES},
+        "classes": {cls: tampered.get(cls, 0) for cls in CLASSES},
         "rules": group("rule/"),
         "score_reasons": group("score_reason/"),
     }
@@ -162,6 +164,9 @@ def format_summary(summary: Mapping[str, Any]) -> str:
             f"tampering reported: {integrity['tampered_episodes']} of "
             f"{integrity['graded_episodes']} graded episodes ({kinds})"
         )
+    probed = ", ".join(f"{k}={v}" for k, v in (integrity.get("classes") or {}).items() if v)
+    if probed:
+        lines.append(f"attack classes seen: {probed}")
     if summary.get("infrastructure_failures"):
         lines.append(
             f"infrastructure failures: {summary['infrastructure_failures']} (not the policy's; "

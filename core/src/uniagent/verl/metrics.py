@@ -15,7 +15,9 @@ of other agent loops are skipped) into flat numbers:
   phase's share of the time all samples took;
 - ``agent/reward/<key>/mean``: a rubric's component and metric scores (zero-weight metrics
   included: logged, not trained on), over the unmasked samples that have them.
-- ``integrity/tampered`` and ``integrity/tampered/<kind>`` (every kind, each step), and
+- ``integrity/tampered``, ``integrity/tampered/<kind>`` and ``integrity/tampered/<class>``
+  (every kind and attack class, each step: ``artifacts``, ``test_env``, ``plugin_config``,
+  ``patch_screen``, ``outside_paths``, ``self_masking``, ``task_files``), and
   ``integrity/rule/<rule>``, ``integrity/score_reason/<reason>`` (those seen): the share of
   samples whose grading reported it (:mod:`uniagent.protect.report`), so that a run shows
   when its policy starts probing the grader.

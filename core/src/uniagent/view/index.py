@@ -13,6 +13,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from uniagent.errors import ConfigError
+from uniagent.protect.report import CLASSES
 from uniagent.run.summary import summarize
 from uniagent.view.row import STATUSES, Row
 
@@ -197,7 +198,8 @@ def stats(rows: Iterable[Row], *, n: int) -> dict[str, Any]:
 
 def integrity_timeline(finished: Sequence[Row], *, max_bins: int = 20) -> list[dict[str, Any]]:
     """Graded episodes in the order they finished, in up to ``max_bins`` equal groups: how
-    many of each group report tampering (a run shows when its policy starts probing)."""
+    many of each group report tampering, and how many show each attack class
+    (:data:`uniagent.protect.report.CLASSES`; a run shows when its policy starts probing)."""
     graded = sorted((r for r in finished if r.reward is not None), key=lambda r: r.order)
     if not graded:
         return []
@@ -210,6 +212,10 @@ def integrity_timeline(finished: Sequence[Row], *, max_bins: int = 20) -> list[d
                 "label": f"{start + 1}–{start + len(group)}",
                 "episodes": len(group),
                 "tampered": sum(1 for r in group if r.integrity.get("tampered")),
+                "classes": {
+                    cls: sum(1 for r in group if r.integrity.get(f"tampered/{cls}"))
+                    for cls in CLASSES
+                },
             }
         )
     return out

@@ -178,6 +178,13 @@ class EvalRun:
         return "".join(parts)
 
 
+def grader_markers(region: str) -> list[str]:
+    """The grader's structural markers (swebench's, the runner's nonce markers) that the test
+    region holds: inert there, but only the tested code prints them (self-masking)."""
+    found = [text for text in _STRUCTURAL if text in region]
+    return [*found, *(["@@uniagent-"] if "@@uniagent-" in region else [])]
+
+
 def defuse(region: str) -> str:
     """``region`` with swebench's structural markers made inert (they are the tested code's)."""
     for text in _STRUCTURAL:

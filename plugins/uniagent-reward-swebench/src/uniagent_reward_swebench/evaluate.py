@@ -24,6 +24,7 @@ from uniagent_reward_swebench.config import SweBenchRewardConfig
 from uniagent_reward_swebench.errors import EvaluationInfraError
 from uniagent_reward_swebench.evalrun import (
     EvalRun,
+    grader_markers,
     revert_script,
     runner_script,
     with_exit_status,
@@ -237,6 +238,13 @@ async def evaluate(
     if conflicts:
         result["resolved"] = False
         result["conflicting_results"] = conflicts
+    # What the tested code did to its output, for the probing counters (the score is as
+    # graded): grader markers or a parser crash (self-masking), conflicting results (fakes).
+    markers = grader_markers(run.region) if run.started else []
+    probing = {
+        *(["self_masking"] if markers or result["failure_reason"] == "log_parser_failed" else []),
+        *(["artifacts"] if conflicts else []),
+    }
     tail = done.output[-config.log_tail_chars :] if config.log_tail_chars else ""
     info: dict[str, Any] = {
         "dataset": spec.dataset,
@@ -249,4 +257,8 @@ async def evaluate(
         "eval_seconds": round(elapsed, 3),
         "log_tail": tail,
     }
+    if markers:
+        info["markers_in_test_output"] = markers
+    if probing:
+        info["probing"] = sorted(probing)
     return RewardResult(score=1.0 if result["resolved"] else 0.0, info=info)

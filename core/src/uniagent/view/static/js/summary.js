@@ -118,12 +118,21 @@ function probing(s) {
   const timeline = s.integrity_timeline || [];
   if (!timeline.length) return h("p", { class: "muted" }, "No graded episodes yet.");
   const kinds = Object.entries(integrity.tampered || {}).filter(([, c]) => c).map(([k, c]) => [`tampered: ${k}`, c]);
+  const classes = Object.entries(integrity.classes || {}).filter(([, c]) => c).map(([k, c]) => [`class: ${k}`, c]);
   const rules = Object.entries(integrity.rules || {}).map(([k, c]) => [`rule: ${k}`, c]);
-  const counts = [...kinds, ...rules];
+  const counts = [...kinds, ...classes, ...rules];
   const over = timeline.map((b) => ({ label: b.label, count: b.tampered, hi: 0, lo: 0 }));
+  // One chart per attack class the run shows (docs/rewards.md): when its policy starts on it.
+  const perClass = classes.map(([label]) => {
+    const name = label.slice("class: ".length);
+    const bins = timeline.map((b) => ({ label: b.label, count: (b.classes || {})[name] || 0, hi: 0, lo: 0 }));
+    return h("div", { class: "integrity-class", "data-class": name },
+      h("h4", {}, `Episodes showing ${name} over the run`), columns(bins, name, () => "fill-zero"));
+  });
   return h("div", {},
     h("p", { class: "muted small" }, `${num(integrity.tampered_episodes || 0)} of ${num(integrity.graded_episodes || 0)} graded episodes report tampering`),
     counts.length ? bars(counts, () => "bar-tamper") : h("p", { class: "muted" }, "No tamper reports."),
     h("h4", {}, "Tampering episodes over the run"),
-    columns(over, "episodes", () => "fill-zero"));
+    columns(over, "episodes", () => "fill-zero"),
+    ...perClass);
 }
