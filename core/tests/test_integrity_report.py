@@ -182,3 +182,18 @@ def test_forced_scores_and_the_rewards_word_have_their_class(info, classes):
     assert {k.removeprefix("tampered/") for k in flags if k.removeprefix("tampered/") in
             CLASSES} == classes  # fmt: skip
     assert ("tampered" in flags) == bool(info.get("integrity")), "a class alone is not tampering"
+
+
+def test_a_rewards_own_tamper_report_counts_as_tampering():
+    """The harbor reward's files left where the verifier's inputs go (``reward_info.tampered``,
+    beside the grader's) count like the grader's: tampering, of the task's files, and the
+    alert sees them."""
+    info = {
+        "score_reason": "tampered",
+        "tampered": [{"kind": "verifier_input", "path": "/tests/test.sh"}],
+    }
+    flags = integrity_flags(info)
+    assert flags["tampered"] == 1 and flags["tampered/task_files"] == 1
+    assert flags["tampered/verifier_input"] == 1
+    assert is_tampered({"reward_info": info})
+    assert integrity_flags({"tampered": "not a list"}) == {}

@@ -7,7 +7,8 @@ counts, verl's metric dict averages per step (``integrity/...``) and the tamper
 alert (``reward.integrity.alert``) watches:
 
 - ``tampered``: some change of what the grader protects counts (it scored 0, or
-  would have under ``on_tamper: zero``);
+  would have under ``on_tamper: zero``), or the reward reported tampering of its own
+  (``reward_info.tampered``, e.g. the ``harbor`` reward's ``verifier_input``);
 - ``tampered/<kind>``: of that kind (``protected_file``, ``toolchain`` (the
   toolchain and the test environment), ``content`` (the patch screen));
 - ``tampered/<class>``: an attack of that class (:data:`CLASSES`, docs/rewards.md) showed:
@@ -74,6 +75,7 @@ KIND_CLASSES: dict[str, str] = {
     "content": "patch_screen",
     "toolchain": "test_env",
     "protected_file": "task_files",
+    "verifier_input": "task_files",  # the harbor reward's: the verifier's inputs
 }
 #: A forced ``score_reason`` -> the class of the attack that forces it.
 REASON_CLASSES: dict[str, str] = {
@@ -130,9 +132,18 @@ def integrity_flags(reward_info: Mapping[str, Any] | None) -> dict[str, int]:
 
 
 def _reports(info: Mapping[str, Any]) -> list[Mapping[str, Any]]:
+    """The grader's tamper reports (``integrity.tampered``) and the reward's own
+    (``tampered``: e.g. the ``harbor`` reward's files left where the verifier's inputs go)."""
     integrity = info.get("integrity")
-    reports = integrity.get("tampered") if isinstance(integrity, Mapping) else None
-    return [t for t in reports or () if isinstance(t, Mapping)]
+    graders = integrity.get("tampered") if isinstance(integrity, Mapping) else None
+    rewards = info.get("tampered")
+    return [
+        t
+        for reports in (graders, rewards)
+        if isinstance(reports, list | tuple)
+        for t in reports
+        if isinstance(t, Mapping)
+    ]
 
 
 def is_tampered(record: Mapping[str, Any]) -> bool:
