@@ -98,11 +98,13 @@ def make_batch(
     tokenizer: Any,
     tasks: Sequence[Mapping[str, Any]],
     other_rows: Sequence[Mapping[str, Any]] = (),
+    agent_names: Mapping[str, str] | None = None,
 ) -> Any:
     """Tasks → ``uniagent data prepare`` → RLHFDataset → collate_fn → DataProto.
 
     ``other_rows`` (e.g. :func:`gsm8k_row`, for verl's own loops) are appended to the
     prepared Parquet file: one dataset, one schema, as a user mixing tasks builds it.
+    ``agent_names`` gives a task (by id) another agent-loop entry than ``uniagent``.
     """
     from omegaconf import OmegaConf
     from verl.protocol import DataProto
@@ -127,12 +129,14 @@ def make_batch(
         ]
     )
     assert code == 0
-    if other_rows:
+    if other_rows or agent_names:
         import pyarrow.parquet as pq
 
         from uniagent.data import write_parquet
 
         rows = pq.read_table(out).to_pylist()
+        for row in rows:
+            row["agent_name"] = (agent_names or {}).get(row["extra_info"]["task_id"], "uniagent")
         rows += [dict(row, index=len(rows) + i) for i, row in enumerate(other_rows)]
         write_parquet(rows, out)
     dataset = RLHFDataset(
