@@ -39,7 +39,8 @@ class TokenModelBackend:
 
     Made on a running event loop (an episode's), it calls the model on that loop even when
     the gateway serves from another thread's: a model's client (verl's server manager in a
-    worker) may hold state bound to the loop it was made on.
+    worker) may hold state bound to the loop it was made on. That loop must then not be
+    blocked while the gateway serves the session (a harness runs as an async subprocess).
     """
 
     def __init__(self, model: TokenChatModel) -> None:

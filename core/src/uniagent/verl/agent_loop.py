@@ -143,7 +143,7 @@ class UniAgentLoop(AgentLoopBase):
         return by_limit[limit]
 
     # -- one sample ---------------------------------------------------------------------
-    async def run(  # type: ignore[override]  # verl's workers that take lists: see below
+    async def run(  # type: ignore[override, unused-ignore]  # a list: verl's v1 worker
         self, sampling_params: dict[str, Any], **kwargs: Any
     ) -> AgentLoopOutput | list[AgentLoopOutput]:
         """Run the episode of one dataset row; failures give a masked placeholder output.
