@@ -23,26 +23,12 @@ from verl_helpers import (
     make_worker,
     task,
     trainer_config,
+    unpad,
     write_loop_yaml,
 )
 
 from uniagent.verl.output import EXTRA_FIELD_KEYS, UNIAGENT_FIELDS, extras_record
 from uniagent.verl.testing import ScriptedTokenServer
-
-
-def unpad(out: Any, i: int) -> tuple[list[int], list[int], list[int], list[float], list[float]]:
-    """Sample ``i`` without padding: prompt, response, mask, log-probs, rm_scores."""
-    prompt_len = out.batch["prompts"].shape[1]
-    attention = out.batch["attention_mask"][i]
-    prompt = out.batch["prompts"][i][attention[:prompt_len].bool()].tolist()
-    n = int(attention[prompt_len:].sum())
-    return (
-        prompt,
-        out.batch["responses"][i][:n].tolist(),
-        out.batch["response_mask"][i][:n].tolist(),
-        out.batch["rollout_log_probs"][i][:n].tolist(),
-        out.batch["rm_scores"][i].tolist(),
-    )
 
 
 def episode_calls(server: ScriptedTokenServer, prompt: list[int]) -> list[Any]:

@@ -19,7 +19,7 @@ from typing import Any
 import numpy as np
 import pytest
 import yaml
-from verl_helpers import AGENT, SCRIPTS, agent_field, make_batch, task, trainer_config
+from verl_helpers import AGENT, SCRIPTS, agent_field, make_batch, task, trainer_config, unpad
 
 from uniagent import hookimpl
 from uniagent.plugins import load_plugins, reset_plugins
@@ -94,21 +94,6 @@ def hello(task_id: str, statement: str) -> dict[str, Any]:
     }
 
 
-def unpad(out: Any, i: int) -> tuple[list[int], list[int], list[int], list[float], list[float]]:
-    """Row ``i`` without padding: prompt, response, mask, log-probs, rm_scores."""
-    prompt_len = out.batch["prompts"].shape[1]
-    attention = out.batch["attention_mask"][i]
-    prompt = out.batch["prompts"][i][attention[:prompt_len].bool()].tolist()
-    n = int(attention[prompt_len:].sum())
-    return (
-        prompt,
-        out.batch["responses"][i][:n].tolist(),
-        out.batch["response_mask"][i][:n].tolist(),
-        out.batch["rollout_log_probs"][i][:n].tolist(),
-        out.batch["rm_scores"][i][:n].tolist(),
-    )
-
-
 def generated(prompt: list[int], response: list[int], calls: Sequence[Any]) -> tuple[list, list]:
     """Mask and log-probs over ``response`` of what the server generated on this sequence:
     every call whose prompt is a prefix of it and whose output follows that prefix."""
@@ -162,7 +147,7 @@ async def test_a_batch_of_harness_and_built_in_episodes_gives_one_sample_per_bra
     rows = [unpad(out, i) for i in range(len(out))]
     for i, (prompt, response, mask, logprobs, scores) in enumerate(rows):
         # The episode's reward on every sample, at its last token, and nothing else.
-        assert scores[-1] == 1.0 and sum(scores) == 1.0, i
+        assert scores[len(response) - 1] == 1.0 and sum(scores) == 1.0, i
         want_mask, want_logprobs = generated(prompt, response, server.calls)
         assert logprobs == pytest.approx(want_logprobs), i  # 0.0 on what it did not generate
         if i != 4:  # (row 4 is the "1/k" sample: below)

@@ -176,3 +176,18 @@ def agent_field(out: Any, key: str) -> list[Any]:
     records = [extras_record(e) for e in out.non_tensor_batch["extras"]]
     assert all(r is not None for r in records), "every row is a uniagent row"
     return [r[key] for r in records]  # type: ignore[index]
+
+
+def unpad(out: Any, i: int) -> tuple[list[int], list[int], list[int], list[float], list[float]]:
+    """Sample ``i`` without padding: prompt, response, mask, log-probs, rm_scores."""
+    prompt_len = out.batch["prompts"].shape[1]
+    attention = out.batch["attention_mask"][i]
+    prompt = out.batch["prompts"][i][attention[:prompt_len].bool()].tolist()
+    n = int(attention[prompt_len:].sum())
+    return (
+        prompt,
+        out.batch["responses"][i][:n].tolist(),
+        out.batch["response_mask"][i][:n].tolist(),
+        out.batch["rollout_log_probs"][i][:n].tolist(),
+        out.batch["rm_scores"][i].tolist(),
+    )

@@ -29,11 +29,11 @@ from __future__ import annotations
 
 import contextvars
 from collections.abc import Mapping, MutableMapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 from uniagent.errors import ConfigError
-from uniagent.gateway.tree import TrajectoryTree
+from uniagent.gateway.tree import Sample, TrajectoryTree
 
 SHARED_WEIGHTS = ("1", "1/k")
 BRANCHES = ("all", "last")
@@ -81,25 +81,10 @@ class TreeSettings:
         return cls(**values)
 
 
-@dataclass(frozen=True)
-class BranchSample:
-    """One branch of an episode's tree as a training sample."""
-
-    leaf: int
-    prompt_ids: list[int]
-    response_ids: list[int]
-    #: 1 on exactly the generated tokens (under ``"1/k"``: those this sample trains).
-    response_mask: list[int]
-    response_logprobs: list[float]
-    #: What each response token weighs (1, or 1/k for a token shared by k samples).
-    response_weights: list[float]
-    turns: int
-    exact: bool | None
-
-
-def branch_samples(tree: Mapping[str, Any], *, shared_weight: str = "1") -> list[BranchSample]:
+def branch_samples(tree: Mapping[str, Any], *, shared_weight: str = "1") -> list[Sample]:
     """One sample per leaf of a saved tree (``TrajectoryTree.to_dict``), the last-served
-    branch last; see the module docstring for ``shared_weight``."""
+    branch last; under ``"1/k"`` a shared token's mask is 1 in the last sample holding it
+    only (``response_weights`` keep the 1/k); see the module docstring."""
     if shared_weight not in SHARED_WEIGHTS:
         raise ValueError(f"shared_weight must be '1' or '1/k', not {shared_weight!r}")
     live = TrajectoryTree.from_dict(tree)
@@ -118,23 +103,15 @@ def branch_samples(tree: Mapping[str, Any], *, shared_weight: str = "1") -> list
     for j, path in enumerate(paths):
         for node in path:
             owner[node.id] = j
-    out: list[BranchSample] = []
+    out: list[Sample] = []
     for j, (i, path) in enumerate(zip(order, paths, strict=True)):
         sample = samples[i]
-        mask = list(sample.response_mask)
         if shared_weight == "1/k":
             node_of = [node.id for node in path for _ in node.ids][len(sample.prompt_ids) :]
-            mask = [m if owner[n] == j else 0 for m, n in zip(mask, node_of, strict=True)]
-        out.append(
-            BranchSample(
-                leaf=sample.leaf,
-                prompt_ids=list(sample.prompt_ids),
-                response_ids=list(sample.response_ids),
-                response_mask=mask,
-                response_logprobs=list(sample.response_logprobs),
-                response_weights=list(sample.response_weights),
-                turns=sum(len(node.turns) for node in path),
-                exact=sample.exact,
-            )
-        )
+            mask = [
+                m if owner[n] == j else 0
+                for m, n in zip(sample.response_mask, node_of, strict=True)
+            ]
+            sample = replace(sample, response_mask=mask)
+        out.append(sample)
     return out

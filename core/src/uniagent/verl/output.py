@@ -27,10 +27,10 @@ from typing import Any
 
 from uniagent.episode import EpisodeResult
 from uniagent.exit import ExitReason
+from uniagent.gateway.tree import Sample
 from uniagent.interaction.metrics import EpisodeMetrics
 from uniagent.protect.report import integrity_flags
 from uniagent.rubric import component_scores
-from uniagent.verl.branches import BranchSample
 from uniagent.verl.credit import token_scores
 
 log = logging.getLogger(__name__)
@@ -249,7 +249,7 @@ def episode_fields(
 
 def branch_fields(
     result: EpisodeResult,
-    sample: BranchSample,
+    sample: Sample,
     *,
     branch: int,
     branches: int,
