@@ -185,3 +185,48 @@ async def test_a_batch_of_harness_and_built_in_episodes_gives_one_sample_per_bra
     one = await AgentLoopWorker(config, llm_client=server).generate_sequences(alone)
     assert len(one) == 1 and agent_field(one, "branches") == [1]
     assert unpad(one, 0)[1] == rows[3][1] and unpad(one, 0)[2] == rows[3][2]
+
+
+async def test_v1_workers_get_a_list_of_outputs_from_one_run(
+    tiny: None, tmp_path: Path, verl_model_dir: Path, qwen3_tokenizer: Any
+) -> None:
+    """verl's v1 worker calls ``run`` with the rollout's ``session_id`` and stores output i
+    as ``{uid}_{session_id}_{i}``: a branching episode gives it one output per branch."""
+    import hydra
+    from verl.experimental.agent_loop.agent_loop import (
+        AgentLoopWorker,
+        DictConfigWrap,
+        ToolListWrap,
+        _agent_loop_registry,
+    )
+
+    config = trainer_config(verl_model_dir, loop_yaml(tmp_path), response_length=1024)
+    batch = make_batch(
+        tmp_path, qwen3_tokenizer, [hello("tiny", "Any.")], agent_names={"tiny": "tiny-k"}
+    )
+    server = ScriptedTokenServer(str(verl_model_dir), SERVER_SCRIPTS)
+    worker = AgentLoopWorker(config, llm_client=server)  # loads the agent-loop YAML
+    loop = hydra.utils.instantiate(
+        _agent_loop_registry["tiny-k"],
+        trainer_config=DictConfigWrap(config=config),
+        server_manager=server,
+        tokenizer=worker.tokenizer,
+        processor=worker.processor,
+        hf_model_type=worker.hf_model_type,
+        dataset_cls=worker.dataset_cls,
+        data_config=DictConfigWrap(config.data),
+        tools=ToolListWrap(worker.tools),
+    )
+    kwargs = {k: v[0] for k, v in batch.non_tensor_batch.items() if k != "agent_name"}
+    kwargs.update(uid="u0", session_id=0, global_steps=1)
+    sampling = {"temperature": 1.0, "top_p": 1.0, "top_k": -1, "logprobs": True}
+    outputs = await loop.run(sampling, **kwargs)
+    assert isinstance(outputs, list) and len(outputs) == 2
+    rows = [o.as_dict() for o in outputs]
+    assert [float(r["rm_scores"].sum()) for r in rows] == [1.0, 1.0]
+    assert [r["rm_scores"][-1].item() for r in rows] == [1.0, 1.0]
+    assert all(o.extra_fields["reward_extra_info"] == {"acc": 1.0} for o in outputs)
+    assert "(fork 1)" in qwen3_tokenizer.decode(outputs[-1].response_ids)
+    write = len(qwen3_tokenizer.encode(WRITE, add_special_tokens=False)) + 1
+    assert outputs[0].response_mask[:write] == [0] * write  # "1/k": trained in the last
+    assert outputs[1].response_mask[:write] == [1] * write
