@@ -19,7 +19,16 @@ from typing import Any
 import numpy as np
 import pytest
 import yaml
-from verl_helpers import AGENT, SCRIPTS, agent_field, make_batch, task, trainer_config, unpad
+from verl_helpers import (
+    AGENT,
+    SCRIPTS,
+    agent_field,
+    make_batch,
+    make_loop,
+    task,
+    trainer_config,
+    unpad,
+)
 
 from uniagent import hookimpl
 from uniagent.plugins import load_plugins, reset_plugins
@@ -192,13 +201,7 @@ async def test_v1_workers_get_a_list_of_outputs_from_one_run(
 ) -> None:
     """verl's v1 worker calls ``run`` with the rollout's ``session_id`` and stores output i
     as ``{uid}_{session_id}_{i}``: a branching episode gives it one output per branch."""
-    import hydra
-    from verl.experimental.agent_loop.agent_loop import (
-        AgentLoopWorker,
-        DictConfigWrap,
-        ToolListWrap,
-        _agent_loop_registry,
-    )
+    from verl.experimental.agent_loop.agent_loop import AgentLoopWorker
 
     config = trainer_config(verl_model_dir, loop_yaml(tmp_path), response_length=1024)
     batch = make_batch(
@@ -206,17 +209,7 @@ async def test_v1_workers_get_a_list_of_outputs_from_one_run(
     )
     server = ScriptedTokenServer(str(verl_model_dir), SERVER_SCRIPTS)
     worker = AgentLoopWorker(config, llm_client=server)  # loads the agent-loop YAML
-    loop = hydra.utils.instantiate(
-        _agent_loop_registry["tiny-k"],
-        trainer_config=DictConfigWrap(config=config),
-        server_manager=server,
-        tokenizer=worker.tokenizer,
-        processor=worker.processor,
-        hf_model_type=worker.hf_model_type,
-        dataset_cls=worker.dataset_cls,
-        data_config=DictConfigWrap(config.data),
-        tools=ToolListWrap(worker.tools),
-    )
+    loop = make_loop(worker, config, server, "tiny-k")
     kwargs = {k: v[0] for k, v in batch.non_tensor_batch.items() if k != "agent_name"}
     kwargs.update(uid="u0", session_id=0, global_steps=1)
     sampling = {"temperature": 1.0, "top_p": 1.0, "top_k": -1, "logprobs": True}

@@ -191,3 +191,25 @@ def unpad(out: Any, i: int) -> tuple[list[int], list[int], list[int], list[float
         out.batch["rollout_log_probs"][i][:n].tolist(),
         out.batch["rm_scores"][i].tolist(),
     )
+
+
+def make_loop(worker: Any, config: Any, server: Any, name: str = "uniagent") -> Any:
+    """The agent loop of entry ``name``, built as verl's workers build one per sample."""
+    import hydra
+    from verl.experimental.agent_loop.agent_loop import (
+        DictConfigWrap,
+        ToolListWrap,
+        _agent_loop_registry,
+    )
+
+    return hydra.utils.instantiate(
+        _agent_loop_registry[name],
+        trainer_config=DictConfigWrap(config=config),
+        server_manager=server,
+        tokenizer=worker.tokenizer,
+        processor=worker.processor,
+        hf_model_type=worker.hf_model_type,
+        dataset_cls=worker.dataset_cls,
+        data_config=DictConfigWrap(config.data),
+        tools=ToolListWrap(worker.tools),
+    )
