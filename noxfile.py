@@ -66,9 +66,15 @@ def tests(session: nox.Session, suite: str) -> None:
         pytest(session, f"plugins/{suite}/tests")
     elif suite == "verl":
         # The verl adapter and rollout parity against real verl 0.9.1 on the CPU, both of
-        # its trainers' worker paths (classic and v1/TransferQueue).
+        # its trainers' worker paths (classic and v1/TransferQueue); harness episodes in
+        # verl batches (the gateway extra; mini-swe-agent from the agents plugin, which
+        # installs it into the cache with pip).
         session.install(TORCH)
-        session.install("./core[test,tokenizers,verl,data]", "./plugins/uniagent-tools-swe")
+        session.install(
+            "./core[test,tokenizers,verl,data,gateway]",
+            "./plugins/uniagent-tools-swe",
+            "./plugins/uniagent-agents-cli",
+        )
         constraints = Path(session.create_tmp()) / "verl-constraints.txt"
         constraints.write_text("\n".join(VERL_CONSTRAINTS) + "\n")
         session.install("-c", str(constraints), TRANSFER_QUEUE)

@@ -20,29 +20,16 @@ from verl_helpers import (
     SCRIPTS,
     agent_field,
     make_batch,
+    make_loop,
     make_worker,
     task,
     trainer_config,
+    unpad,
     write_loop_yaml,
 )
 
 from uniagent.verl.output import EXTRA_FIELD_KEYS, UNIAGENT_FIELDS, extras_record
 from uniagent.verl.testing import ScriptedTokenServer
-
-
-def unpad(out: Any, i: int) -> tuple[list[int], list[int], list[int], list[float], list[float]]:
-    """Sample ``i`` without padding: prompt, response, mask, log-probs, rm_scores."""
-    prompt_len = out.batch["prompts"].shape[1]
-    attention = out.batch["attention_mask"][i]
-    prompt = out.batch["prompts"][i][attention[:prompt_len].bool()].tolist()
-    n = int(attention[prompt_len:].sum())
-    return (
-        prompt,
-        out.batch["responses"][i][:n].tolist(),
-        out.batch["response_mask"][i][:n].tolist(),
-        out.batch["rollout_log_probs"][i][:n].tolist(),
-        out.batch["rm_scores"][i].tolist(),
-    )
 
 
 def episode_calls(server: ScriptedTokenServer, prompt: list[int]) -> list[Any]:
@@ -235,13 +222,6 @@ async def test_v1_trainer_contract(
 ) -> None:
     """verl 0.9.1's default trainer (use_v1) takes ``output.as_dict()`` unpadded, with
     ``uid``/``session_id``/``global_steps`` among run()'s kwargs and integer weight versions."""
-    import hydra
-    from verl.experimental.agent_loop.agent_loop import (
-        DictConfigWrap,
-        ToolListWrap,
-        _agent_loop_registry,
-    )
-
     loop_yaml = write_loop_yaml(tmp_path, AGENT)
     tasks = [
         task("fin", "[script:finish]"),
@@ -254,17 +234,7 @@ async def test_v1_trainer_contract(
     sampling = {"temperature": 1.0, "top_p": 1.0, "top_k": -1, "logprobs": True}
     outputs = []
     for i in range(len(tasks)):
-        loop = hydra.utils.instantiate(
-            _agent_loop_registry["uniagent"],
-            trainer_config=DictConfigWrap(config=config),
-            server_manager=server,
-            tokenizer=worker.tokenizer,
-            processor=worker.processor,
-            hf_model_type=worker.hf_model_type,
-            dataset_cls=worker.dataset_cls,
-            data_config=DictConfigWrap(config.data),
-            tools=ToolListWrap(worker.tools),
-        )
+        loop = make_loop(worker, config, server)
         kwargs = {k: v[i] for k, v in batch.non_tensor_batch.items()}
         kwargs.update(uid=f"u{i}", session_id=0, global_steps=3)
         outputs.append((await loop.run(sampling, **kwargs)).as_dict())

@@ -98,11 +98,13 @@ def make_batch(
     tokenizer: Any,
     tasks: Sequence[Mapping[str, Any]],
     other_rows: Sequence[Mapping[str, Any]] = (),
+    agent_names: Mapping[str, str] | None = None,
 ) -> Any:
     """Tasks → ``uniagent data prepare`` → RLHFDataset → collate_fn → DataProto.
 
     ``other_rows`` (e.g. :func:`gsm8k_row`, for verl's own loops) are appended to the
     prepared Parquet file: one dataset, one schema, as a user mixing tasks builds it.
+    ``agent_names`` gives a task (by id) another agent-loop entry than ``uniagent``.
     """
     from omegaconf import OmegaConf
     from verl.protocol import DataProto
@@ -127,12 +129,14 @@ def make_batch(
         ]
     )
     assert code == 0
-    if other_rows:
+    if other_rows or agent_names:
         import pyarrow.parquet as pq
 
         from uniagent.data import write_parquet
 
         rows = pq.read_table(out).to_pylist()
+        for row in rows:
+            row["agent_name"] = (agent_names or {}).get(row["extra_info"]["task_id"], "uniagent")
         rows += [dict(row, index=len(rows) + i) for i, row in enumerate(other_rows)]
         write_parquet(rows, out)
     dataset = RLHFDataset(
@@ -172,3 +176,40 @@ def agent_field(out: Any, key: str) -> list[Any]:
     records = [extras_record(e) for e in out.non_tensor_batch["extras"]]
     assert all(r is not None for r in records), "every row is a uniagent row"
     return [r[key] for r in records]  # type: ignore[index]
+
+
+def unpad(out: Any, i: int) -> tuple[list[int], list[int], list[int], list[float], list[float]]:
+    """Sample ``i`` without padding: prompt, response, mask, log-probs, rm_scores."""
+    prompt_len = out.batch["prompts"].shape[1]
+    attention = out.batch["attention_mask"][i]
+    prompt = out.batch["prompts"][i][attention[:prompt_len].bool()].tolist()
+    n = int(attention[prompt_len:].sum())
+    return (
+        prompt,
+        out.batch["responses"][i][:n].tolist(),
+        out.batch["response_mask"][i][:n].tolist(),
+        out.batch["rollout_log_probs"][i][:n].tolist(),
+        out.batch["rm_scores"][i].tolist(),
+    )
+
+
+def make_loop(worker: Any, config: Any, server: Any, name: str = "uniagent") -> Any:
+    """The agent loop of entry ``name``, built as verl's workers build one per sample."""
+    import hydra
+    from verl.experimental.agent_loop.agent_loop import (
+        DictConfigWrap,
+        ToolListWrap,
+        _agent_loop_registry,
+    )
+
+    return hydra.utils.instantiate(
+        _agent_loop_registry[name],
+        trainer_config=DictConfigWrap(config=config),
+        server_manager=server,
+        tokenizer=worker.tokenizer,
+        processor=worker.processor,
+        hf_model_type=worker.hf_model_type,
+        dataset_cls=worker.dataset_cls,
+        data_config=DictConfigWrap(config.data),
+        tools=ToolListWrap(worker.tools),
+    )

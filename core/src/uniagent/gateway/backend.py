@@ -8,6 +8,7 @@ wraps the token models ``uniagent run`` builds (``hf:`` in process, verl's serve
 
 from __future__ import annotations
 
+import asyncio
 from collections import deque
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
@@ -34,7 +35,13 @@ class TokenBackend(Protocol):
 
 
 class TokenModelBackend:
-    """A :class:`~uniagent.models.base.TokenChatModel` (``hf:``, verl's server) as a backend."""
+    """A :class:`~uniagent.models.base.TokenChatModel` (``hf:``, verl's server) as a backend.
+
+    Made on a running event loop (an episode's), it calls the model on that loop even when
+    the gateway serves from another thread's: a model's client (verl's server manager in a
+    worker) may hold state bound to the loop it was made on. That loop must then not be
+    blocked while the gateway serves the session (a harness runs as an async subprocess).
+    """
 
     def __init__(self, model: TokenChatModel) -> None:
         if not isinstance(model, TokenChatModel):
@@ -44,14 +51,24 @@ class TokenModelBackend:
             )
         self.model = model
         self.tokenizer = model.tokenizer
+        try:
+            self.loop: asyncio.AbstractEventLoop | None = asyncio.get_running_loop()
+        except RuntimeError:
+            self.loop = None
 
     async def generate(
         self, prompt_ids: list[int], *, max_tokens: int | None, stop: Sequence[str] = ()
     ) -> Generation:
-        """Call the model's ``_generate`` and cut at ``stop`` (ids kept as generated)."""
+        """Call the model's ``_generate`` (on the loop this backend was made on, if that is
+        another one and still running) and cut at ``stop`` (ids kept as generated)."""
         per_turn = self.model.sampling_params.get("max_tokens")
         limits = [x for x in (max_tokens, per_turn) if x is not None]
-        out = await self.model._generate(list(prompt_ids), min(limits) if limits else None)
+        call = self.model._generate(list(prompt_ids), min(limits) if limits else None)
+        home = self.loop
+        if home is not None and home is not asyncio.get_running_loop() and home.is_running():
+            out = await asyncio.wrap_future(asyncio.run_coroutine_threadsafe(call, home))
+        else:
+            out = await call
         return cut_at_stop(self.tokenizer, out, stop) if stop else out
 
 

@@ -80,6 +80,8 @@ class Sample:
     response_weights: list[float]
     #: Every turn on the path has a prompt equal to a fresh render (None: not checked).
     exact: bool | None
+    #: The turns (served requests) whose generation lies on the path.
+    turns: int = 0
 
 
 class TrajectoryTree:
@@ -195,7 +197,9 @@ class TrajectoryTree:
             logprobs: list[float] = []
             weights: list[float] = []
             exact: bool | None = True
+            turns = 0
             for node in leaf.path():
+                turns += len(node.turns)
                 ids += node.ids
                 mask += node.mask
                 logprobs += node.logprobs
@@ -216,6 +220,7 @@ class TrajectoryTree:
                     logprobs[first:],
                     weights[first:],
                     exact,
+                    turns,
                 )
             )
         return out

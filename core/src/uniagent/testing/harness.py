@@ -2,7 +2,9 @@
 Completions): it asks the gateway, runs the ``bash`` call it gets, answers, repeats; exits
 with ``exit_with`` when the model stops calling tools. With ``restarts``, it then starts
 the conversation again from a new first message that many times (each a new branch of the
-session's tree, as a subagent makes)."""
+session's tree, as a subagent makes); with ``fork`` too, each restart instead goes on from
+the first reply with a changed tool output (a branch after the model's first reply, whose
+generated tokens the branches share, as a retried tool call or a parallel fork makes)."""
 
 from __future__ import annotations
 
@@ -22,8 +24,7 @@ url = os.environ["BASE"] + "/v1/chat/completions"
 tools = [{"type": "function", "function": {"name": "bash", "description": "Run it.",
           "parameters": {"type": "object", "properties": {"command": {"type": "string"}},
                          "required": ["command"]}}}]
-def conversation(first):
-    messages = [{"role": "user", "content": first}]
+def conversation(messages):
     for _ in range(int(os.environ["STEPS"])):
         req = urllib.request.Request(url, json.dumps({"model": "m", "messages": messages,
               "tools": tools}).encode(), {"Authorization": "Bearer " + os.environ["KEY"],
@@ -34,14 +35,19 @@ def conversation(first):
             print("gateway said", exc.code, exc.read().decode()); sys.exit(3)
         messages.append(reply)
         if not reply.get("tool_calls"):
-            return
+            return messages
         for call in reply["tool_calls"]:
             command = json.loads(call["function"]["arguments"])["command"]
             out = subprocess.run(command, shell=True, capture_output=True, text=True).stdout
             messages.append({"role": "tool", "tool_call_id": call["id"], "content": out})
-conversation(sys.argv[1])
+    return messages
+first = conversation([{"role": "user", "content": sys.argv[1]}])
 for i in range(int(os.environ["RESTARTS"])):
-    conversation(f"Again ({i + 1}): " + sys.argv[1])
+    if os.environ["FORK"] == "1" and len(first) > 2:
+        tool = dict(first[2], content=first[2]["content"] + f"(fork {i + 1})")
+        conversation(first[:2] + [tool])
+    else:
+        conversation([{"role": "user", "content": f"Again ({i + 1}): " + sys.argv[1]}])
 sys.exit(int(os.environ["EXIT_WITH"]))
 """
 
@@ -54,6 +60,7 @@ class TinySettings(BaseModel):
     exit_with: int = 0
     steps: int = 5
     restarts: int = 0
+    fork: bool = False
     timeout: float = 120.0
 
 
@@ -70,6 +77,7 @@ def tiny_spec(path: Path) -> AgentSpec[TinySettings]:
                 "EXIT_WITH": str(settings.exit_with),
                 "STEPS": str(settings.steps),
                 "RESTARTS": str(settings.restarts),
+                "FORK": "1" if settings.fork else "0",
             },
             timeout=settings.timeout,
         )

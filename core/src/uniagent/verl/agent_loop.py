@@ -34,11 +34,13 @@ from uniagent.plugins import load_plugins
 from uniagent.registry import get_registry
 from uniagent.resolver import ResolvedAgent, resolve
 from uniagent.services import ServiceStartError, ensure_services
+from uniagent.verl.branches import TreeSettings, branch_samples, worker_takes_lists
 from uniagent.verl.dumps import DumpSettings, EpisodeDump
 from uniagent.verl.output import (
     EXTRA_FIELD_KEYS,
     LoopFields,
     as_kwargs,
+    branch_fields,
     episode_fields,
     extras_record,
     placeholder_fields,
@@ -95,6 +97,7 @@ class UniAgentLoop(AgentLoopBase):
         load_plugins()
         self.settings = LoopSettings.from_trainer_config(self.config)
         self.dumps = DumpSettings.pop_from(kwargs, source=f"agent loop {self.loop_name!r}")
+        self.tree = TreeSettings.pop_from(kwargs, source=f"agent loop {self.loop_name!r}")
         self.agent = self._base_agent(kwargs)
         self.agent_config = self.agent.config
 
@@ -140,8 +143,14 @@ class UniAgentLoop(AgentLoopBase):
         return by_limit[limit]
 
     # -- one sample ---------------------------------------------------------------------
-    async def run(self, sampling_params: dict[str, Any], **kwargs: Any) -> AgentLoopOutput:
-        """Run the episode of one dataset row; failures give a masked placeholder output."""
+    async def run(  # type: ignore[override, unused-ignore]  # a list: verl's v1 worker
+        self, sampling_params: dict[str, Any], **kwargs: Any
+    ) -> AgentLoopOutput | list[AgentLoopOutput]:
+        """Run the episode of one dataset row; failures give a masked placeholder output.
+
+        A trained harness episode whose tree has several branches gives one output per
+        branch, the last-served branch last (:mod:`uniagent.verl.branches`), where the
+        worker takes several (``branches: all``, the default); elsewhere its last branch."""
         want_logprobs = bool(sampling_params.get("logprobs", self.settings.calculate_log_probs))
         messages: list[dict[str, Any]] | None = None
         result: EpisodeResult | None = None
@@ -185,7 +194,9 @@ class UniAgentLoop(AgentLoopBase):
             if dump is not None:
                 dump.logger.error("episode failed: %s", error, exc_info=True)
             fields = self._placeholder(messages, want_logprobs, error=error)
-        self._stamp(fields, server, kwargs)
+        several = self._branches(result, fields, want_logprobs, kwargs)
+        for each in several:
+            self._stamp(each, server, kwargs)
         if dump is not None:
             # v1 rows carry the trainer's step; on the classic path the weight version the
             # server reported (for an episode without a generation: the latest this worker
@@ -194,7 +205,52 @@ class UniAgentLoop(AgentLoopBase):
             if step is None:
                 step = server.max_steps if server.max_steps is not None else self._last_global_steps
             await self._write_dump(dump, result, fields, messages, kwargs, step)
+        if len(several) > 1:
+            return [_output(each) for each in several]
         return _output(fields)
+
+    def _branches(
+        self,
+        result: EpisodeResult | None,
+        fields: LoopFields,
+        want_logprobs: bool,
+        row: Mapping[str, Any],
+    ) -> list[LoopFields]:
+        """The episode's samples: one per branch of a trained harness episode's tree where
+        the worker takes several (``[fields]`` otherwise: the last-served branch)."""
+        record = extras_record(fields.extra_fields.get("extras")) or {}
+        tree = result.tree if result is not None else None
+        if tree is None or record.get("traj_masked") or int(tree.get("branches", 1)) < 2:
+            return [fields]
+        if self.tree.branches == "last" or not worker_takes_lists(row):
+            log.warning(
+                "episode of %d branches: only its last-served branch is a sample (%s)",
+                tree["branches"],
+                "branches: last"
+                if self.tree.branches == "last"
+                else "verl's classic AgentLoopWorker takes one output per row",
+            )
+            return [fields]
+        assert result is not None
+        try:
+            samples = branch_samples(tree, shared_weight=self.tree.shared_weight)
+        except Exception:  # a tree that does not load: the last branch, never a broken batch
+            log.exception("could not read the episode's tree: its last-served branch only")
+            return [fields]
+        return [
+            branch_fields(
+                result,
+                sample,
+                branch=i,
+                branches=len(samples),
+                prompt_length=self.settings.prompt_length,
+                response_length=self.settings.response_length,
+                want_logprobs=want_logprobs,
+                reward_configured=fields.reward_score is not None,
+                end_token_id=self._end_token_id(),
+            )
+            for i, sample in enumerate(samples)
+        ]
 
     def _fields(
         self,

@@ -27,6 +27,7 @@ from typing import Any
 
 from uniagent.episode import EpisodeResult
 from uniagent.exit import ExitReason
+from uniagent.gateway.tree import Sample
 from uniagent.interaction.metrics import EpisodeMetrics
 from uniagent.protect.report import integrity_flags
 from uniagent.rubric import component_scores
@@ -63,6 +64,8 @@ UNIAGENT_FIELDS: tuple[str, ...] = (
     "reward_components",
     "token_scores",
     "integrity",
+    "branch",
+    "branches",
 )
 _ERROR_CHARS = 2000
 
@@ -97,6 +100,8 @@ def _extra(
     truncated: bool,
     error: str | None,
     token_scores: list[list[float]] | None = None,
+    branch: int = 0,
+    branches: int = 1,
 ) -> dict[str, Any]:
     metrics = result.metrics if result is not None else EpisodeMetrics()
     record = {
@@ -120,6 +125,10 @@ def _extra(
         # what reward.credit adds to rm_scores: [[position in the response, score], ...]
         "token_scores": list(token_scores or []),
         "integrity": integrity_flags(result.reward_info if result is not None else None),
+        # which of the episode's samples this is (one per branch of a harness's tree; the
+        # last-served branch is the last, branches - 1) and how many the episode gave
+        "branch": branch,
+        "branches": branches,
     }
     turns = metrics.turns
     return {
@@ -232,6 +241,69 @@ def episode_fields(
                 gamma=gamma,
                 response_length=len(ids),
             ),
+        ),
+    )
+    fields.check()
+    return fields
+
+
+def branch_fields(
+    result: EpisodeResult,
+    sample: Sample,
+    *,
+    branch: int,
+    branches: int,
+    prompt_length: int,
+    response_length: int,
+    want_logprobs: bool,
+    reward_configured: bool,
+    end_token_id: int,
+) -> LoopFields:
+    """One branch of a trained (unmasked) harness episode as a sample: cut as
+    :func:`episode_fields` cuts (a prompt over ``prompt_length`` masks the sample), the
+    episode's reward, outcome credit only (``reward.credit`` per turn applies to one-branch
+    episodes)."""
+    masked = False
+    error = result.error
+    prompt = list(sample.prompt_ids)
+    if len(prompt) > prompt_length:
+        log.warning(
+            "branch %d: prompt of %d tokens cut to prompt_length=%d: sample masked",
+            branch,
+            len(prompt),
+            prompt_length,
+        )
+        prompt, masked = prompt[-prompt_length:], True
+        error = error or f"prompt longer than prompt_length={prompt_length}: masked"
+    ids = list(sample.response_ids[:response_length])
+    mask = list(sample.response_mask[:response_length])
+    logprobs: list[float] | None = list(sample.response_logprobs[:response_length])
+    truncated = len(sample.response_ids) > response_length
+    if not ids:
+        ids, mask, logprobs = [end_token_id], [0], [0.0]
+    if masked:
+        mask = [0] * len(ids)
+    if not want_logprobs:
+        logprobs = None
+    reward: float | None = None
+    if reward_configured:
+        reward = 0.0 if masked or result.reward is None else float(result.reward)
+    fields = LoopFields(
+        prompt_ids=prompt or [end_token_id],
+        response_ids=ids,
+        response_mask=mask,
+        response_logprobs=logprobs,
+        reward_score=reward,
+        num_turns=max(1, sample.turns),
+        metrics=_loop_metrics(result.metrics),
+        extra_fields=_extra(
+            result,
+            exit_reason=result.exit_reason,
+            traj_masked=masked,
+            truncated=truncated,
+            error=error,
+            branch=branch,
+            branches=branches,
         ),
     )
     fields.check()
