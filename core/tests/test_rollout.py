@@ -806,3 +806,27 @@ def test_encode_calls_the_rust_tokenizer_directly_with_the_same_ids(qwen3_tokeni
         qwen3_tokenizer.split_special_tokens = False
         backend.encode_special_tokens = False
     assert template.encode(qwen3_tokenizer, texts[0]) == expected[0]
+
+
+def test_a_tokenizer_class_with_its_own_encoding_step_is_called_as_it_is(
+    qwen3_tokenizer: Any,
+) -> None:
+    """A subclass that defines a step between ``encode`` and the Rust tokenizer (CodeLlama
+    splits at ``<FILL_ME>``; remote-code tokenizers may do anything) is never bypassed."""
+    import copy
+
+    from uniagent.rollout import template
+
+    base = type(qwen3_tokenizer)
+
+    class Marking(base):  # type: ignore[misc, valid-type]
+        def _encode_plus(self, *args: Any, **kwargs: Any) -> Any:
+            out = super()._encode_plus(*args, **kwargs)
+            out["input_ids"] = [7, *out["input_ids"]]
+            return out
+
+    marking = copy.copy(qwen3_tokenizer)
+    marking.__class__ = Marking
+    assert template._direct_backend(marking) is None
+    assert template.encode(marking, "hello")[0] == 7  # its own step ran
+    assert template._direct_backend(qwen3_tokenizer) is not None  # the plain class still fast

@@ -80,6 +80,22 @@ async def test_a_harness_past_its_time_limit_is_a_timeout(tiny, qwen3_tokenizer,
     assert done["result"]["traj_masked"] is False
 
 
+async def test_a_harness_whose_history_outgrows_the_context_ends_at_the_token_limit(
+    tiny, qwen3_tokenizer, tmp_path
+) -> None:
+    """The gateway refuses a prompt with no room left in the model's context (the API's
+    400): the policy's end (``token_limit``, trained on), never the backend's failure."""
+    big = hermes_call("bash", {"command": "seq 1 3000; echo hello > out.txt"})
+    model = ScriptedTokenModel(qwen3_tokenizer, [big, "Done."], max_model_len=2000)
+    done = await _run(tiny_config(), model, tmp_path / "out")
+    result = done["result"]
+    assert result["exit_reason"] == "token_limit", (result, done["log"][-2000:])
+    assert result["traj_masked"] is False and result["outcome"] == "policy"
+    assert "context" in result["error"] and "max_model_len" in result["error"]
+    assert result["reward"] == 1.0  # graded as usual: out.txt says hello
+    assert "context length exceeded" in done["log"]  # what the harness was told
+
+
 async def test_the_backend_failing_under_a_harness_is_infrastructure(
     tiny, qwen3_tokenizer, tmp_path
 ) -> None:

@@ -28,3 +28,18 @@ async def test_openhands_past_its_step_limit_is_the_policys(qwen3_tokenizer, tmp
     result = done["result"]
     assert result["exit_reason"] == "max_step_limit", (result, done["log"][-3000:])
     assert result["traj_masked"] is False and result["reward"] == 1.0  # out.txt is right
+
+
+def test_how_a_run_ended_is_read_from_the_launchers_own_lines():
+    from uniagent_agents_cli.openhands import STARTED, STATUS, OpenHandsSettings, outcome
+
+    settings = OpenHandsSettings()
+    # never started its conversation (the SDK did not import): before the policy acted
+    assert outcome(1, "Traceback ... ImportError", settings).exit_reason == "env_error"
+    started = f"{STARTED}\n"
+    assert outcome(0, f"{started}{STATUS}finished -\n", settings).exit_reason == "finished"
+    limit = f"{started}{STATUS}error MaxIterationsReached\n"
+    assert outcome(0, limit, settings).exit_reason == "max_step_limit"
+    # killed mid-run (by the agent's own command, say), or stuck: the policy's outcome
+    assert outcome(-9, started, settings).exit_reason == "format_error"
+    assert outcome(0, f"{started}{STATUS}stuck -\n", settings).exit_reason == "format_error"

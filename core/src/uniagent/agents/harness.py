@@ -117,6 +117,11 @@ async def run_harness(
     if failures:  # the model behind the gateway failed: not the policy's doing
         reason = ExitReason.MODEL_ERROR
         error = f"the token backend failed under the harness: {failures[0]}"
+    elif session.limit_errors and reason is not ExitReason.AGENT_KILLED_SHELL:
+        # its history outgrew the model's context: the policy's end, whatever the harness
+        # made of the refusal (most give up and exit non-zero)
+        reason = ExitReason.TOKEN_LIMIT
+        error = f"the harness's prompt outgrew the model's context: {session.limit_errors[0]}"
     tree = closed["tree"]
     turns = tree["turns"]
     return HarnessRun(

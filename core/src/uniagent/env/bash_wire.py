@@ -409,7 +409,10 @@ class BashWire:
                 self.lines[0].poke()
             else:
                 self._stray.feed(data)
-            if len(data) < _READ_CHUNK:  # a short read empties a pipe: no read to learn that
+            if fd == self._out_fd and len(data) < _READ_CHUNK:
+                # A short read empties a pipe: no read to learn that. Not a terminal's: a pty
+                # master returns at most ~4 KiB a read however much waits, and the explicit
+                # drains (a line's marker, the shell's exit) must read all of it.
                 return
 
     def _on_control(self) -> None:

@@ -14,7 +14,13 @@ from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol, runtime_checkable
 
-from uniagent.models.base import Generation, ModelError, TokenChatModel, cut_at_stop
+from uniagent.models.base import (
+    ContextLimitError,
+    Generation,
+    ModelError,
+    TokenChatModel,
+    cut_at_stop,
+)
 from uniagent.rollout.template import decode
 
 __all__ = ["Generation", "ScriptedBackend", "TokenBackend", "TokenModelBackend"]
@@ -63,6 +69,14 @@ class TokenModelBackend:
         another one and still running) and cut at ``stop`` (ids kept as generated)."""
         per_turn = self.model.sampling_params.get("max_tokens")
         limits = [x for x in (max_tokens, per_turn) if x is not None]
+        context = self.model.max_model_len
+        if context is not None:  # the harness's history outgrew the model: the policy's end
+            if len(prompt_ids) >= context:
+                raise ContextLimitError(
+                    f"the prompt is {len(prompt_ids)} tokens: no room to generate in the "
+                    f"model's context of {context} (max_model_len)"
+                )
+            limits.append(context - len(prompt_ids))
         call = self.model._generate(list(prompt_ids), min(limits) if limits else None)
         home = self.loop
         if home is not None and home is not asyncio.get_running_loop() and home.is_running():

@@ -25,7 +25,7 @@ from starlette.routing import Route
 from uniagent.gateway.manager import Gateway
 from uniagent.gateway.session import Completion, GatewayError, Session
 from uniagent.gateway.wire import anthropic, openai_chat, responses
-from uniagent.models.base import ModelError
+from uniagent.models.base import ContextLimitError, ModelError
 
 WIRES: dict[str, ModuleType] = {
     "/v1/chat/completions": openai_chat,
@@ -58,6 +58,10 @@ def create_app(gateway: Gateway, *, model_name: str = "uniagent-gateway") -> Sta
                 completion = await session.complete(chat)
             except GatewayError as exc:
                 return JSONResponse(wire.error(exc), status_code=exc.status)
+            except ContextLimitError as exc:
+                session.limit_errors.append(str(exc))  # the policy's: its history is too long
+                full = GatewayError(f"context length exceeded: {exc}", param="messages")
+                return JSONResponse(wire.error(full), status_code=400)
             except ModelError as exc:
                 session.backend_errors.append(str(exc))  # the episode masks it: infrastructure
                 failed = GatewayError(

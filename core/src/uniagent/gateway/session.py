@@ -132,6 +132,8 @@ class Session:
         self.undelivered: list[dict[str, Any]] = []
         #: Why the token backend failed on a request (infrastructure, not the harness's).
         self.backend_errors: list[str] = []
+        #: Requests refused because the prompt left no room in the model's context.
+        self.limit_errors: list[str] = []
         self._prompts: dict[bytes, Node] = {}  # key of a request's messages -> its turn's end
         self._ends: dict[bytes, Node] = {}  # key of request + its reply -> the turn's end
         self._served = 0  # completions generated (for tool-call ids)
@@ -367,6 +369,7 @@ class Session:
             "generated_tokens": sum(sum(n.mask) for n in nodes),
             "undelivered": list(self.undelivered),
             "backend_errors": list(self.backend_errors),
+            "limit_errors": list(self.limit_errors),
         }
 
     def close(self) -> dict[str, Any]:

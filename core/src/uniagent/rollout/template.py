@@ -7,6 +7,7 @@ comparing renderings of small dummy conversations; nothing is hard-coded per mod
 from __future__ import annotations
 
 import contextlib
+import functools
 import json
 import threading
 import weakref
@@ -106,6 +107,8 @@ def _direct_backend(tokenizer: Any) -> Any:
     backend = getattr(tokenizer, "_tokenizer", None)
     if backend is None or type(backend).__module__.split(".")[0] != "tokenizers":
         return None
+    if not _plain_encode(type(tokenizer)):
+        return None
     try:
         split = bool(getattr(tokenizer, "split_special_tokens", False))
         if backend.truncation is not None or backend.padding is not None:
@@ -115,6 +118,27 @@ def _direct_backend(tokenizer: Any) -> Any:
     except AttributeError:
         return None
     return backend
+
+
+#: The methods between ``encode`` and the Rust tokenizer, and the modules of transformers'
+#: base classes that define them: a class that defines one elsewhere (CodeLlama splits at
+#: ``<FILL_ME>``, a ``trust_remote_code`` tokenizer may do anything) is called as it is.
+_ENCODE_PATH = ("encode", "encode_plus", "_encode_plus", "_batch_encode_plus", "tokenize")
+_BASE_MODULES = (
+    "transformers.tokenization_utils_base",
+    "transformers.tokenization_utils_fast",
+    "transformers.tokenization_utils_tokenizers",
+)
+
+
+@functools.lru_cache(maxsize=64)
+def _plain_encode(cls: Any) -> bool:
+    """Whether ``cls`` encodes with transformers' own methods only (nothing overridden)."""
+    for name in _ENCODE_PATH:
+        owner = next((k for k in cls.__mro__ if name in vars(k)), None)
+        if owner is not None and owner.__module__ not in _BASE_MODULES:
+            return False
+    return True
 
 
 def decode(tokenizer: Any, ids: Sequence[int]) -> str:

@@ -21,6 +21,8 @@ from uniagent import AgentCommand, AgentInstall, AgentLaunch, AgentOutcome, Agen
 VERSION = "1.58.2"
 #: Printed by the launcher when the conversation ends: its status and last error code.
 STATUS = "UNIAGENT_OPENHANDS_STATUS="
+#: Printed once the SDK is imported and the conversation made, before the first model call.
+STARTED = "UNIAGENT_OPENHANDS_STARTED"
 EVENTS = "openhands-events.jsonl"
 LAUNCHER = "uniagent_openhands.py"
 SETTINGS = "openhands-settings.json"
@@ -59,6 +61,7 @@ conversation = Conversation(
     callbacks=[keep], max_iteration_per_run=settings["max_iterations"],
 )
 conversation.send_message(instruction)
+print({STARTED!r}, flush=True)
 try:
     conversation.run()
 finally:
@@ -110,8 +113,13 @@ def launch(run: AgentLaunch, settings: OpenHandsSettings) -> AgentCommand:
 
 def outcome(exit_code: int | None, output: str, settings: OpenHandsSettings) -> AgentOutcome:
     """The conversation's status: ``finished`` finished; its step limit
-    (``MaxIterationsReached``) the step limit; any other end (stuck, an error on the model's
-    output, a crash) a format error, the policy's outcome."""
+    (``MaxIterationsReached``) the step limit; any other end after the conversation started
+    (stuck, an error on the model's output, killed by the agent's own command) a format error,
+    the policy's outcome. A launcher that never started its conversation (the SDK does not
+    import, its interpreter is gone) did so before the first model call, so before the
+    policy could act: ``env_error``, infrastructure."""
+    if not re.search(rf"^{STARTED}\s*$", output, flags=re.MULTILINE):
+        return AgentOutcome("env_error")
     found = re.findall(rf"^{STATUS}(\S+) (\S+)\s*$", output, flags=re.MULTILINE)
     status, error = found[-1] if found else (None, None)
     if status == "finished" and exit_code == 0:
