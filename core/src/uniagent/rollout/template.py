@@ -7,7 +7,6 @@ comparing renderings of small dummy conversations; nothing is hard-coded per mod
 from __future__ import annotations
 
 import contextlib
-import functools
 import json
 import threading
 import weakref
@@ -131,14 +130,17 @@ _BASE_MODULES = (
 )
 
 
-@functools.lru_cache(maxsize=64)
-def _plain_encode(cls: Any) -> bool:
+_PLAIN: weakref.WeakKeyDictionary[type, bool] = weakref.WeakKeyDictionary()
+
+
+def _plain_encode(cls: type) -> bool:
     """Whether ``cls`` encodes with transformers' own methods only (nothing overridden)."""
-    for name in _ENCODE_PATH:
-        owner = next((k for k in cls.__mro__ if name in vars(k)), None)
-        if owner is not None and owner.__module__ not in _BASE_MODULES:
-            return False
-    return True
+    plain = _PLAIN.get(cls)
+    if plain is None:
+        owners = (next((k for k in cls.__mro__ if n in vars(k)), None) for n in _ENCODE_PATH)
+        plain = all(k is None or k.__module__ in _BASE_MODULES for k in owners)
+        _PLAIN[cls] = plain
+    return plain
 
 
 def decode(tokenizer: Any, ids: Sequence[int]) -> str:
