@@ -4,12 +4,14 @@ rows with turn scores and outcome-only rows; positions checked against the batch
 
 from __future__ import annotations
 
+import copy
 import types
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
+import torch
 from verl_helpers import (
     AGENT,
     SCRIPTS,
@@ -76,8 +78,21 @@ async def test_turn_scores_reach_rm_scores_at_each_turns_last_generated_token(
     config = trainer_config(verl_model_dir, loop_yaml, response_length=512)
     out = await make_worker(config, server).generate_sequences(batch)
     outcome_only = out.batch["rm_scores"].clone()
+    # The fully async trainer places them as it takes a batch from its queue (before its
+    # reward step), on a copy here: the same positions as the classic trainers' manager.
+    from uniagent.verl.fully_async import AgentMetricsTrainer
+
+    taken = copy.deepcopy(out)
+    taken.meta_info["trajectory_param_versions"] = [1] * len(taken)
+    trainer = object.__new__(AgentMetricsTrainer)  # what the method reads, only
+    trainer.__dict__.update(current_param_version=1, stale_trajectory_processed=0)
+    trainer.metrics_aggregator = types.SimpleNamespace(aggregation_rules={})
+    step_metrics: dict[str, Any] = {}
+    trainer._collect_metrics_from_samples(taken, step_metrics)
+    assert step_metrics["agent/samples"] == 3
     assert place_token_scores(out) == 4
     assert place_token_scores(out) == 0, "placed once per batch"
+    assert torch.equal(taken.batch["rm_scores"], out.batch["rm_scores"])
 
     assert agent_field(out, "exit_reason") == ["finished", "finished", "max_step_limit"]
     assert list(out.non_tensor_batch["turn_scores"]) == [[0.5, 0.25], [], [0.1, 0.0, -0.3]]

@@ -1,4 +1,5 @@
-"""verl's fully async trainer with the agent metrics (``agent/...``) in its step metrics.
+"""verl's fully async trainer with the agent metrics (``agent/...``) in its step metrics,
+and the turn scores of ``reward.credit`` in its batches' ``rm_scores``.
 
 verl 0.9.1's fully async trainer (``verl.experimental.fully_async_policy``) builds its
 rollouter, loop manager and trainer itself, with no extension point for metrics. Its
@@ -32,7 +33,7 @@ from verl.experimental.fully_async_policy.fully_async_trainer import FullyAsyncT
 from verl.protocol import DataProto
 
 from uniagent.exit import ExitReason
-from uniagent.verl.metrics import PREFIX, batch_agent_metrics
+from uniagent.verl.metrics import PREFIX, batch_agent_metrics, place_token_scores
 
 #: verl's Hydra config of the fully async trainer: the folder beside its main, as it uses.
 CONFIG_PATH = str(Path(verl_main.__file__).parent / "config")
@@ -53,10 +54,14 @@ _TaskRunner: Any = verl_main.FullyAsyncTaskRunner.__ray_actor_class__
 
 
 class AgentMetricsTrainer(_Trainer):
-    """verl's ``FullyAsyncTrainer`` whose step metrics also hold the batch's agent metrics."""
+    """verl's ``FullyAsyncTrainer`` whose step metrics also hold the batch's agent metrics,
+    and whose batches get each turn's credit (``reward.credit``) in ``rm_scores``."""
 
     def _collect_metrics_from_samples(self, batch: DataProto, metrics: dict[str, Any]) -> None:
-        """verl's metrics of the step's batch, then its ``agent/...`` metrics."""
+        """The batch's turn scores into its ``rm_scores`` (the trainer's reward step reads
+        them next: verl calls this as it takes the step's batch from the queue, before
+        ``_fit_compute_reward``), then verl's metrics of the batch and its ``agent/...``."""
+        place_token_scores(batch)
         super()._collect_metrics_from_samples(batch, metrics)
         add_agent_rules(self.metrics_aggregator)
         metrics.update(batch_agent_metrics(batch))
