@@ -122,3 +122,100 @@ def run_install(argv: list[str], install: AgentInstall | None, *, what: str = ""
     if proc.returncode != 0:
         tail = (proc.stderr or proc.stdout).strip()[-1500:]
         raise AgentInstallError(f"{what} failed (exit {proc.returncode}):\n{tail}")
+
+
+# -- what the sandbox must provide ----------------------------------------------------------
+
+
+def venv_python(folder: Path) -> tuple[str, str]:
+    """The interpreter a pip harness's venv runs on (the one it was made with, outside the
+    venv) and its ``major.minor``, read from the venv."""
+    link = folder / "bin" / "python3"
+    target = os.readlink(link) if link.is_symlink() else str(link)
+    config = {}
+    cfg = folder / "pyvenv.cfg"
+    if cfg.is_file():
+        for row in cfg.read_text().splitlines():
+            key, sep, value = row.partition("=")
+            if sep:
+                config[key.strip()] = value.strip()
+    if not os.path.isabs(target):
+        target = str(Path(config.get("home", "/usr/bin")) / target)
+    version = config.get("version_info") or config.get("version") or ""
+    return target, ".".join(version.split(".")[:2])
+
+
+def node_engine(install: AgentInstall, folder: Path) -> tuple[int, int] | None:
+    """The lowest node ``major.minor`` an npm harness's package.json ``engines`` allows."""
+    import json
+    import re
+
+    manifest = folder / "node_modules" / install.package / "package.json"
+    try:
+        wanted = str(json.loads(manifest.read_text()).get("engines", {}).get("node", ""))
+    except (OSError, ValueError, AttributeError):
+        return None
+    found = re.search(r">=?\s*v?(\d+)(?:\.(\d+))?", wanted) or re.match(r"\^?v?(\d+)", wanted)
+    if found is None:
+        return None
+    return int(found.group(1)), int(found.groups()[1] or 0) if len(found.groups()) > 1 else 0
+
+
+def sandbox_probe(install: AgentInstall, folder: Path) -> str:
+    """A shell command, run as the agent in the sandbox, printing what the harness needs
+    there (read with :func:`sandbox_problems`)."""
+    import shlex
+
+    q = shlex.quote
+    command = bin_folder(install, folder) / install.command
+    lines = [f"test -x {q(str(command))} && echo uniagent-command=ok"]
+    if install.kind == "pip":
+        python, _ = venv_python(folder)
+        version = "import sys; print('uniagent-python=%d.%d' % sys.version_info[:2])"
+        lines.append(f"{q(python)} -c {q(version)} 2>/dev/null")
+    if install.kind == "npm":
+        lines.append('v=$(node -v 2>/dev/null) && echo "uniagent-node=$v"')
+    return "; ".join(lines) + "; true"
+
+
+def sandbox_problems(install: AgentInstall, folder: Path, output: str) -> list[str]:
+    """What the sandbox lacks, from :func:`sandbox_probe`'s ``output`` (empty: nothing)."""
+    facts = dict(
+        line.strip().removeprefix("uniagent-").split("=", 1)
+        for line in output.splitlines()
+        if line.strip().startswith("uniagent-") and "=" in line
+    )
+    problems = []
+    if facts.get("command") != "ok":
+        problems.append(
+            f"{bin_folder(install, folder) / install.command} is not there or not executable "
+            f"for the agent's user (the install folder {folder} is mounted read-only at the "
+            "same path: can that user reach it?)"
+        )
+    if install.kind == "pip":
+        python, version = venv_python(folder)
+        found = facts.get("python")
+        if found is None:
+            problems.append(
+                f"the image has no {python} (the venv of {install.package} was made with "
+                f"this machine's {python}, Python {version}: the image needs the same)"
+            )
+        elif version and found != version:
+            problems.append(
+                f"the image's {python} is Python {found}; the venv of {install.package} "
+                f"was made with Python {version} on this machine (the image needs the same)"
+            )
+    if install.kind == "npm":
+        found = facts.get("node")
+        need = node_engine(install, folder)
+        least = f" >= {need[0]}.{need[1]}" if need else ""
+        if found is None:
+            problems.append(f"the image has no node ({install.package} needs node{least} on PATH)")
+        elif need is not None:
+            parts = [int(p) for p in found.lstrip("v").split(".")[:2] if p.isdigit()]
+            if tuple(parts) < need:
+                problems.append(
+                    f"the image's node is {found}; {install.package} needs node{least} "
+                    "(its package.json engines)"
+                )
+    return problems
