@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import io
 import json
 from pathlib import Path
 from typing import Any
@@ -10,7 +9,7 @@ from typing import Any
 import pytest
 
 from uniagent import AgentConfig
-from uniagent.testing import load_qwen3_tokenizer, run_tasks
+from uniagent.testing import load_qwen3_tokenizer, run_harbor_tasks, run_tasks
 
 TASK = {"hello": {"problem_statement": "Write hello into out.txt, then stop."}}
 #: A Harbor Dockerfile task of the core's tests (validated by Harbor's own code there):
@@ -51,30 +50,16 @@ async def run_harbor(
     from_image: str | None = None,
     **options: Any,
 ) -> dict[str, Any]:
-    """`uniagent run CONFIG --data TASK --from-image IMAGE` in this process (the CLI's
-    loading of Harbor folders, its runner), with ``model`` and the run's ``options``; the
-    episode's files (no rollout for an episode that never started)."""
-    from uniagent.harbor.folders import load_task_set
-    from uniagent.harbor.images import ImageBuilder
-    from uniagent.run.progress import Progress
-    from uniagent.run.runner import run
-
-    deployment = dict(config.env.deployment)
-    build = ImageBuilder(deployment.get("engine", "auto"), from_image=from_image)
-    tasks, bad = load_task_set(task, deployment, build=build)
-    assert not bad and len(tasks) == 1
-    quiet = Progress(io.StringIO(), live=False)
-    summary = await run(config, tasks, bad, lambda: model, out, progress=quiet, **options)
-    episode = out / "episodes" / tasks[0].id / "0"
+    """`uniagent run CONFIG --data TASK --from-image IMAGE` in this process, with ``model``
+    and the run's ``options``; the episode's files (no rollout for an episode that never
+    started)."""
+    summary = await run_harbor_tasks(config, task, model, out, from_image=from_image, **options)
+    episode = out / "episodes" / task.name / "0"
+    rollout = episode / "rollout.json"
     return {
         "summary": summary,
-        "task": tasks[0].row,
         "result": json.loads((episode / "result.json").read_text()),
-        "rollout": (
-            json.loads((episode / "rollout.json").read_text())
-            if (episode / "rollout.json").exists()
-            else None
-        ),
+        "rollout": json.loads(rollout.read_text()) if rollout.exists() else None,
         "log": (episode / "log.txt").read_text(),
     }
 

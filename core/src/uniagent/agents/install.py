@@ -161,6 +161,52 @@ def node_engine(install: AgentInstall, folder: Path) -> tuple[int, int] | None:
     return int(found.group(1)), int(found.groups()[1] or 0) if len(found.groups()) > 1 else 0
 
 
+def elf_interpreter(path: Path) -> str | None:
+    """The dynamic loader an ELF executable names (``PT_INTERP``); ``""`` for a static
+    one; ``None`` when ``path`` is not a 64-bit ELF file (a script)."""
+    import struct
+
+    try:
+        with open(path, "rb") as f:
+            head = f.read(64)
+            if head[:5] != b"\x7fELF\x02":
+                return None
+            order = "<" if head[5] == 1 else ">"
+            (phoff,) = struct.unpack_from(order + "Q", head, 0x20)
+            phentsize, phnum = struct.unpack_from(order + "HH", head, 0x36)
+            for i in range(phnum):
+                f.seek(phoff + i * phentsize)
+                entry = f.read(phentsize)
+                (kind,) = struct.unpack_from(order + "I", entry, 0)
+                if kind == 3:  # PT_INTERP
+                    offset, size = (
+                        struct.unpack_from(order + "Q", entry, 8)[0],
+                        struct.unpack_from(order + "Q", entry, 32)[0],
+                    )
+                    f.seek(offset)
+                    return f.read(size).rstrip(b"\0").decode()
+    except (OSError, struct.error, UnicodeDecodeError):
+        return None
+    return ""
+
+
+def runs_with(install: AgentInstall, folder: Path) -> str:
+    """What the harness's command runs with: ``"python"`` (a pip venv), ``"node"`` (a
+    node script, as most npm CLIs are), ``"elf"`` (a native executable: some npm CLIs ship
+    one, e.g. Claude Code's), or ``"other"``."""
+    if install.kind == "pip":
+        return "python"
+    command = (bin_folder(install, folder) / install.command).resolve()
+    if elf_interpreter(command) is not None:
+        return "elf"
+    try:
+        with open(command, "rb") as f:
+            first = f.readline(200)
+    except OSError:
+        return "other"
+    return "node" if first.startswith(b"#!") and b"node" in first else "other"
+
+
 def sandbox_probe(install: AgentInstall, folder: Path) -> str:
     """A shell command, run as the agent in the sandbox, printing what the harness needs
     there (read with :func:`sandbox_problems`)."""
@@ -173,8 +219,12 @@ def sandbox_probe(install: AgentInstall, folder: Path) -> str:
         python, _ = venv_python(folder)
         version = "import sys; print('uniagent-python=%d.%d' % sys.version_info[:2])"
         lines.append(f"{q(python)} -c {q(version)} 2>/dev/null")
-    if install.kind == "npm":
+    kind = runs_with(install, folder)
+    if kind == "node":
         lines.append('v=$(node -v 2>/dev/null) && echo "uniagent-node=$v"')
+    loader = elf_interpreter((bin_folder(install, folder) / install.command).resolve())
+    if kind == "elf" and loader:
+        lines.append(f"test -e {q(loader)} && echo uniagent-loader=ok")
     return "; ".join(lines) + "; true"
 
 
@@ -205,7 +255,14 @@ def sandbox_problems(install: AgentInstall, folder: Path, output: str) -> list[s
                 f"the image's {python} is Python {found}; the venv of {install.package} "
                 f"was made with Python {version} on this machine (the image needs the same)"
             )
-    if install.kind == "npm":
+    kind = runs_with(install, folder)
+    loader = elf_interpreter((bin_folder(install, folder) / install.command).resolve())
+    if kind == "elf" and loader and facts.get("loader") != "ok":
+        problems.append(
+            f"the image has no {loader} (the dynamic loader {install.command} is linked "
+            "with: a glibc image)"
+        )
+    if kind == "node":
         found = facts.get("node")
         need = node_engine(install, folder)
         least = f" >= {need[0]}.{need[1]}" if need else ""
