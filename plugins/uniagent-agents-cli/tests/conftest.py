@@ -96,3 +96,14 @@ def check_exact(rollout: dict[str, Any], script: list[str], tokenizer: Any) -> N
     assert rollout["prompt_ids"] + rollout["response_ids"] == ids
     assert rollout["response_mask"] == mask[len(rollout["prompt_ids"]) :]
     assert rollout["messages"][-1]["role"] == "assistant"
+
+
+def check_solved(done: dict[str, Any], script: list[str], tokenizer: Any, wire: str) -> None:
+    """The episode finished, scored 1 and is trained on; its first request came on ``wire``
+    (streamed), and its tree is token-exact (:func:`check_exact`)."""
+    result = done["result"]
+    assert result["exit_reason"] == "finished", (result, done["log"][-3000:])
+    assert result["reward"] == 1.0 and result["traj_masked"] is False
+    first = done["rollout"]["tree"]["turns"][0]
+    assert first["wire"] == wire and first["request"]["stream"] is True
+    check_exact(done["rollout"], script, tokenizer)

@@ -10,7 +10,7 @@ from __future__ import annotations
 import shutil
 
 import pytest
-from conftest import HARBOR_TASK, check_exact, run_harbor
+from conftest import HARBOR_TASK, check_exact, check_solved, run_harbor
 
 from uniagent import AgentConfig
 from uniagent.testing import TEST_IMAGE, ScriptedTokenModel, hermes_call
@@ -64,12 +64,7 @@ async def test_codex_solves_a_harbor_task_in_a_container(engine, qwen3_tokenizer
     done = await run_harbor(
         local_config("codex", engine), HARBOR_TASK, model, tmp_path / "out", TEST_IMAGE
     )
-    result = done["result"]
-    assert result["exit_reason"] == "finished", (result, done["log"][-3000:])
-    assert result["reward"] == 1.0 and result["traj_masked"] is False
-    first = done["rollout"]["tree"]["turns"][0]
-    assert first["wire"] == "responses" and first["request"]["stream"] is True
-    check_exact(done["rollout"], script, qwen3_tokenizer)
+    check_solved(done, script, qwen3_tokenizer, "responses")
 
 
 @pytest.mark.slow
@@ -79,11 +74,8 @@ async def test_claude_code_solves_a_harbor_task_in_a_container(engine, qwen3_tok
     model = ScriptedTokenModel(qwen3_tokenizer, script)
     config = local_config("claude-code", engine)
     done = await run_harbor(config, HARBOR_TASK, model, tmp_path / "out", TEST_IMAGE)
-    result = done["result"]
-    assert result["exit_reason"] == "finished", (result, done["log"][-3000:])
-    assert result["reward"] == 1.0 and result["submission"] == "Done."
-    assert done["rollout"]["tree"]["turns"][0]["wire"] == "messages"
-    check_exact(done["rollout"], script, qwen3_tokenizer)
+    assert done["result"]["submission"] == "Done."
+    check_solved(done, script, qwen3_tokenizer, "messages")
 
 
 @pytest.mark.slow
