@@ -3,14 +3,14 @@
 The harness runs in the agent's own shell session (same sandbox, same user, same limits as
 the built-in loop's commands), with the session's base URL and key. How it ended maps to
 an exit reason: its own exit (0, or not) and its time limit are the policy's; the gateway's
-token backend failing under it is infrastructure (``model_error``, masked), and so is a
-task's time limit (``interaction.time_limit``, a Harbor task's ``[agent] timeout_sec``)
-that only the time spent waiting for the model took it past.
+token backend failing under it is infrastructure (``model_error``, masked). A task's time
+limit (``interaction.time_limit``, a Harbor task's ``[agent] timeout_sec``) counts the
+harness's own time only: its run's time less the time the gateway waited for the model.
 
 In a ``local`` container the install folder is mounted read-only at the same path and the
 gateway is also served on the container network's address of this machine (to that
-network only); :func:`check_sandbox` says what the image lacks (a pip harness's Python, an
-npm harness's node) before the harness starts.
+network only); :func:`check_sandbox` says what the image lacks (a pip harness's Python, a
+node script's node, a native executable's loader) before the harness starts.
 """
 
 from __future__ import annotations
@@ -85,10 +85,12 @@ def with_install(agent: ResolvedAgent, folder: Path) -> Any:
 
 async def check_sandbox(agent: ResolvedAgent, env: AgentEnv, folder: Path) -> None:
     """An :class:`EnvStartError` naming what the sandbox lacks to run the harness (its
-    command at the mounted folder, a pip harness's Python, an npm harness's node), asked as
-    the agent, before the harness starts."""
+    command at the mounted folder, a pip harness's Python, a node script's node, a native
+    executable's loader; a container network to serve the gateway on), asked as the agent,
+    before the harness starts."""
     install = agent.agent.install
     assert install is not None
+    await gateway_address(agent)  # a container network the gateway cannot be served on
     obs = await env.run_action(sandbox_probe(install, folder), timeout=60)
     problems = sandbox_problems(install, folder, obs.output)
     if problems:

@@ -130,8 +130,14 @@ def run_install(argv: list[str], install: AgentInstall | None, *, what: str = ""
 def venv_python(folder: Path) -> tuple[str, str]:
     """The interpreter a pip harness's venv runs on (the one it was made with, outside the
     venv) and its ``major.minor``, read from the venv."""
-    link = folder / "bin" / "python3"
-    target = os.readlink(link) if link.is_symlink() else str(link)
+    path = folder / "bin" / "python3"
+    for _ in range(8):  # the venv's links, to the first one out of it
+        if not path.is_symlink():
+            break
+        path = path.parent / os.readlink(path)  # an absolute link replaces the parent
+        if not os.path.normpath(path).startswith(str(folder)):
+            break
+    target = os.path.normpath(path)
     config = {}
     cfg = folder / "pyvenv.cfg"
     if cfg.is_file():
@@ -139,8 +145,6 @@ def venv_python(folder: Path) -> tuple[str, str]:
             key, sep, value = row.partition("=")
             if sep:
                 config[key.strip()] = value.strip()
-    if not os.path.isabs(target):
-        target = str(Path(config.get("home", "/usr/bin")) / target)
     version = config.get("version_info") or config.get("version") or ""
     return target, ".".join(version.split(".")[:2])
 
