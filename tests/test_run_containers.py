@@ -2,8 +2,8 @@
 and the containers of a killed run carry its id and are removed by ``uniagent clean``.
 
 The image is the one the core's local-backend tests build offline
-(``localhost/uniagent-swerex:bookworm``, debootstrap + swe-rex); where no engine
-works, the tests are skipped and the reason printed.
+(``localhost/uniagent-swerex:bookworm-node``: debootstrap, swe-rex, Python and node); where
+no engine works, the tests are skipped and the reason printed.
 """
 
 from __future__ import annotations

@@ -88,3 +88,48 @@ def test_a_harness_on_another_python_gets_its_own_folder_and_the_sandbox_sees_it
     assert python_home(venv) is None  # the system's: every sandbox sees it
     (venv / "pyvenv.cfg").write_text("home = /opt/py312/bin\n")
     assert python_home(venv) == Path("/opt/py312")
+
+
+def test_what_a_harness_needs_in_the_image_is_named(tmp_path) -> None:
+    """The set-up's probe output read: a pip venv's Python (its version), a node script's
+    node (its package.json engines), a native executable's loader."""
+    import sys
+
+    from uniagent.agents.install import runs_with, sandbox_probe, sandbox_problems
+
+    venv = tmp_path / "venv"
+    (venv / "bin").mkdir(parents=True)
+    (venv / "bin" / "python3").symlink_to("/usr/bin/python3")
+    (venv / "bin" / "python").symlink_to("python3")
+    (venv / "pyvenv.cfg").write_text("home = /usr/bin\nversion = 3.11.2\n")
+    (venv / "bin" / "mini").write_text("#!/bin/sh\n")
+    pip = AgentInstall("pip", "mini-swe-agent", "1.0", "mini")
+    assert "/usr/bin/python3 -c" in sandbox_probe(pip, venv)
+    assert sandbox_problems(pip, venv, "uniagent-command=ok\nuniagent-python=3.11\n") == []
+    [wrong] = sandbox_problems(pip, venv, "uniagent-command=ok\nuniagent-python=3.9\n")
+    assert "the image's /usr/bin/python3 is Python 3.9" in wrong and "3.11" in wrong
+    [none] = sandbox_problems(pip, venv, "uniagent-command=ok\n")
+    assert none.startswith("the image has no /usr/bin/python3")
+
+    npm = tmp_path / "npm"
+    package = npm / "node_modules" / "@acme" / "cli"
+    (package / "bin").mkdir(parents=True)
+    (package / "package.json").write_text('{"engines": {"node": ">=18.2"}}')
+    (package / "bin" / "cli.js").write_text("#!/usr/bin/env node\n")
+    (npm / "node_modules" / ".bin").mkdir()
+    (npm / "node_modules" / ".bin" / "acme").symlink_to("../@acme/cli/bin/cli.js")
+    node = AgentInstall("npm", "@acme/cli", "1.0.0", "acme")
+    assert runs_with(node, npm) == "node"
+    assert sandbox_problems(node, npm, "uniagent-command=ok\nuniagent-node=v18.19.0\n") == []
+    [old] = sandbox_problems(node, npm, "uniagent-command=ok\nuniagent-node=v16.20.0\n")
+    assert "the image's node is v16.20.0; @acme/cli needs node >= 18.2" in old
+    command, no_node = sandbox_problems(node, npm, "")
+    assert "not there or not executable for the agent's user" in command
+    assert no_node == "the image has no node (@acme/cli needs node >= 18.2 on PATH)"
+    # A native executable (this Python's, linked with the system's loader) needs no node.
+    (npm / "node_modules" / ".bin" / "acme").unlink()
+    (npm / "node_modules" / ".bin" / "acme").symlink_to(Path(sys.executable).resolve())
+    assert runs_with(node, npm) == "elf"
+    assert "node -v" not in sandbox_probe(node, npm)
+    [loader] = sandbox_problems(node, npm, "uniagent-command=ok\n")
+    assert loader.startswith("the image has no /lib64/ld-linux-x86-64.so.2")

@@ -204,6 +204,9 @@ def test_the_loader_makes_one_task_per_folder() -> None:
     }  # fmt: skip
     args = tasks[0].overrides()["env"]["deployment"]["bwrap_args"]
     assert args[:3] == ["--symlink", "/tmp/.harbor/tests", "/tests"]
+    # [agent] timeout_sec is the agent's time limit; a task without one has none.
+    assert tasks[0].overrides()["interaction"] == {"time_limit": 300.0}
+    assert "interaction" not in tasks[2].overrides()
     # One folder is a task set of one.
     one, _ = load_harbor_tasks(GOOD / "hello-file", BWRAP)
     assert [t.id for t in one] == ["hello-file"]
@@ -222,7 +225,8 @@ def test_the_local_backend_gets_the_image_and_workdir() -> None:
     tasks, bad = load_harbor_tasks(GOOD, {"type": "local", "image": "unused"}, build=build)
     assert not bad and built == ["hello-file", "named-rewards", "verifier-timeout"]
     by_id = {t.id: t.overrides()["env"] for t in tasks}
-    assert by_id["prebuilt-image"]["deployment"]["image"] == "localhost/uniagent-swerex:bookworm"
+    prebuilt = by_id["prebuilt-image"]["deployment"]["image"]
+    assert prebuilt == "localhost/uniagent-swerex:bookworm-node"
     assert by_id["hello-file"]["workdir"] == "/app"
     # The tag is the environment's content: hello-file and named-rewards share one.
     assert (
@@ -264,6 +268,51 @@ def test_a_solved_task_scores_1_and_an_unsolved_one_0(tools, tmp_path, state) ->
     assert info["reward_file"] == "reward.txt" and info["rewards"] == {"reward": 1.0}
     status, results = run(tmp_path / "b", state, GOOD / "hello-file", "echo bye > hello.txt")
     assert results[0]["reward"] == 0.0 and not results[0]["traj_masked"]
+
+
+def with_agent_timeout(tmp_path: Path, seconds: float) -> Path:
+    """hello-file with ``[agent] timeout_sec = seconds``."""
+    task = tmp_path / "data" / "hello-file"
+    shutil.copytree(GOOD / "hello-file", task)
+    toml = task / "task.toml"
+    text = toml.read_text()
+    assert "[agent]\ntimeout_sec = 300.0" in text
+    toml.write_text(
+        text.replace("[agent]\ntimeout_sec = 300.0", f"[agent]\ntimeout_sec = {seconds}")
+    )
+    return task
+
+
+def test_the_agent_timeout_ends_the_built_in_loop_on_its_commands_time(tools, tmp_path, state):
+    """[agent] timeout_sec: a command that outlasts it ends the episode (the policy's
+    timeout, trained on and graded), though the command's own time-out is longer."""
+    task = with_agent_timeout(tmp_path, 2.0)
+    _, [result] = run(tmp_path, state, task, "sleep 60; echo hello > hello.txt")
+    assert result["exit_reason"] == "timeout_error" and not result["traj_masked"]
+    assert result["reward"] == 0.0
+    assert result["metrics"]["env_seconds"] < 60
+
+
+def test_the_agent_timeout_does_not_count_the_time_waiting_for_the_model(tools, tmp_path, state):
+    """A model slower than the task's whole time limit: the agent's commands are quick, so
+    it finishes and scores (the model's time is infrastructure's, not the policy's)."""
+    import time
+
+    task = with_agent_timeout(tmp_path, 10.0)  # ample for two quick commands, loaded or not
+    quick = agent_running("echo hello > hello.txt")
+
+    def slow(body: dict[str, Any]) -> Reply:
+        time.sleep(11)  # a loaded model server: longer than the agent's whole limit
+        return quick(body)
+
+    out = tmp_path / "out"
+    with ScriptedChatServer(default=slow) as server:
+        cli([
+            "run", str(write_config(tmp_path, state)), "--data", str(task), "--out", str(out),
+            "--model", f"openai:{server.base_url}#scripted",
+        ])  # fmt: skip
+    [result] = map(json.loads, (out / "results.jsonl").read_text().splitlines())
+    assert result["exit_reason"] == "finished" and result["reward"] == 1.0, result
 
 
 def test_named_rewards_are_recorded_and_one_chosen(tools, tmp_path, state) -> None:

@@ -61,6 +61,14 @@ class InteractionConfig(_Strict):
     timeout_budget: float = Field(
         600.0, ge=0, description="seconds of timed-out commands allowed before timeout_error ends"
     )
+    time_limit: float | None = Field(
+        None,
+        gt=0,
+        description="seconds of the agent's own time before timeout_error ends the episode "
+        "(a Harbor task's [agent] timeout_sec): the built-in loop's commands' time; a "
+        "harness's run less its time waiting for the model. Time waiting for the model "
+        "never counts (null: no limit)",
+    )
     max_tool_calls_per_turn: int = Field(1, ge=1, description="calls allowed in one model turn")
     max_format_errors: int | None = Field(
         None,

@@ -338,7 +338,7 @@ async def run_harness_episode(
     loop, the harness in the sandbox's agent session with a gateway session as its model
     (:mod:`uniagent.agents.harness`); failures become exit reasons, as in :func:`run_episode`."""
     from uniagent.agents.gateways import gateway_for
-    from uniagent.agents.harness import prepare, run_harness, with_install
+    from uniagent.agents.harness import check_sandbox, prepare, run_harness, with_install
 
     config = agent.config
     instruction = instruction_of(agent, task, messages)
@@ -353,6 +353,7 @@ async def run_harness_episode(
         deployment = agent.deployment.factory(with_install(agent, folder))
         env = AgentEnv(deployment, agent.env)
         await env.start()
+        await check_sandbox(agent, env, folder)  # what the image lacks: said before it runs
         observer.phase("tools")
         await env.install_tools(list(agent.tools))
         if grader is not None:

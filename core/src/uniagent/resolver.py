@@ -256,6 +256,15 @@ def _agent(
             f"invalid {source}:\n  env.deployment.type: agent {name!r} runs in "
             f"{', '.join(spec.deployments)} sandboxes, not {kind!r}"
         )
+    if kind == "local":
+        from uniagent.env.local import network_of
+
+        if network_of(list(getattr(deployment, "run_args", []))) == "none":
+            raise ConfigError(
+                f"invalid {source}:\n  env.deployment.run_args: agent {name!r} reaches its "
+                "model through the gateway on this machine: its container needs a network, "
+                "not `--network none` (a Harbor task's no-network policy)"
+            )
     isolation = getattr(deployment, "isolation", None)
     if kind == "host" and isolation != "none" and getattr(deployment, "network", None) is not True:
         raise ConfigError(

@@ -262,3 +262,23 @@ def call(url: str, method: str, key: str) -> Any:
     request = urllib.request.Request(url, method=method, headers={"Authorization": f"Bearer {key}"})
     with urllib.request.urlopen(request, timeout=30) as response:
         return json.loads(response.read())
+
+
+def test_a_gateway_served_to_a_network_refuses_clients_outside_it(served, backend) -> None:
+    """The listener harnesses in containers use: same gateway, same sessions, but only for
+    clients in the container network (here: one that excludes 127.0.0.1, then one with it)."""
+    from uniagent.gateway.server import start
+
+    backend.script.append("Hello.")
+    session = served.gateway.open_session()
+    with start(served.gateway, host="127.0.0.1", peers=["10.88.0.0/16"]) as elsewhere:
+        with pytest.raises(urllib.error.HTTPError) as refused:
+            call(f"{elsewhere.url}/sessions/{session.id}", "GET", session.key)
+        assert refused.value.code == 403
+    with start(served.gateway, host="127.0.0.1", peers=["127.0.0.0/8"]) as here:
+        client = openai.OpenAI(base_url=here.base_url(session) + "/v1", api_key=session.key)
+        reply = client.chat.completions.create(
+            model="m", messages=[{"role": "user", "content": "hi"}]
+        )
+        assert reply.choices[0].message.content == "Hello."
+    assert session.model_seconds > 0 and session.state()["turns"] == 1

@@ -9,9 +9,12 @@ from typing import Any
 import pytest
 
 from uniagent import AgentConfig
-from uniagent.testing import load_qwen3_tokenizer, run_tasks
+from uniagent.testing import load_qwen3_tokenizer, run_harbor_tasks, run_tasks
 
 TASK = {"hello": {"problem_statement": "Write hello into out.txt, then stop."}}
+#: A Harbor Dockerfile task of the core's tests (validated by Harbor's own code there):
+#: write hello into /app/hello.txt; [agent] timeout_sec = 300.
+HARBOR_TASK = Path(__file__).resolve().parents[3] / "core/tests/data/harbor/good/hello-file"
 #: The command reward: the task is solved when out.txt holds exactly "hello".
 SOLVED = "grep -qx hello out.txt"
 
@@ -35,6 +38,28 @@ async def run_one(config: AgentConfig, model: Any, out: Path) -> dict[str, Any]:
         "summary": summary,
         "result": json.loads((episode / "result.json").read_text()),
         "rollout": json.loads((episode / "rollout.json").read_text()),
+        "log": (episode / "log.txt").read_text(),
+    }
+
+
+async def run_harbor(
+    config: AgentConfig,
+    task: Path,
+    model: Any,
+    out: Path,
+    from_image: str | None = None,
+    **options: Any,
+) -> dict[str, Any]:
+    """`uniagent run CONFIG --data TASK --from-image IMAGE` in this process, with ``model``
+    and the run's ``options``; the episode's files (no rollout for an episode that never
+    started)."""
+    summary = await run_harbor_tasks(config, task, model, out, from_image=from_image, **options)
+    episode = out / "episodes" / task.name / "0"
+    rollout = episode / "rollout.json"
+    return {
+        "summary": summary,
+        "result": json.loads((episode / "result.json").read_text()),
+        "rollout": json.loads(rollout.read_text()) if rollout.exists() else None,
         "log": (episode / "log.txt").read_text(),
     }
 
@@ -73,11 +98,17 @@ def check_exact(rollout: dict[str, Any], script: list[str], tokenizer: Any) -> N
     assert rollout["messages"][-1]["role"] == "assistant"
 
 
-def check_solved(done: dict[str, Any], script: list[str], tokenizer: Any) -> None:
-    """The episode finished on the policy's own terms, solved (reward 1, trained on), and its
-    tree is the script's one exact branch."""
+def check_solved(
+    done: dict[str, Any], script: list[str], tokenizer: Any, wire: str | None = None
+) -> None:
+    """The episode finished on the policy's own terms, scored 1 and is trained on; with
+    ``wire``, its first request came on that wire, streamed; its tree is token-exact
+    (:func:`check_exact`)."""
     result = done["result"]
     assert result["exit_reason"] == "finished", (result, done["log"][-3000:])
-    assert result["traj_masked"] is False and result["reward"] == 1.0
+    assert result["reward"] == 1.0 and result["traj_masked"] is False
     assert result["outcome"] == "policy"
+    if wire is not None:
+        first = done["rollout"]["tree"]["turns"][0]
+        assert first["wire"] == wire and first["request"]["stream"] is True
     check_exact(done["rollout"], script, tokenizer)

@@ -4,7 +4,7 @@ front of a scripted token model; the reward is graded, the tree saved and token-
 
 from __future__ import annotations
 
-from conftest import check_exact, harness_config, run_one
+from conftest import check_solved, harness_config, run_one
 
 from uniagent.testing import ScriptedTokenModel, hermes_call
 
@@ -13,22 +13,12 @@ async def test_claude_code_solves_a_task_through_uniagent_run(qwen3_tokenizer, t
     script = [hermes_call("Bash", {"command": "echo hello > out.txt"}, "Writing it."), "Done."]
     model = ScriptedTokenModel(qwen3_tokenizer, script)
     done = await run_one(harness_config("claude-code"), model, tmp_path / "out")
-    result = done["result"]
-    assert result["exit_reason"] == "finished", (result, done["log"][-3000:])
-    assert result["reward"] == 1.0 and result["traj_masked"] is False
-    assert result["submission"] == "Done."
-    first = done["rollout"]["tree"]["turns"][0]
-    assert first["wire"] == "messages" and first["request"]["stream"] is True
-    check_exact(done["rollout"], script, qwen3_tokenizer)
+    assert done["result"]["submission"] == "Done."
+    check_solved(done, script, qwen3_tokenizer, "messages")
 
 
 async def test_codex_solves_a_task_through_uniagent_run(qwen3_tokenizer, tmp_path):
     script = [hermes_call("exec_command", {"cmd": "echo hello > out.txt"}), "Done."]
     model = ScriptedTokenModel(qwen3_tokenizer, script)
     done = await run_one(harness_config("codex"), model, tmp_path / "out")
-    result = done["result"]
-    assert result["exit_reason"] == "finished", (result, done["log"][-3000:])
-    assert result["reward"] == 1.0 and result["traj_masked"] is False
-    first = done["rollout"]["tree"]["turns"][0]
-    assert first["wire"] == "responses" and first["request"]["stream"] is True
-    check_exact(done["rollout"], script, qwen3_tokenizer)
+    check_solved(done, script, qwen3_tokenizer, "responses")

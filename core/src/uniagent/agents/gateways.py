@@ -3,7 +3,9 @@ episode needs it.
 
 Every harness episode opens its own session on it, with its own model as the session's
 backend (a verl worker makes a model per episode); the server runs on a background thread
-until the process ends (its thread is a daemon).
+until the process ends (its thread is a daemon). It listens on 127.0.0.1; for harnesses in
+containers the same gateway is also served on the container network's address on this
+machine (a bridge's gateway address), to clients of that network only.
 """
 
 from __future__ import annotations
@@ -17,6 +19,8 @@ from uniagent.models.base import TokenChatModel
 _lock = threading.Lock()
 #: (id of the tokenizer, parser) -> (the tokenizer, kept so its id is not reused; the server)
 _running: dict[tuple[int, str], tuple[Any, Any]] = {}
+#: (id of the tokenizer, parser, address) -> the server on a container network's address
+_bridged: dict[tuple[int, str, str], Any] = {}
 
 
 def require_token_model(model: Any, agent: str) -> None:
@@ -50,18 +54,35 @@ def gateway_for(model: Any, parser: str) -> Any:
         return _running[key][1]
 
 
-def open_session(model: Any, parser: str) -> tuple[Any, Any]:
-    """A new session for one episode, ``model`` its backend; with the server it is on."""
+def served_on(model: Any, parser: str, address: str, network: str) -> Any:
+    """The gateway of ``model`` and ``parser`` also served on ``address`` (an address of
+    this machine on a container network), to clients in ``network`` only."""
+    from uniagent.gateway.server import start
+
+    running = gateway_for(model, parser)
+    key = (id(model.tokenizer), parser, address)
+    with _lock:
+        if key not in _bridged:
+            _bridged[key] = start(running.gateway, host=address, peers=[network])
+        return _bridged[key]
+
+
+def open_session(model: Any, parser: str, listen: tuple[str, str] | None = None) -> tuple[Any, Any]:
+    """A new session for one episode, ``model`` its backend; with the server it is on
+    (``listen``: the one on that container network's ``(address, network)``)."""
     from uniagent.gateway.backend import TokenModelBackend
 
     running = gateway_for(model, parser)
+    if listen is not None:
+        running = served_on(model, parser, *listen)
     return running, running.gateway.open_session(backend=TokenModelBackend(model))
 
 
 def stop_gateways() -> None:
     """Stop every gateway this module started (tests; a process's end stops them anyway)."""
     with _lock:
-        running = [server for _, server in _running.values()]
+        running = [*_bridged.values(), *(server for _, server in _running.values())]
         _running.clear()
+        _bridged.clear()
     for server in running:
         server.stop()

@@ -3,23 +3,44 @@
 The harness runs in the agent's own shell session (same sandbox, same user, same limits as
 the built-in loop's commands), with the session's base URL and key. How it ended maps to
 an exit reason: its own exit (0, or not) and its time limit are the policy's; the gateway's
-token backend failing under it is infrastructure (``model_error``, masked).
+token backend failing under it is infrastructure (``model_error``, masked). A task's time
+limit (``interaction.time_limit``, a Harbor task's ``[agent] timeout_sec``) counts the
+harness's own time only: its run's time less the time the gateway waited for the model.
+
+In a ``local`` container the install folder is mounted read-only at the same path and the
+gateway is also served on the container network's address of this machine (to that
+network only); :func:`check_sandbox` says what the image lacks (a pip harness's Python, a
+node script's node, a native executable's loader) before the harness starts.
 """
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import logging
 import shlex
+import time
 import uuid
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from uniagent.agents.gateways import open_session
-from uniagent.agents.install import bin_folder, ensure_installed, python_home
+from uniagent.agents.install import (
+    bin_folder,
+    ensure_installed,
+    python_home,
+    sandbox_probe,
+    sandbox_problems,
+)
 from uniagent.env.agent_env import AgentEnv
-from uniagent.env.errors import ActionTimeoutError, ShellKilledError, TerminalNotAliveError
+from uniagent.env.errors import (
+    ActionTimeoutError,
+    EnvStartError,
+    ShellKilledError,
+    TerminalNotAliveError,
+)
+from uniagent.errors import ConfigError
 from uniagent.exit import ExitReason
 from uniagent.resolver import ResolvedAgent
 from uniagent.rollout import RolloutCache
@@ -27,6 +48,8 @@ from uniagent.specs import AgentLaunch
 
 #: Characters of the harness's output (and of each of its logs) kept in the episode log.
 LOG_TAIL = 20_000
+#: Seconds a killed harness's command gets to return before its action times out.
+KILL_GRACE = 60.0
 
 
 @dataclass
@@ -50,14 +73,50 @@ def prepare(agent: ResolvedAgent) -> Path:
 
 
 def with_install(agent: ResolvedAgent, folder: Path) -> Any:
-    """The agent's deployment config with the harness's folder visible read-only."""
+    """The agent's deployment config with the harness's folder visible read-only at the
+    same path: a bubblewrap ``ro_binds`` entry, or a container's ``-v DIR:DIR:ro``."""
     config = agent.deployment_config
+    kind = getattr(config, "type", None)
+    if kind == "local":
+        volume = f"{folder}:{folder}:ro"
+        args = list(config.run_args)  # type: ignore[attr-defined]
+        return config.model_copy(update={"run_args": [*args, "-v", volume]})
+    if kind != "host":
+        raise ConfigError(f"agent {agent.agent.name!r}: no way to mount its install in {kind!r}")
     binds = list(getattr(config, "ro_binds", []))
     home = python_home(folder)  # a pip harness's interpreter, when not the system's
     for path in (folder, *([home] if home is not None else [])):
         if str(path) not in binds:
             binds.append(str(path))
     return config.model_copy(update={"ro_binds": binds})
+
+
+async def check_sandbox(agent: ResolvedAgent, env: AgentEnv, folder: Path) -> None:
+    """An :class:`EnvStartError` naming what the sandbox lacks to run the harness (its
+    command at the mounted folder, a pip harness's Python, a node script's node, a native
+    executable's loader; a container network to serve the gateway on), asked as the agent,
+    before the harness starts."""
+    install = agent.agent.install
+    assert install is not None
+    await gateway_address(agent)  # a container network the gateway cannot be served on
+    obs = await env.run_action(sandbox_probe(install, folder), timeout=60)
+    problems = sandbox_problems(install, folder, obs.output)
+    if problems:
+        raise EnvStartError(
+            f"agent {agent.agent.name!r} cannot run in this sandbox: " + "; ".join(problems)
+        )
+
+
+async def gateway_address(agent: ResolvedAgent) -> tuple[str, str] | None:
+    """Where a container reaches the gateway: ``(address, network)``; ``None`` for a
+    sandbox on this machine's network (the gateway's 127.0.0.1)."""
+    config = agent.deployment_config
+    if getattr(config, "type", None) != "local":
+        return None
+    from uniagent.env.local import host_address
+
+    address, network = await host_address(config)  # type: ignore[arg-type]
+    return None if address == "127.0.0.1" else (address, network)
 
 
 async def run_harness(
@@ -72,7 +131,8 @@ async def run_harness(
     harness's own failure (an exit reason), only for the gateway's set-up."""
     spec, settings = agent.agent, agent.agent_settings
     assert spec.launch is not None and spec.install is not None
-    running, session = open_session(model, agent.config.tool_parser)
+    listen = await gateway_address(agent)
+    running, session = open_session(model, agent.config.tool_parser, listen)
     home = f"/tmp/uniagent-agent-{uuid.uuid4().hex[:12]}"
     launch = AgentLaunch(
         base_url=running.base_url(session),
@@ -83,6 +143,7 @@ async def run_harness(
         bin=str(bin_folder(spec.install, folder)),
     )
     command = spec.launch(launch, settings)
+    limit = agent.config.interaction.time_limit
     reason: ExitReason
     submission = error = None
     try:
@@ -95,11 +156,21 @@ async def run_harness(
         line = " ".join(f"{k}={shlex.quote(v)}" for k, v in exports.items())
         logger.info("agent %s: %s", spec.name, command.command[:500])
         # A subshell: the harness's variables and directory never stay in the agent's session.
-        obs = await env.run_action(f"(export {line}; {command.command})", timeout=command.timeout)
-        logger.info("agent %s exited %s; its output:\n%s", spec.name, obs.exit_code,
-                    obs.output[-LOG_TAIL:])  # fmt: skip
-        outcome = spec.outcome(obs.exit_code, obs.output, settings)
-        reason, submission = ExitReason(outcome.exit_reason), outcome.submission
+        action = f"(export {line}; {command.command})"
+        obs, ended_by = None, None
+        if limit is None:
+            obs = await env.run_action(action, timeout=command.timeout)
+        else:
+            obs, ended_by = await _run_within(env, action, command.timeout, limit, session, logger)
+        if obs is not None:
+            logger.info("agent %s exited %s; its output:\n%s", spec.name, obs.exit_code,
+                        obs.output[-LOG_TAIL:])  # fmt: skip
+        if ended_by is None:
+            outcome = spec.outcome(obs.exit_code, obs.output, settings)
+            reason, submission = ExitReason(outcome.exit_reason), outcome.submission
+        else:
+            reason, error = ExitReason.TIMEOUT_ERROR, ended_by
+            logger.info("agent %s: %s", spec.name, error)
     except ActionTimeoutError as exc:
         reason, error = ExitReason.TIMEOUT_ERROR, f"the harness ran past its {command.timeout:g} s"
         logger.info("agent %s: %s (%s)", spec.name, error, exc)
@@ -112,7 +183,7 @@ async def run_harness(
         running.gateway.forget(session.id)
     await _log_files(env, spec.logs, home, logger)
     with contextlib.suppress(Exception):  # without isolation, /tmp is this machine's
-        await env.run_action(f"rm -rf {shlex.quote(home)}", timeout=60)
+        await env.execute(["rm", "-rf", home], env=None, timeout=60)
     failures = list(session.backend_errors)
     if failures:  # the model behind the gateway failed: not the policy's doing
         reason = ExitReason.MODEL_ERROR
@@ -134,6 +205,50 @@ async def run_harness(
         inexact_turns=sum(1 for t in turns if t.get("exact") is False),
         turns=len(turns),
     )
+
+
+async def _run_within(
+    env: AgentEnv,
+    action: str,
+    timeout: float,
+    limit: float,
+    session: Any,
+    logger: logging.Logger,
+) -> tuple[Any, str | None]:
+    """Run ``action`` with a limit on the harness's own time: the run's time less the time
+    it waited for the model (``session.waited()``, the gateway's). Past ``limit`` (or
+    ``timeout`` of wall time, its own setting) the agent's session and every process in
+    it are ended, as before grading. The observation (``None`` when it was ended), and why
+    it was ended (``None``: it ended by itself)."""
+    began = time.perf_counter()
+    run = asyncio.ensure_future(env.run_action(action, timeout=timeout + KILL_GRACE))
+    why = None
+    while not run.done():
+        now = time.perf_counter() - began
+        own = now - session.waited()
+        if now >= timeout:
+            why = f"the harness ran past its {timeout:g} s"
+        elif own >= limit:
+            why = (
+                f"the harness ran past the task's time limit ({limit:g} s of its own time; "
+                f"{session.waited():.1f} s waiting for the model not counted)"
+            )
+        if why is not None:
+            break
+        # At least this long before either limit can be reached (model time only adds).
+        await asyncio.wait({run}, timeout=max(min(timeout - now, limit - own), 0.05))
+    if why is None:
+        return await run, None
+    logger.info("%s: ending the agent's session and its processes", why)
+    try:
+        await env.stop_agent()
+    except Exception as exc:  # the action's own time-out still ends it
+        logger.warning("could not end the agent's processes: %s", exc)
+    try:
+        await asyncio.wait_for(run, KILL_GRACE)
+    except Exception as exc:  # its shell was closed under it: expected
+        logger.info("the ended harness's command: %s: %s", type(exc).__name__, exc)
+    return None, why
 
 
 async def _log_files(

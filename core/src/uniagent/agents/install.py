@@ -183,3 +183,161 @@ def run_install(argv: list[str], install: AgentInstall | None, *, what: str = ""
     if proc.returncode != 0:
         tail = (proc.stderr or proc.stdout).strip()[-1500:]
         raise AgentInstallError(f"{what} failed (exit {proc.returncode}):\n{tail}")
+
+
+# -- what the sandbox must provide ----------------------------------------------------------
+
+
+def venv_python(folder: Path) -> tuple[str, str]:
+    """The interpreter a pip harness's venv runs on (the one it was made with, outside the
+    venv) and its ``major.minor``, read from the venv."""
+    path = folder / "bin" / "python3"
+    for _ in range(8):  # the venv's links, to the first one out of it
+        if not path.is_symlink():
+            break
+        path = path.parent / os.readlink(path)  # an absolute link replaces the parent
+        if not os.path.normpath(path).startswith(str(folder)):
+            break
+    target = os.path.normpath(path)
+    config = {}
+    cfg = folder / "pyvenv.cfg"
+    if cfg.is_file():
+        for row in cfg.read_text().splitlines():
+            key, sep, value = row.partition("=")
+            if sep:
+                config[key.strip()] = value.strip()
+    version = config.get("version_info") or config.get("version") or ""
+    return target, ".".join(version.split(".")[:2])
+
+
+def node_engine(install: AgentInstall, folder: Path) -> tuple[int, int] | None:
+    """The lowest node ``major.minor`` an npm harness's package.json ``engines`` allows."""
+    import json
+    import re
+
+    manifest = folder / "node_modules" / install.package / "package.json"
+    try:
+        wanted = str(json.loads(manifest.read_text()).get("engines", {}).get("node", ""))
+    except (OSError, ValueError, AttributeError):
+        return None
+    found = re.search(r">=?\s*v?(\d+)(?:\.(\d+))?", wanted) or re.match(r"\^?v?(\d+)", wanted)
+    if found is None:
+        return None
+    return int(found.group(1)), int(found.groups()[1] or 0) if len(found.groups()) > 1 else 0
+
+
+def elf_interpreter(path: Path) -> str | None:
+    """The dynamic loader an ELF executable names (``PT_INTERP``); ``""`` for a static
+    one; ``None`` when ``path`` is not a 64-bit ELF file (a script)."""
+    import struct
+
+    try:
+        with open(path, "rb") as f:
+            head = f.read(64)
+            if head[:5] != b"\x7fELF\x02":
+                return None
+            order = "<" if head[5] == 1 else ">"
+            (phoff,) = struct.unpack_from(order + "Q", head, 0x20)
+            phentsize, phnum = struct.unpack_from(order + "HH", head, 0x36)
+            for i in range(phnum):
+                f.seek(phoff + i * phentsize)
+                entry = f.read(phentsize)
+                (kind,) = struct.unpack_from(order + "I", entry, 0)
+                if kind == 3:  # PT_INTERP
+                    offset, size = (
+                        struct.unpack_from(order + "Q", entry, 8)[0],
+                        struct.unpack_from(order + "Q", entry, 32)[0],
+                    )
+                    f.seek(offset)
+                    return f.read(size).rstrip(b"\0").decode()
+    except (OSError, struct.error, UnicodeDecodeError):
+        return None
+    return ""
+
+
+def runs_with(install: AgentInstall, folder: Path) -> str:
+    """What the harness's command runs with: ``"python"`` (a pip venv), ``"node"`` (a
+    node script, as most npm CLIs are), ``"elf"`` (a native executable: some npm CLIs ship
+    one, e.g. Claude Code's), or ``"other"``."""
+    if install.kind == "pip":
+        return "python"
+    command = (bin_folder(install, folder) / install.command).resolve()
+    if elf_interpreter(command) is not None:
+        return "elf"
+    try:
+        with open(command, "rb") as f:
+            first = f.readline(200)
+    except OSError:
+        return "other"
+    return "node" if first.startswith(b"#!") and b"node" in first else "other"
+
+
+def sandbox_probe(install: AgentInstall, folder: Path) -> str:
+    """A shell command, run as the agent in the sandbox, printing what the harness needs
+    there (read with :func:`sandbox_problems`)."""
+    import shlex
+
+    q = shlex.quote
+    command = bin_folder(install, folder) / install.command
+    lines = [f"test -x {q(str(command))} && echo uniagent-command=ok"]
+    if install.kind == "pip":
+        python, _ = venv_python(folder)
+        version = "import sys; print('uniagent-python=%d.%d' % sys.version_info[:2])"
+        lines.append(f"{q(python)} -c {q(version)} 2>/dev/null")
+    kind = runs_with(install, folder)
+    if kind == "node":
+        lines.append('v=$(node -v 2>/dev/null) && echo "uniagent-node=$v"')
+    loader = elf_interpreter((bin_folder(install, folder) / install.command).resolve())
+    if kind == "elf" and loader:
+        lines.append(f"test -e {q(loader)} && echo uniagent-loader=ok")
+    return "; ".join(lines) + "; true"
+
+
+def sandbox_problems(install: AgentInstall, folder: Path, output: str) -> list[str]:
+    """What the sandbox lacks, from :func:`sandbox_probe`'s ``output`` (empty: nothing)."""
+    facts = dict(
+        line.strip().removeprefix("uniagent-").split("=", 1)
+        for line in output.splitlines()
+        if line.strip().startswith("uniagent-") and "=" in line
+    )
+    problems = []
+    if facts.get("command") != "ok":
+        problems.append(
+            f"{bin_folder(install, folder) / install.command} is not there or not executable "
+            f"for the agent's user (the install folder {folder} is mounted read-only at the "
+            "same path: can that user reach it?)"
+        )
+    if install.kind == "pip":
+        python, version = venv_python(folder)
+        found = facts.get("python")
+        if found is None:
+            problems.append(
+                f"the image has no {python} (the venv of {install.package} was made with "
+                f"this machine's {python}, Python {version}: the image needs the same)"
+            )
+        elif version and found != version:
+            problems.append(
+                f"the image's {python} is Python {found}; the venv of {install.package} "
+                f"was made with Python {version} on this machine (the image needs the same)"
+            )
+    kind = runs_with(install, folder)
+    loader = elf_interpreter((bin_folder(install, folder) / install.command).resolve())
+    if kind == "elf" and loader and facts.get("loader") != "ok":
+        problems.append(
+            f"the image has no {loader} (the dynamic loader {install.command} is linked "
+            "with: a glibc image)"
+        )
+    if kind == "node":
+        found = facts.get("node")
+        need = node_engine(install, folder)
+        least = f" >= {need[0]}.{need[1]}" if need else ""
+        if found is None:
+            problems.append(f"the image has no node ({install.package} needs node{least} on PATH)")
+        elif need is not None:
+            parts = [int(p) for p in found.lstrip("v").split(".")[:2] if p.isdigit()]
+            if tuple(parts) < need:
+                problems.append(
+                    f"the image's node is {found}; {install.package} needs node{least} "
+                    "(its package.json engines)"
+                )
+    return problems

@@ -353,6 +353,8 @@ class AgentEnv:
             if kind == "timeout":
                 partial = await self._recover()
                 raise ActionTimeoutError(command, timeout, await self._clean(partial)) from None
+            if kind == "dead" and self._agent_stopped:  # stop_agent() closed it under the command
+                raise EnvError("the agent's session was stopped while the command ran") from exc
             if kind == "dead":
                 raise await self._death(
                     f"the shell session is gone: {exc or type(exc).__name__}",

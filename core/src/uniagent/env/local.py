@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 import logging
 import resource
 import shutil
@@ -135,6 +136,52 @@ async def detect_engine(preferred: str = "auto") -> str:
         f"no container engine: {docker_reason}, and podman is not installed "
         "(apt-get install podman runc)"
     )
+
+
+def network_of(run_args: list[str]) -> str | None:
+    """The ``--network``/``--net`` that ``run_args`` sets (the last one), or None."""
+    found = None
+    for i, arg in enumerate(run_args):
+        for flag in ("--network", "--net"):
+            if arg == flag and i + 1 < len(run_args):
+                found = run_args[i + 1]
+            elif arg.startswith(flag + "="):
+                found = arg.split("=", 1)[1]
+    return found
+
+
+async def host_address(config: LocalDeploymentConfig) -> tuple[str, str]:
+    """The address of this machine that the container reaches, and the container
+    network's subnet: ``(gateway address, subnet)`` of the engine's network (``podman``'s
+    or docker's ``bridge`` unless ``run_args`` names another); ``--network host`` shares
+    this machine's 127.0.0.1. A container without a network reaches nothing here: an
+    :class:`EnvStartError`."""
+    network = network_of(config.run_args)
+    if network == "host":
+        return "127.0.0.1", "127.0.0.0/8"
+    if network == "none":
+        raise EnvStartError(
+            "the container has no network (`--network none`, e.g. a Harbor task's "
+            "no-network policy): a harness in it cannot reach its model, the gateway"
+        )
+    engine = await detect_engine(config.engine)
+    name = network or ("podman" if engine == "podman" else "bridge")
+    code, out = await _run(engine, "network", "inspect", name, timeout=60)
+    if code != 0:
+        raise EnvStartError(f"`{engine} network inspect {name}` failed: {out.strip()[-500:]}")
+    try:
+        [info] = json.loads(out)
+        if engine == "podman":
+            subnets = [(s["gateway"], s["subnet"]) for s in info.get("subnets") or []]
+        else:
+            subnets = [(c["Gateway"], c["Subnet"]) for c in info["IPAM"]["Config"] or []]
+        address, subnet = next((g, n) for g, n in subnets if g and ":" not in g)
+    except (ValueError, KeyError, TypeError, StopIteration):
+        raise EnvStartError(
+            f"{engine} network {name!r} has no IPv4 gateway address to serve the gateway "
+            f"on: {out.strip()[-500:]}"
+        ) from None
+    return str(address), str(subnet)
 
 
 def podman_args(run_args: list[str]) -> list[str]:

@@ -8,9 +8,10 @@ allows it, ``POST /sessions`` (open one).
 
 from __future__ import annotations
 
+import ipaddress
 import socket
 import threading
-from collections.abc import AsyncIterator, Callable, Iterator
+from collections.abc import AsyncIterator, Callable, Iterator, Sequence
 from types import ModuleType
 from typing import Any
 
@@ -26,6 +27,10 @@ from uniagent.gateway.manager import Gateway
 from uniagent.gateway.session import Completion, GatewayError, Session
 from uniagent.gateway.wire import anthropic, openai_chat, responses
 from uniagent.models.base import ContextLimitError, ModelError
+
+#: Linux's IP_FREEBIND (not in every Python's socket module): bind to an address that is
+#: not up yet.
+IP_FREEBIND = getattr(socket, "IP_FREEBIND", 15)
 
 WIRES: dict[str, ModuleType] = {
     "/v1/chat/completions": openai_chat,
@@ -159,6 +164,30 @@ async def _delivered(
             session.discard(completion)
 
 
+class _PeersOnly:
+    """ASGI middleware: only clients whose address is in ``networks`` are served (a
+    listener on a container bridge's address must not serve other machines that route to
+    it); any other connection gets a 403 and nothing else."""
+
+    def __init__(self, app: Any, networks: Sequence[str]) -> None:
+        self.app = app
+        self.networks = [ipaddress.ip_network(n, strict=False) for n in networks]
+
+    def allowed(self, client: Any) -> bool:
+        try:
+            address = ipaddress.ip_address(client[0])
+        except (TypeError, ValueError, IndexError):
+            return False
+        return any(address in network for network in self.networks)
+
+    async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
+        if scope["type"] in ("http", "websocket") and not self.allowed(scope.get("client")):
+            if scope["type"] == "http":
+                await Response("forbidden", status_code=403)(scope, receive, send)
+            return
+        await self.app(scope, receive, send)
+
+
 class _Server(uvicorn.Server):
     def __init__(self, config: uvicorn.Config, ready: threading.Event) -> None:
         super().__init__(config)
@@ -172,15 +201,26 @@ class _Server(uvicorn.Server):
 class RunningGateway:
     """A gateway served on a background thread (``with start(gw) as running: ...``)."""
 
-    def __init__(self, gateway: Gateway, host: str, port: int, model_name: str) -> None:
+    def __init__(
+        self,
+        gateway: Gateway,
+        host: str,
+        port: int,
+        model_name: str,
+        *,
+        peers: Sequence[str] | None = None,
+    ) -> None:
         self.gateway = gateway
         self._sock = socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET)
         self._sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         self._sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        if peers is not None:  # a bridge's address, which may come and go with its containers
+            self._sock.setsockopt(socket.IPPROTO_IP, IP_FREEBIND, 1)
         self._sock.bind((host, port))
         self.host, self.port = host, self._sock.getsockname()[1]
+        app: Any = create_app(gateway, model_name=model_name)
         config = uvicorn.Config(
-            create_app(gateway, model_name=model_name),
+            app if peers is None else _PeersOnly(app, peers),
             log_level="warning",
             lifespan="off",
             access_log=False,
@@ -230,9 +270,11 @@ def start(
     host: str = "127.0.0.1",
     port: int = 0,
     model_name: str = "uniagent-gateway",
+    peers: Sequence[str] | None = None,
 ) -> RunningGateway:
-    """Serve ``gateway`` on a background thread (``port=0``: a free port)."""
-    return RunningGateway(gateway, host, port, model_name).start()
+    """Serve ``gateway`` on a background thread (``port=0``: a free port); with ``peers``
+    (networks), only to clients in them."""
+    return RunningGateway(gateway, host, port, model_name, peers=peers).start()
 
 
 def serve(

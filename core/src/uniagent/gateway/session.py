@@ -13,8 +13,9 @@ from __future__ import annotations
 import contextlib
 import hashlib
 import secrets
+import time
 import uuid
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
@@ -134,12 +135,36 @@ class Session:
         self.backend_errors: list[str] = []
         #: Requests refused because the prompt left no room in the model's context.
         self.limit_errors: list[str] = []
+        #: Seconds during which at least one request waited for the token backend (the
+        #: model's time, not the harness's: a time limit must not charge it to the policy).
+        self.model_seconds = 0.0
+        self._waiting = 0  # requests waiting for the backend now
+        self._waiting_since = 0.0
         self._prompts: dict[bytes, Node] = {}  # key of a request's messages -> its turn's end
         self._ends: dict[bytes, Node] = {}  # key of request + its reply -> the turn's end
         self._served = 0  # completions generated (for tool-call ids)
         self._turn_of: dict[int, Turn] = {}  # id(end node) + prompt key -> turn (identical)
         #: The last recorded turn's end node and its context ids (what a harness extends next).
         self._last_context: tuple[Node, list[int], list[int]] | None = None
+
+    def waited(self) -> float:
+        """Seconds waited for the model so far, a wait in progress included."""
+        now = time.perf_counter() - self._waiting_since if self._waiting else 0.0
+        return self.model_seconds + now
+
+    @contextlib.contextmanager
+    def _waiting_for_the_model(self) -> Iterator[None]:
+        """Count the time with a request in the backend into :attr:`model_seconds` (once,
+        however many requests overlap)."""
+        if self._waiting == 0:
+            self._waiting_since = time.perf_counter()
+        self._waiting += 1
+        try:
+            yield
+        finally:
+            self._waiting -= 1
+            if self._waiting == 0:
+                self.model_seconds += time.perf_counter() - self._waiting_since
 
     # ------------------------------------------------------------------ the request
     def _keys(self, request: ChatRequest) -> list[bytes]:
@@ -198,9 +223,10 @@ class Session:
                 prompt_ids = self._render(messages, request.tools)
                 seq_ids, seq_mask = list(prompt_ids), [0] * len(prompt_ids)
                 seq_lp = [0.0] * len(prompt_ids)
-        out = await self.backend.generate(
-            prompt_ids, max_tokens=request.max_tokens, stop=request.stop
-        )
+        with self._waiting_for_the_model():
+            out = await self.backend.generate(
+                prompt_ids, max_tokens=request.max_tokens, stop=request.stop
+            )
         if not out.token_ids:
             raise GatewayError("the token backend returned no tokens", status=502, kind="api_error")
         gen_lp = list(out.logprobs) if out.logprobs is not None else [0.0] * len(out.token_ids)
@@ -370,6 +396,7 @@ class Session:
             "undelivered": list(self.undelivered),
             "backend_errors": list(self.backend_errors),
             "limit_errors": list(self.limit_errors),
+            "model_seconds": round(self.model_seconds, 3),
         }
 
     def close(self) -> dict[str, Any]:

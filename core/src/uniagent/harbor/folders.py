@@ -115,7 +115,7 @@ def deployment_overrides(
         args = [*deployment.get("bwrap_args", [])]
         for inside in SANDBOX_DIRS:
             args += ["--symlink", f"{BWRAP_HOME}{inside}", inside]
-        return {"env": {"deployment": {"bwrap_args": args}}}
+        return {"env": {"deployment": {"bwrap_args": args}}, **time_limit(config)}
     if kind == "local":
         if env.docker_image:
             image = env.docker_image
@@ -134,12 +134,18 @@ def deployment_overrides(
             ]
         if env.workdir:
             out["env"]["workdir"] = env.workdir
-        return out
+        return {**out, **time_limit(config)}
     if not env.docker_image:
         raise ConfigError(
             f"the {kind} backend runs prebuilt images only: set environment.docker_image"
         )
-    return {"env": {"deployment": {"image": env.docker_image}}}
+    return {"env": {"deployment": {"image": env.docker_image}}, **time_limit(config)}
+
+
+def time_limit(config: TaskToml) -> dict[str, Any]:
+    """``[agent] timeout_sec`` as the agent's time limit (``interaction.time_limit``), if set."""
+    seconds = config.agent.timeout_sec
+    return {} if seconds is None else {"interaction": {"time_limit": seconds}}
 
 
 def load_harbor_tasks(

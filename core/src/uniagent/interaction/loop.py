@@ -115,6 +115,8 @@ class AgentInteraction:
         self.config = config
         self.log = logger or log
         self.timeout_left = config.timeout_budget
+        #: Seconds of command time left under ``time_limit`` (None: no limit).
+        self.time_left = config.time_limit
         self.consecutive_format_errors = 0
         self.notes: dict[int, dict[str, Any]] = {}
         self.turn_scores: dict[int, float] = {}
@@ -225,9 +227,12 @@ class AgentInteraction:
             self.observer.tool(call.name)
             started = time.perf_counter()
             outcome = "failed"
+            timeout = self.config.action_timeout
+            if self.time_left is not None:  # the task's time limit ends it sooner
+                timeout = min(timeout, max(self.time_left, 0.01))
             try:
                 observation = await self.env.run_action(
-                    spec.to_command(call.arguments), timeout=self.config.action_timeout
+                    spec.to_command(call.arguments), timeout=timeout
                 )
                 text = _observation_text(observation.output, observation.exit_code)
                 code = observation.exit_code
@@ -248,13 +253,19 @@ class AgentInteraction:
                 text = f"{exc.partial_output.rstrip()}\n[the shell reports: {exc}]".lstrip("\n")
             except ActionTimeoutError as exc:
                 metrics.timeouts += 1
-                outcome = f"timed out after {self.config.action_timeout:g} s"
-                self.timeout_left -= self.config.action_timeout
+                outcome = f"timed out after {timeout:g} s"
+                if timeout < self.config.action_timeout:  # the time limit, not the command's
+                    self.time_left = 0.0
+                    self.log.info(
+                        "the time limit (%g s of commands) is spent", self.config.time_limit
+                    )
+                    return _Turn(exit_reason=ExitReason.TIMEOUT_ERROR)
+                self.timeout_left -= timeout
                 if self.timeout_left <= 0:
                     return _Turn(exit_reason=ExitReason.TIMEOUT_ERROR)
                 text = (
                     f"{getattr(exc, 'partial_output', '') or ''}\n"
-                    f"The command timed out after {self.config.action_timeout:g} s and was "
+                    f"The command timed out after {timeout:g} s and was "
                     "interrupted; the shell is still usable. Run long jobs with a smaller input, "
                     "or in the background with output to a file."
                 ).lstrip("\n")
@@ -269,6 +280,8 @@ class AgentInteraction:
             finally:
                 elapsed = time.perf_counter() - started
                 metrics.env_seconds += elapsed
+                if self.time_left is not None:
+                    self.time_left -= elapsed
                 self.log.info(
                     "turn %d: %s -> %s, %.2f s",
                     self._turn,
@@ -278,6 +291,9 @@ class AgentInteraction:
                 )
             if spec.ends_episode:
                 return _Turn(exit_reason=ExitReason.FINISHED, submission=text, note=turn.note)
+            if self.time_left is not None and self.time_left <= 0:
+                self.log.info("the time limit (%g s of commands) is spent", self.config.time_limit)
+                return _Turn(exit_reason=ExitReason.TIMEOUT_ERROR)
             message = answer(text, call.name, call.id)
             turn.messages.append(message)
             # A text call's output that goes back as a user message: the record names the tool.

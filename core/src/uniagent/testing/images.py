@@ -103,13 +103,16 @@ def engine_args(engine: str) -> list[str]:
     return podman_args([]) if engine == "podman" else []
 
 
-#: The image the local-backend tests use: Debian bookworm with ``swerex-remote``.
-TEST_IMAGE = os.environ.get("UNIAGENT_TEST_IMAGE", "localhost/uniagent-swerex:bookworm")
+#: Debian's packages in :data:`TEST_IMAGE`: Python 3.11 (the host's, for a pip harness's
+#: venv, and swe-rex's) and node 18 (for the npm harnesses).
+TEST_PACKAGES = ("python3", "python3-venv", "nodejs")
+#: The image the local-backend tests use: Debian bookworm with ``swerex-remote`` and
+#: :data:`TEST_PACKAGES` (a new tag whenever they change: an engine's cached image with
+#: other packages must not be taken for it).
+TEST_IMAGE = os.environ.get("UNIAGENT_TEST_IMAGE", "localhost/uniagent-swerex:bookworm-node")
 
 
-def engine_with_test_image(
-    image: str = TEST_IMAGE, packages: Sequence[str] = ("python3", "python3-venv")
-) -> str:
+def engine_with_test_image(image: str = TEST_IMAGE, packages: Sequence[str] = TEST_PACKAGES) -> str:
     """The engine that runs ``image`` here, building the image first (with Debian's
     ``packages``) if needed.
 

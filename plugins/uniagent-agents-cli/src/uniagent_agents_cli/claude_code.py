@@ -74,5 +74,6 @@ CLAUDE_CODE: AgentSpec[ClaudeCodeSettings] = AgentSpec(
     wire="messages",
     launch=launch,
     outcome=outcome,
+    deployments=("host", "local"),
     settings=ClaudeCodeSettings,
 )

@@ -69,5 +69,6 @@ CODEX: AgentSpec[CodexSettings] = AgentSpec(
     install=AgentInstall("npm", PACKAGE, VERSION, "codex"),
     wire="responses",
     launch=launch,
+    deployments=("host", "local"),
     settings=CodexSettings,
 )

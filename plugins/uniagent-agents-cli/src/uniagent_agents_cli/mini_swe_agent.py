@@ -92,5 +92,6 @@ MINI_SWE_AGENT: AgentSpec[MiniSweAgentSettings] = AgentSpec(
     launch=launch,
     outcome=outcome,
     logs=(TRAJECTORY,),
+    deployments=("host", "local"),
     settings=MiniSweAgentSettings,
 )
