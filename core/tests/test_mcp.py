@@ -3,6 +3,7 @@ scripted agent through ``run()``, over stdio inside host sandboxes and over stre
 
 from __future__ import annotations
 
+import asyncio
 import io
 import json
 import os
@@ -23,7 +24,7 @@ from uniagent.config import AgentConfig
 from uniagent.errors import ConfigError
 from uniagent.mcp.config import McpServerConfig
 from uniagent.mcp.process import close_mcp_servers, ensure_mcp_server, socket_dir
-from uniagent.mcp.tools import McpToolSpec
+from uniagent.mcp.tools import HELPER, McpToolSpec
 from uniagent.plugins import load_plugins, reset_plugins
 from uniagent.resolver import resolve
 from uniagent.run.progress import Progress
@@ -345,10 +346,10 @@ async def test_a_process_wide_server_that_does_not_start_is_an_infrastructure_fa
     assert "no server" in result["error"]
 
 
-async def test_only_the_host_says_a_process_wide_server_failed() -> None:
+async def test_only_the_host_says_a_process_wide_server_failed(tmp_path: Path) -> None:
     # An exit code 2 the agent produced itself (a faked helper) is not masked: the host
     # side knows its server is up. Once it is gone, the same code is an infra failure.
-    server = McpServerConfig.model_validate(stdio_server(scope="process"))
+    server = McpServerConfig.model_validate(stdio_server(scope="process", exclude=["crash"]))
     process = await ensure_mcp_server(server)
     try:
         assert await ensure_mcp_server(server) is process  # started once
@@ -357,6 +358,17 @@ async def test_only_the_host_says_a_process_wide_server_failed() -> None:
         )
         assert spec.infrastructure_failure(2) is None
         assert spec.infrastructure_failure(1) is None
+        # The socket is the sandbox's to use: a tool left out stays out there too.
+        settings = tmp_path / "server.json"
+        settings.write_text(json.dumps({"socket": str(process.socket), "timeout": 30}))
+        for tool, code, says in (("add", 0, "3"), ("crash", 1, "gives no tool 'crash'")):
+            called = await asyncio.to_thread(
+                subprocess.run,
+                [sys.executable, str(HELPER), str(settings), "call", tool, '{"a": 1, "b": 2}'],
+                capture_output=True,
+                text=True,
+            )
+            assert called.returncode == code and says in called.stdout, called
     finally:
         await close_mcp_servers()
     assert spec.infrastructure_failure(1) is None

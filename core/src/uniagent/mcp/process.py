@@ -193,8 +193,11 @@ class McpProcess:
                 return {"tools": await list_tools(self.session, timeout)}
             if request.get("op") != "call" or not isinstance(request.get("arguments"), dict):
                 return {"refused": "a request is {op: list} or {op: call, tool, arguments}"}
+            tool = str(request.get("tool"))
+            if not self.config.keeps(tool):  # the socket is the sandbox's: include/exclude hold
+                return {"refused": f"the MCP server {self.config.name!r} gives no tool {tool!r}"}
             result = await asyncio.wait_for(
-                self.session.call_tool(str(request.get("tool")), request["arguments"]), timeout
+                self.session.call_tool(tool, request["arguments"]), timeout
             )
             return {"text": result_text(result), "is_error": bool(result.is_error)}
         except TimeoutError:
