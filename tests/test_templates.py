@@ -58,6 +58,11 @@ class Case:
     record: str
     extra_files: tuple[str, ...] = ()
     description: str | None = None  # None: the template's default
+    variant: str | None = None  # the template's `kind` choice (None: its default)
+    #: Whether the plugin module has the kind's hook (an MCP server's tools come from it).
+    hooked: bool = True
+    #: Tests of the baked plugin that must pass besides test_plugin_is_discovered.
+    passes: tuple[str, ...] = ()
 
     @property
     def module(self) -> str:
@@ -67,7 +72,7 @@ class Case:
     @property
     def id(self) -> str:
         """The pytest id."""
-        return self.template
+        return self.template if self.variant is None else f"{self.template}-{self.variant}"
 
 
 CASES = [
@@ -80,6 +85,21 @@ CASES = [
         "hello_world",
         extra_files=("src/{module}/bin/hello_world",),
         description='Greets "whoever" you name \\ politely, in ünicode.',
+    ),
+    # The tool template's MCP option: a package with an MCP server, run through `uniagent run`.
+    Case(
+        "tool",
+        "Hello MCP",
+        "uniagent-tools-hello-mcp",
+        "tools",
+        "hello_mcp",
+        extra_files=("src/{module}/server.py",),
+        variant="mcp",
+        hooked=False,
+        passes=(
+            "test_the_server_runs_through_uniagent_run[sandbox]",
+            "test_the_server_runs_through_uniagent_run[process]",
+        ),
     ),
     Case("deploy", None, "uniagent-deploy-seeded", "deployments", "seeded"),
     Case("reward", "answer_file", "uniagent-reward-answer-file", "rewards", "answer_file"),
@@ -158,7 +178,11 @@ def baked(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     for case in CASES:
         context = {
             key: value
-            for key, value in (("plugin_name", case.plugin_name), ("description", case.description))
+            for key, value in (
+                ("plugin_name", case.plugin_name),
+                ("description", case.description),
+                ("kind", case.variant),
+            )
             if value is not None
         }
         projects[case.id] = bake(TEMPLATES / case.template, out, **context)
@@ -229,7 +253,10 @@ def test_templates_share_their_packaging_and_developer_docs(baked: dict[str, Pat
         return text.replace(case.dist, "PLUGIN").replace(case.module, "PLUGIN")
 
     def shared(case: Case) -> tuple[object, ...]:
-        pyproject = tomllib.loads(neutral(case, "pyproject.toml"))
+        # An MCP server's package needs the core's `mcp` extra; otherwise the same.
+        pyproject = tomllib.loads(
+            neutral(case, "pyproject.toml").replace("uniagent[mcp]", "uniagent")
+        )
         del pyproject["project"]["description"]
         hook = (TEMPLATES / case.template / "hooks" / "pre_gen_project.py").read_text()
         developer_docs = neutral(case, "README.md").split("## Develop", 1)[1]
@@ -251,7 +278,7 @@ def test_templates_directory_offers_every_template(tmp_path: Path) -> None:
     """``cookiecutter templates`` asks which kind; without prompts it bakes the first, a tool."""
     menu = json.loads((TEMPLATES / "cookiecutter.json").read_text())["templates"]
     assert sorted((TEMPLATES / t["path"]).resolve() for t in menu.values()) == sorted(
-        (TEMPLATES / case.template).resolve() for case in CASES
+        {(TEMPLATES / case.template).resolve() for case in CASES}
     )
     assert bake(TEMPLATES, tmp_path).name == "uniagent-tools-hello"
 
@@ -268,7 +295,8 @@ def test_baked_plugin_tests_pass_once_installed(
     result = env.run("python", "-m", "pytest", "-p", "no:cacheprovider", "-rA", cwd=project)
     output = result.stdout + result.stderr
     assert result.returncode == 0, output
-    assert "PASSED tests/test_plugin.py::test_plugin_is_discovered" in output
+    for test in ("test_plugin_is_discovered", *case.passes):
+        assert f"PASSED tests/test_plugin.py::{test}" in output, output
     assert not re.search(r"\b(skipped|xfailed|xpassed)\b", output.splitlines()[-1]), output
 
 
@@ -300,8 +328,12 @@ def test_uniagent_plugins_lists_each_baked_plugin_with_its_contribution(env: Ven
         assert plugin["status"] == "loaded", plugin["error"]
         assert plugin["version"] == "0.1.0"
         assert plugin["module"] == f"{case.module}.plugin"
+        contributes = {k: v for k, v in plugin["contributes"].items() if v}
+        if not case.hooked:  # loaded, with nothing to register (its config entry names it)
+            assert plugin["hooks"] == [] and contributes == {}
+            continue
         assert plugin["hooks"] == [f"uniagent_{case.kind}"]
-        assert {k: v for k, v in plugin["contributes"].items() if v} == {case.kind: [case.record]}
+        assert contributes == {case.kind: [case.record]}
 
 
 # -- the README's own steps ------------------------------------------------------------------

@@ -3,8 +3,10 @@ scripted agent through ``run()``, over stdio inside host sandboxes and over stre
 
 from __future__ import annotations
 
+import asyncio
 import io
 import json
+import os
 import shutil
 import subprocess
 import sys
@@ -20,6 +22,9 @@ from uniagent import ToolSpec, hookimpl
 from uniagent.cli import plugins_report
 from uniagent.config import AgentConfig
 from uniagent.errors import ConfigError
+from uniagent.mcp.config import McpServerConfig
+from uniagent.mcp.process import close_mcp_servers, ensure_mcp_server, socket_dir
+from uniagent.mcp.tools import HELPER, McpToolSpec
 from uniagent.plugins import load_plugins, reset_plugins
 from uniagent.resolver import resolve
 from uniagent.run.progress import Progress
@@ -117,7 +122,7 @@ def outputs(episode: Path) -> list[str]:
 async def test_stdio_server_in_the_sandbox_lists_and_calls_its_tools(
     isolation: str, qwen3_tokenizer: Any, tmp_path: Path
 ) -> None:
-    config = agent_config(stdio_server(exclude=["hang"]), isolation)
+    config = agent_config(stdio_server(exclude=["hang", "pid"]), isolation)
     script = [
         hermes_call("add", {"a": 2, "b": 40}),
         hermes_call("write_note", {"name": "note.txt", "text": "hello"}),
@@ -239,6 +244,173 @@ async def test_streamable_http_server(
     assert json.loads((episode / "result.json").read_text())["exit_reason"] == "finished"
     added, failed = outputs(episode)
     assert "11" in added and "[exit code 1]" in failed
+
+
+async def run_tasks(
+    config: AgentConfig, script: list[str], tokenizer: Any, out: Path, n: int, **options: Any
+) -> dict[str, Any]:
+    """``n`` tasks, one at a time, the model's script shared in order: each task's result
+    and the observations its model got."""
+    model = ScriptedTokenModel(tokenizer, script)
+    await run(
+        config,
+        [Task(f"t{i}", {"q": "use the tools"}) for i in range(n)],
+        [],
+        lambda: model,
+        out,
+        progress=Progress(io.StringIO(), live=False),
+        concurrency=1,
+        **options,
+    )
+    return {
+        p.parent.parent.name: (json.loads(p.read_text()), outputs(p.parent))
+        for p in (out / "episodes").glob("*/0/result.json")
+    }
+
+
+def served_pid(text: str) -> int:
+    assert text.startswith("pid "), text
+    return int(text.split()[1])
+
+
+def gone(pid: int) -> bool:
+    """Whether process ``pid`` has exited (and was reaped)."""
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return True
+    return False
+
+
+@pytest.mark.parametrize("isolation", ISOLATIONS)
+async def test_a_process_wide_server_is_shared_by_the_runs_episodes(
+    isolation: str, qwen3_tokenizer: Any, tmp_path: Path
+) -> None:
+    config = agent_config(stdio_server(scope="process", include=["pid", "add", "fail"]), isolation)
+    script = [
+        hermes_call("pid"),
+        hermes_call("add", {"a": 2, "b": 40}),
+        hermes_call("fail", {"reason": "because"}),  # a tool error: fed back, as always
+        hermes_call("done"),
+        hermes_call("pid"),
+        hermes_call("done"),
+    ]
+    episodes = await run_tasks(config, script, qwen3_tokenizer, tmp_path / "out", 2)
+    (first, first_outputs), (second, second_outputs) = episodes["t0"], episodes["t1"]
+    assert first["exit_reason"] == second["exit_reason"] == "finished", (first, second)
+    pid, added, failed = first_outputs
+    # One server for both episodes, run by this process (not in the sandbox: its cwd is ours).
+    assert served_pid(pid) == served_pid(second_outputs[0]) != os.getpid()
+    assert pid.strip().endswith(f"cwd {os.getcwd()}")
+    assert "42" in added and "[exit code" not in added
+    assert "Error executing tool fail" in failed and "[exit code 1]" in failed
+    # The run stopped it at its end, and removed its socket.
+    assert gone(served_pid(pid))
+    assert not list(socket_dir().glob("demo-*.sock"))
+
+
+@pytest.mark.parametrize("isolation", ISOLATIONS)
+async def test_a_process_wide_server_that_crashes_masks_the_episode_and_restarts(
+    isolation: str, qwen3_tokenizer: Any, tmp_path: Path
+) -> None:
+    config = agent_config(stdio_server(scope="process", include=["pid", "crash"]), isolation)
+    script = [
+        hermes_call("pid"),
+        hermes_call("crash"),  # the shared server dies mid-call: not the policy's doing
+        hermes_call("pid"),  # the next episode: a fresh server
+        hermes_call("done"),
+    ]
+    out = tmp_path / "out"
+    episodes = await run_tasks(config, script, qwen3_tokenizer, out, 2, retries=0)
+    (crashed, crashed_outputs), (later, later_outputs) = episodes["t0"], episodes["t1"]
+    assert crashed["exit_reason"] == "env_error" and crashed["traj_masked"] is True
+    assert "MCP server 'demo' (scope: process)" in crashed["error"]
+    assert later["exit_reason"] == "finished"
+    assert served_pid(later_outputs[0]) != served_pid(crashed_outputs[0])
+    assert gone(served_pid(crashed_outputs[0])) and gone(served_pid(later_outputs[0]))
+
+
+async def test_a_process_wide_server_that_does_not_start_is_an_infrastructure_failure(
+    qwen3_tokenizer: Any, tmp_path: Path
+) -> None:
+    broken = {
+        "name": "broken",
+        "scope": "process",
+        "command": [sys.executable, "-c", "import sys; print('no server', file=sys.stderr)"],
+    }
+    config = agent_config(broken)
+    out = tmp_path / "out"
+    ((result, _),) = (await run_tasks(config, [], qwen3_tokenizer, out, 1, retries=0)).values()
+    assert result["exit_reason"] == "env_error" and result["traj_masked"] is True
+    assert "MCP server 'broken' (scope: process) did not start" in result["error"]
+    assert "no server" in result["error"]
+
+
+async def test_only_the_host_says_a_process_wide_server_failed(tmp_path: Path) -> None:
+    # An exit code 2 the agent produced itself (a faked helper) is not masked: the host
+    # side knows its server is up. Once it is gone, the same code is an infra failure.
+    server = McpServerConfig.model_validate(stdio_server(scope="process", exclude=["crash"]))
+    process = await ensure_mcp_server(server)
+    try:
+        assert await ensure_mcp_server(server) is process  # started once
+        spec = McpToolSpec(
+            name="add", description="", arguments=BaseModel, server="demo", process=process
+        )
+        assert spec.infrastructure_failure(2) is None
+        assert spec.infrastructure_failure(1) is None
+        # The socket is the sandbox's to use: a tool left out stays out there too.
+        settings = tmp_path / "server.json"
+        settings.write_text(json.dumps({"socket": str(process.socket), "timeout": 30}))
+        for tool, code, says in (("add", 0, "3"), ("crash", 1, "gives no tool 'crash'")):
+            called = await asyncio.to_thread(
+                subprocess.run,
+                [sys.executable, str(HELPER), str(settings), "call", tool, '{"a": 1, "b": 2}'],
+                capture_output=True,
+                text=True,
+            )
+            assert called.returncode == code and says in called.stdout, called
+    finally:
+        await close_mcp_servers()
+    assert spec.infrastructure_failure(1) is None
+    assert "scope: process" in (spec.infrastructure_failure(2) or "")
+
+
+def test_process_scope_needs_a_host_deployment_and_stdio() -> None:
+    server = {"name": "a", "command": ["x"], "scope": "process"}
+    with pytest.raises(ConfigError, match="tools.1.mcp.scope: process needs a host deployment"):
+        resolve(
+            AgentConfig.from_dict(
+                {
+                    "tools": ["done", {"mcp": server}],
+                    "env": {"deployment": {"type": "local", "image": "python:3.12"}},
+                }
+            )
+        )
+    with pytest.raises(ConfigError, match="`scope` is for transport stdio".replace("`", ".")):
+        AgentConfig.from_dict(
+            {
+                "tools": [
+                    {
+                        "mcp": {
+                            "name": "a",
+                            "transport": "streamable-http",
+                            "url": "u",
+                            "scope": "process",
+                        }
+                    }
+                ]
+            }
+        )
+    # Its sockets' folder is made visible to the sandbox.
+    agent = resolve(
+        AgentConfig.from_dict(
+            {
+                "tools": ["done", {"mcp": server}],
+                "env": {"deployment": {"type": "host", "isolation": "bwrap"}},
+            }
+        )
+    )
+    assert str(socket_dir()) in agent.deployment_config.ro_binds
 
 
 @pytest.mark.parametrize(

@@ -79,8 +79,8 @@ def plugins_report(*, include_builtins: bool = False, config: str | None = None)
 def mcp_servers_report(path: str, errors: list[str]) -> list[dict[str, Any]]:
     """The MCP servers of the config at ``path`` with their tools, listed as an episode lists
     them: in one sandbox of the config's deployment (without a task's overrides), started
-    and closed here. A server that does not list its tools has an ``error`` (also in
-    ``errors``) and no tools."""
+    and closed here (process-wide servers too). A server that does not list its tools has
+    an ``error`` (also in ``errors``) and no tools."""
     import asyncio
 
     from uniagent.config import AgentConfig
@@ -116,6 +116,10 @@ def mcp_servers_report(path: str, errors: list[str]) -> list[dict[str, Any]]:
                 ]
         finally:
             await env.close()
+            if any(server.scope == "process" for server in agent.mcp_servers):
+                from uniagent.mcp.process import close_mcp_servers
+
+                await close_mcp_servers()
 
     if servers:
         try:

@@ -173,6 +173,7 @@ def _resolve(
             f"invalid {source}:\n  env.deployment.type: the {deployment.name!r} backend needs "
             f"{', '.join(missing)}, which is not installed: pip install {installs}"
         )
+    deployment_config = _with_mcp_sockets(config, deployment_config, source)
     if deployment.check is not None:  # what every sandbox would fail with at start
         problems = deployment.check(deployment_config, config.env)
         if problems:
@@ -204,6 +205,26 @@ def _resolve(
         source=source,
         registry=registry,
     )
+
+
+def _with_mcp_sockets(config: AgentConfig, deployment_config: Any, source: str) -> Any:
+    """The deployment config that shows this process's MCP sockets (``scope: process``)."""
+    scoped = [i for i, ref in enumerate(config.tools) if ref.mcp and ref.mcp.scope == "process"]
+    if not scoped:
+        return deployment_config
+    if "ro_binds" not in type(deployment_config).model_fields:
+        raise ConfigError(
+            f"invalid {source}:\n  tools.{scoped[0]}.mcp.scope: process needs a host "
+            f"deployment (its sandbox reaches the server through a Unix socket of this "
+            f"machine), not {deployment_config.type!r}"
+        )
+    from uniagent.mcp.process import socket_dir
+
+    binds = list(deployment_config.ro_binds)
+    folder = str(socket_dir())
+    if folder not in binds:
+        binds.append(folder)
+    return deployment_config.model_copy(update={"ro_binds": binds})
 
 
 def _reward(registry: Registry, config: RewardConfig, source: str) -> ResolvedReward:

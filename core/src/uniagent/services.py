@@ -9,7 +9,9 @@ An agent config lists them by name with their settings::
 first episode, stopped at the end, also on Ctrl-C); a Ray actor and the verl adapter
 call :func:`ensure_services` before each episode, which starts each service the first
 time only and leaves it running for the life of the process. Services are keyed by
-name and settings, so two configs with different settings get two instances. Per-task
+name and settings, so two configs with different settings get two instances.
+The process-wide MCP servers (``scope: process``, :mod:`uniagent.mcp.process`) start
+with their first episode and stop with the run here as well. Per-task
 overrides cannot change them (:meth:`uniagent.resolver.ResolvedAgent.for_task` refuses it).
 """
 
@@ -114,3 +116,7 @@ async def running_services(agent: ResolvedAgent) -> AsyncIterator[None]:
         for spec, settings in reversed(started):
             # To the end even when the run is cancelled meanwhile (a signal in teardown).
             await wait_through_cancellation(stop_service(spec, settings))
+        if any(server.scope == "process" for server in agent.mcp_servers):
+            from uniagent.mcp.process import close_mcp_servers
+
+            await wait_through_cancellation(close_mcp_servers())

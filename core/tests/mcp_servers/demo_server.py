@@ -2,9 +2,10 @@
 
 Over stdio by default; ``http``: streamable HTTP on 127.0.0.1, its port printed first.
 
-Tools: ``add`` (two ints), ``write_note`` (writes a file in its cwd: it acts where it
-runs), ``fail`` (raises), ``crash`` (the process exits mid-call) and ``hang`` (never
-answers; it first writes ``hang.started`` in its cwd so a test can wait on that).
+Tools: ``add`` (two ints), ``pid`` (the server's process id and cwd), ``write_note``
+(writes a file in its cwd: it acts where it runs), ``fail`` (raises), ``crash`` (the
+process exits mid-call) and ``hang`` (never answers; it first writes ``hang.started`` in
+its cwd so a test can wait on that).
 """
 
 from __future__ import annotations
@@ -24,6 +25,12 @@ server = MCPServer("demo")
 def add(a: int, b: int) -> str:
     """Add two integers."""
     return str(a + b)
+
+
+@server.tool()
+def pid() -> str:
+    """The server's process id and working directory."""
+    return f"pid {os.getpid()} cwd {os.getcwd()}"
 
 
 @server.tool()

@@ -86,6 +86,8 @@ class _Turn:
     messages: list[dict[str, Any]] = field(default_factory=list)
     exit_reason: ExitReason | None = None
     submission: str | None = None
+    #: What went wrong, when the turn ended the episode on an infrastructure failure.
+    error: str | None = None
     #: Notes on the turn's assistant message (calls parsed from its text), if any.
     note: dict[str, Any] | None = None
     #: Notes on :attr:`messages`, one per message (None: nothing to note).
@@ -153,7 +155,9 @@ class AgentInteraction:
             if turn.note is not None and cache.messages:
                 self.notes[len(cache.messages) - 1] = turn.note  # this turn's assistant message
             if turn.exit_reason is not None:
-                return self._result(turn.exit_reason, cache, metrics, submission=turn.submission)
+                return self._result(
+                    turn.exit_reason, cache, metrics, submission=turn.submission, error=turn.error
+                )
             first = len(cache.messages)
             cache.append_messages(turn.messages)
             for index, note in enumerate(turn.notes, start=first):
@@ -237,6 +241,11 @@ class AgentInteraction:
                 text = _observation_text(observation.output, observation.exit_code)
                 code = observation.exit_code
                 outcome = "done" if code is None else f"exit {code}"
+                failure = spec.infrastructure_failure(code)
+                if failure is not None:  # not the policy's doing: the episode is masked
+                    outcome = "an infrastructure failure"
+                    self.log.warning("turn %d: %s", self._turn, failure)
+                    return _Turn(exit_reason=ExitReason.ENV_ERROR, error=failure)
                 self._score(spec, call.arguments, observation.output, code)
             except ActionSyntaxError as exc:
                 metrics.syntax_errors += 1

@@ -12,6 +12,7 @@ from typing import Literal
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 Transport = Literal["stdio", "streamable-http"]
+Scope = Literal["sandbox", "process"]
 
 
 class McpServerConfig(BaseModel):
@@ -31,6 +32,12 @@ class McpServerConfig(BaseModel):
         default_factory=dict, description="stdio: variables of the server's process"
     )
     url: str | None = Field(None, description="streamable-http: the server's endpoint")
+    scope: Scope = Field(
+        "sandbox",
+        description="stdio: where the server runs. sandbox (default): in each episode's sandbox, "
+        "acting there; process: once in the run's process, shared by its episodes through a "
+        "Unix socket (for read-only servers: it acts on this machine, not in the sandbox)",
+    )
     include: tuple[str, ...] | None = Field(
         None, description="only these tools of the server (default: all)"
     )
@@ -56,6 +63,8 @@ class McpServerConfig(BaseModel):
                 raise ValueError("a streamable-http server needs `url`")
             if self.command or self.env:
                 raise ValueError("`command` and `env` are for transport stdio")
+            if self.scope != "sandbox":
+                raise ValueError("`scope` is for transport stdio (an HTTP server runs elsewhere)")
         overlap = set(self.include or ()) & set(self.exclude)
         if overlap:
             raise ValueError(f"tools both included and excluded: {', '.join(sorted(overlap))}")

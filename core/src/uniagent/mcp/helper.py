@@ -6,6 +6,10 @@ as text. Exit codes: 0 done, 1 the tool reported an error, 2 the server failed (
 start, crashed, broke the protocol), 3 the call timed out. Everything it says goes to
 stdout (the sandbox merges the streams); the server's own stderr is kept aside and its
 tail shown only when the server failed.
+
+A process-wide server (``scope: process``, :mod:`uniagent.mcp.process`) is reached
+through its Unix socket instead (``SERVER.json`` then names ``socket``): one JSON line
+out, one back. That needs only the standard library in the sandbox.
 """
 
 from __future__ import annotations
@@ -43,7 +47,8 @@ async def _session(server: dict[str, Any], errlog: TextIO) -> AsyncIterator[Any]
         yield session
 
 
-def _text(result: Any) -> str:
+def result_text(result: Any) -> str:
+    """A tool result's content as text (what the model sees)."""
     parts: list[str] = []
     for item in result.content:
         kind = getattr(item, "type", "")
@@ -59,29 +64,32 @@ def _text(result: Any) -> str:
     return "\n".join(parts)
 
 
+async def list_tools(session: Any, timeout: float | None) -> list[dict[str, Any]]:
+    """Every tool the session's server lists (all pages), as plain JSON data."""
+    from mcp_types import PaginatedRequestParams
+
+    tools: list[dict[str, Any]] = []
+    cursor = None
+    while True:
+        params = PaginatedRequestParams(cursor=cursor) if cursor else None
+        page = await asyncio.wait_for(session.list_tools(params=params), timeout)
+        tools += [
+            {"name": t.name, "description": t.description or "", "input_schema": t.input_schema}
+            for t in page.tools
+        ]
+        cursor = page.next_cursor
+        if not cursor:
+            return tools
+
+
 async def _main(server: dict[str, Any], argv: list[str], errlog: TextIO) -> int:
     timeout = server.get("timeout")
     from mcp.shared.exceptions import MCPError
-    from mcp_types import CONNECTION_CLOSED, PaginatedRequestParams
+    from mcp_types import CONNECTION_CLOSED
 
     async with _session(server, errlog) as session:
         if argv[0] == "list":
-            tools: list[dict[str, Any]] = []
-            cursor = None
-            while True:
-                params = PaginatedRequestParams(cursor=cursor) if cursor else None
-                page = await asyncio.wait_for(session.list_tools(params=params), timeout)
-                tools += [
-                    {
-                        "name": t.name,
-                        "description": t.description or "",
-                        "input_schema": t.input_schema,
-                    }
-                    for t in page.tools
-                ]
-                cursor = page.next_cursor
-                if not cursor:
-                    break
+            tools = await list_tools(session, timeout)
             print(json.dumps({"tools": tools}, ensure_ascii=False))
             return 0
         name, arguments = argv[1], json.loads(argv[2])
@@ -92,7 +100,7 @@ async def _main(server: dict[str, Any], argv: list[str], errlog: TextIO) -> int:
                 raise
             print(f"[the MCP server refused the call: {exc}]")
             return TOOL_ERROR
-        text = _text(result)
+        text = result_text(result)
         if text:
             print(text)
         return TOOL_ERROR if result.is_error else 0
@@ -109,10 +117,49 @@ def _describe(exc: BaseException) -> str:
     return f"{type(exc).__name__}: {exc}".rstrip(": ")
 
 
+def _via_socket(server: dict[str, Any], argv: list[str]) -> int:
+    """``list`` or ``call`` through the socket of a process-wide server."""
+    import socket
+
+    if argv[0] == "list":
+        request: dict[str, Any] = {"op": "list"}
+    else:
+        request = {"op": "call", "tool": argv[1], "arguments": json.loads(argv[2])}
+    timeout = server.get("timeout")
+    try:
+        with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as conn:
+            conn.settimeout(None if timeout is None else float(timeout) + 30)
+            conn.connect(server["socket"])
+            conn.sendall(json.dumps(request).encode() + b"\n")
+            with conn.makefile("rb") as stream:
+                line = stream.readline()
+        answer = json.loads(line)
+    except (OSError, ValueError) as exc:
+        print(f"[the MCP server failed: {_describe(exc)}]")
+        return SERVER_ERROR
+    if "tools" in answer:
+        print(json.dumps({"tools": answer["tools"]}, ensure_ascii=False))
+        return 0
+    if "text" in answer:
+        if answer["text"]:
+            print(answer["text"])
+        return TOOL_ERROR if answer.get("is_error") else 0
+    if "refused" in answer:
+        print(f"[{answer['refused']}]")
+        return TOOL_ERROR
+    if "timeout" in answer:
+        print(f"[{answer['timeout']}]")
+        return TIMEOUT
+    print(f"[{answer.get('failed', 'the MCP server failed: no answer')}]")
+    return SERVER_ERROR
+
+
 def main(argv: list[str]) -> int:
     """Run one ``list`` or ``call``; the exit code says how it went."""
     with open(argv[0], encoding="utf-8") as file:
         server = json.load(file)
+    if server.get("socket"):
+        return _via_socket(server, argv[1:])
     with tempfile.TemporaryFile("w+", encoding="utf-8", errors="replace") as errlog:
         try:
             return asyncio.run(_main(server, argv[1:], errlog))

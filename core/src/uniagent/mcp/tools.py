@@ -6,7 +6,9 @@ settings into the sandbox's tools dir and runs ``helper list`` there once per se
 tool becomes a :class:`McpToolSpec`: the server's JSON schema is what the model sees and
 what arguments are validated against (``jsonschema``), and a call is a bash command
 (``python3 helper call TOOL ARGS``) run in the agent's session like every other tool, so
-it gets the same output limits, timeouts and errors.
+it gets the same output limits, timeouts and errors. A ``scope: process`` server is
+started (once) by this process instead and the helper reaches it through its socket
+(:mod:`uniagent.mcp.process`).
 """
 
 from __future__ import annotations
@@ -27,6 +29,8 @@ from pydantic_core import InitErrorDetails, PydanticCustomError
 from uniagent.env.agent_env import AgentEnv
 from uniagent.env.errors import EnvStartError
 from uniagent.mcp.config import McpServerConfig
+from uniagent.mcp.helper import SERVER_ERROR
+from uniagent.mcp.process import ensure_mcp_server
 from uniagent.specs import ToolSpec
 
 HELPER = Path(__file__).with_name("helper.py")
@@ -51,6 +55,16 @@ class McpToolSpec(ToolSpec):
 
     server: str
     input_schema: Mapping[str, Any] = field(default_factory=dict, compare=False)
+    #: ``scope: process``: the server this process runs (:class:`~uniagent.mcp.process.McpProcess`).
+    process: Any = field(default=None, compare=False)
+
+    def infrastructure_failure(self, exit_code: int | None) -> str | None:
+        """A process-wide server that died under the call: the host says so, not the sandbox
+        (an exit code the agent could fake alone is fed back like any tool's)."""
+        if self.process is None or exit_code != SERVER_ERROR:
+            return None
+        dead: str | None = self.process.failed()
+        return None if dead is None else f"MCP server {self.server!r} (scope: process): {dead}"
 
     def parameters_schema(self) -> dict[str, Any]:
         """The server's input schema (a copy, without its title), as OpenAI ``parameters``."""
@@ -90,7 +104,9 @@ class McpToolSpec(ToolSpec):
         return _Open.model_validate(dict(arguments))
 
 
-def _spec(server: McpServerConfig, listed: Mapping[str, Any], command: list[str]) -> McpToolSpec:
+def _spec(
+    server: McpServerConfig, listed: Mapping[str, Any], command: list[str], process: Any
+) -> McpToolSpec:
     name = str(listed.get("name", ""))
     schema = listed.get("input_schema") or {"type": "object"}
     if not isinstance(schema, Mapping):
@@ -119,6 +135,7 @@ def _spec(server: McpServerConfig, listed: Mapping[str, Any], command: list[str]
             render=render,
             server=server.name,
             input_schema=dict(schema),
+            process=process,
         )
     except ValueError as exc:
         raise EnvStartError(
@@ -142,7 +159,13 @@ async def list_mcp_tools(
     specs: list[McpToolSpec] = []
     for server in servers:
         settings = posixpath.join(tools_dir, f"uniagent-mcp-{server.name}.json")
-        await env.write_file(settings, server.model_dump_json())
+        process = None
+        if server.scope == "process":  # started once in this process; reached by its socket
+            process = await ensure_mcp_server(server)
+            reach = {"name": server.name, "socket": str(process.socket), "timeout": server.timeout}
+            await env.write_file(settings, json.dumps(reach))
+        else:
+            await env.write_file(settings, server.model_dump_json())
         command = [server.python, helper, settings]
         response = await env.execute([*command, "list"], env=None, cwd=env.workdir, timeout=timeout)
         output = (response.stdout or "").strip()
@@ -164,5 +187,7 @@ async def list_mcp_tools(
                 f"MCP server {server.name!r} has no tool {', '.join(map(repr, missing))} "
                 f"(its include); it has: {', '.join(sorted(names)) or 'none'}"
             )
-        specs += [_spec(server, t, command) for t in listed if server.keeps(str(t.get("name")))]
+        specs += [
+            _spec(server, t, command, process) for t in listed if server.keeps(str(t.get("name")))
+        ]
     return specs
