@@ -147,12 +147,6 @@ class ToolSpec(_Record):
         """Validate call arguments against the model (raises ``pydantic.ValidationError``)."""
         return self.arguments.model_validate(dict(arguments))
 
-    def infrastructure_failure(self, exit_code: int | None) -> str | None:
-        """Why a call that exited ``exit_code`` failed for infrastructure reasons, from a
-        source the agent cannot touch (``None``: it did not; the output goes back to the
-        model). A reason ends the episode as ``env_error`` (masked)."""
-        return None
-
     def to_command(self, arguments: Mapping[str, Any]) -> str:
         """Turn validated call arguments into the bash command that runs the tool."""
         if self.render is not None:

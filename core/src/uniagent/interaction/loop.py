@@ -241,11 +241,6 @@ class AgentInteraction:
                 text = _observation_text(observation.output, observation.exit_code)
                 code = observation.exit_code
                 outcome = "done" if code is None else f"exit {code}"
-                failure = spec.infrastructure_failure(code)
-                if failure is not None:  # not the policy's doing: the episode is masked
-                    outcome = "an infrastructure failure"
-                    self.log.warning("turn %d: %s", self._turn, failure)
-                    return _Turn(exit_reason=ExitReason.ENV_ERROR, error=failure)
                 self._score(spec, call.arguments, observation.output, code)
             except ActionSyntaxError as exc:
                 metrics.syntax_errors += 1

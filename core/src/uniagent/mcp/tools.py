@@ -29,7 +29,6 @@ from pydantic_core import InitErrorDetails, PydanticCustomError
 from uniagent.env.agent_env import AgentEnv
 from uniagent.env.errors import EnvStartError
 from uniagent.mcp.config import McpServerConfig
-from uniagent.mcp.helper import SERVER_ERROR
 from uniagent.mcp.process import ensure_mcp_server
 from uniagent.specs import ToolSpec
 
@@ -57,14 +56,6 @@ class McpToolSpec(ToolSpec):
     input_schema: Mapping[str, Any] = field(default_factory=dict, compare=False)
     #: ``scope: process``: the server this process runs (:class:`~uniagent.mcp.process.McpProcess`).
     process: Any = field(default=None, compare=False)
-
-    def infrastructure_failure(self, exit_code: int | None) -> str | None:
-        """A process-wide server that died under the call: the host says so, not the sandbox
-        (an exit code the agent could fake alone is fed back like any tool's)."""
-        if self.process is None or exit_code != SERVER_ERROR:
-            return None
-        dead: str | None = self.process.failed()
-        return None if dead is None else f"MCP server {self.server!r} (scope: process): {dead}"
 
     def parameters_schema(self) -> dict[str, Any]:
         """The server's input schema (a copy, without its title), as OpenAI ``parameters``."""
