@@ -133,3 +133,24 @@ def test_what_a_harness_needs_in_the_image_is_named(tmp_path) -> None:
     assert "node -v" not in sandbox_probe(node, npm)
     [loader] = sandbox_problems(node, npm, "uniagent-command=ok\n")
     assert loader.startswith("the image has no /lib64/ld-linux-x86-64.so.2")
+
+
+async def test_a_sandbox_that_cannot_reach_the_gateway_is_told_before_the_harness_starts() -> None:
+    """Asked from inside the sandbox, as the agent, before the first model call: a closed
+    port (a container network the gateway is not on) is infrastructure, named."""
+    import socket
+
+    from uniagent import open_env
+    from uniagent.agents.harness import _reach_gateway, _Unreachable
+
+    with socket.socket() as listening:  # a port that answers
+        listening.bind(("127.0.0.1", 0))
+        listening.listen()
+        port = listening.getsockname()[1]
+        async with open_env({"type": "host", "isolation": "none"}) as env:
+            await _reach_gateway(env, f"http://127.0.0.1:{port}/s/abc")
+            listening.close()  # now nothing listens there
+            with pytest.raises(
+                _Unreachable, match=rf"cannot reach the gateway at 127.0.0.1:{port}"
+            ):
+                await _reach_gateway(env, f"http://127.0.0.1:{port}/s/abc")

@@ -75,6 +75,21 @@ def test_one_over_k_trains_a_shared_token_once_in_the_last_sample() -> None:
     assert set(trained.values()) == {1} and set(weight.values()) == {1.0}
 
 
+def test_the_policy_cannot_choose_how_many_samples_its_episode_gives() -> None:
+    """A harness's commands can reach its gateway session and make branches: at most
+    ``max_branches`` samples, the last-served ones, the last-served branch last; under
+    "1/k" the shared tokens stay trained in a sample that is kept."""
+    assert [s.response_ids for s in branch_samples(forked_tree(), limit=1)] == [MAIN]
+    capped = branch_samples(forked_tree(), shared_weight="1/k", limit=1)
+    assert capped[0].response_mask == branch_samples(forked_tree())[1].response_mask
+    assert len(branch_samples(forked_tree(), limit=8)) == 2
+    assert TreeSettings.pop_from({"max_branches": 3}, source="s").max_branches == 3
+    assert TreeSettings().max_branches == 8
+    for bad in (0, True, "2"):
+        with pytest.raises(ConfigError, match=r"s: max_branches must be a whole number >= 1"):
+            TreeSettings.pop_from({"max_branches": bad}, source="s")
+
+
 def test_settings_come_from_the_loop_entry_and_bad_values_name_the_key() -> None:
     kwargs = {"shared_weight": "1/k", "branches": "last", "tools": ["x"]}
     assert TreeSettings.pop_from(kwargs, source="agent loop 'u'") == TreeSettings("last", "1/k")

@@ -20,6 +20,7 @@ import contextlib
 import logging
 import shlex
 import time
+import urllib.parse
 import uuid
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -107,6 +108,29 @@ async def check_sandbox(agent: ResolvedAgent, env: AgentEnv, folder: Path) -> No
         )
 
 
+class _Unreachable(Exception):
+    """The sandbox cannot open a connection to the gateway's address."""
+
+
+async def _reach_gateway(env: AgentEnv, base_url: str) -> None:
+    """Open a TCP connection to the gateway from inside the sandbox (bash's ``/dev/tcp``),
+    as the agent, before the harness starts: a container that cannot reach it (a rootless
+    engine's user-mode network, a firewall) is infrastructure, never the policy's failure."""
+    url = urllib.parse.urlsplit(base_url)
+    host, port = url.hostname or "", url.port or 80
+    probe = f"(exec 3<>/dev/tcp/{host}/{port}) 2>&1 && echo uniagent-gateway-reached"
+    try:
+        obs = await env.run_action(f"bash -c {shlex.quote(probe)}", timeout=30)
+    except ActionTimeoutError:
+        obs = None
+    if obs is None or "uniagent-gateway-reached" not in obs.output:
+        said = "" if obs is None else f": {obs.output.strip()[-300:]}"
+        raise _Unreachable(
+            f"the sandbox cannot reach the gateway at {host}:{port} (the container network's "
+            f"address on this machine){said}"
+        )
+
+
 async def gateway_address(agent: ResolvedAgent) -> tuple[str, str] | None:
     """Where a container reaches the gateway: ``(address, network)``; ``None`` for a
     sandbox on this machine's network (the gateway's 127.0.0.1)."""
@@ -147,6 +171,8 @@ async def run_harness(
     reason: ExitReason
     submission = error = None
     try:
+        if listen is not None:  # before the first model call: the policy has not acted yet
+            await _reach_gateway(env, launch.base_url)
         await env.run_action(f"mkdir -p {shlex.quote(home)}", timeout=60)
         for path, text in command.files.items():
             where = path if path.startswith("/") else f"{home}/{path}"
@@ -171,6 +197,9 @@ async def run_harness(
         else:
             reason, error = ExitReason.TIMEOUT_ERROR, ended_by
             logger.info("agent %s: %s", spec.name, error)
+    except _Unreachable as exc:  # infrastructure: the container's network
+        reason, error = ExitReason.ENV_ERROR, str(exc)
+        logger.error("agent %s: %s", spec.name, error)
     except ActionTimeoutError as exc:
         reason, error = ExitReason.TIMEOUT_ERROR, f"the harness ran past its {command.timeout:g} s"
         logger.info("agent %s: %s (%s)", spec.name, error, exc)
@@ -188,7 +217,11 @@ async def run_harness(
     if failures:  # the model behind the gateway failed: not the policy's doing
         reason = ExitReason.MODEL_ERROR
         error = f"the token backend failed under the harness: {failures[0]}"
-    elif session.limit_errors and reason is not ExitReason.AGENT_KILLED_SHELL:
+    elif session.limit_errors and reason not in (
+        ExitReason.AGENT_KILLED_SHELL,
+        ExitReason.FINISHED,  # it compacted its history after the refusal and went on
+        ExitReason.ENV_ERROR,
+    ):
         # its history outgrew the model's context: the policy's end, whatever the harness
         # made of the refusal (most give up and exit non-zero)
         reason = ExitReason.TOKEN_LIMIT

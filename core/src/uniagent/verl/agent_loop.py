@@ -233,7 +233,15 @@ class UniAgentLoop(AgentLoopBase):
             return [fields]
         assert result is not None
         try:
-            samples = branch_samples(tree, shared_weight=self.tree.shared_weight)
+            samples = branch_samples(
+                tree, shared_weight=self.tree.shared_weight, limit=self.tree.max_branches
+            )
+            if int(tree["branches"]) > len(samples):
+                log.warning(
+                    "episode of %d branches: its last %d are samples (max_branches)",
+                    tree["branches"],
+                    len(samples),
+                )
         except Exception:  # a tree that does not load: the last branch, never a broken batch
             log.exception("could not read the episode's tree: its last-served branch only")
             return [fields]

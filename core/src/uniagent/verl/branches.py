@@ -62,11 +62,22 @@ class TreeSettings:
 
     branches: str = "all"
     shared_weight: str = "1"
+    #: At most this many samples per episode (the last-served branches): the policy can
+    #: make branches (a harness's commands can reach its gateway session), so it must not
+    #: choose how many votes its episode gets.
+    max_branches: int = 8
 
     @classmethod
     def pop_from(cls, kwargs: MutableMapping[str, Any], *, source: str) -> TreeSettings:
-        """Take the two keys out of the entry's kwargs (the rest is the agent config)."""
-        values: dict[str, str] = {}
+        """Take the keys out of the entry's kwargs (the rest is the agent config)."""
+        values: dict[str, Any] = {}
+        if "max_branches" in kwargs:
+            raw = kwargs.pop("max_branches")
+            if isinstance(raw, bool) or not isinstance(raw, int) or raw < 1:
+                raise ConfigError(
+                    f"{source}: max_branches must be a whole number >= 1, not {raw!r}"
+                )
+            values["max_branches"] = raw
         for key, allowed in (("branches", BRANCHES), ("shared_weight", SHARED_WEIGHTS)):
             if key not in kwargs:
                 continue
@@ -81,10 +92,13 @@ class TreeSettings:
         return cls(**values)
 
 
-def branch_samples(tree: Mapping[str, Any], *, shared_weight: str = "1") -> list[Sample]:
+def branch_samples(
+    tree: Mapping[str, Any], *, shared_weight: str = "1", limit: int | None = None
+) -> list[Sample]:
     """One sample per leaf of a saved tree (``TrajectoryTree.to_dict``), the last-served
-    branch last; under ``"1/k"`` a shared token's mask is 1 in the last sample holding it
-    only (``response_weights`` keep the 1/k); see the module docstring."""
+    branch last (at most ``limit``: the last ones); under ``"1/k"`` a shared token's mask is
+    1 in the last sample holding it only (``response_weights`` keep the 1/k); see the module
+    docstring."""
     if shared_weight not in SHARED_WEIGHTS:
         raise ValueError(f"shared_weight must be '1' or '1/k', not {shared_weight!r}")
     live = TrajectoryTree.from_dict(tree)
@@ -98,6 +112,8 @@ def branch_samples(tree: Mapping[str, Any], *, shared_weight: str = "1") -> list
         holding = [i for i, leaf in enumerate(leaves) if end in leaf.path()]
         last = holding[-1] if holding else last
     order = [i for i in range(len(leaves)) if i != last] + [last]
+    if limit is not None:
+        order = order[-limit:]
     paths = [leaves[i].path() for i in order]
     owner: dict[int, int] = {}  # node id -> the last sample (in order) whose path holds it
     for j, path in enumerate(paths):
