@@ -383,3 +383,4 @@ def test_path_rules_answer_as_the_gitignore_spec_does():
     assert sum(spec.match_file(p) for p in paths) > 100  # the paths do test both answers
     assert [p for p in sorted(paths) if fast.match_file(p) != spec.match_file(p)] == []
     assert not PathRules([]).match_file("conftest.py")
+    assert fast._filtered  # the shortcut was taken (it is off where a pattern is not a regex)

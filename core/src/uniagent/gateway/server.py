@@ -224,6 +224,7 @@ class RunningGateway:
             log_level="warning",
             lifespan="off",
             access_log=False,
+            proxy_headers=False,  # the peer's own address: no X-Forwarded-For can pose as one
         )
         self._ready = threading.Event()
         self._server = _Server(config, self._ready)

@@ -321,17 +321,24 @@ class PathRules:
 
     def __init__(self, lines: Iterable[str]) -> None:
         self.spec = pathspec.GitIgnoreSpec.from_lines(list(lines))
+        active = [p for p in self.spec.patterns if p.include is not None]
+        # The prefilter only where every active pattern is a regular expression it can hold
+        # (a pathspec release with another pattern kind must never make a path unprotected).
+        self._filtered = all(
+            isinstance(p, pathspec.RegexPattern) and p.regex is not None for p in active
+        )
         parts = [
             # the spec's directory-mark group, unnamed: one name may not be defined twice
             f"(?:{p.regex.pattern.replace('(?P<ps_d>', '(?:')})"
-            for p in self.spec.patterns
-            if isinstance(p, pathspec.RegexPattern) and p.include is not None
-            and p.regex is not None
-        ]  # fmt: skip
+            for p in active
+            if self._filtered and isinstance(p, pathspec.RegexPattern) and p.regex is not None
+        ]
         self._any: re.Pattern[str] | None = re.compile("|".join(parts)) if parts else None
 
     def match_file(self, path: str) -> bool:
         """Whether the patterns match ``path`` (as ``GitIgnoreSpec.match_file``)."""
+        if not self._filtered:
+            return self.spec.match_file(path)
         if self._any is None or self._any.search(pathspec.util.normalize_file(path)) is None:
             return False
         return self.spec.match_file(path)
