@@ -280,6 +280,46 @@ async def test_history_scrub_keeps_only_the_checkout_of_a_clone_with_history(tmp
         await env.close()
 
 
+@pytest.mark.parametrize("scrub", [False, True])
+async def test_a_work_dir_inside_another_checkout_is_graded_as_no_repository(tmp_path, scrub):
+    # A host sandbox whose root lies in a project's ignored temporary directory (nox's
+    # TMPDIR is one) on the same file system: its work dir is no repository, and neither
+    # the agent's git nor the grader's may take the project for it (patching it failed, and
+    # was the agent's fault; the scrub would rewrite the project's history).
+    project = tmp_path / "project"
+    done = await asyncio.create_subprocess_shell(
+        f"mkdir -p {project}/tmp && cd {project} && {SETUP} && echo tmp/ > .gitignore "
+        "&& git add .gitignore && git commit -qm ignore "
+        "&& git rev-parse HEAD && git count-objects -v",
+        stdout=asyncio.subprocess.PIPE,
+    )
+    before, _ = await done.communicate()
+    assert done.returncode == 0
+    # (no private tmpfs: its mount point would end git's search on its own)
+    deployment = {"type": "host", "isolation": "none", "base_dir": str(project / "tmp")}
+    env = open_env({**deployment, "limits": {"disk": None}}, {})
+    await env.start()
+    try:
+        assert env.workdir.startswith(str(project / "tmp"))
+        obs = await env.run_action("git rev-parse --git-dir", timeout=30)
+        assert obs.exit_code != 0, obs.output  # the agent's git sees no repository
+        integrity = {"scrub_history": True} if scrub else None
+        task = {"test_command": "test -f marker.txt"}
+        grader = await prepare_grader(env, "command", task, integrity=integrity)
+        assert grader.baseline.base is None
+        await act(env, "echo done > marker.txt")
+        result = await grade(grader, env)
+        assert result.score == 1.0, result.info
+    finally:
+        await env.close()
+    done = await asyncio.create_subprocess_shell(
+        f"cd {project} && git rev-parse HEAD && git count-objects -v",
+        stdout=asyncio.subprocess.PIPE,
+    )
+    after, _ = await done.communicate()
+    assert after == before  # the project's history and object store are as they were
+
+
 async def test_a_changed_tool_on_the_grading_path_is_toolchain_tampering(env, tmp_path):
     tools = tmp_path / "bin"
     tools.mkdir()

@@ -221,6 +221,10 @@ class EpisodeLayout:
             self.mounts: list[Mount] = []
             self.prefix: list[str] = []
             env.update(HOME=str(root / "home"), TMPDIR=str(root / "tmp"))
+            # The work dir is no repository of its own until the task makes it one: git in
+            # it must not find a checkout the sandbox root happens to lie in (a TMPDIR
+            # inside a project) and commit to it.
+            env["GIT_CEILING_DIRECTORIES"] = str(root)
         else:
             self.workdir = config.sandbox_workdir or BWRAP_WORKDIR
             self.tools_dir = BWRAP_TOOLS_DIR

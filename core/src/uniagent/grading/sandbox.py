@@ -59,9 +59,11 @@ FIXED_VARIABLES: dict[str, str] = {
 }
 
 #: git as the grader runs it (a shell function ``gitc``): no fsmonitor, hooks, CRLF
-#: conversion, network or ownership check.
+#: conversion, network or ownership check, and no repository looked for in or above
+#: ``$GIT_CEILING`` (the parent of the repository, set by ``scripts.with_vars``).
 GIT_FUNCTION = (
-    "gitc() { git -c core.fsmonitor=false -c core.hooksPath=/dev/null -c core.autocrlf=false "
+    'gitc() { GIT_CEILING_DIRECTORIES="${GIT_CEILING:-}" git -c core.fsmonitor=false '
+    "-c core.hooksPath=/dev/null -c core.autocrlf=false "
     "-c core.safecrlf=false -c core.quotepath=false -c protocol.allow=never "
     '-c "safe.directory=*" -c advice.detachedHead=false -c gc.auto=0 '
     '-c core.useReplaceRefs=false "$@"; }'

@@ -9,6 +9,7 @@ Bytes travel as base64 (runtimes carry text).
 
 from __future__ import annotations
 
+import posixpath
 import shlex
 from collections.abc import Mapping
 
@@ -17,8 +18,18 @@ from uniagent.protect.rules import CODE_PATTERNS
 
 
 def with_vars(script: str, variables: Mapping[str, str]) -> str:
-    """``script`` preceded by shell assignments of ``variables`` (quoted)."""
-    head = " ".join(f"{k}={shlex.quote(v)}" for k, v in variables.items())
+    """``script`` preceded by shell assignments of ``variables`` (quoted).
+
+    With ``REPO`` among them, git (``gitc``) never looks for a repository above it: a work
+    dir that is no repository of its own but lies inside another one (a host sandbox under
+    a checkout's temporary directory) is graded as no repository, never as the enclosing
+    one (whose history the scrub would rewrite).
+    """
+    values = dict(variables)
+    repo = values.get("REPO")
+    if repo and posixpath.isabs(repo):
+        values.setdefault("GIT_CEILING", posixpath.dirname(posixpath.normpath(repo)))
+    head = " ".join(f"{k}={shlex.quote(v)}" for k, v in values.items())
     return f"{head}\n{GIT_FUNCTION}\n{script}"
 
 
