@@ -4,12 +4,24 @@
 
 One session of ``--turns`` chat-completions turns whose context grows to about
 ``--tokens`` tokens (a tool output per turn, the real Qwen3 tokenizer, a scripted
-backend). For every request the time spent inside the backend is measured, so the
-gateway's overhead is the rest of the request: in process (wire parse, prompt build,
-parse of the output, tree insert, wire response) and over HTTP on 127.0.0.1 (a
-keep-alive connection, request bodies prepared before timing). Prints medians and
+backend), three ways:
+
+- **direct**: a client of the token backend itself, as uniagent's own loop is one: it
+  holds its context ids, renders and tokenizes each turn's new messages (the tool
+  output) with the chat template, and calls ``generate``;
+- **gateway in process**: the same requests as wire bodies through a gateway session
+  (JSON parse, wire parse, prefix match, the same render and tokenizing, output parse,
+  tree insert, wire response);
+- **gateway over HTTP**: the same, from a client in another process (a harness is one)
+  over a keep-alive connection on 127.0.0.1, request bodies prepared before timing.
+
+The gateway's overhead is its time per request beyond the direct client's (the time
+inside the backend is measured in both and taken out). Tokenizing the new tool output
+is work both do (about a thousand tokens a turn here); it is printed on its own, and so
+is the overhead over a bare ``generate`` call on ready prompt ids. Prints medians and
 ratios, and the memory one finished session holds (tracemalloc). Needs
-``uniagent[gateway,tokenizers]``.
+``uniagent[gateway,tokenizers]`` (and ``httptools``, which the extra installs, for
+uvicorn's fast HTTP parser).
 """
 
 from __future__ import annotations
@@ -17,8 +29,11 @@ from __future__ import annotations
 import argparse
 import asyncio
 import gc
-import http.client
+import json
 import statistics
+import subprocess
+import sys
+import tempfile
 import time
 import tracemalloc
 from collections.abc import Sequence
@@ -30,6 +45,7 @@ from uniagent.gateway import Gateway, ScriptedBackend
 from uniagent.gateway.backend import Generation
 from uniagent.gateway.server import start
 from uniagent.gateway.wire import openai_chat
+from uniagent.rollout.template import analyse_chat_template, encode, render_text, suffix_text
 from uniagent.testing import load_qwen3_tokenizer
 from uniagent.testing.scripted import hermes_call
 
@@ -139,10 +155,8 @@ def in_process(
     return overhead, inside, tokenizing, session.state()["tokens"]
 
 
-def direct(
-    bodies: list[dict[str, Any]], replies: list[str], tokenizer: Any, prompts: list[list[int]]
-) -> list[float]:
-    """Seconds per call of the backend alone, on the same prompt ids."""
+def bare(replies: list[str], tokenizer: Any, prompts: list[list[int]]) -> list[float]:
+    """Seconds per call of the backend alone, on ready prompt ids."""
     backend = ScriptedBackend(tokenizer, replies)
     out = []
 
@@ -156,25 +170,92 @@ def direct(
     return out
 
 
-def over_http(bodies: list[dict[str, Any]], replies: list[str], tokenizer: Any) -> list[float]:
-    """Overhead per request over HTTP on 127.0.0.1 (round trip minus backend time)."""
+def direct(
+    bodies: list[dict[str, Any]], replies: list[str], tokenizer: Any
+) -> tuple[list[float], list[float]]:
+    """(seconds per turn outside the backend, seconds tokenizing) of a direct client.
+
+    It keeps its context ids and, after the first turn, renders and tokenizes only the
+    messages after its own reply (the way uniagent's loop builds its prompts).
+    """
     timed = Timed(ScriptedBackend(tokenizer, replies))
-    gateway = Gateway(timed)  # type: ignore[arg-type]
-    session = gateway.open_session("bench")
-    raw = [orjson.dumps(b) for b in bodies]
-    overhead = []
-    with start(gateway) as running:
-        conn = http.client.HTTPConnection(running.host, running.port)
-        for data in raw:
+    analysis = analyse_chat_template(tokenizer)
+    eot = analysis.eot_id
+    outside, tokenizing = [], []
+
+    async def run() -> None:
+        context: list[int] = []
+        for i, body in enumerate(bodies):
             before, t0 = timed.spent, time.perf_counter()
-            conn.request("POST", f"/s/{session.id}/v1/chat/completions", data,
-                         {"Content-Type": "application/json"})  # fmt: skip
-            response = conn.getresponse()
-            response.read()
-            assert response.status == 200, response.status
-            overhead.append(time.perf_counter() - t0 - (timed.spent - before))
-        conn.close()
-    return overhead
+            if i == 0:
+                text = render_text(tokenizer, body["messages"], tools=body["tools"],
+                                   add_generation_prompt=True, chat_template_kwargs={})  # fmt: skip
+                t1 = time.perf_counter()
+                context = encode(tokenizer, text)
+            else:
+                new = body["messages"][len(bodies[i - 1]["messages"]) + 1 :]
+                text = suffix_text(tokenizer, analysis, new, tools=body["tools"],
+                                   chat_template_kwargs={})  # fmt: skip
+                t1 = time.perf_counter()
+                if context[-1] != eot:
+                    context.append(eot)
+                context += encode(tokenizer, text)
+            t2 = time.perf_counter()
+            out = await timed.generate(list(context), max_tokens=None)
+            context += out.token_ids
+            outside.append(time.perf_counter() - t0 - (timed.spent - before))
+            tokenizing.append(t2 - t1)
+
+    asyncio.run(run())
+    return outside, tokenizing
+
+
+#: The HTTP client, in a process of its own: the round trip of each request, in seconds.
+_CLIENT = r"""
+import http.client, json, socket, sys, time
+host, port, path, bodies = sys.argv[1], int(sys.argv[2]), sys.argv[3], sys.argv[4]
+raw = open(bodies, "rb").read().split(b"\n")
+conn = http.client.HTTPConnection(host, port)
+conn.connect()
+conn.sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+out = []
+for data in raw:
+    t0 = time.perf_counter()
+    conn.request("POST", path, data, {"Content-Type": "application/json"})
+    response = conn.getresponse()
+    response.read()
+    assert response.status == 200, response.status
+    out.append(time.perf_counter() - t0)
+print(json.dumps(out))
+"""
+
+
+def over_http(bodies: list[dict[str, Any]], replies: list[str], tokenizer: Any) -> list[float]:
+    """Seconds per request over HTTP on 127.0.0.1 outside the backend, the client in a
+    process of its own."""
+    spent: list[float] = []
+
+    class PerCall(Timed):
+        async def generate(
+            self, prompt_ids: list[int], *, max_tokens: int | None, stop: Sequence[str] = ()
+        ) -> Generation:
+            t0 = time.perf_counter()
+            try:
+                return await self.inner.generate(prompt_ids, max_tokens=max_tokens, stop=stop)
+            finally:
+                spent.append(time.perf_counter() - t0)
+
+    gateway = Gateway(PerCall(ScriptedBackend(tokenizer, replies)))  # type: ignore[arg-type]
+    session = gateway.open_session("bench")
+    with tempfile.NamedTemporaryFile(suffix=".jsonl") as f:
+        f.write(b"\n".join(orjson.dumps(b) for b in bodies))
+        f.flush()
+        with start(gateway) as running:
+            path = f"/s/{session.id}/v1/chat/completions"
+            argv = [sys.executable, "-c", _CLIENT, running.host, str(running.port), path, f.name]
+            done = subprocess.run(argv, capture_output=True, text=True, check=True)
+    trips = json.loads(done.stdout)
+    return [t - s for t, s in zip(trips, spent, strict=True)]
 
 
 def memory(bodies: list[dict[str, Any]], replies: list[str], tokenizer: Any) -> int:
@@ -211,22 +292,26 @@ def main() -> None:
     prompts = [c.prompt_ids for c in recorder.calls]
     ms = lambda xs: 1000 * statistics.median(xs)  # noqa: E731
     for r in range(args.repeats):
-        overhead, inside, tokenizing, tokens = in_process(bodies, replies, tokenizer)
-        rest = [o - t for o, t in zip(overhead, tokenizing, strict=True)]
-        alone = direct(bodies, replies, tokenizer, prompts)
-        http_over = over_http(bodies, replies, tokenizer)
+        overhead, _, tokenizing, tokens = in_process(bodies, replies, tokenizer)
+        alone = bare(replies, tokenizer, prompts)
+        client, client_tok = direct(bodies, replies, tokenizer)
+        http_out = over_http(bodies, replies, tokenizer)
+        over = [o - c for o, c in zip(overhead, client, strict=True)]
+        over_h = [h - c for h, c in zip(http_out, client, strict=True)]
         print(f"run {r + 1}: {len(bodies)} requests, {tokens} tokens in the tree, "
               f"last prompt {len(prompts[-1])} ids")  # fmt: skip
-        print(f"  backend alone      median {ms(alone):7.3f} ms/request")
-        print(f"  backend in gateway median {ms(inside):7.3f} ms/request")
+        print(f"  backend generate   median {ms(alone):7.3f} ms/request (ready prompt ids)")
+        print(f"  direct client      median {ms(client):7.3f} ms/request outside the backend, "
+              f"of which tokenizing the new messages {ms(client_tok):7.3f} ms")  # fmt: skip
         print(
-            f"  gateway overhead   median {ms(overhead):7.3f} ms/request in process "
-            f"({ms(overhead) / ms(alone):.2f}x the backend call), "
-            f"{ms(http_over):7.3f} ms over HTTP ({ms(http_over) / ms(alone):.2f}x)"
+            f"  gateway            median {ms(overhead):7.3f} ms/request outside the backend "
+            f"in process (tokenizing {ms(tokenizing):.3f} ms), {ms(http_out):7.3f} ms over HTTP"
         )
-        new = statistics.median(len(b["messages"][-1]["content"]) for b in bodies[1:])
-        print(f"    of which tokenizing the new observations (~{new:.0f} characters each) "
-              f"median {ms(tokenizing):7.3f} ms; everything else {ms(rest):7.3f} ms")  # fmt: skip
+        print(
+            f"  gateway overhead   median {ms(over):7.3f} ms/request in process, "
+            f"{ms(over_h):7.3f} ms over HTTP, beyond the direct client "
+            f"({ms(overhead) / ms(client):.2f}x, {ms(http_out) / ms(client):.2f}x its time)"
+        )
     held = memory(bodies, replies, tokenizer)
     print(f"memory per finished session: {held / 2**20:.2f} MiB "
           f"({held / max(1, tokens):.0f} bytes per token in the tree)")  # fmt: skip
