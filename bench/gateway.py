@@ -55,10 +55,12 @@ TOOLS = [{"type": "function", "function": {
 
 
 class Timed:
-    """A backend wrapper that adds up the seconds spent inside ``generate``."""
+    """A backend wrapper that adds up the seconds spent inside ``generate`` (``spent``; each
+    call's in ``calls``)."""
 
     def __init__(self, inner: ScriptedBackend) -> None:
         self.inner, self.tokenizer, self.spent = inner, inner.tokenizer, 0.0
+        self.calls: list[float] = []
 
     async def generate(
         self, prompt_ids: list[int], *, max_tokens: int | None, stop: Sequence[str] = ()
@@ -67,7 +69,8 @@ class Timed:
         try:
             return await self.inner.generate(prompt_ids, max_tokens=max_tokens, stop=stop)
         finally:
-            self.spent += time.perf_counter() - t0
+            self.calls.append(time.perf_counter() - t0)
+            self.spent += self.calls[-1]
 
 
 def conversation(turns: int, tokens: int, tokenizer: Any) -> tuple[list[str], list[str]]:
@@ -233,19 +236,8 @@ print(json.dumps(out))
 def over_http(bodies: list[dict[str, Any]], replies: list[str], tokenizer: Any) -> list[float]:
     """Seconds per request over HTTP on 127.0.0.1 outside the backend, the client in a
     process of its own."""
-    spent: list[float] = []
-
-    class PerCall(Timed):
-        async def generate(
-            self, prompt_ids: list[int], *, max_tokens: int | None, stop: Sequence[str] = ()
-        ) -> Generation:
-            t0 = time.perf_counter()
-            try:
-                return await self.inner.generate(prompt_ids, max_tokens=max_tokens, stop=stop)
-            finally:
-                spent.append(time.perf_counter() - t0)
-
-    gateway = Gateway(PerCall(ScriptedBackend(tokenizer, replies)))  # type: ignore[arg-type]
+    timed = Timed(ScriptedBackend(tokenizer, replies))
+    gateway = Gateway(timed)  # type: ignore[arg-type]
     session = gateway.open_session("bench")
     with tempfile.NamedTemporaryFile(suffix=".jsonl") as f:
         f.write(b"\n".join(orjson.dumps(b) for b in bodies))
@@ -255,7 +247,7 @@ def over_http(bodies: list[dict[str, Any]], replies: list[str], tokenizer: Any) 
             argv = [sys.executable, "-c", _CLIENT, running.host, str(running.port), path, f.name]
             done = subprocess.run(argv, capture_output=True, text=True, check=True)
     trips = json.loads(done.stdout)
-    return [t - s for t, s in zip(trips, spent, strict=True)]
+    return [t - s for t, s in zip(trips, timed.calls, strict=True)]
 
 
 def memory(bodies: list[dict[str, Any]], replies: list[str], tokenizer: Any) -> int:
