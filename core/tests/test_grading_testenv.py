@@ -3,6 +3,7 @@ script's activation), its site-packages, start-up hooks, entry points and byteco
 
 from __future__ import annotations
 
+import os
 import shlex
 import subprocess
 import sys
@@ -54,9 +55,19 @@ def rewards(venv: Path) -> Iterator[None]:
             activate=f"source {shlex.quote(str(venv))}/bin/activate", interpreters=("python",)
         )
 
+    async def run_python3(ctx: RewardContext[Any]) -> RewardResult:
+        done = await ctx.require_sandbox().run("python3 -c 'import sys'", timeout=60)
+        return RewardResult(1.0 if done.exit_code == 0 else 0.0, {"output": done.output})
+
+    def plain(task: Any, settings: Any) -> TestEnv:
+        return TestEnv(activate="", interpreters=("python3",))
+
     @hookimpl
     def uniagent_rewards():
         yield RewardSpec(name="venv", fn=run_python, integrity=IntegrityDefaults(test_env=test_env))
+        yield RewardSpec(
+            name="python3", fn=run_python3, integrity=IntegrityDefaults(test_env=plain)
+        )
 
     load_plugins().register(types.SimpleNamespace(uniagent_rewards=uniagent_rewards), "t")
     yield
@@ -139,6 +150,40 @@ async def test_a_fresh_sandbox_sharing_the_changed_environment_scores_zero(env, 
     result = await grade(grader, env)
     assert result.score == 0.0 and result.info["score_reason"] == "tampered"
     assert f"root:{venv / 'lib' / PY}" in changed(result)
+
+
+PYENV_ROOT = Path(os.environ.get("PYENV_ROOT", Path.home() / ".pyenv"))
+
+
+@pytest.mark.skipif(
+    not (PYENV_ROOT / "libexec" / "pyenv").is_file()
+    or len([v for v in (PYENV_ROOT / "versions").glob("3.*") if (v / "bin" / "python3").is_file()])
+    < 2,
+    reason="needs pyenv with two Python 3 versions (the CI machines have them)",
+)
+@pytest.mark.parametrize("switch", [False, True], ids=["kept", "switched"])
+async def test_a_pyenv_shim_is_followed_to_the_interpreter_pyenv_picks(env, switch):
+    # `python3` on the grading PATH is pyenv's shim (a bash script): the baseline follows it
+    # to the interpreter pyenv runs (not bash) and covers that interpreter's roots; a
+    # .python-version the agent writes in the repository switches it: tampering.
+    versions = sorted(v for v in (PYENV_ROOT / "versions").glob("3.*")
+                      if (v / "bin" / "python3").is_file())  # fmt: skip
+    first, other = versions[0], versions[1]
+    path = f"{PYENV_ROOT / 'shims'}:/usr/bin:/bin"
+    integrity = {"grading_env": {"PATH": path, "PYENV_VERSION": ""}}
+    await act(env, f"echo {first.name} > .python-version")  # the task's own pin
+    grader = await prepare_grader(env, "python3", {}, integrity=integrity)
+    record = grader.baseline.test_env
+    assert record["bin:python3"] == str((first / "bin" / "python3").resolve()), record
+    assert any(k.startswith(f"root:{first}/lib/python") for k in record), record
+    assert f"root:{PYENV_ROOT / 'shims' / 'python3'}" in record
+    if switch:
+        await act(env, f"echo {other.name} > .python-version")
+    result = await grade(grader, env)
+    if switch:
+        assert result.score == 0.0 and "bin:python3" in changed(result), result.info
+    else:
+        assert result.score == 1.0 and changed(result) == set(), result.info
 
 
 def test_the_test_environment_of_an_eval_script():

@@ -97,9 +97,21 @@ activated() (
     p=$(command -v "$word" 2>/dev/null) || continue
     case "$p" in /*) ;; *) continue ;; esac
     real=$(readlink -f "$p")
+    # A pyenv shim (a bash script that runs `pyenv exec WORD`): the program pyenv picks for
+    # it here (its version files and PYENV_VERSION included), the shim a root of its own.
+    shim=
+    if head -c 2048 "$real" 2>/dev/null | grep -q '/libexec/pyenv" exec '; then
+      pyenv_bin=$(sed -n 's/^exec "\(.*\/libexec\/pyenv\)" exec .*/\1/p' "$real" | head -n 1)
+      pyenv_root=$(sed -n 's/^export PYENV_ROOT="\(.*\)"$/\1/p' "$real" | head -n 1)
+      if [ -x "$pyenv_bin" ] && w=$(PYENV_ROOT=$pyenv_root "$pyenv_bin" which "$word" 2>/dev/null) \
+          && [ -n "$w" ]; then
+        shim=$real p=$w real=$(readlink -f "$w")
+      fi
+    fi
     printf 'env-bin %s %s\n' "$word" "$real"
     [ "$MODE" = discover ] || continue
     printf 'root %s\n' "$real"
+    [ -n "$shim" ] && printf 'root %s\n' "$shim" "${pyenv_root:-${shim%/shims/*}}/version"
     py=$p  # as found, not the link's target: a venv's python finds its pyvenv.cfg so
     first=$(head -c 256 "$real" 2>/dev/null | head -n 1)
     case "$first" in
