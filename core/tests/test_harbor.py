@@ -118,24 +118,23 @@ def run(
 
 
 def harbor_python() -> Path | None:
-    """A Python 3.12 with harbor 0.25 (made under ~/.cache from pyenv's 3.12 if needed)."""
+    """A Python 3.12 with harbor 0.25 (made under ~/.cache from pyenv's 3.12 if needed,
+    once: concurrent test runs wait for the one that makes it)."""
     import subprocess
-    import tempfile
+
+    from uniagent.cache import build_once
 
     venv = Path.home() / ".cache" / "uniagent-tests" / "harbor-0.25"
-    if (venv / "bin" / "python").exists():
-        return venv / "bin" / "python"
     found = sorted((Path.home() / ".pyenv" / "versions").glob("3.12*/bin/python3.12"))
-    if not found:
+    if not found and not (venv / "bin" / "python").exists():
         return None
-    venv.parent.mkdir(parents=True, exist_ok=True)
-    # Made aside and moved into place once harbor is installed: never a half-made venv.
-    with tempfile.TemporaryDirectory(dir=venv.parent) as tmp:
-        staged = Path(tmp) / "venv"
+
+    def make(staged: Path) -> None:  # never a half-made venv in place
         subprocess.run([str(found[-1]), "-m", "venv", str(staged)], check=True)
         pip = [str(staged / "bin" / "python"), "-m", "pip", "install", "-q", "harbor==0.25"]
         subprocess.run(pip, check=True, timeout=900)
-        staged.rename(venv)
+
+    build_once(venv, make, done=lambda path: (path / "bin" / "python").exists())
     return venv / "bin" / "python"
 
 
@@ -168,7 +167,7 @@ def test_harbor_loads_every_test_task() -> None:
     assert done.returncode == 0, done.stderr
     loaded = {line.split()[0] for line in done.stdout.splitlines()}
     ours = {p.parent.relative_to(DATA).as_posix() for p in DATA.glob("*/*/task.toml")}
-    assert loaded == ours and len(ours) == 13
+    assert loaded == ours and len(ours) == 15
 
 
 def test_task_toml_is_read_strictly(tmp_path: Path) -> None:
@@ -238,7 +237,42 @@ def test_the_local_backend_gets_the_image_and_workdir() -> None:
 def test_tasks_it_cannot_honour_are_bad_rows_with_the_reason() -> None:
     tasks, bad = load_harbor_tasks(DATA / "unsupported", BWRAP)
     assert not tasks
-    assert "verifier.environment_mode: a separate verifier container" in bad[0].reason
+    assert "environment.mcp_servers: task-declared MCP servers" in bad[0].reason
+
+
+def test_a_separate_verifier_gets_its_own_environment_and_the_artifacts() -> None:
+    built: list[tuple[str, str]] = []
+
+    def build(task_dir: Path, config: Any, folder: str = "environment") -> str:
+        built.append((task_dir.name, folder))
+        return image_tag(task_dir, None, folder)
+
+    local = {"type": "local", "image": "unused", "run_args": ["--cpus", "1"]}
+    tasks, bad = load_harbor_tasks(DATA / "separate", local, build=build)
+    assert not bad
+    answer, image = (t.row for t in tasks)
+    assert answer["harbor"]["verifier_mode"] == "separate"
+    assert answer["harbor"]["artifacts"] == ["/logs/artifacts"]
+    # No verifier image of its own: a new sandbox of the task's image, the tests copied in.
+    agent_image = answer["tools_kwargs"]["env"]["deployment"]["image"]
+    assert answer["verifier_env"]["env"]["deployment"]["image"] == agent_image
+    assert not answer["harbor"]["verifier_bundled"]
+    # tests/Dockerfile: built with tests/ as its context, the tests bundled in it.
+    assert image["harbor"]["artifacts"] == ["/logs/artifacts", "/app/result.txt"]
+    verifier = image["verifier_env"]["env"]
+    assert verifier["deployment"] == {
+        "image": image_tag(DATA / "separate" / "verifier-image", None, "tests"),
+        "run_args": ["--cpus", "1"],
+    }
+    assert verifier["workdir"] == "/app" and image["harbor"]["verifier_bundled"]
+    assert ("verifier-image", "tests") in built
+    # On the host: the same deployment again (no images there), the tests copied in.
+    tasks, _ = load_harbor_tasks(DATA / "separate", BWRAP)
+    assert [t.row["verifier_env"] for t in tasks] == [{}, {}]
+    assert not any(t.row["harbor"]["verifier_bundled"] for t in tasks)
+    # Without a deployment (data prepare without a config): no verifier sandbox.
+    tasks, _ = load_harbor_tasks(DATA / "separate")
+    assert all("verifier_env" not in t.row for t in tasks)
 
 
 def test_reward_files_are_parsed_strictly() -> None:
@@ -268,6 +302,30 @@ def test_a_solved_task_scores_1_and_an_unsolved_one_0(tools, tmp_path, state) ->
     assert info["reward_file"] == "reward.txt" and info["rewards"] == {"reward": 1.0}
     status, results = run(tmp_path / "b", state, GOOD / "hello-file", "echo bye > hello.txt")
     assert results[0]["reward"] == 0.0 and not results[0]["traj_masked"]
+
+
+def test_a_separate_verifier_sees_the_artifacts_and_nothing_else_of_the_agent(
+    tools, tmp_path, state
+) -> None:
+    task = DATA / "separate" / "artifact-answer"
+    write = "mkdir -p /logs/artifacts && echo {} > /logs/artifacts/answer.txt"
+    _, [solved] = run(tmp_path / "a", state, task, write.format("hello"))
+    assert solved["reward"] == 1.0, json.dumps(solved["reward_info"])
+    assert solved["reward_info"]["artifacts"] == ["/logs/artifacts"]
+    _, [wrong] = run(tmp_path / "b", state, task, write.format("bye"))
+    assert wrong["reward"] == 0.0 and not wrong["traj_masked"]
+    # What the agent leaves in its own sandbox (here, its working directory) is not there.
+    _, [leaked] = run(tmp_path / "c", state, task, write.format("hello") + " && touch leak.txt")
+    assert leaked["reward"] == 1.0, "the verifier saw the agent's working directory"
+    # A symlink out of the artifacts (to a host file) is left out, not followed.
+    link = "mkdir -p /logs/artifacts && ln -s /etc/hostname /logs/artifacts/answer.txt"
+    _, [linked] = run(tmp_path / "d", state, task, link)
+    assert linked["reward"] == 0.0 and not linked["traj_masked"]
+    # Its oracle scores 1 and its no-op baseline 0.
+    (tmp_path / "e").mkdir()
+    status, found = verify(tmp_path / "e", state, task)
+    assert status == 0 and found["artifact-answer"]["oracle"] == [1.0], found
+    assert found["artifact-answer"]["baseline"] == [0.0]
 
 
 def with_agent_timeout(tmp_path: Path, seconds: float) -> Path:
@@ -541,6 +599,37 @@ def test_tasks_run_in_their_own_images_on_the_local_backend(tools, tmp_path, eng
     [user] = map(json.loads, (tmp_path / "user" / "results.jsonl").read_text().splitlines())
     assert user["reward"] == 1.0
     assert "verifier runs as nobody" in user["reward_info"]["output_tail"]
+
+
+@pytest.mark.slow
+def test_a_separate_verifier_runs_in_its_own_image_on_the_local_backend(
+    tools, tmp_path, engine
+) -> None:
+    """tests/Dockerfile is built (the verifier's image: /verifier-image, the tests in it)
+    and given the agent's /app/result.txt and /logs/artifacts; the other task's verifier
+    runs in a new container of the task's own image."""
+    from uniagent.testing.images import TEST_IMAGE
+
+    config = local_config(tmp_path, engine)
+    answer = "mkdir -p /logs/artifacts && echo hello > /logs/artifacts/answer.txt"
+    both = f"echo hello > /app/result.txt && {answer}"
+    with ScriptedChatServer(default=agent_running(f"{both} && touch leak.txt")) as s:
+        status = cli([
+            "run", str(config), "--data", str(DATA / "separate"), "--out", str(tmp_path / "out"),
+            "--model", f"openai:{s.base_url}#scripted", "--from-image", TEST_IMAGE,
+        ])  # fmt: skip
+    assert status == 0
+    lines = (tmp_path / "out" / "results.jsonl").read_text().splitlines()
+    results = {r["task_id"]: r for r in map(json.loads, lines)}
+    assert {t: r["reward"] for t, r in results.items()} == {
+        "artifact-answer": 1.0, "verifier-image": 1.0
+    }, {t: r["reward_info"] for t, r in results.items()}  # fmt: skip
+    image = results["verifier-image"]["reward_info"]["artifacts"]
+    assert image == ["/logs/artifacts", "/app/result.txt"]
+    status, found = verify_with(
+        tmp_path / "v", config, DATA / "separate", "--from-image", TEST_IMAGE
+    )
+    assert status == 0 and {r["status"] for r in found.values()} == {"ok"}, found
 
 
 def write_lines(path: Path, lines: list[str]) -> Path:

@@ -249,6 +249,9 @@ def make_grader(agent: ResolvedAgent, task: Mapping[str, Any]) -> EpisodeGrader 
     reward = agent.reward
     if reward is None:
         return None
+    verifier = task.get("verifier_env")
+    if verifier is not None and not isinstance(verifier, Mapping):
+        raise ConfigError(f"the task's verifier_env must be a mapping, not {verifier!r}")
     plan = GradingPlan(
         spec=reward.spec,
         settings=reward.settings,
@@ -256,6 +259,10 @@ def make_grader(agent: ResolvedAgent, task: Mapping[str, Any]) -> EpisodeGrader 
         grade_in=reward.grade_in,
         integrity=reward.integrity,
         fresh_env=agent.new_env,
+        # the agent's deployment with the task's verifier overrides ({}: the same one)
+        verifier_env=None
+        if verifier is None
+        else agent.for_task(verifier, source="the task's verifier_env").new_env,
         session_env=agent.env.session_env(),
     )
     return EpisodeGrader(plan)

@@ -40,7 +40,10 @@ class RewardContext(Generic[C]):
     ctx.control() as sandbox``): the task as it was before the agent's first command, a
     fresh sandbox from its deployment and set-up with no change of the agent's, for a
     reward that must tell a check the agent broke from a check that is broken (``None``
-    where the grader cannot start one; see :mod:`uniagent.grading.control`).
+    where the grader cannot start one; see :mod:`uniagent.grading.control`). ``verifier``
+    opens a sandbox of the task's own verifier environment the same way (``None`` unless
+    the task row has ``verifier_env``, the overrides of the agent's deployment that make
+    it, e.g. a Harbor task's separate verifier image): fresh, set up, never the agent's.
     """
 
     sandbox: GradingSandbox | None
@@ -51,6 +54,7 @@ class RewardContext(Generic[C]):
     submission: str | None = None
     workspace: Workspace = field(default_factory=Workspace)
     control: Callable[[], AbstractAsyncContextManager[GradingSandbox]] | None = None
+    verifier: Callable[[], AbstractAsyncContextManager[GradingSandbox]] | None = None
 
     @property
     def config(self) -> C:

@@ -27,11 +27,14 @@ names.
 
 from __future__ import annotations
 
+import io
 import json
 import math
 import os
 import re
 import shlex
+import tarfile
+import tempfile
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any, Literal
@@ -43,6 +46,8 @@ from uniagent.reward import RewardContext, RewardInfraError, RewardResult
 
 TESTS = "/tests"
 LOGS = "/logs/verifier"
+#: Where the agent leaves files for a separate verifier.
+ARTIFACTS = "/logs/artifacts"
 #: The reward files, in the order they are read (the first present wins).
 REWARD_FILES = ("reward.txt", "reward.json", "rewards.json")
 #: Bytes of a reward file read at most.
@@ -139,17 +144,19 @@ async def verifier_inputs_left(sandbox: GradingSandbox) -> list[str]:
     return [line for line in listing.output.splitlines() if line.strip()]
 
 
-async def copy_tests(sandbox: GradingSandbox, tests: Path) -> None:
-    """``tests/`` into the scratch dir (new at grading time), then into an empty ``/tests``."""
-    staged = f"{sandbox.scratch}/tests"
-    await sandbox.upload(str(tests), staged)
-    done = await sandbox.run(
-        f't=$(readlink -m {TESTS}) l=$(readlink -m {LOGS}) && mkdir -p "$t" "$l" && '
-        f'find "$t" "$l" -mindepth 1 -delete && cp -R {shlex.quote(staged)}/. "$t"/ && '
-        'chmod -R a+rX "$t" && chmod 777 "$l"',
-        timeout=120,
-        cwd="/",
-    )
+async def copy_tests(sandbox: GradingSandbox, tests: Path | None) -> None:
+    """``tests/`` into the scratch dir (new at grading time), then into an empty ``/tests``;
+    an empty ``/logs/verifier`` the verifier's user can write. ``tests=None``: the image's
+    own ``/tests`` (a separate verifier's image that bundles them) is kept."""
+    make = f'l=$(readlink -m {LOGS}) && mkdir -p "$l" && find "$l" -mindepth 1 -delete'
+    if tests is not None:
+        staged = f"{sandbox.scratch}/tests"
+        await sandbox.upload(str(tests), staged)
+        make += (
+            f' && t=$(readlink -m {TESTS}) && mkdir -p "$t" && find "$t" -mindepth 1 -delete && '
+            f'cp -R {shlex.quote(staged)}/. "$t"/ && chmod -R a+rX "$t"'
+        )
+    done = await sandbox.run(f'{make} && chmod 777 "$l"', timeout=120, cwd="/")
     if done.exit_code != 0:
         raise VerifierInputsError(f"could not copy the tests into {TESTS}: {done.output[-500:]}")
 
@@ -218,13 +225,16 @@ async def run_verifier(
     verifier: Mapping[str, Any],
     settings: HarborRewardConfig,
     timeout: float,
+    *,
+    bundled: bool = False,
 ) -> tuple[RewardResult, dict[str, Any]]:
-    """``tests/`` copied in (``/tests`` and ``/logs/verifier`` emptied first), ``test.sh``
-    run and its reward read: the result, and what the run showed (also on failure).
+    """``tests/`` copied in (``/tests`` and ``/logs/verifier`` emptied first; with
+    ``bundled``, the image's ``/tests`` is kept), ``test.sh`` run and its reward read: the
+    result, and what the run showed (also on failure).
 
     Raises :class:`VerifierFailed` when no readable reward came of it.
     """
-    await copy_tests(sandbox, tests)
+    await copy_tests(sandbox, None if bundled else tests)
     env = resolve_env(verifier.get("env") or {}, "verifier.env")
     command = " ".join(
         ["env", *(shlex.quote(f"{k}={v}") for k, v in env.items()), "bash", f"{TESTS}/test.sh"]
@@ -268,7 +278,8 @@ async def check_user(sandbox: GradingSandbox, verifier: Mapping[str, Any]) -> No
 
 async def harbor_reward(ctx: RewardContext[HarborRewardConfig]) -> RewardResult:
     """Run the task's verifier in the grading sandbox and score what it wrote; on a failure,
-    once more there, then in the control sandbox to tell whose failure it is."""
+    once more there, then in the control sandbox to tell whose failure it is. A separate
+    verifier runs in its own sandbox instead (:func:`separate_verifier`)."""
     settings = ctx.settings
     row = harbor_row(ctx.task)
     sandbox = ctx.require_sandbox()
@@ -278,6 +289,8 @@ async def harbor_reward(ctx: RewardContext[HarborRewardConfig]) -> RewardResult:
     verifier = dict(row.get("verifier") or {})
     timeout = settings.timeout or float(verifier.get("timeout_sec") or 600.0)
     info: dict[str, Any] = {"verifier_timeout": timeout}
+    if row.get("verifier_mode") == "separate":
+        return await separate_verifier(ctx, row, tests, verifier, timeout, info)
     left = await verifier_inputs_left(sandbox)
     if left:
         info.update(
@@ -357,10 +370,27 @@ async def judge_failure(
             f"the verifier failed twice on the agent's work ({first}; again: {second}) and "
             f"ran past its timeout ({timeout:g} s) on the task untouched by the agent"
         )
+    return _agents_failure(
+        info, failures, checked, shown, "after the agent's changes", "on the task untouched by "
+        "the agent",
+    )  # fmt: skip
+
+
+def _agents_failure(
+    info: dict[str, Any],
+    failures: list[str],
+    checked: RewardResult,
+    shown: Mapping[str, Any],
+    on: str,
+    control: str,
+) -> RewardResult:
+    """0, ``verifier_failed``: the verifier failed twice ``on`` the agent's work and wrote
+    a reward in the control (``control`` says where)."""
+    first, second = failures
     info.update(
         score_reason="verifier_failed",
-        detail="test.sh wrote no readable reward, twice, after the agent's changes; on the "
-        f"task untouched by the agent it {_outcome(checked, shown)}",
+        detail=f"test.sh wrote no readable reward, twice, {on}; {control} it "
+        f"{_outcome(checked, shown)}",
         error=f"{first}\nagain: {second}"[-4000:],
         verifier_retried=first,
         control={k: shown[k] for k in ("exit_code", "timed_out", "reward_file") if k in shown}
@@ -371,3 +401,165 @@ async def judge_failure(
 
 def _outcome(result: RewardResult, shown: Mapping[str, Any]) -> str:
     return f"wrote {shown.get('reward_file')} (score {result.score:g})"
+
+
+# -- a separate verifier ------------------------------------------------------------------
+
+#: Bytes of the agent's artifacts a separate verifier is given at most.
+ARTIFACT_BYTES = 64 << 20
+
+#: Packs the existing paths of $PATHS (one a line, relative to /) into $OUT: symlinks as
+#: symlinks (never followed), special files as entries (left out when unpacked).
+_PACK_ARTIFACTS = r"""
+cd / || exit 3
+: > "$OUT.list"
+while IFS= read -r p; do
+  if [ -e "$p" ] || [ -L "$p" ]; then printf '%s\n' "$p" >> "$OUT.list"; fi
+done < "$PATHS"
+tar --no-wildcards --verbatim-files-from -cf "$OUT" -T "$OUT.list" 2>"$OUT.err" \
+  || { cat "$OUT.err"; exit 4; }
+exit 0
+"""
+
+
+async def collect_artifacts(sandbox: GradingSandbox, paths: list[str], into: Path) -> list[str]:
+    """The agent's ``paths`` (absolute) from its grading sandbox into ``into``, each at its
+    own path below it; what was there. A tar made in the sandbox is read through the
+    bounded read and unpacked with tarfile's ``data`` filter (no links out of it, no
+    devices, no set-uid bits: members it refuses are left out)."""
+    scratch = sandbox.scratch
+    listed = "".join(f"{p.lstrip('/')}\n" for p in paths)
+    await sandbox.write_file(f"{scratch}/artifacts.paths", listed)
+    variables = f"PATHS={shlex.quote(scratch + '/artifacts.paths')} "
+    variables += f"OUT={shlex.quote(scratch + '/artifacts.tar')}\n"
+    done = await sandbox.run(variables + _PACK_ARTIFACTS, timeout=300, cwd="/")
+    if done.exit_code != 0 or done.timed_out:
+        raise ArtifactsError(f"packing the artifacts failed: {done.output[-500:]}")
+    data = await sandbox.read_bytes(f"{scratch}/artifacts.tar", max_bytes=ARTIFACT_BYTES)
+
+    def keep(member: tarfile.TarInfo, dest: str) -> tarfile.TarInfo | None:
+        try:
+            return tarfile.data_filter(member, dest)
+        except tarfile.FilterError:
+            return None
+
+    with tarfile.open(fileobj=io.BytesIO(data)) as archive:
+        archive.extractall(into, filter=keep)
+    return [p for p in paths if (into / p.lstrip("/")).exists()]
+
+
+class ArtifactsError(RuntimeError):
+    """The agent's artifacts could not be packed in its sandbox (the agent's doing: its
+    sandbox still works, and only what it wrote is packed)."""
+
+
+async def place_artifacts(sandbox: GradingSandbox, staged: Path) -> None:
+    """The artifacts staged on this machine into the verifier's sandbox, each at its path."""
+    if not any(staged.iterdir()):
+        return
+    remote = f"{sandbox.scratch}/artifacts"
+    await sandbox.upload(str(staged), remote)
+    done = await sandbox.run(
+        # (the host backend's /logs is a symlink into the sandbox's /tmp: kept, not replaced)
+        f"set -o pipefail; cd {shlex.quote(remote)} && find . -mindepth 1 -maxdepth 1 "
+        "-printf '%P\\0' | tar --null --no-wildcards -T - -cf - | tar -xf - -C / "
+        "--keep-directory-symlink --no-same-owner --no-overwrite-dir && "
+        f'{{ a=$(readlink -m {ARTIFACTS}); [ ! -d "$a" ] || chmod -R a+rX "$a"; }}',
+        timeout=300,
+        cwd="/",
+    )
+    if done.exit_code != 0:
+        raise RewardInfraError(
+            f"the agent's artifacts could not be put in the verifier's sandbox: "
+            f"{done.output[-500:]}"
+        )
+
+
+async def separate_verifier(
+    ctx: RewardContext[HarborRewardConfig],
+    row: Mapping[str, Any],
+    tests: Path,
+    verifier: Mapping[str, Any],
+    timeout: float,
+    info: dict[str, Any],
+) -> RewardResult:
+    """The verifier in a sandbox of its own environment, given only the agent's artifacts
+    (``/logs/artifacts`` and the task's ``artifacts``, each at its path).
+
+    It fails twice (a new sandbox each time): run once more without the artifacts. A
+    readable reward there makes the failure the artifacts' doing: the agent's, score 0. A
+    failure there too is the task's or the machine's: infrastructure (masked).
+    """
+    if ctx.verifier is None:
+        raise RewardInfraError(
+            "this task's verifier runs in a separate environment, and this grader has no "
+            "sandbox for it (the task row has no verifier_env: run it with --data on the "
+            "Harbor task folder, through uniagent run, verify or data prepare with a config)"
+        )
+    bundled = bool(row.get("verifier_bundled"))
+    with tempfile.TemporaryDirectory(prefix="uniagent-artifacts-") as tmp:
+        staged = Path(tmp)
+        try:
+            found = await collect_artifacts(
+                ctx.require_sandbox(), list(row.get("artifacts") or []), staged
+            )
+        except (ArtifactsError, GradingReadError) as exc:
+            info.update(score_reason="artifacts_unreadable", detail=str(exc)[-1000:])
+            return RewardResult(0.0, info)
+        info["artifacts"] = found
+        failures: list[str] = []
+        for _ in range(2):  # each run in a new sandbox: a failure may have been transient
+            try:
+                result, shown = await _verify_apart(ctx, staged, tests, verifier, timeout, bundled)
+            except VerifierFailed as exc:
+                failures.append(str(exc))
+                continue
+            if failures:
+                info["verifier_retried"] = failures[0]
+            return RewardResult(result.score, {**info, **shown})
+    first, second = failures
+    with tempfile.TemporaryDirectory(prefix="uniagent-artifacts-") as none:
+        try:
+            checked, shown = await _verify_apart(ctx, Path(none), tests, verifier, timeout, bundled)
+        except VerifierFailed as exc:
+            raise RewardInfraError(
+                f"the task's verifier is broken: it failed on the agent's artifacts ({first}; "
+                f"again: {second}) and without them ({exc})"
+            ) from None
+    if shown.get("timed_out"):
+        raise RewardInfraError(
+            f"the verifier failed twice on the agent's artifacts ({first}; again: {second}) "
+            f"and ran past its timeout ({timeout:g} s) without them"
+        )
+    return _agents_failure(
+        info, failures, checked, shown, "on the agent's artifacts", "without them"
+    )
+
+
+async def _verify_apart(
+    ctx: RewardContext[HarborRewardConfig],
+    staged: Path,
+    tests: Path,
+    verifier: Mapping[str, Any],
+    timeout: float,
+    bundled: bool,
+) -> tuple[RewardResult, dict[str, Any]]:
+    """One run of the verifier in a new verifier sandbox given the artifacts in ``staged``.
+
+    :class:`VerifierFailed` when it wrote no readable reward; any other failure there is
+    infrastructure (the sandbox is never the agent's)."""
+    if ctx.verifier is None:  # (checked by the caller)
+        raise RewardInfraError("no verifier sandbox")
+    try:
+        async with ctx.verifier() as sandbox:
+            await place_artifacts(sandbox, staged)
+            await check_user(sandbox, verifier)
+            return await run_verifier(
+                sandbox, tests, verifier, ctx.settings, timeout, bundled=bundled
+            )
+    except RewardInfraError:  # VerifierFailed included
+        raise
+    except Exception as exc:
+        raise RewardInfraError(
+            f"the verifier's sandbox failed: {type(exc).__name__}: {exc}"
+        ) from exc

@@ -31,12 +31,14 @@ async def control_sandbox(
     episode: AgentEnv,
     workdir: str | None,
     starting: Callable[[bool], None] = lambda _: None,
+    what: str = "control",
 ) -> AsyncIterator[GradingSandbox]:
     """A grading sandbox in a new sandbox of ``new_env``; ``workdir`` is the episode's
     (``episode``'s work dir mapped to the new one's).
 
     ``starting(True)`` is called before the start and ``starting(False)`` once it
-    started. A sandbox that does not start is infrastructure (:class:`RewardInfraError`).
+    started. A sandbox that does not start is infrastructure (:class:`RewardInfraError`);
+    ``what`` names it in the message. Without ``workdir``: the new sandbox's own.
     """
     starting(True)
     try:
@@ -44,7 +46,7 @@ async def control_sandbox(
         await fresh.start()
     except Exception as exc:
         raise RewardInfraError(
-            f"the control sandbox did not start: {type(exc).__name__}: {exc}"
+            f"the {what} sandbox did not start: {type(exc).__name__}: {exc}"
         ) from exc
     finally:
         starting(False)
@@ -55,7 +57,7 @@ async def control_sandbox(
             sandbox = await GradingSandbox.open(fresh, environment, workdir=where)
         except Exception as exc:
             raise RewardInfraError(
-                f"the control sandbox could not be opened: {type(exc).__name__}: {exc}"
+                f"the {what} sandbox could not be opened: {type(exc).__name__}: {exc}"
             ) from exc
         try:
             yield sandbox

@@ -81,6 +81,8 @@ class GradingPlan:
     integrity: IntegritySettings
     #: Starts a fresh, set-up sandbox for ``grade_in: fresh`` (tools not installed).
     fresh_env: Any = None
+    #: Starts a sandbox of the task's verifier environment (``RewardContext.verifier``).
+    verifier_env: Any = None
     session_env: Mapping[str, str] = field(default_factory=dict)
 
 
@@ -363,6 +365,7 @@ class EpisodeGrader:
             settings=self.plan.settings,
             workspace=self._workspace(repo),
             control=self._control(env, repo),
+            verifier=self._verifier(env),
             **context,
         )
         started = time.perf_counter()
@@ -394,6 +397,19 @@ class EpisodeGrader:
         return functools.partial(
             control_sandbox, self.plan.fresh_env, self.plan.integrity, self.plan.session_env,
             episode=env, workdir=workdir, starting=starting,
+        )  # fmt: skip
+
+    def _verifier(self, env: AgentEnv | None) -> Any:
+        """``RewardContext.verifier``: a fresh sandbox of the task's verifier environment."""
+        if self.plan.verifier_env is None or env is None:
+            return None
+
+        def starting(now: bool) -> None:  # as for the control: not the agent's time
+            self._phase = "starting the fresh sandbox" if now else "the reward"
+
+        return functools.partial(
+            control_sandbox, self.plan.verifier_env, self.plan.integrity, self.plan.session_env,
+            episode=env, workdir=None, starting=starting, what="verifier",
         )  # fmt: skip
 
     def _workspace(self, repo: str | None = None) -> Workspace:

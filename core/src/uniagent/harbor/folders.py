@@ -16,7 +16,13 @@ from pathlib import Path
 from typing import Any
 
 from uniagent.errors import ConfigError
-from uniagent.harbor.schema import TaskToml, load_task_toml, unsupported
+from uniagent.harbor.schema import (
+    TaskToml,
+    artifact_sources,
+    load_task_toml,
+    unsupported,
+    verifier_mode,
+)
 from uniagent.run.tasks import BadRow, Task
 
 TASK_FILE = "task.toml"
@@ -27,8 +33,13 @@ SANDBOX_DIRS = ("/tests", "/logs", "/solution")
 #: fixed paths are symlinks into the sandbox's private ``/tmp`` (made when first used).
 BWRAP_HOME = "/tmp/.harbor"
 
-#: Builds (or finds) the image of a task folder: ``(task_dir, config) -> image tag``.
-ImageBuilder = Callable[[Path, TaskToml], str]
+#: Builds (or finds) the image of a task folder: ``(task_dir, config) -> image tag``; with a
+#: third argument, of that build context (``"tests"``: a separate verifier's image).
+ImageBuilder = Callable[..., str]
+#: Where the agent leaves files for a separate verifier (Harbor's convention).
+ARTIFACTS_DIR = "/logs/artifacts"
+#: The directories a Harbor environment has for the agent from the start.
+AGENT_DIRS = ("/logs", "/logs/agent", ARTIFACTS_DIR)
 
 
 def is_task_set(path: str | Path) -> bool:
@@ -66,6 +77,7 @@ def read_task(task_dir: Path) -> tuple[TaskToml, dict[str, Any]]:
     env = config.environment
     dockerfile = task_dir / "environment" / "Dockerfile"
     verifier = config.verifier
+    separate = verifier_mode(config) == "separate"
     harbor = {
         "dir": str(task_dir),
         "name": config.task.name if config.task else task_dir.name,
@@ -86,6 +98,12 @@ def read_task(task_dir: Path) -> tuple[TaskToml, dict[str, Any]]:
         "network_mode": config.network_mode(),
         "resources": {"cpus": env.cpus, "memory_mb": env.memory_mb, "storage_mb": env.storage_mb},
         "metadata": dict(config.metadata),
+        # A separate verifier: its own sandbox (the task row's verifier_env), given the
+        # agent's ARTIFACTS_DIR and artifacts; tests bundled in its image (set with the
+        # deployment: verifier_overrides) are not copied in.
+        "verifier_mode": "separate" if separate else "shared",
+        "artifacts": [ARTIFACTS_DIR, *artifact_sources(config)] if separate else [],
+        "verifier_bundled": False,
     }
     row = {"task_id": task_dir.name, "problem_statement": text, "instruction": text}
     return config, {**row, "harbor": harbor}
@@ -115,6 +133,10 @@ def deployment_overrides(
         args = [*deployment.get("bwrap_args", [])]
         for inside in SANDBOX_DIRS:
             args += ["--symlink", f"{BWRAP_HOME}{inside}", inside]
+        # what a Harbor container has from the start: where the agent leaves its logs
+        # and a separate verifier's artifacts (the verifier's own dirs are made at grading)
+        for inside in AGENT_DIRS:
+            args += ["--dir", f"{BWRAP_HOME}{inside}"]
         return {"env": {"deployment": {"bwrap_args": args}}, **time_limit(config)}
     if kind == "local":
         if env.docker_image:
@@ -140,6 +162,48 @@ def deployment_overrides(
             f"the {kind} backend runs prebuilt images only: set environment.docker_image"
         )
     return {"env": {"deployment": {"image": env.docker_image}}, **time_limit(config)}
+
+
+def verifier_overrides(
+    config: TaskToml,
+    task_dir: Path,
+    deployment: Mapping[str, Any],
+    build: ImageBuilder | None,
+) -> tuple[dict[str, Any], bool]:
+    """The overrides of the agent's deployment that make a separate verifier's sandbox, and
+    whether its image holds the tests (else they are copied in).
+
+    ``host``: none (a new sandbox of the same deployment, the tests copied in). ``local``:
+    ``[verifier.environment] docker_image``, else ``tests/Dockerfile`` built with ``tests/``
+    as its context (both bundle the tests), else a new copy of the task's own image (the
+    tests copied in); its workdir; ``no-network`` from the verifier's network policy. Any
+    other backend: a prebuilt image (the verifier's, else the task's).
+    """
+    kind = deployment.get("type", "host")
+    if kind == "host":
+        return {}, False
+    own = config.verifier.environment
+    bundled = True
+    if own is not None and own.docker_image:
+        image = own.docker_image
+    elif (task_dir / "tests" / "Dockerfile").is_file() and kind == "local":
+        if build is None:
+            raise ConfigError("tests/Dockerfile: no image builder for this run")
+        image = build(task_dir, config, "tests")
+    else:
+        agent_env = deployment_overrides(config, task_dir, deployment, build)["env"]
+        image, bundled = agent_env["deployment"]["image"], False
+    if kind != "local":
+        return {"env": {"deployment": {"image": image}}}, bundled
+    env = own or config.environment
+    offline = (config.verifier.network_mode or env.network_mode) == "no-network" or (
+        env.allow_internet is False
+    )
+    run_args = [*deployment.get("run_args", []), *(["--network", "none"] if offline else [])]
+    out: dict[str, Any] = {"env": {"deployment": {"image": image, "run_args": run_args}}}
+    if env.workdir:
+        out["env"]["workdir"] = env.workdir
+    return out, bundled
 
 
 def time_limit(config: TaskToml) -> dict[str, Any]:
@@ -169,6 +233,10 @@ def load_harbor_tasks(
             config, row = read_task(task_dir)
             if deployment is not None:
                 row["tools_kwargs"] = deployment_overrides(config, task_dir, deployment, build)
+                if verifier_mode(config) == "separate":
+                    overrides, bundled = verifier_overrides(config, task_dir, deployment, build)
+                    row["verifier_env"] = overrides
+                    row["harbor"]["verifier_bundled"] = bundled
         except ConfigError as exc:
             bad.append(BadRow(number, f"{task_dir.name}: {exc}"))
             continue

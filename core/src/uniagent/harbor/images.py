@@ -1,4 +1,5 @@
-"""A Harbor task's image for the ``local`` backend: its ``environment/`` built once per content.
+"""A Harbor task's image for the ``local`` backend: its ``environment/`` (and a separate
+verifier's ``tests/``) built once per content.
 
 The tag is ``localhost/uniagent-harbor:<digest>``, the digest taken over the files of
 ``environment/`` (and the ``FROM`` override): a task whose environment did not change
@@ -34,10 +35,11 @@ def pick_engine(preferred: str = "auto") -> str:
     raise ConfigError("building a Harbor task's image needs docker or podman; neither works here")
 
 
-def image_tag(task_dir: Path, from_image: str | None = None) -> str:
-    """The content-addressed tag of the task's ``environment/`` (with ``from_image``)."""
+def image_tag(task_dir: Path, from_image: str | None = None, folder: str = "environment") -> str:
+    """The content-addressed tag of the task's ``environment/`` (or the build context
+    ``folder``: ``tests`` for a separate verifier's image), with ``from_image``."""
     digest = hashlib.sha256()
-    digest.update(file_digest(task_dir / "environment").encode())
+    digest.update(file_digest(task_dir / folder).encode())
     digest.update(f"\nfrom={from_image or ''}".encode())
     return f"{REPOSITORY}:{digest.hexdigest()[:24]}"
 
@@ -50,8 +52,8 @@ class ImageBuilder:
         self.from_image = from_image
         self._built: dict[str, str] = {}
 
-    def __call__(self, task_dir: Path, config: TaskToml) -> str:
-        tag = image_tag(task_dir, self.from_image)
+    def __call__(self, task_dir: Path, config: TaskToml, folder: str = "environment") -> str:
+        tag = image_tag(task_dir, self.from_image, folder)
         if tag in self._built:
             return tag
         engine = pick_engine(self.engine_setting)
@@ -59,13 +61,22 @@ class ImageBuilder:
             [engine, "image", "inspect", tag], capture_output=True, timeout=60, check=False
         )
         if exists.returncode != 0:
-            self._build(engine, task_dir, tag, config.environment.build_timeout_sec)
+            env = config.environment
+            if folder != "environment" and config.verifier.environment is not None:
+                env = config.verifier.environment
+            self._build(engine, task_dir, tag, env.build_timeout_sec, folder)
         self._built[tag] = tag
         return tag
 
-    def _build(self, engine: str, task_dir: Path, tag: str, timeout: float) -> None:
-        context = task_dir / "environment"
+    def _build(
+        self, engine: str, task_dir: Path, tag: str, timeout: float, folder: str = "environment"
+    ) -> None:
+        context = task_dir / folder
         argv = [engine, "build", "-t", tag, "-f", str(context / "Dockerfile")]
+        if engine == "podman" and shutil.which("runc"):
+            # the runtime the local backend runs containers with: crun's cgroup handling
+            # fails a RUN step on hosts whose cgroups are in hybrid mode
+            argv += ["--runtime", "runc"]
         if self.from_image:
             argv += ["--from", self.from_image]
         try:
@@ -78,10 +89,9 @@ class ImageBuilder:
             )
         except subprocess.TimeoutExpired:
             raise ConfigError(
-                f"environment/Dockerfile: the build took longer than {timeout:g} s "
-                "(environment.build_timeout_sec)"
+                f"{folder}/Dockerfile: the build took longer than {timeout:g} s (build_timeout_sec)"
             ) from None
         if done.returncode != 0:
             raise ConfigError(
-                f"environment/Dockerfile: `{engine} build` failed: {done.stderr.strip()[-800:]}"
+                f"{folder}/Dockerfile: `{engine} build` failed: {done.stderr.strip()[-800:]}"
             )

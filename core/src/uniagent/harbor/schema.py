@@ -2,7 +2,7 @@
 
 Every section and key of the format is known here, and an unknown key is an error naming
 its path (``verifier.timeout``). Keys the format has but ``uniagent`` cannot honour
-(multi-step tasks, a separate verifier container, compose services, MCP servers, GPUs)
+(multi-step tasks, compose services, MCP servers, GPUs)
 parse, and :func:`unsupported` names them, so a task that needs one is reported instead
 of run without it.
 """
@@ -181,39 +181,69 @@ class TaskToml(_Strict):
         return "public"
 
 
+def verifier_mode(config: TaskToml) -> Literal["shared", "separate"]:
+    """Where the verifier runs: its own environment when ``environment_mode`` says so or a
+    ``[verifier.environment]`` is given (Harbor's rule), else the agent's."""
+    verifier = config.verifier
+    if verifier.environment_mode is not None:
+        return verifier.environment_mode
+    return "separate" if verifier.environment is not None else "shared"
+
+
+def artifact_sources(config: TaskToml) -> list[str]:
+    """The agent's paths the task's ``artifacts`` name (each an absolute path)."""
+    return [a if isinstance(a, str) else a.source for a in config.artifacts]
+
+
+def _environment_problems(env: Environment, where: str) -> list[str]:
+    found = []
+    if env.os.lower() != "linux":
+        found.append(f"{where}.os: {env.os!r} tasks are not supported")
+    if env.gpus or env.gpu_types or env.tpu:
+        found.append(f"{where}.gpus/tpu: accelerators are not supported")
+    if env.mcp_servers:
+        found.append(f"{where}.mcp_servers: task-declared MCP servers are not supported yet")
+    if env.healthcheck is not None:
+        found.append(f"{where}.healthcheck: health checks are not supported")
+    if env.skills_dir is not None:
+        found.append(f"{where}.skills_dir: skills are not supported")
+    return found
+
+
 def unsupported(config: TaskToml, task_dir: Path) -> list[str]:
     """What the task needs that ``uniagent`` does not do (each a key path and why)."""
     found = []
     if config.steps:
         found.append("steps: multi-step tasks are not supported")
-    separate = config.verifier.environment_mode == "separate" or (
-        config.verifier.environment is not None
-    )
-    if separate:
+    verifier = config.verifier
+    if verifier.environment_mode == "shared" and verifier.environment is not None:
         found.append(
-            "verifier.environment_mode: a separate verifier container is not supported "
-            "(the verifier runs in the agent's sandbox, after the agent)"
+            "verifier.environment: a verifier environment needs environment_mode = "
+            '"separate" (it is "shared")'
         )
-    if config.verifier.collect:
+    if verifier.environment is not None:
+        found += _environment_problems(verifier.environment, "verifier.environment")
+    if verifier.collect:
         found.append("verifier.collect: compose services are not supported")
+    found += _environment_problems(config.environment, "environment")
     env = config.environment
-    if env.os.lower() != "linux":
-        found.append(f"environment.os: {env.os!r} tasks are not supported")
-    if env.gpus or env.gpu_types or env.tpu:
-        found.append("environment.gpus/tpu: accelerators are not supported")
-    if env.mcp_servers:
-        found.append("environment.mcp_servers: task-declared MCP servers are not supported yet")
-    if env.healthcheck is not None:
-        found.append("environment.healthcheck: health checks are not supported")
-    if env.skills_dir is not None:
-        found.append("environment.skills_dir: skills are not supported")
     if "allowlist" in (env.network_mode, config.agent.network_mode, config.verifier.network_mode):
         found.append("network_mode: allowlist is not supported (public or no-network)")
-    if config.artifacts:
-        found.append("artifacts: artifact collection is not supported")
+    if config.artifacts and verifier_mode(config) == "shared":
+        found.append(
+            "artifacts: collected only as the inputs of a separate verifier "
+            '(verifier.environment_mode = "separate")'
+        )
+    for i, artifact in enumerate(config.artifacts):
+        if not isinstance(artifact, str) and (artifact.exclude or artifact.service):
+            found.append(f"artifacts[{i}]: exclude and service are not supported")
+        source = artifact if isinstance(artifact, str) else artifact.source
+        if not source.startswith("/") or ".." in source.split("/"):
+            found.append(f"artifacts[{i}]: {source!r} is not an absolute path")
     for name in ("docker-compose.yaml", "docker-compose.yml", "compose.yaml"):
-        if (task_dir / "environment" / name).exists():
-            found.append(f"environment/{name}: compose environments are not supported")
+        for folder in ("environment", "tests"):
+            if (task_dir / folder / name).exists():
+                found.append(f"{folder}/{name}: compose environments are not supported")
     return found
 
 

@@ -1,0 +1,2 @@
+#!/bin/bash
+mkdir -p /logs/artifacts && echo hello > /logs/artifacts/answer.txt
