@@ -167,7 +167,7 @@ def test_harbor_loads_every_test_task() -> None:
     assert done.returncode == 0, done.stderr
     loaded = {line.split()[0] for line in done.stdout.splitlines()}
     ours = {p.parent.relative_to(DATA).as_posix() for p in DATA.glob("*/*/task.toml")}
-    assert loaded == ours and len(ours) == 15
+    assert loaded == ours and len(ours) == 16
 
 
 def test_task_toml_is_read_strictly(tmp_path: Path) -> None:
@@ -326,6 +326,24 @@ def test_a_separate_verifier_sees_the_artifacts_and_nothing_else_of_the_agent(
     status, found = verify(tmp_path / "e", state, task)
     assert status == 0 and found["artifact-answer"]["oracle"] == [1.0], found
     assert found["artifact-answer"]["baseline"] == [0.0]
+
+
+def test_a_separate_verifier_broken_by_an_artifact_is_the_agents_and_broken_for_all_masked(
+    tools, tmp_path, state
+) -> None:
+    task = DATA / "separate-crash" / "crash-on-word"
+    _, [crashed] = run(tmp_path / "a", state, task, "echo crash > /logs/artifacts/answer.txt")
+    info = crashed["reward_info"]
+    assert crashed["reward"] == 0.0 and not crashed["traj_masked"], info
+    assert info["score_reason"] == "verifier_failed" and info["control"]["score"] == 0.0
+    assert "without them" in info["detail"]
+    # The same verifier crashing on everything: the task's fault, masked.
+    broken = tmp_path / "data" / "crash-on-word"
+    shutil.copytree(task, broken)
+    (broken / "tests" / "test.sh").write_text("#!/bin/bash\nexit 3\n")
+    _, [masked] = run(tmp_path / "b", state, broken, "echo hello > /logs/artifacts/answer.txt")
+    assert masked["traj_masked"] and masked["exit_reason"] == "reward_error", masked
+    assert "without them" in masked["error"]
 
 
 def with_agent_timeout(tmp_path: Path, seconds: float) -> Path:

@@ -1,0 +1,2 @@
+#!/bin/bash
+echo hello > /logs/artifacts/answer.txt
