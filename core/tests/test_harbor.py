@@ -317,10 +317,17 @@ def test_a_separate_verifier_sees_the_artifacts_and_nothing_else_of_the_agent(
     # What the agent leaves in its own sandbox (here, its working directory) is not there.
     _, [leaked] = run(tmp_path / "c", state, task, write.format("hello") + " && touch leak.txt")
     assert leaked["reward"] == 1.0, "the verifier saw the agent's working directory"
-    # A symlink out of the artifacts (to a host file) is left out, not followed.
-    link = "mkdir -p /logs/artifacts && ln -s /etc/hostname /logs/artifacts/answer.txt"
+    # A link to the verifier's own expected answer is left out, not followed.
+    link = "ln -s ../../tests/expected.txt /logs/artifacts/answer.txt"
     _, [linked] = run(tmp_path / "d", state, task, link)
     assert linked["reward"] == 0.0 and not linked["traj_masked"]
+    # The leak check can fail: the same task with the verifier in the agent's sandbox.
+    shared = tmp_path / "data" / "artifact-answer"
+    shutil.copytree(task, shared)
+    toml = shared / "task.toml"
+    toml.write_text(toml.read_text().replace('"separate"', '"shared"'))
+    _, [seen] = run(tmp_path / "f", state, shared, write.format("hello") + " && touch leak.txt")
+    assert seen["reward"] == 0.0
     # Its oracle scores 1 and its no-op baseline 0.
     (tmp_path / "e").mkdir()
     status, found = verify(tmp_path / "e", state, task)
@@ -344,6 +351,54 @@ def test_a_separate_verifier_broken_by_an_artifact_is_the_agents_and_broken_for_
     _, [masked] = run(tmp_path / "b", state, broken, "echo hello > /logs/artifacts/answer.txt")
     assert masked["traj_masked"] and masked["exit_reason"] == "reward_error", masked
     assert "without them" in masked["error"]
+
+
+def test_artifacts_are_unpacked_below_their_paths_as_files_and_directories_only(tmp_path):
+    import io
+    import tarfile
+
+    from uniagent.builtin.harbor_reward import ArtifactsError, unpack_artifacts
+
+    def archive(*members: tuple[str, bytes | str | None]) -> bytes:
+        out = io.BytesIO()
+        with tarfile.open(fileobj=out, mode="w") as tar:
+            for name, what in members:
+                info = tarfile.TarInfo(name)
+                if isinstance(what, bytes):
+                    info.size, info.mode = len(what), 0o4755  # set-uid: cleared
+                    tar.addfile(info, io.BytesIO(what))
+                elif what is None:
+                    info.type = tarfile.DIRTYPE
+                    tar.addfile(info)
+                elif what.startswith("fifo"):
+                    info.type = tarfile.FIFOTYPE
+                    tar.addfile(info)
+                else:
+                    info.type = tarfile.LNKTYPE if what.startswith("hard:") else tarfile.SYMTYPE
+                    info.linkname = what.removeprefix("hard:")
+                    tar.addfile(info)
+        return out.getvalue()
+
+    data = archive(
+        ("logs/artifacts", None),
+        ("logs/artifacts/answer.txt", b"hello\n"),
+        ("logs/artifacts/link", "../../tests/expected.txt"),  # a link: never
+        ("logs/artifacts/hard", "hard:logs/artifacts/answer.txt"),
+        ("logs/artifacts/pipe", "fifo"),
+        ("tests/test.sh", b"echo 1 > /logs/verifier/reward.txt"),  # outside the paths
+        ("app/result.txt/../../usr/bin/x", b"x"),
+        ("app/result.txt", b"hello\n"),
+    )
+    unpack_artifacts(data, ["logs/artifacts", "app/result.txt"], tmp_path)
+    found = sorted(str(p.relative_to(tmp_path)) for p in tmp_path.rglob("*"))
+    assert found == ["app", "app/result.txt", "logs", "logs/artifacts",
+                     "logs/artifacts/answer.txt"]  # fmt: skip
+    assert not (tmp_path / "logs/artifacts/answer.txt").stat().st_mode & 0o4000
+    big = archive(("logs/artifacts/a", b"x" * 600), ("logs/artifacts/b", b"x" * 600))
+    with pytest.raises(ArtifactsError, match="more than 1000 bytes"):
+        unpack_artifacts(big, ["logs/artifacts"], tmp_path / "big", limit=1000)
+    with pytest.raises(ArtifactsError, match="do not unpack"):
+        unpack_artifacts(b"not a tar" * 100, ["logs/artifacts"], tmp_path / "bad")
 
 
 def with_agent_timeout(tmp_path: Path, seconds: float) -> Path:

@@ -31,6 +31,7 @@ import io
 import json
 import math
 import os
+import posixpath
 import re
 import shlex
 import tarfile
@@ -144,19 +145,25 @@ async def verifier_inputs_left(sandbox: GradingSandbox) -> list[str]:
     return [line for line in listing.output.splitlines() if line.strip()]
 
 
-async def copy_tests(sandbox: GradingSandbox, tests: Path | None) -> None:
+async def copy_tests(sandbox: GradingSandbox, tests: Path, *, bundled: bool = False) -> None:
     """``tests/`` into the scratch dir (new at grading time), then into an empty ``/tests``;
-    an empty ``/logs/verifier`` the verifier's user can write. ``tests=None``: the image's
-    own ``/tests`` (a separate verifier's image that bundles them) is kept."""
-    make = f'l=$(readlink -m {LOGS}) && mkdir -p "$l" && find "$l" -mindepth 1 -delete'
-    if tests is not None:
-        staged = f"{sandbox.scratch}/tests"
-        await sandbox.upload(str(tests), staged)
-        make += (
-            f' && t=$(readlink -m {TESTS}) && mkdir -p "$t" && find "$t" -mindepth 1 -delete && '
-            f'cp -R {shlex.quote(staged)}/. "$t"/ && chmod -R a+rX "$t"'
-        )
-    done = await sandbox.run(f'{make} && chmod 777 "$l"', timeout=120, cwd="/")
+    an empty ``/logs/verifier`` the verifier's user can write. ``bundled`` (a separate
+    verifier's image that holds the tests): its own ``/tests`` is kept when it has a
+    ``test.sh``, as Harbor keeps it."""
+    staged = f"{sandbox.scratch}/tests"
+    await sandbox.upload(str(tests), staged)
+    copy = (
+        f'mkdir -p "$t" && find "$t" -mindepth 1 -delete && cp -R {shlex.quote(staged)}/. "$t"/ '
+        '&& chmod -R a+rX "$t"'
+    )
+    if bundled:
+        copy = f'{{ [ -f "$t/test.sh" ] || {{ {copy}; }}; }}'
+    done = await sandbox.run(
+        f't=$(readlink -m {TESTS}) l=$(readlink -m {LOGS}) && mkdir -p "$l" && '
+        f'find "$l" -mindepth 1 -delete && {copy} && chmod 777 "$l"',
+        timeout=120,
+        cwd="/",
+    )
     if done.exit_code != 0:
         raise VerifierInputsError(f"could not copy the tests into {TESTS}: {done.output[-500:]}")
 
@@ -229,12 +236,12 @@ async def run_verifier(
     bundled: bool = False,
 ) -> tuple[RewardResult, dict[str, Any]]:
     """``tests/`` copied in (``/tests`` and ``/logs/verifier`` emptied first; with
-    ``bundled``, the image's ``/tests`` is kept), ``test.sh`` run and its reward read: the
-    result, and what the run showed (also on failure).
+    ``bundled``, the image's own ``/tests`` is kept if it has a test.sh), ``test.sh`` run
+    and its reward read: the result, and what the run showed (also on failure).
 
     Raises :class:`VerifierFailed` when no readable reward came of it.
     """
-    await copy_tests(sandbox, None if bundled else tests)
+    await copy_tests(sandbox, tests, bundled=bundled)
     env = resolve_env(verifier.get("env") or {}, "verifier.env")
     command = " ".join(
         ["env", *(shlex.quote(f"{k}={v}") for k, v in env.items()), "bash", f"{TESTS}/test.sh"]
@@ -424,28 +431,56 @@ exit 0
 
 async def collect_artifacts(sandbox: GradingSandbox, paths: list[str], into: Path) -> list[str]:
     """The agent's ``paths`` (absolute) from its grading sandbox into ``into``, each at its
-    own path below it; what was there. A tar made in the sandbox is read through the
-    bounded read and unpacked with tarfile's ``data`` filter (no links out of it, no
-    devices, no set-uid bits: members it refuses are left out)."""
+    own path below it; what was there.
+
+    A tar made in the sandbox is read through the bounded read and unpacked here keeping
+    only regular files and directories at or below one of ``paths``: no symlink or hard
+    link (one could lead the verifier to its own files, ``../../tests/expected``), no
+    device, FIFO or sparse member, nothing elsewhere (a replaced ``tar`` could name
+    ``tests/test.sh``), at most :data:`ARTIFACT_BYTES` in all; modes as tarfile's
+    ``data`` filter leaves them (no set-uid bits). Raises :class:`ArtifactsError` for an
+    archive that does not read or is too large unpacked.
+    """
     scratch = sandbox.scratch
-    listed = "".join(f"{p.lstrip('/')}\n" for p in paths)
-    await sandbox.write_file(f"{scratch}/artifacts.paths", listed)
+    roots = [posixpath.normpath(p).lstrip("/") for p in paths]
+    await sandbox.write_file(f"{scratch}/artifacts.paths", "".join(f"{r}\n" for r in roots))
     variables = f"PATHS={shlex.quote(scratch + '/artifacts.paths')} "
     variables += f"OUT={shlex.quote(scratch + '/artifacts.tar')}\n"
     done = await sandbox.run(variables + _PACK_ARTIFACTS, timeout=300, cwd="/")
     if done.exit_code != 0 or done.timed_out:
         raise ArtifactsError(f"packing the artifacts failed: {done.output[-500:]}")
     data = await sandbox.read_bytes(f"{scratch}/artifacts.tar", max_bytes=ARTIFACT_BYTES)
+    unpack_artifacts(data, roots, into)
+    return [p for p, r in zip(paths, roots, strict=True) if (into / r).exists()]
+
+
+def unpack_artifacts(
+    data: bytes, roots: list[str], into: Path, limit: int = ARTIFACT_BYTES
+) -> None:
+    """The tar ``data`` unpacked into ``into``: only regular files and directories at or
+    below one of ``roots`` (relative paths), at most ``limit`` bytes of files in all (see
+    :func:`collect_artifacts`); :class:`ArtifactsError` if it does not read or is too large."""
+    total = 0
 
     def keep(member: tarfile.TarInfo, dest: str) -> tarfile.TarInfo | None:
+        nonlocal total
+        name = posixpath.normpath(member.name.lstrip("/"))
+        inside = any(name == r or name.startswith(r + "/") for r in roots)
+        if not inside or not (member.isreg() or member.isdir()) or member.issparse():
+            return None
+        total += member.size if member.isreg() else 0
+        if total > limit:
+            raise ArtifactsError(f"the artifacts unpack to more than {limit} bytes")
         try:
             return tarfile.data_filter(member, dest)
         except tarfile.FilterError:
             return None
 
-    with tarfile.open(fileobj=io.BytesIO(data)) as archive:
-        archive.extractall(into, filter=keep)
-    return [p for p in paths if (into / p.lstrip("/")).exists()]
+    try:
+        with tarfile.open(fileobj=io.BytesIO(data)) as archive:
+            archive.extractall(into, filter=keep)
+    except (tarfile.TarError, OSError, ValueError) as exc:
+        raise ArtifactsError(f"the artifacts do not unpack: {type(exc).__name__}: {exc}") from None
 
 
 class ArtifactsError(RuntimeError):
@@ -453,16 +488,18 @@ class ArtifactsError(RuntimeError):
     sandbox still works, and only what it wrote is packed)."""
 
 
-async def place_artifacts(sandbox: GradingSandbox, staged: Path) -> None:
-    """The artifacts staged on this machine into the verifier's sandbox, each at its path."""
-    if not any(staged.iterdir()):
+async def place_artifacts(sandbox: GradingSandbox, staged: Path, found: list[str]) -> None:
+    """The artifacts staged on this machine (``found``: the paths that were there) into the
+    verifier's sandbox, each at its path."""
+    if not found:
         return
     remote = f"{sandbox.scratch}/artifacts"
     await sandbox.upload(str(staged), remote)
+    await sandbox.write_file(f"{remote}.list", "".join(f"{p.lstrip('/')}\n" for p in found))
     done = await sandbox.run(
         # (the host backend's /logs is a symlink into the sandbox's /tmp: kept, not replaced)
-        f"set -o pipefail; cd {shlex.quote(remote)} && find . -mindepth 1 -maxdepth 1 "
-        "-printf '%P\\0' | tar --null --no-wildcards -T - -cf - | tar -xf - -C / "
+        f"set -o pipefail; cd {shlex.quote(remote)} && tar --no-wildcards --verbatim-files-from "
+        f"-cf - -T {shlex.quote(remote + '.list')} | tar -xf - -C / "
         "--keep-directory-symlink --no-same-owner --no-overwrite-dir && "
         f'{{ a=$(readlink -m {ARTIFACTS}); [ ! -d "$a" ] || chmod -R a+rX "$a"; }}',
         timeout=300,
@@ -510,7 +547,9 @@ async def separate_verifier(
         failures: list[str] = []
         for _ in range(2):  # each run in a new sandbox: a failure may have been transient
             try:
-                result, shown = await _verify_apart(ctx, staged, tests, verifier, timeout, bundled)
+                result, shown = await _verify_apart(
+                    ctx, (staged, found), tests, verifier, timeout, bundled
+                )
             except VerifierFailed as exc:
                 failures.append(str(exc))
                 continue
@@ -520,7 +559,9 @@ async def separate_verifier(
     first, second = failures
     with tempfile.TemporaryDirectory(prefix="uniagent-artifacts-") as none:
         try:
-            checked, shown = await _verify_apart(ctx, Path(none), tests, verifier, timeout, bundled)
+            checked, shown = await _verify_apart(
+                ctx, (Path(none), []), tests, verifier, timeout, bundled
+            )
         except VerifierFailed as exc:
             raise RewardInfraError(
                 f"the task's verifier is broken: it failed on the agent's artifacts ({first}; "
@@ -538,13 +579,14 @@ async def separate_verifier(
 
 async def _verify_apart(
     ctx: RewardContext[HarborRewardConfig],
-    staged: Path,
+    artifacts: tuple[Path, list[str]],
     tests: Path,
     verifier: Mapping[str, Any],
     timeout: float,
     bundled: bool,
 ) -> tuple[RewardResult, dict[str, Any]]:
-    """One run of the verifier in a new verifier sandbox given the artifacts in ``staged``.
+    """One run of the verifier in a new verifier sandbox given the artifacts (staged here,
+    and the paths that were there).
 
     :class:`VerifierFailed` when it wrote no readable reward; any other failure there is
     infrastructure (the sandbox is never the agent's)."""
@@ -552,7 +594,7 @@ async def _verify_apart(
         raise RewardInfraError("no verifier sandbox")
     try:
         async with ctx.verifier() as sandbox:
-            await place_artifacts(sandbox, staged)
+            await place_artifacts(sandbox, *artifacts)
             await check_user(sandbox, verifier)
             return await run_verifier(
                 sandbox, tests, verifier, ctx.settings, timeout, bundled=bundled
