@@ -9,6 +9,7 @@ strings the rules look for are built at run time), so only the structural defenc
 
 from __future__ import annotations
 
+import os
 import site
 import sys
 import textwrap
@@ -38,8 +39,10 @@ _PRELUDE = textwrap.dedent(
 
 
     def _ancestors():
+        # the grader's processes, up to the test process: never what runs the tests (CI's
+        # own shell script, its log), which an agent without isolation could reach too
         pid = os.getppid()
-        while pid > 1:
+        while pid > 1 and pid != {os.getpid()}:
             yield pid
             try:
                 with open(f"/proc/{{pid}}/stat") as f:
