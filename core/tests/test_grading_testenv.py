@@ -177,6 +177,7 @@ async def test_a_pyenv_shim_is_followed_to_the_interpreter_pyenv_picks(env, swit
     assert record["bin:python3"] == str((first / "bin" / "python3").resolve()), record
     assert any(k.startswith(f"root:{first}/lib/python") for k in record), record
     assert f"root:{PYENV_ROOT / 'shims' / 'python3'}" in record
+    assert f"root:{PYENV_ROOT / 'libexec'}" in record
     if switch:
         await act(env, f"echo {other.name} > .python-version")
     result = await grade(grader, env)

@@ -98,7 +98,8 @@ activated() (
     case "$p" in /*) ;; *) continue ;; esac
     real=$(readlink -f "$p")
     # A pyenv shim (a bash script that runs `pyenv exec WORD`): the program pyenv picks for
-    # it here (its version files and PYENV_VERSION included), the shim a root of its own.
+    # it here (its version files and PYENV_VERSION included); the shim, the global version
+    # file and pyenv's own code are roots.
     shim=
     if head -c 2048 "$real" 2>/dev/null | grep -q '/libexec/pyenv" exec '; then
       pyenv_bin=$(sed -n 's/^exec "\(.*\/libexec\/pyenv\)" exec .*/\1/p' "$real" | head -n 1)
@@ -111,7 +112,10 @@ activated() (
     printf 'env-bin %s %s\n' "$word" "$real"
     [ "$MODE" = discover ] || continue
     printf 'root %s\n' "$real"
-    [ -n "$shim" ] && printf 'root %s\n' "$shim" "${pyenv_root:-${shim%/shims/*}}/version"
+    if [ -n "$shim" ]; then  # and pyenv's own code, which picked it
+      r=${pyenv_root:-${shim%/shims/*}}
+      printf 'root %s\n' "$shim" "$r/version" "$r/libexec"
+    fi
     py=$p  # as found, not the link's target: a venv's python finds its pyvenv.cfg so
     first=$(head -c 256 "$real" 2>/dev/null | head -n 1)
     case "$first" in
