@@ -371,29 +371,30 @@ async def judge_failure(
             f"the verifier failed twice on the agent's work ({first}; again: {second}) and "
             f"the control sandbox failed too: {type(exc).__name__}: {exc}"
         ) from exc
-    if shown.get("timed_out"):
-        # Past its timeout on the untouched task: broken for everyone, or a slow machine.
-        raise RewardInfraError(
-            f"the verifier failed twice on the agent's work ({first}; again: {second}) and "
-            f"ran past its timeout ({timeout:g} s) on the task untouched by the agent"
-        )
-    return _agents_failure(
-        info, failures, checked, shown, "after the agent's changes", "on the task untouched by "
-        "the agent",
+    return _control_verdict(
+        info, failures, checked, shown, timeout, "on the agent's work",
+        "on the task untouched by the agent",
     )  # fmt: skip
 
 
-def _agents_failure(
+def _control_verdict(
     info: dict[str, Any],
     failures: list[str],
     checked: RewardResult,
     shown: Mapping[str, Any],
+    timeout: float,
     on: str,
     control: str,
 ) -> RewardResult:
-    """0, ``verifier_failed``: the verifier failed twice ``on`` the agent's work and wrote
-    a reward in the control (``control`` says where)."""
+    """The verifier failed twice ``on`` the agent's work, then ran in the control
+    (``control`` says where): past its timeout there, it is broken for everyone or the
+    machine is too slow (infrastructure); a reward there makes it 0, ``verifier_failed``."""
     first, second = failures
+    if shown.get("timed_out"):
+        raise RewardInfraError(
+            f"the verifier failed twice {on} ({first}; again: {second}) and ran past its "
+            f"timeout ({timeout:g} s) {control}"
+        )
     info.update(
         score_reason="verifier_failed",
         detail=f"test.sh wrote no readable reward, twice, {on}; {control} it "
@@ -567,13 +568,8 @@ async def separate_verifier(
                 f"the task's verifier is broken: it failed on the agent's artifacts ({first}; "
                 f"again: {second}) and without them ({exc})"
             ) from None
-    if shown.get("timed_out"):
-        raise RewardInfraError(
-            f"the verifier failed twice on the agent's artifacts ({first}; again: {second}) "
-            f"and ran past its timeout ({timeout:g} s) without them"
-        )
-    return _agents_failure(
-        info, failures, checked, shown, "on the agent's artifacts", "without them"
+    return _control_verdict(
+        info, failures, checked, shown, timeout, "on the agent's artifacts", "without them"
     )
 
 
