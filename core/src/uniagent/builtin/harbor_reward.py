@@ -36,7 +36,7 @@ import re
 import shlex
 import tarfile
 import tempfile
-from collections.abc import Mapping
+from collections.abc import Awaitable, Callable, Mapping
 from pathlib import Path
 from typing import Any, Literal
 
@@ -321,17 +321,29 @@ async def harbor_reward(ctx: RewardContext[HarborRewardConfig]) -> RewardResult:
             error=str(exc),
         )
         return RewardResult(0.0, info)
+    # a second run in the same sandbox: the failure may have been transient
+    done = await _twice(lambda: run_verifier(sandbox, tests, verifier, settings, timeout), info)
+    if isinstance(done, RewardResult):
+        return done
+    return await judge_failure(ctx, tests, verifier, settings, timeout, info, done)
+
+
+async def _twice(
+    run: Callable[[], Awaitable[tuple[RewardResult, dict[str, Any]]]], info: dict[str, Any]
+) -> RewardResult | list[str]:
+    """The verifier's result with ``info``, from its first run or, that failing, its
+    second (the first failure in ``verifier_retried``); both failures if both failed."""
     failures: list[str] = []
-    for _ in range(2):  # a second run in the same sandbox: the failure may have been transient
+    for _ in range(2):
         try:
-            result, shown = await run_verifier(sandbox, tests, verifier, settings, timeout)
+            result, shown = await run()
         except VerifierFailed as exc:
             failures.append(str(exc))
             continue
         if failures:
             info["verifier_retried"] = failures[0]
         return RewardResult(result.score, {**info, **shown})
-    return await judge_failure(ctx, tests, verifier, settings, timeout, info, failures)
+    return failures
 
 
 async def judge_failure(
@@ -545,18 +557,13 @@ async def separate_verifier(
             info.update(score_reason="artifacts_unreadable", detail=str(exc)[-1000:])
             return RewardResult(0.0, info)
         info["artifacts"] = found
-        failures: list[str] = []
-        for _ in range(2):  # each run in a new sandbox: a failure may have been transient
-            try:
-                result, shown = await _verify_apart(
-                    ctx, (staged, found), tests, verifier, timeout, bundled
-                )
-            except VerifierFailed as exc:
-                failures.append(str(exc))
-                continue
-            if failures:
-                info["verifier_retried"] = failures[0]
-            return RewardResult(result.score, {**info, **shown})
+        # each run in a new sandbox: a failure may have been transient
+        done = await _twice(
+            lambda: _verify_apart(ctx, (staged, found), tests, verifier, timeout, bundled), info
+        )
+    if isinstance(done, RewardResult):
+        return done
+    failures = done
     first, second = failures
     with tempfile.TemporaryDirectory(prefix="uniagent-artifacts-") as none:
         try:
