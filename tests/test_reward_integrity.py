@@ -25,6 +25,11 @@ import yaml
 
 from uniagent.testing.chat_server import Reply, ScriptedChatServer, tool_call
 
+#: One pytest-xdist worker runs these and the other machine-wide tests in turn: the attacks
+#: under isolation none reach the host's /tmp (every grader's scratch dir), and the
+#: container runs clean up what dead runs left on the whole machine.
+pytestmark = pytest.mark.xdist_group("machine-wide")
+
 BUGGY = "def add(a, b):\n    return a - b\n\n\ndef sub(a, b):\n    return a - b\n"
 FIXED = BUGGY.replace("return a - b", "return a + b", 1)
 UNIT_TESTS = textwrap.dedent(

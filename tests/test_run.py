@@ -320,6 +320,11 @@ def local_ray_cluster(env: dict[str, str]) -> Iterator[int]:
         shutil.rmtree(ray_tmp, ignore_errors=True)
 
 
+#: One pytest-xdist worker runs the Ray tests, one after another: ``ray stop --force`` at
+#: the end of a cluster's life stops every Ray process of the machine.
+RAY_GROUP = pytest.mark.xdist_group("ray")
+
+
 @pytest.fixture(scope="module")
 def ray_cluster() -> Iterator[tuple[str, dict[str, str]]]:
     """A local Ray cluster the module's Ray tests share: its address and environment."""
@@ -328,6 +333,7 @@ def ray_cluster() -> Iterator[tuple[str, dict[str, str]]]:
         yield f"127.0.0.1:{port}", ray_env
 
 
+@RAY_GROUP
 def test_ray_run_gives_the_same_results_as_a_local_run(tasks, tmp_path, sandbox_tmp, ray_cluster):
     address, cluster_env = ray_cluster
     ray_env = {**cluster_env, **env_for(sandbox_tmp), "RAY_AUTH_MODE": "disabled"}
@@ -358,6 +364,7 @@ def test_ray_run_gives_the_same_results_as_a_local_run(tasks, tmp_path, sandbox_
         assert (Path(record["episode_dir"]) / "log.txt").read_text()
 
 
+@RAY_GROUP
 def test_a_ray_episode_shows_as_running_also_when_a_resume_runs_it_again(
     tasks, tmp_path, sandbox_tmp, ray_cluster
 ):
@@ -408,6 +415,7 @@ def test_a_ray_episode_shows_as_running_also_when_a_resume_runs_it_again(
     assert folder.refresh() and folder.rows[key].status == "finished"
 
 
+@RAY_GROUP
 def test_an_episode_whose_ray_actor_dies_is_retried_once_on_a_new_actor(
     tasks, tmp_path, sandbox_tmp
 ):

@@ -22,7 +22,9 @@ from uniagent.testing.images import TEST_IMAGE, engine_with_test_image, run
 
 IMAGE = TEST_IMAGE
 
-pytestmark = pytest.mark.slow
+#: One pytest-xdist worker runs these with the other machine-wide tests (test_reward_integrity):
+#: ``uniagent clean`` and every local-backend run remove the containers of dead runs.
+pytestmark = [pytest.mark.slow, pytest.mark.xdist_group("machine-wide")]
 
 
 @pytest.fixture(scope="module")

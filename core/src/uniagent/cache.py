@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import re
 import shutil
 import tempfile
 from collections.abc import Callable, Iterator
@@ -63,3 +64,13 @@ def build_once(
         finally:
             shutil.rmtree(staging, ignore_errors=True)
     return target
+
+
+@contextlib.contextmanager
+def named_lock(name: str) -> Iterator[None]:
+    """A machine-wide exclusive lock called ``name`` (a file under ``cache_dir()/locks``), for
+    work outside the cache that must run once at a time, such as building an image tag."""
+    folder = cache_dir() / "locks"
+    folder.mkdir(parents=True, exist_ok=True)
+    with file_lock(folder / re.sub(r"[^A-Za-z0-9_.-]", "_", name)):
+        yield

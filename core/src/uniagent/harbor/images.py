@@ -15,6 +15,7 @@ import shutil
 import subprocess
 from pathlib import Path
 
+from uniagent.cache import named_lock
 from uniagent.errors import ConfigError
 from uniagent.harbor.schema import TaskToml
 from uniagent.run.manifest import file_digest
@@ -57,14 +58,15 @@ class ImageBuilder:
         if tag in self._built:
             return tag
         engine = pick_engine(self.engine_setting)
-        exists = subprocess.run(
-            [engine, "image", "inspect", tag], capture_output=True, timeout=60, check=False
-        )
-        if exists.returncode != 0:
-            env = config.environment
-            if folder != "environment" and config.verifier.environment is not None:
-                env = config.verifier.environment
-            self._build(engine, task_dir, tag, env.build_timeout_sec, folder)
+        with named_lock(f"image-{tag}"):  # one build of a tag at a time on the machine
+            exists = subprocess.run(
+                [engine, "image", "inspect", tag], capture_output=True, timeout=60, check=False
+            )
+            if exists.returncode != 0:
+                env = config.environment
+                if folder != "environment" and config.verifier.environment is not None:
+                    env = config.verifier.environment
+                self._build(engine, task_dir, tag, env.build_timeout_sec, folder)
         self._built[tag] = tag
         return tag
 

@@ -18,6 +18,8 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+from uniagent.cache import named_lock
+
 MIRROR = os.environ.get("UNIAGENT_DEBIAN_MIRROR", "http://deb.debian.org/debian")
 
 
@@ -129,11 +131,14 @@ def engine_with_test_image(image: str = TEST_IMAGE, packages: Sequence[str] = TE
     if engine is None:
         skip(f"no container engine works here: {reason}")
     assert engine is not None
-    if not image_exists(engine, image):
-        try:
-            build_image(engine, image, packages=packages)
-        except (RuntimeError, OSError, subprocess.TimeoutExpired) as exc:
-            skip(f"cannot build the test image {image}: {exc}")
+    # One build per tag on the machine: test processes that ask at once (pytest-xdist
+    # workers, two suites) wait for the first one's build, then find the image.
+    with named_lock(f"image-{image}"):
+        if not image_exists(engine, image):
+            try:
+                build_image(engine, image, packages=packages)
+            except (RuntimeError, OSError, subprocess.TimeoutExpired) as exc:
+                skip(f"cannot build the test image {image}: {exc}")
     probe = run([engine, "run", "--rm", *engine_args(engine), image, "swerex-remote", "-v"])
     if probe.returncode != 0:
         skip(f"`{engine} run {image}` fails: {probe.stderr.strip()[-500:]}")
