@@ -78,14 +78,21 @@ def timed(func: Callable[..., None]) -> Callable[..., None]:
     return wrapper
 
 
-def _junit(session: nox.Session) -> Path:
-    return Path(session.create_tmp()) / "junit.xml"
+def _files(session: nox.Session) -> Path:
+    """A folder of the session's own (constraints, test reports) in its venv's folder.
+
+    Not ``session.create_tmp()``: that also sets the session's TMPDIR to a folder inside
+    the clone, which a sandbox's own user may not reach (the suites run with the TMPDIR
+    of the machine, as users do)."""
+    folder = Path(session.virtualenv.location) / "ci-files"
+    folder.mkdir(parents=True, exist_ok=True)
+    return folder
 
 
 def _counts(session: nox.Session) -> dict[str, int]:
     """The tests the session's pytest runs counted (none: no pytest ran)."""
     totals = {"tests": 0, "failures": 0, "errors": 0, "skipped": 0}
-    for report in Path(session.create_tmp()).glob("junit*.xml"):
+    for report in _files(session).glob("junit*.xml"):
         for suite in ET.parse(report).getroot().iter("testsuite"):
             for key in totals:
                 totals[key] += int(suite.get(key, 0))
@@ -94,7 +101,7 @@ def _counts(session: nox.Session) -> dict[str, int]:
 
 def install(session: nox.Session, *args: str) -> None:
     """``uv pip install`` under the constraints (the CPU torch, tensordict for verl)."""
-    constraints = Path(session.create_tmp()) / "constraints.txt"
+    constraints = _files(session) / "constraints.txt"
     constraints.write_text("\n".join(CONSTRAINTS) + "\n")
     session.install("-c", str(constraints), *args)
 
@@ -116,7 +123,7 @@ def check_cpu_torch(session: nox.Session) -> None:
 def pytest(session: nox.Session, *paths: str, workers: int | str = 0, run: int = 0) -> None:
     """pytest over ``paths``; ``workers``: pytest-xdist processes (0: in this process)."""
     spread = ["-n", str(workers), "--dist", "loadgroup"] if workers else []
-    report = _junit(session).with_name(f"junit{run or ''}.xml")
+    report = _files(session) / f"junit{run or ''}.xml"
     check_cpu_torch(session)  # in every venv that runs tests
     session.run(
         "python",
@@ -169,6 +176,7 @@ def tests(session: nox.Session, suite: str) -> None:
             "./plugins/uniagent-agents-cli",
             TRANSFER_QUEUE,
         )
+        session.create_tmp()  # its TMPDIR in the clone, as the verl suite has always run
         session.env["RAY_AUTH_MODE"] = "disabled"
         pytest(session, "core/tests/verl")
     elif suite == "hf":
@@ -212,12 +220,20 @@ def tests(session: nox.Session, suite: str) -> None:
         pytest(session, "tests", workers=WORKERS)
 
 
-#: The core tests ``quick`` leaves out: containers, Harbor's own 3.12 venv, MCP servers,
-#: grading time-outs, many-episode and scale runs (all still run in ``tests``).
+#: The core tests ``quick`` leaves out (all still run in ``tests``): containers, Harbor's
+#: own 3.12 venv, MCP servers, a real swerex server, model-spec checks that load models,
+#: and the many-episode runs (the runner, the grader's screens and test environment, the
+#: LLM judge, 200 sandboxes at once).
 QUICK_LEAVES_OUT = [
     "test_env_local.py",
     "test_harbor.py",
     "test_mcp.py",
+    "test_env_remote.py",
+    "test_cli_model_spec.py",
+    "test_runner.py",
+    "test_grading_screen.py",
+    "test_grading_testenv.py",
+    "test_llm_judge.py",
     "test_env_scale.py",
 ]
 
