@@ -4,12 +4,16 @@ core/tests/gateway/test_harness_episodes.py.)"""
 
 from __future__ import annotations
 
+import logging
+import os
+import re
+import subprocess
 from pathlib import Path
 
 import pytest
 
 from uniagent import AgentInstall
-from uniagent.agents.install import AgentInstallError
+from uniagent.agents.install import AgentInstallError, ensure_installed
 from uniagent.config import AgentConfig
 from uniagent.errors import ConfigError
 from uniagent.resolver import resolve
@@ -154,3 +158,60 @@ async def test_a_sandbox_that_cannot_reach_the_gateway_is_told_before_the_harnes
                 _Unreachable, match=rf"cannot reach the gateway at 127.0.0.1:{port}"
             ):
                 await _reach_gateway(env, f"http://127.0.0.1:{port}/s/abc")
+
+
+# -- pip harnesses installed by uv -----------------------------------------------------------
+
+#: A small real package with a console script, from the registry.
+COWSAY = AgentInstall("pip", "cowsay", "6.1", "cowsay")
+
+
+def _uv_on_path(monkeypatch: pytest.MonkeyPatch, folder: Path) -> Path:
+    """``folder`` first on PATH, holding a ``uv`` that runs the real one (the uv package's)."""
+    from uv import find_uv_bin
+
+    folder.mkdir()
+    (folder / "uv").symlink_to(find_uv_bin())
+    monkeypatch.setenv("PATH", f"{folder}{os.pathsep}{os.environ['PATH']}")
+    return folder / "uv"
+
+
+def _installed_and_working(folder: Path) -> str:
+    """What made the venv (``uv`` or ``pip``); its script runs from the final folder."""
+    out = subprocess.run(
+        [str(folder / "bin" / "cowsay"), "-t", "moo"], capture_output=True, text=True, check=True
+    )
+    assert "moo" in out.stdout
+    assert (folder / "bin" / "pip").exists()  # as `python -m venv` makes it
+    config = (folder / "pyvenv.cfg").read_text()
+    return "uv" if re.search(r"^uv = ", config, re.M) else "pip"
+
+
+def test_a_pip_harness_is_installed_by_uv_with_its_own_copies(tmp_path, monkeypatch) -> None:
+    monkeypatch.setenv("UNIAGENT_CACHE_DIR", str(tmp_path / "cache"))
+    monkeypatch.delenv("UNIAGENT_PIP_INSTALLER", raising=False)
+    _uv_on_path(monkeypatch, tmp_path / "bin")
+    folder = ensure_installed(COWSAY)
+    assert _installed_and_working(folder) == "uv"
+    # copied out of uv's cache, not linked to it: the install shares no inode with it
+    module = next(folder.glob("lib/python3*/site-packages/cowsay/__init__.py"))
+    assert module.stat().st_nlink == 1
+
+
+def test_pip_installs_when_asked_or_when_uv_fails(tmp_path, monkeypatch, caplog) -> None:
+    monkeypatch.setenv("UNIAGENT_CACHE_DIR", str(tmp_path / "cache"))
+    uv = _uv_on_path(monkeypatch, tmp_path / "bin")
+    monkeypatch.setenv("UNIAGENT_PIP_INSTALLER", "pip")
+    assert _installed_and_working(ensure_installed(COWSAY)) == "pip"
+
+    # a uv that fails (here: one that exits 1) leaves no half-made venv: pip makes it anew
+    monkeypatch.delenv("UNIAGENT_PIP_INSTALLER")
+    monkeypatch.setenv("UNIAGENT_CACHE_DIR", str(tmp_path / "cache2"))
+    uv.unlink()
+    uv.write_text("#!/bin/sh\necho 'uv: no solution' >&2\nexit 1\n")
+    uv.chmod(0o755)
+    with caplog.at_level(logging.WARNING, logger="uniagent.agents.install"):
+        folder = ensure_installed(COWSAY)
+    assert _installed_and_working(folder) == "pip"
+    assert "uv could not install cowsay==6.1, installing with pip" in caplog.text
+    assert "uv: no solution" in caplog.text
