@@ -58,11 +58,15 @@ def open_fds() -> int:
     return len(os.listdir("/proc/self/fd"))
 
 
+EPISODES = 24
+
+
 async def test_many_episodes_leak_no_file_handles_or_loggers(config, qwen3_tokenizer, tmp_path):
-    # The command reward reads each task's test_command: even-numbered tasks pass.
+    # The command reward reads each task's test_command: even-numbered tasks pass. Three
+    # waves of 8 at once: a handle or logger left by any episode shows (60 cost a minute).
     tasks = [
         Task(f"t{i}", {"q": f"task {i}", "test_command": "true" if i % 2 == 0 else "false"})
-        for i in range(60)
+        for i in range(EPISODES)
     ]
     model = ScriptedTokenModel(qwen3_tokenizer, policy=lambda cache: hermes_call("done"))
     loggers_before = set(logging.Logger.manager.loggerDict)
@@ -77,12 +81,12 @@ async def test_many_episodes_leak_no_file_handles_or_loggers(config, qwen3_token
         concurrency=8,
         progress=Progress(stream, live=False),
     )
-    assert summary["episodes"] == 60 and summary["mean_reward"] == 0.5
+    assert summary["episodes"] == EPISODES and summary["mean_reward"] == 0.5
     assert open_fds() <= fds_before, "every episode's log file and sandbox pipes are closed"
     assert set(logging.Logger.manager.loggerDict) == loggers_before
-    assert stream.getvalue().count(": finished, reward") == 60
+    assert stream.getvalue().count(": finished, reward") == EPISODES
     logs = list((tmp_path / "out" / "episodes").glob("*/0/log.txt"))
-    assert len(logs) == 60 and all("finished: finished" in p.read_text() for p in logs)
+    assert len(logs) == EPISODES and all("finished: finished" in p.read_text() for p in logs)
 
 
 async def test_the_manifest_plans_every_job_before_any_starts(config, qwen3_tokenizer, tmp_path):
