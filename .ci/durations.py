@@ -15,7 +15,7 @@ def table(path: Path) -> str:
     rows = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
     if not rows:
         return "no nox session recorded a duration"
-    width = max(len(r["session"]) for r in rows)
+    width = max(len("session"), *(len(r["session"]) for r in rows))
     head = f"{'session':<{width}}  {'wall':>8}  {'status':<6}  {'tests':>5}  {'failed':>6}"
     lines = [head + "  skipped"]
     for r in rows:
