@@ -167,7 +167,7 @@ def tests(session: nox.Session, suite: str) -> None:
         # The verl adapter and rollout parity against real verl 0.9.1 on the CPU, both of
         # its trainers' worker paths (classic and v1/TransferQueue); harness episodes in
         # verl batches (the gateway extra; mini-swe-agent from the agents plugin, which
-        # installs it into the cache with pip).
+        # installs it into uniagent's cache, with uv where it is on PATH).
         install(
             session,
             TORCH,
