@@ -52,6 +52,10 @@ nox.options.default_venv_backend = "uv"
 if os.environ.get("PIP_FIND_LINKS") and not os.environ.get("UV_FIND_LINKS"):
     os.environ["UV_FIND_LINKS"] = ",".join(os.environ["PIP_FIND_LINKS"].split())
 os.environ.setdefault("UV_PYTHON_DOWNLOADS", "never")
+# Bytecode compiled at install, as pip does: with PYTHONDONTWRITEBYTECODE set (these
+# machines set it) a uv venv otherwise never gets a .pyc, and every process compiles what
+# it imports (torch and transformers: 9 s an import instead of 4.7 s, measured here).
+os.environ.setdefault("UV_COMPILE_BYTECODE", "1")
 os.environ.setdefault("UV_HTTP_TIMEOUT", "180")
 # The uv that fills the venvs (the one beside nox) is on the sessions' PATH too: tests
 # that build a venv of their own (Harbor's 3.12) use it when it is there.

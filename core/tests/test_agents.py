@@ -192,6 +192,8 @@ def test_a_pip_harness_is_installed_by_uv_with_its_own_copies(tmp_path, monkeypa
     monkeypatch.delenv("UNIAGENT_PIP_INSTALLER", raising=False)
     _uv_on_path(monkeypatch, tmp_path / "bin")
     folder = ensure_installed(COWSAY)
+    # compiled at install, as pip does (before anything ran from it)
+    assert list(folder.glob("lib/python3*/site-packages/cowsay/__pycache__/*.pyc"))
     assert _installed_and_working(folder) == "uv"
     # copied out of uv's cache, not linked to it: the install shares no inode with it
     module = next(folder.glob("lib/python3*/site-packages/cowsay/__init__.py"))
