@@ -27,7 +27,7 @@ from uniagent.parsers import HermesParser, Qwen3CoderParser, ToolCallFormatError
 from uniagent.resolver import ResolvedAgent, resolve
 from uniagent.rollout import RolloutCache, analyse_chat_template
 
-pytestmark = pytest.mark.slow  # loading the model takes ~30 s on 2 CPU cores
+pytestmark = pytest.mark.slow  # a real model: its first load on a machine converts it (~30 s)
 
 ROOT = Path(__file__).resolve().parents[3]
 QUICKSTART = ROOT / "examples" / "swe_tiny" / "quickstart.yaml"

@@ -16,7 +16,7 @@ from uniagent.models.hf import HFLocalModel, smollm2_gguf_path
 from uniagent.parsers import HermesParser
 from uniagent.rollout.template import decode
 
-pytestmark = pytest.mark.slow  # loading the model takes ~30 s on 2 CPU cores
+pytestmark = pytest.mark.slow  # a real model: its first load on a machine converts it (~30 s)
 
 PARSER = HermesParser()
 SHORT = [{"role": "user", "content": "What is 2+2? Answer with just the number."}]
@@ -157,6 +157,8 @@ def test_from_spec_hf(model: HFLocalModel) -> None:
     built = from_spec("hf:smollm2", sampling_params={"max_tokens": 2})
     assert isinstance(built, HFLocalModel)
     assert built.gguf_file == "SmolLM2-135M-Instruct.Q4_1.gguf"
+    # Loaded from the converted folder, recorded as the GGUF file's folder (as before).
+    assert built.tokenizer.name_or_path == str(smollm2_gguf_path().parent)
     assert built.tokenizer.get_vocab() == model.tokenizer.get_vocab()
     path_built = from_spec(f"hf:{smollm2_gguf_path()}")
     assert isinstance(path_built, HFLocalModel) and path_built.gguf_file == built.gguf_file
@@ -202,3 +204,52 @@ async def test_a_cancelled_generation_stops_at_its_next_token(model: HFLocalMode
     # and it ended at once, not at max_tokens.
     assert counter.ended.is_set()
     assert counter.tokens < 100
+
+
+def test_a_gguf_file_is_converted_once_and_loads_as_the_file_does(
+    tmp_path, monkeypatch, caplog
+) -> None:
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from uniagent.models.gguf import converted_gguf
+
+    monkeypatch.setenv("UNIAGENT_CACHE_DIR", str(tmp_path / "cache"))
+    path = smollm2_gguf_path()
+    with caplog.at_level("WARNING", logger="uniagent.models.gguf"):
+        folder = converted_gguf(path)
+        assert converted_gguf(path) == folder  # the second call finds it
+    converting = [r for r in caplog.records if r.getMessage().startswith("converting")]
+    assert len(converting) == 1, caplog.text
+    assert folder.parent == tmp_path / "cache" / "gguf"
+
+    # The tokenizer: the same vocabulary, special tokens, chat template and ids.
+    direct_tokenizer = AutoTokenizer.from_pretrained(str(path.parent), gguf_file=path.name)
+    tokenizer = AutoTokenizer.from_pretrained(str(folder))
+    assert tokenizer.get_vocab() == direct_tokenizer.get_vocab()
+    assert tokenizer.chat_template == direct_tokenizer.chat_template
+    assert tokenizer.all_special_ids == direct_tokenizer.all_special_ids
+    text = direct_tokenizer.apply_chat_template(
+        [*SHORT, {"role": "assistant", "content": 'ünï 你好\n<tool_call>{"a": 1}</tool_call>'}],
+        tokenize=False,
+    )
+    ids = direct_tokenizer(text)["input_ids"]
+    assert tokenizer(text)["input_ids"] == ids
+    # The model: the same tensors, so the same logits.
+    direct = AutoModelForCausalLM.from_pretrained(
+        str(path.parent), gguf_file=path.name, dtype=torch.float32
+    )
+    loaded = AutoModelForCausalLM.from_pretrained(str(folder), dtype=torch.float32)
+    mine = loaded.state_dict()
+    assert set(mine) == set(direct.state_dict())
+    assert all(torch.equal(mine[name], t) for name, t in direct.state_dict().items())
+    with torch.no_grad():
+        x = torch.tensor([ids])
+        assert torch.equal(loaded(x).logits, direct(x).logits)
+
+    # Turned off: the file is read as transformers reads it, and nothing is cached.
+    monkeypatch.setenv("UNIAGENT_GGUF_CACHE", "0")
+    monkeypatch.setenv("UNIAGENT_CACHE_DIR", str(tmp_path / "other"))
+    plain = HFLocalModel(path, sampling_params={"max_tokens": 2})
+    assert plain.tokenizer.get_vocab() == tokenizer.get_vocab()
+    assert not (tmp_path / "other" / "gguf").exists()

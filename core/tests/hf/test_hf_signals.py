@@ -25,7 +25,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-pytestmark = pytest.mark.slow  # each run loads the model (~30 s on 2 CPU cores)
+pytestmark = pytest.mark.slow  # each run loads the real model in a new process
 
 ROOT = Path(__file__).resolve().parents[3]
 LINE_TIMEOUT = 600.0  # a failure guard only: every wait ends on a line

@@ -27,6 +27,7 @@ from uniagent.models.base import (
     ModelTurn,
     TokenChatModel,
 )
+from uniagent.models.gguf import converted_gguf, gguf_cache_enabled
 from uniagent.models.guided import (
     GuidedDecoding,
     GuidedLogitsProcessor,
@@ -301,15 +302,23 @@ class HFLocalModel(TokenChatModel):
             source, gguf_file = str(path.parent), path.name
         self._source = source
         self.gguf_file = gguf_file
+        # A GGUF file loads from its converted folder in uniagent's cache (made once).
+        self._converted: Path | None = None
         self.device = device
         self.dtype = dtype
         self.generate_kwargs = {**from_sampling, **dict(generate_kwargs or {})}
         if tokenizer is None:
             if not isinstance(source, (str, os.PathLike)):
                 raise ModelError("HFLocalModel needs tokenizer= when given a loaded model")
-            tokenizer = _transformers().AutoTokenizer.from_pretrained(
-                str(source), gguf_file=gguf_file
-            )
+            converted = self._gguf_folder()
+            if converted is not None:
+                tokenizer = _transformers().AutoTokenizer.from_pretrained(str(converted))
+                # Recorded as before: the GGUF file's folder (the viewer finds the file).
+                tokenizer.name_or_path = str(source)
+            else:
+                tokenizer = _transformers().AutoTokenizer.from_pretrained(
+                    str(source), gguf_file=gguf_file
+                )
         self._model: Any = None if isinstance(source, (str, os.PathLike)) else source
         self._load_lock = threading.Lock()
         super().__init__(
@@ -332,6 +341,15 @@ class HFLocalModel(TokenChatModel):
         path, options = parse_spec(spec)
         return cls(str(smollm2_gguf_path()) if path == "smollm2" else path, **options, **kwargs)
 
+    def _gguf_folder(self) -> Path | None:
+        """The GGUF file's converted folder (:mod:`uniagent.models.gguf`); ``None`` for
+        other models or with the cache turned off."""
+        if self.gguf_file is None or not gguf_cache_enabled():
+            return None
+        if self._converted is None:
+            self._converted = converted_gguf(Path(self._source) / self.gguf_file)
+        return self._converted
+
     @property
     def model(self) -> Any:
         """The loaded model (loaded on first use)."""
@@ -339,12 +357,15 @@ class HFLocalModel(TokenChatModel):
             if self._model is None:
                 import torch
 
-                kwargs: dict[str, Any] = {"gguf_file": self.gguf_file} if self.gguf_file else {}
+                source, kwargs = str(self._source), dict[str, Any]()
+                converted = self._gguf_folder()
+                if converted is not None:
+                    source = str(converted)
+                elif self.gguf_file:
+                    kwargs["gguf_file"] = self.gguf_file
                 if self.dtype is not None:
                     kwargs["dtype"] = getattr(torch, self.dtype)
-                model = _transformers().AutoModelForCausalLM.from_pretrained(
-                    str(self._source), **kwargs
-                )
+                model = _transformers().AutoModelForCausalLM.from_pretrained(source, **kwargs)
                 self._model = model.to(self.device).eval()
             return self._model
 
