@@ -547,6 +547,7 @@ def test_round_two_attacks_score_zero_and_are_trained_on(
         assert records[name]["metrics"]["reward_seconds"] < 600, records[name]["metrics"]
     held = records["artifacts.hold-output"]["reward_info"]
     assert held["failure_reason"] == "tests_timed_out", held  # bounded: killed at eval_timeout
+    assert held["log_tail"] == "[killed after 10 s]", held  # the task's own eval_timeout
 
 
 #: A container with what the swe_bench reward's tests need (Debian's pytest and git).
