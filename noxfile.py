@@ -200,7 +200,7 @@ def tests(session: nox.Session, suite: str) -> None:
             "playwright>=1.50",
             "httpx>=0.27",
         )
-        pytest(session, "core/tests/view")
+        pytest(session, "core/tests/view", workers=WORKERS)
     elif suite == "gateway":
         # `uniagent gateway` driven by the official openai and anthropic clients and by a real
         # harness, mini-swe-agent (test dependencies only, not extras of the core).
@@ -210,7 +210,7 @@ def tests(session: nox.Session, suite: str) -> None:
             "anthropic>=0.40",
             "mini-swe-agent==2.4.6",
         )
-        pytest(session, "core/tests/gateway")
+        pytest(session, "core/tests/gateway", workers=WORKERS)
     else:
         # Cross-package: real pip installs into fresh venvs, end-to-end runs; `mcp` for the
         # third-party MCP servers' runs (the servers themselves are pip/npm-installed there).
