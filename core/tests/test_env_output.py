@@ -47,6 +47,31 @@ def test_clean_output(raw: str, clean: str) -> None:
     assert clean_output(raw) == clean
 
 
+def erase_pairs_until_nothing_changes(text: str) -> str:
+    """Backspaces as a terminal applies them, the obvious way (quadratic in a run of them)."""
+    import re
+
+    pair = re.compile(r"[^\n\x08]\x08")
+    previous = None
+    while previous != text:
+        previous, text = text, pair.sub("", text)
+    return text.replace("\x08", "")
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.text(alphabet="ab\x08\n\t", max_size=60))
+def test_backspaces_erase_as_a_terminal_does(raw: str) -> None:
+    assert clean_output(raw) == erase_pairs_until_nothing_changes(raw)
+
+
+def test_a_long_run_of_backspaces_is_cleaned_in_one_pass() -> None:
+    # The agent prints these bytes: 400k characters erased by 400k backspaces, then a
+    # line whose backspaces outnumber its characters (the extra ones erase nothing).
+    n = 400_000
+    raw = "x" * n + "\x08" * n + "kept\n" + "ab" + "\x08" * 5 + "c"
+    assert clean_output(raw) == "kept\nc"
+
+
 def test_truncate_keeps_head_and_tail_and_counts() -> None:
     text = "".join(str(i % 10) for i in range(10_000))
     out, dropped = truncate_output(text, 1000)

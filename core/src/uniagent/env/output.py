@@ -16,7 +16,6 @@ _ANSI = re.compile(
 # Control characters other than \t \n \r \b, which are handled separately.
 _CONTROL = re.compile(r"[\x00-\x07\x0b\x0c\x0e-\x1f\x7f]")
 _NEEDS_WORK = re.compile(r"[\x00-\x08\x0b-\x1f\x7f\x9b]")
-_BACKSPACE = re.compile(r"[^\n\x08]\x08")
 
 #: What a runtime inserts where it dropped the middle of a huge output.
 RUNTIME_DROP_NOTE = (
@@ -40,11 +39,26 @@ def clean_output(text: str) -> str:
     if "\r" in text:
         text = "\n".join(_last_version(line) for line in text.split("\n"))
     if "\x08" in text:
-        previous = None
-        while previous != text:
-            previous, text = text, _BACKSPACE.sub("", text)
-        text = text.replace("\x08", "")
+        text = _apply_backspaces(text)
     return _CONTROL.sub("", text)
+
+
+def _apply_backspaces(text: str) -> str:
+    """Each backspace erases the character before it on its line (none at a line's start).
+
+    One pass, linear in ``text``: the agent controls these bytes, and erasing one pair
+    at a time until nothing changes took time quadratic in a run of backspaces.
+    """
+    lines = []
+    for line in text.split("\n"):
+        pieces = line.split("\x08")
+        kept = list(pieces[0])
+        for piece in pieces[1:]:
+            if kept:
+                kept.pop()
+            kept.extend(piece)
+        lines.append("".join(kept))
+    return "\n".join(lines)
 
 
 def _last_version(line: str) -> str:
