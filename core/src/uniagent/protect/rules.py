@@ -260,7 +260,9 @@ PYTHON_CONTENT: tuple[ContentRule, ...] = (
     ),
     ContentRule(
         name="import-path",
-        pattern=r"\bsys\.path\s*(\.\s*(insert|append|extend)\b|\[[^\]]*\]\s*=|\+?=[^=])"
+        # The index holds no bracket: each ``sys.path[`` is scanned to its next bracket
+        # only, so a line of many of them costs time linear in its length.
+        pattern=r"\bsys\.path\s*(\.\s*(insert|append|extend)\b|\[[^\]\[]*\]\s*=|\+?=[^=])"
         r"|\bsite\.addsitedir\b|\bzipimport\b",
         reason="putting code the patch does not show on sys.path (under .git, ignored files, "
         "outside the repository)",
@@ -272,7 +274,10 @@ PYTHON_CONTENT: tuple[ContentRule, ...] = (
     ),
     ContentRule(
         name="fake-results",
-        pattern=r"['\"][^'\"]*\b(PASSED|XPASS|FAILED|ERROR)\b[^'\"]*::"
+        # A quote, then in the text up to the next quote a result word and later "::". The
+        # first word is taken atomically (a lookahead, then its capture): trying every word of
+        # a long literal against the rest of it took time quadratic in the line.
+        pattern=r"['\"](?=([^'\"]*?\b(?:PASSED|XPASS|FAILED|ERROR)\b))\1[^'\"]*::"
         r"|['\"][^'\"]*\bRan \d+ tests?\b",
         reason="string literals shaped like test-result lines",
     ),
