@@ -165,10 +165,13 @@ class Venv:
         )
 
     def pip_install(self, *requirements: str) -> None:
-        """Install into the venv (raises with the installer's output on failure): with uv
-        where it is on PATH (the same resolution from its cache in seconds, not a minute),
-        else pip. The README steps' own test installs with pip, as written there."""
-        uv = shutil.which("uv")
+        """Install into the venv (raises with the installer's output on failure): with the
+        uv that uniagent's own harness installs use (:func:`uv_installer`: on PATH, not
+        turned off), in seconds from its cache; else pip. The README steps' own test
+        installs with pip, as written there."""
+        from uniagent.agents.install import uv_installer
+
+        uv = uv_installer()
         if uv:
             python = str(self.bin / "python")
             result = subprocess.run(

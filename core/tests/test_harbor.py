@@ -122,6 +122,7 @@ def harbor_python() -> Path | None:
     once: concurrent test runs wait for the one that makes it)."""
     import subprocess
 
+    from uniagent.agents.install import uv_installer
     from uniagent.cache import build_once
 
     venv = Path.home() / ".cache" / "uniagent-tests" / "harbor-0.25"
@@ -130,7 +131,7 @@ def harbor_python() -> Path | None:
         return None
 
     def make(staged: Path) -> None:  # never a half-made venv in place
-        uv = shutil.which("uv")  # nox's sessions have it: seconds from its cache, not minutes
+        uv = uv_installer()  # nox's sessions have it: seconds from its cache, not minutes
         if uv:
             subprocess.run([uv, "venv", "-q", "-p", str(found[-1]), str(staged)], check=True)
             fill = [uv, "pip", "install", "-q", "-p", str(staged / "bin" / "python")]

@@ -116,7 +116,7 @@ def _uv_venv(
     Bytecode is compiled at install, as pip does (PYTHONDONTWRITEBYTECODE would leave the
     read-only install without any, and each start would compile what it imports)."""
     env = {**os.environ, "UV_LINK_MODE": "copy", "UV_PYTHON_DOWNLOADS": "never"}
-    env["UV_COMPILE_BYTECODE"] = "1"  # as pip does: a harness's imports never compile
+    env["UV_COMPILE_BYTECODE"] = "1"
     if os.environ.get("PIP_FIND_LINKS") and not os.environ.get("UV_FIND_LINKS"):
         env["UV_FIND_LINKS"] = ",".join(os.environ["PIP_FIND_LINKS"].split())
     run_install([uv, "venv", "-q", "--seed", "-p", python, str(staging)], install, env=env)
