@@ -133,14 +133,32 @@ async def test_a_changed_test_environment_is_toolchain_tampering(env, venv, atta
     assert expected.format(sp=sp, sp_root=venv / "lib" / PY, env=venv) in changed(result)
 
 
-async def test_bytecode_written_after_the_baseline_is_deleted_not_scored(env, venv):
+@pytest.mark.parametrize("cache_dir", ["new", "existing"])
+async def test_bytecode_written_after_the_baseline_is_deleted_not_scored(env, venv, cache_dir):
+    # A new __pycache__ changes its package's directory (its names are listed again, and
+    # are the same); bytecode in one that was there changes only the __pycache__ directory.
     cache = venv / "lib" / PY / "site-packages" / "__pycache__"
+    if cache_dir == "existing":
+        cache.mkdir()
+        (cache / "old.cpython-3.pyc").write_bytes(b"kept")
     grader = await prepare_grader(env, "venv", {})
     await act(env, f"mkdir -p {cache} && printf 'planted' > {cache}/helper.cpython-3.pyc")
     result = await grade(grader, env)
     assert result.score == 1.0 and changed(result) == set()
     assert result.info["integrity"]["bytecode_purged"] == 1
     assert not (cache / "helper.cpython-3.pyc").exists()
+    assert (cache / "old.cpython-3.pyc").exists() == (cache_dir == "existing")
+
+
+async def test_a_name_added_deep_under_a_root_is_found_by_its_directory(env, venv):
+    # Only a changed directory makes the names of a root be listed again: a module added
+    # three levels down (with an old mtime) changes its own directory only.
+    deep = venv / "lib" / PY / "site-packages" / "pkg" / "sub" / "deeper"
+    deep.mkdir(parents=True)
+    grader = await prepare_grader(env, "venv", {})
+    await act(env, f"printf 'x = 1\\n' > {deep}/mod.py && touch -d @1000000000 {deep}/mod.py")
+    result = await grade(grader, env)
+    assert result.score == 0.0 and f"root:{venv / 'lib' / PY}" in changed(result)
 
 
 async def test_a_fresh_sandbox_sharing_the_changed_environment_scores_zero(env, venv):
@@ -197,3 +215,41 @@ def test_the_test_environment_of_an_eval_script():
         "source /opt/miniconda3/bin/activate", "conda activate testbed",
         "export PATH=/opt/x:$PATH"]  # fmt: skip
     assert spec.interpreters == ("pytest", "python", "python3")
+
+
+async def test_a_file_is_read_again_only_when_its_key_changed(env, tmp_path):
+    """The grader hashes a file once per process while its (device, inode, size, mtime,
+    ctime) stays: new content with the old size and mtime still gets a new ctime."""
+    from uniagent.grading import integrity
+    from uniagent.grading.sandbox import GradingSandbox
+    from uniagent.protect.settings import IntegritySettings
+
+    tool = tmp_path / "tool"
+    tool.write_text("aaaa\n")
+    environment = await integrity.environment_of(env, IntegritySettings(), {})
+    sandbox = await GradingSandbox.open(env, environment, workdir=None)
+    commands: list[str] = []
+    run = sandbox.run
+
+    async def counted(command: str, **kwargs: Any) -> Any:
+        commands.append(command)
+        return await run(command, **kwargs)
+
+    sandbox.run = counted  # type: ignore[method-assign]
+    listed = f'printf "%s\\0" {tool} > $TMPDIR/l; stat_files $TMPDIR/l'
+    script = integrity.scripts.STAT_FILES + listed
+
+    async def digest() -> str:
+        output = await integrity.run_script(sandbox, script, {}, what="stat")
+        return (await integrity.file_digests(sandbox, integrity.stat_keys(output)))[str(tool)]
+
+    try:
+        first = await digest()
+        read = len(commands)
+        assert await digest() == first and len(commands) == read + 1  # the stat only
+        before = tool.stat()
+        tool.write_text("bbbb\n")
+        os.utime(tool, ns=(before.st_atime_ns, before.st_mtime_ns))
+        assert await digest() != first
+    finally:
+        await sandbox.close()

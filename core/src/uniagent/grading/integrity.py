@@ -359,9 +359,59 @@ async def toolchain(sandbox: GradingSandbox) -> dict[str, str]:
         if line.startswith("bin "):
             _, name, path = line.split(" ", 2)
             found[f"bin:{name}"] = path
-        elif re.match(r"^[0-9a-f]{64}  ", line):
-            digest, path = line.split("  ", 1)
+    digests = await file_digests(sandbox, stat_keys(output))
+    found.update((path, digest) for path, digest in digests.items() if digest != "missing")
+    return found
+
+
+#: sha256 of files seen in sandboxes, by path and :data:`~scripts.STAT_FILES` key (device,
+#: inode, size, mtime, ctime to the nanosecond): a file keeps its key only as long as its
+#: content, since its ctime cannot be set back without setting the clock. Kept for the
+#: process (episodes of a run, a verl worker), so the toolchain and the test environment's
+#: start-up files are read once, not per episode; cleared when it grows past
+#: :data:`_DIGESTS_MAX` entries.
+_DIGESTS: dict[tuple[str, str], str] = {}
+_DIGESTS_MAX = 200_000
+
+
+def stat_keys(output: str) -> dict[str, str]:
+    """path -> key of the ``stat KEY PATH`` lines of ``output``."""
+    keys: dict[str, str] = {}
+    for line in output.splitlines():
+        if line.startswith("stat "):
+            parts = line.split(" ", 6)
+            if len(parts) == 7:
+                keys[parts[6]] = " ".join(parts[1:6])
+    return keys
+
+
+async def file_digests(sandbox: GradingSandbox, keys: Mapping[str, str]) -> dict[str, str]:
+    """path -> sha256 (or ``missing``: it could not be read) of each file of ``keys``, read
+    in the sandbox only where this process has not seen the file with that key."""
+    found: dict[str, str] = {}
+    unseen: list[str] = []
+    for path, key in keys.items():
+        known = _DIGESTS.get((path, key))
+        if known is None:
+            unseen.append(path)
+        else:
+            found[path] = known
+    if not unseen:
+        return found
+    listed = f"{sandbox.scratch}/unseen"
+    await sandbox.write_bytes(listed, _nul_list(unseen))
+    output = await run_script(sandbox, scripts.HASH_FILES, {"LIST": listed}, what="hashing files")
+    now = stat_keys(output)  # taken before each file was read
+    if len(_DIGESTS) > _DIGESTS_MAX:
+        _DIGESTS.clear()
+    for line in output.splitlines():
+        if line.startswith("hash "):
+            path, _, digest = line[5:].rpartition(" ")
             found[path] = digest
+            if digest != "missing" and path in now:
+                _DIGESTS[(path, now[path])] = digest
+    for path in unseen:
+        found.setdefault(path, "missing")
     return found
 
 

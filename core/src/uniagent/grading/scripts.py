@@ -191,9 +191,71 @@ for name in ('sitecustomize', 'usercustomize', 'pytest', '_pytest', 'pluggy', 'u
 print('\n'.join(sorted(out)))
 """
 
-#: ``bin NAME PATH`` for each tool on PATH, then ``SHA256  FILE`` for the tools, the
-#: interpreters' start-up hooks (.pth, sitecustomize) and the test runners' sources.
-TOOLCHAIN = r"""
+#: A shell function: ``stat DEV INODE SIZE MTIME CTIME PATH`` for each path of the
+#: NUL-separated list in file $1 that exists (of the file a symlink leads to; times to the
+#: nanosecond). ctime cannot be set back without setting the clock, so a file whose key is
+#: the same has the same content: the grader hashes only files whose key it has not seen.
+STAT_FILES = r"""
+stat_files() {
+  xargs -0 -r sh -c \
+    'find -L "$@" -maxdepth 0 -printf "stat %D %i %s %T@ %C@ %p\\n" 2>/dev/null; true' \
+    stat_files < "$1"
+}
+"""
+
+#: ``stat KEY PATH`` (:data:`STAT_FILES`), then ``hash PATH SHA256`` (``missing`` when it
+#: cannot be read) for each path of the NUL-separated list in $LIST: each file is keyed
+#: before it is read, so a change while it is read gives it a new key.
+HASH_FILES = (
+    STAT_FILES
+    + r"""
+stat_files "$LIST"
+declare -A sums=()
+# One sha256sum for all the files; a name it escapes (a backslash), and one it did not
+# read, is hashed on its own.
+while IFS= read -r line; do
+  case "$line" in \\*) ;; *) sums["${line#*  }"]=${line%%  *} ;; esac
+done < <(xargs -0 -r sha256sum -- < "$LIST" 2>/dev/null)
+while IFS= read -r -d '' file; do
+  sum=${sums["$file"]:-}
+  [ -n "$sum" ] || { sum=$(sha256sum < "$file" 2>/dev/null) || sum=missing; }
+  printf 'hash %s %s\n' "$file" "${sum%% *}"
+done < "$LIST"
+exit 0
+"""
+)
+
+#: A shell function: ``find_word WORD`` sets $p to WORD as found on PATH (an absolute path)
+#: and $real to its target; for a pyenv shim (a bash script that runs ``pyenv exec WORD``)
+#: to the program pyenv picks for it here (its version files and PYENV_VERSION included),
+#: with $shim the shim and $pyenv_root pyenv's root. Fails when WORD is not found.
+FIND_WORD = r"""
+find_word() {
+  shim= pyenv_root=
+  p=$(command -v "$1" 2>/dev/null) || return 1
+  case "$p" in /*) ;; *) return 1 ;; esac
+  real=$(readlink -f "$p")
+  if head -c 2048 "$real" 2>/dev/null | grep -q '/libexec/pyenv" exec '; then
+    local pyenv_bin w
+    pyenv_bin=$(sed -n 's/^exec "\(.*\/libexec\/pyenv\)" exec .*/\1/p' "$real" | head -n 1)
+    pyenv_root=$(sed -n 's/^export PYENV_ROOT="\(.*\)"$/\1/p' "$real" | head -n 1)
+    if [ -x "$pyenv_bin" ] && w=$(PYENV_ROOT=$pyenv_root "$pyenv_bin" which "$1" 2>/dev/null) \
+        && [ -n "$w" ]; then
+      shim=$real p=$w real=$(readlink -f "$w")
+    fi
+  fi
+  return 0
+}
+"""
+
+#: ``bin NAME PATH`` for each tool on PATH, then ``stat KEY FILE`` (:data:`STAT_FILES`) for
+#: the tools, the interpreters' start-up hooks (.pth, sitecustomize) and the test runners'
+#: sources: their contents are hashed only where the grader has not seen that key
+#: (:data:`HASH_FILES`).
+TOOLCHAIN = (
+    STAT_FILES
+    + FIND_WORD
+    + r"""
 : > "$TMPDIR/files"
 for name in $TOOLS; do
   p=$(command -v "$name" 2>/dev/null) || continue
@@ -202,13 +264,19 @@ for name in $TOOLS; do
   printf 'bin %s %s\n' "$name" "$real"
   printf '%s\0' "$real" >> "$TMPDIR/files"
 done
+asked=
 for py in python3 python; do
-  command -v "$py" >/dev/null 2>&1 || continue
-  "$py" -I -S -c "$PYCODE" 2>/dev/null | tr '\n' '\0' >> "$TMPDIR/files"
+  find_word "$py" || continue  # a pyenv shim: the interpreter it runs (its start-up is dear)
+  key="|${p%/*} $real|"  # python and python3 of one bin directory: one interpreter
+  case "$asked" in *"$key"*) continue ;; esac
+  asked=$asked$key
+  "$p" -I -S -c "$PYCODE" 2>/dev/null | tr '\n' '\0' >> "$TMPDIR/files"
 done
-sort -zu "$TMPDIR/files" | xargs -0 -r sha256sum
+sort -zu "$TMPDIR/files" > "$TMPDIR/files.sorted"
+stat_files "$TMPDIR/files.sorted"
 exit 0
 """
+)
 TOOLCHAIN_PY = _TOOLCHAIN_PY
 
 #: Tools whose binaries are checked (resolved on the grading PATH).

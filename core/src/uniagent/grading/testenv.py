@@ -30,8 +30,9 @@ import posixpath
 import re
 from collections.abc import Callable, Mapping
 
-from uniagent.grading.integrity import Baseline, Tamper, run_script
+from uniagent.grading.integrity import Baseline, Tamper, file_digests, run_script, stat_keys
 from uniagent.grading.sandbox import GradingSandbox
+from uniagent.grading.scripts import FIND_WORD, STAT_FILES
 from uniagent.protect.settings import TestEnv
 
 #: How many changed files a root reports at most.
@@ -83,32 +84,25 @@ for path in sorted(files):
 #: ``env-bin WORD PATH`` for each word of $INTERPRETERS after $ACTIVATE (in the repository,
 #: in a subshell, its output discarded); with $MODE ``discover`` the roots its interpreters
 #: and the activation report (``root PATH``, into $ROOTS) and the files they load at start-up
-#: or as the runner (into $FILES). Then ``hash FILE SHA`` for each file of $FILES, and for
-#: each root of $ROOTS (parents before children) ``digest ROOT SHA`` of the names under it
-#: and, with $SINCE, the files changed since then (``changed PATH``) and the bytecode written
-#: since, deleted (``purged ROOT N``).
-TEST_ENV = r"""
+#: or as the runner (into $FILES, printed as ``file PATH``). Then ``stat KEY FILE`` for each
+#: file of $FILES (hashed by :func:`~uniagent.grading.integrity.file_digests` where the key is
+#: new), and for each root of $ROOTS ``digest ROOT SHA`` of the names under it; with $SINCE,
+#: the files changed since then (``changed PATH``) and the bytecode written since, deleted
+#: (``purged ROOT N``), all from one walk of the root, and ``digest ROOT =`` (the baseline's
+#: names) where no directory under it changed: a name added, removed or renamed changes its
+#: directory's ctime.
+TEST_ENV = (
+    STAT_FILES
+    + FIND_WORD
+    + r"""
 activated() (
   exec 3>&1 >/dev/null 2>&1 </dev/null
   set +eu
   eval "$ACTIVATE"
   exec 1>&3
+  asked=
   for word in $INTERPRETERS; do
-    p=$(command -v "$word" 2>/dev/null) || continue
-    case "$p" in /*) ;; *) continue ;; esac
-    real=$(readlink -f "$p")
-    # A pyenv shim (a bash script that runs `pyenv exec WORD`): the program pyenv picks for
-    # it here (its version files and PYENV_VERSION included); the shim, the global version
-    # file and pyenv's own code are roots.
-    shim=
-    if head -c 2048 "$real" 2>/dev/null | grep -q '/libexec/pyenv" exec '; then
-      pyenv_bin=$(sed -n 's/^exec "\(.*\/libexec\/pyenv\)" exec .*/\1/p' "$real" | head -n 1)
-      pyenv_root=$(sed -n 's/^export PYENV_ROOT="\(.*\)"$/\1/p' "$real" | head -n 1)
-      if [ -x "$pyenv_bin" ] && w=$(PYENV_ROOT=$pyenv_root "$pyenv_bin" which "$word" 2>/dev/null) \
-          && [ -n "$w" ]; then
-        shim=$real p=$w real=$(readlink -f "$w")
-      fi
-    fi
+    find_word "$word" || continue
     printf 'env-bin %s %s\n' "$word" "$real"
     [ "$MODE" = discover ] || continue
     printf 'root %s\n' "$real"
@@ -122,7 +116,12 @@ activated() (
       '#!'*) set -- ${first#??}; py=${1:-}
              case "${py##*/}" in env) py=$(command -v "${2:-}" 2>/dev/null) ;; esac ;;
     esac
-    [ -n "$py" ] && "$py" -c "$ROOTS_PY" 2>/dev/null
+    [ -n "$py" ] || continue
+    # python and python3 of one bin directory are one interpreter: asked once
+    key="|${py%/*} $(readlink -f "$py")|"
+    case "$asked" in *"$key"*) continue ;; esac
+    asked=$asked$key
+    "$py" -c "$ROOTS_PY" 2>/dev/null
   done
   if [ "$MODE" = discover ]; then
     # conda's activation: the env's activate.d scripts, the installation's shell hooks and
@@ -154,35 +153,47 @@ if [ "$MODE" = discover ]; then
     }' > "$ROOTS"
   sed 's/^/root /' "$ROOTS"
   sed -n 's/^file //p' "$TMPDIR/env.out" | LC_ALL=C sort -u > "$FILES"
+  sed 's/^/file /' "$FILES"
 fi
-# One sha256sum for all the files; a name it escapes (a backslash), and one it did not
-# read, is hashed on its own.
-declare -A sums=()
-while IFS= read -r line; do
-  case "$line" in \\*) ;; *) sums["${line#*  }"]=${line%%  *} ;; esac
-done < <(tr '\n' '\0' < "$FILES" | xargs -0 -r sha256sum -- 2>/dev/null)
-while IFS= read -r file; do
-  sum=${sums["$file"]:-}
-  [ -n "$sum" ] || { sum=$(sha256sum < "$file" 2>/dev/null) || sum=missing; }
-  printf 'hash %s %s\n' "$file" "${sum%% *}"
-done < "$FILES"
+tr '\n' '\0' < "$FILES" > "$FILES.nul"
+stat_files "$FILES.nul"
 while IFS= read -r root; do
   [ -e "$root" ] || { printf 'digest %s missing\n' "$root"; continue; }
-  skip=( \( -name __pycache__ -o -path "$root/pkgs" -o -path "$root/envs" -o -path "$REPO" \) )
-  sum=$(find "$root" -xdev "${skip[@]}" -prune -o -printf '%P\0' 2>/dev/null | LC_ALL=C sort -z \
-        | sha256sum)
-  printf 'digest %s %s\n' "$root" "${sum%% *}"
+  skip=( \( -path "$root/pkgs" -o -path "$root/envs" -o -path "$REPO" \) -prune -o )
+  names=1
   if [ -n "$SINCE" ]; then
-    find "$root" -xdev "${skip[@]}" -prune -o ! -type d -newerct "@$SINCE" \
-      -printf 'changed %p\n' 2>/dev/null | head -n "$MAX"
-    # (-delete cannot be combined with -prune: the paths below are filtered instead)
-    n=$(find "$root" -xdev -path '*/__pycache__/*' -type f ! -path "$REPO/*" \
-        ! -path "$root/pkgs/*" -newerct "@$SINCE" -print -delete 2>/dev/null | wc -l)
-    printf 'purged %s %s\n' "$root" "$n"
+    # One walk: what changed since the baseline's clock. Bytecode is deleted; another
+    # changed file is reported; a changed directory (not a __pycache__) may have other
+    # names now, so only then are the names listed again.
+    names= changed=0 purged=0
+    : > "$TMPDIR/purge"
+    while IFS= read -r -d '' entry; do
+      kind=${entry%% *} path=${entry#* }
+      case "$path/" in
+        */__pycache__/*)
+          case "$path" in */__pycache__) [ "$kind" = d ] && continue ;; esac
+          printf '%s\0' "$path" >> "$TMPDIR/purge"
+          purged=$((purged + 1))
+          continue ;;
+      esac
+      if [ "$kind" = d ]; then names=1
+      elif [ "$changed" -lt "$MAX" ]; then printf 'changed %s\n' "$path"; changed=$((changed + 1))
+      fi
+    done < <(find "$root" -xdev "${skip[@]}" -newerct "@$SINCE" -printf '%y %p\0' 2>/dev/null)
+    xargs -0 -r rm -f -- < "$TMPDIR/purge" 2>/dev/null
+    printf 'purged %s %s\n' "$root" "$purged"
+  fi
+  if [ -n "$names" ]; then
+    sum=$(find "$root" -xdev "${skip[@]}" -name __pycache__ -prune -o -printf '%P\0' 2>/dev/null \
+          | LC_ALL=C sort -z | sha256sum)
+    printf 'digest %s %s\n' "$root" "${sum%% *}"
+  else
+    printf 'digest %s =\n' "$root"  # the names are the baseline's
   fi
 done < "$ROOTS"
 exit 0
 """
+)
 
 
 def _variables(
@@ -219,9 +230,6 @@ def _record(output: str) -> tuple[dict[str, str], list[str], dict[str, int]]:
         elif kind == "digest":
             root, _, digest = rest.rpartition(" ")
             record[f"root:{root}"] = digest
-        elif kind == "hash":
-            path, _, digest = rest.rpartition(" ")
-            record[path] = digest
         elif kind == "changed":
             changed.append(rest)
         elif kind == "purged":
@@ -237,8 +245,18 @@ async def discover(sandbox: GradingSandbox, baseline: Baseline, spec: TestEnv) -
         what="resolving the test environment",
     )  # fmt: skip
     record, _, _ = _record(output)
+    files = [line[5:] for line in output.splitlines() if line.startswith("file ")]
+    record.update(await _hashes(sandbox, output, files))
     baseline.test_env = record
     baseline.test_env_spec = spec
+
+
+async def _hashes(sandbox: GradingSandbox, output: str, files: list[str]) -> dict[str, str]:
+    """FILE -> sha256 (``missing`` when it cannot be read) of the start-up files, from the
+    ``stat`` lines of ``output`` (read only where their key is new)."""
+    keys = stat_keys(output)
+    digests = await file_digests(sandbox, {f: keys[f] for f in files if f in keys})
+    return {f: digests.get(f, "missing") for f in files}
 
 
 async def verify(
@@ -277,6 +295,10 @@ async def verify(
         what="checking the test environment",
     )  # fmt: skip
     after, changed, purged = _record(output)
+    after.update(await _hashes(sandbox, output, files))
+    for key, value in after.items():
+        if value == "=":  # no directory under the root changed: its names are the baseline's
+            after[key] = before.get(key, "=")
     return changes(before, after, changed), sum(purged.values())
 
 
