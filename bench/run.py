@@ -13,8 +13,9 @@ The same tasks and server serve, at each concurrency, in turn:
 - ``floor``: ``bench/floor.py``, a minimal asyncio loop (HTTP call, ``bash -c`` per
   command, nothing else);
 - ``uniagent``: ``uniagent run`` on the host backend without isolation (as the
-  floor runs), with its defaults otherwise (per-sandbox cgroup and tmpfs where root
-  allows, tools installed, results and episode files written, no reward);
+  floor runs; ``--isolation bwrap`` puts every uniagent row under bubblewrap), with
+  its defaults otherwise (per-sandbox cgroup and tmpfs where root allows, tools
+  installed, results and episode files written, no reward);
 - ``uniagent+reward``: the same with the built-in ``command`` reward graded in the
   episode's sandbox (the grader's baseline before the first turn, grading after), every
   integrity defence on (history scrub, ``tests/`` protected, toolchain check), in a git
@@ -226,8 +227,11 @@ def command_cost(repo: Path, work: Path, runs: int = 20) -> dict[str, float]:
     return {"wall_ms": statistics.median(walls) * 1000, "cpu_ms": cpu / runs * 1000}
 
 
-def write_inputs(work: Path, tasks: int, repos: dict[str, Path] | None = None) -> dict[str, Path]:
-    """Tasks (JSONL, and a dataset folder for mini-swe-agent) and uniagent's two configs."""
+def write_inputs(
+    work: Path, tasks: int, repos: dict[str, Path] | None = None, isolation: str = "none"
+) -> dict[str, Path]:
+    """Tasks (JSONL, and a dataset folder for mini-swe-agent) and uniagent's configs (host
+    sandboxes with ``isolation``; under bwrap the reward rows' repository bound read-only)."""
     rows = [
         {"instance_id": f"task-{i:04d}", "problem_statement": f"Task {i}: look around, then stop.",
          "test_command": TEST_COMMAND}
@@ -242,11 +246,15 @@ def write_inputs(work: Path, tasks: int, repos: dict[str, Path] | None = None) -
         "tools: [execute_bash, submit]\n"
         "instance_template: '{problem_statement}'\n"
         "interaction: {max_turns: 10}\n"
-        "env:\n  deployment: {type: host, isolation: none}\n"
     )
-    (work / "uniagent.yaml").write_text(base)
+    deployment = f"env:\n  deployment: {{type: host, isolation: {isolation}}}\n"
+    (work / "uniagent.yaml").write_text(base + deployment)
     for label, repo in (repos or {}).items():
-        checkout = f"  post_setup: [{json.dumps(f'git clone -q {repo} .')}]\n"
+        binds = f", ro_binds: [{json.dumps(str(repo))}]" if isolation != "none" else ""
+        checkout = (
+            f"env:\n  deployment: {{type: host, isolation: {isolation}{binds}}}\n"
+            f"  post_setup: [{json.dumps(f'git clone -q {repo} .')}]\n"
+        )
         for runner, grade_in in zip(REWARD_RUNNERS, ("episode", "fresh"), strict=True):
             (work / f"{runner}-{label}.yaml").write_text(
                 base + checkout + f"reward:\n  name: command\n  grade_in: {grade_in}\n"
@@ -462,6 +470,12 @@ def main() -> None:
         help="FILES:COMMITS of the reward rows' synthetic repository; a comma list runs "
         "them on each (e.g. 10:1,6000:3000)",
     )
+    parser.add_argument(
+        "--isolation",
+        choices=("none", "bwrap"),
+        default="none",
+        help="the uniagent rows' host sandboxes (the floor and mini-swe-agent have none)",
+    )
     parser.add_argument("--serve", type=Path, help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.serve:
@@ -497,7 +511,7 @@ def main() -> None:
             rows = []
             for concurrency in (int(c) for c in args.concurrency.split(",")):
                 tasks = args.serial_tasks if concurrency == 1 else args.tasks
-                write_inputs(work, tasks, repos)
+                write_inputs(work, tasks, repos, args.isolation)
                 runs: dict[str, list[dict[str, Any]]] = {runner: [] for runner in runners}
                 for _ in range(args.repeats):  # runners alternate: machine noise hits all
                     for runner in runners:

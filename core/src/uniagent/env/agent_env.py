@@ -206,6 +206,14 @@ class AgentEnv:
                 places = getattr(self.deployment, "writable_places", None)
                 raise EnvStartError(setup_failure(command, obs.exit_code, obs.output, places))
 
+    def read_only_source(self, path: str) -> str | None:
+        """The host path that ``path`` shows when the sandbox (and every other of this
+        process) cannot change anything at or below it, so a check of it need not be
+        repeated per episode; ``None`` (the default, and always without isolation): it may
+        change. The host backend under bubblewrap answers for its read-only binds."""
+        probe = getattr(self.deployment, "read_only_source", None)
+        return probe(path) if probe is not None else None
+
     async def close(self) -> None:
         """Stop the sandbox; idempotent, safe in ``finally``, logs instead of raising."""
         if self._stop_task is None:

@@ -276,6 +276,21 @@ def host_path(mounts: list[Mount], path: str, *, write: bool) -> Path:
     return candidate
 
 
+def read_only_source(mounts: list[Mount], path: str) -> str | None:
+    """The host path that the sandbox path ``path`` shows when nothing at or below it is
+    writable in the sandbox (a read-only mount, no writable one at or under ``path``);
+    ``None`` otherwise (outside every mount too)."""
+    inside = PurePosixPath(os.path.normpath(path))
+    mount = _mount_of(mounts, inside)
+    if mount is None or mount.writable:
+        return None
+    for other in mounts:
+        below = PurePosixPath(other.inside)
+        if other.writable and (below == inside or inside in below.parents):
+            return None
+    return str(PurePosixPath(mount.host) / inside.relative_to(mount.inside))
+
+
 def _mount_of(mounts: list[Mount], inside: PurePosixPath) -> Mount | None:
     best: Mount | None = None
     for mount in mounts:

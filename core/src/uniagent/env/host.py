@@ -32,6 +32,7 @@ from uniagent.env.bwrap import (
     bwrap_problem,
     find_bwrap,
     host_path,
+    read_only_source,
     stage_mounts,
     system_mounts,
     writable_places,
@@ -317,7 +318,14 @@ class HostDeployment:
         self._runtime = HostRuntime(layout, self.config)
 
     def _prepare(self) -> EpisodeLayout:
+        global _unisolated
         bwrap, uid = self._isolation()
+        if bwrap is None:
+            _unisolated = True  # it can write anywhere: nothing is read-only from now on
+        else:
+            _writable_sources.update(
+                os.path.realpath(m.host) for m in bind_mounts(self.config.binds, writable=True)
+            )
         if shutil.which(self.config.bash) is None:
             raise EnvStartError(f"{self.config.bash!r} is not on PATH; install bash")
         if self.config.base_dir:
@@ -405,6 +413,25 @@ class HostDeployment:
         """The episode directory on the host (None before start and after stop)."""
         return self._root
 
+    def read_only_source(self, path: str) -> str | None:
+        """The host path that ``path`` in the sandbox shows, when neither this sandbox nor
+        any other of this process can change anything at or below it: a read-only bind (of
+        a system directory or ``ro_binds``) with nothing writable below it, whose source no
+        sandbox of this process binds writable, and no sandbox of this process without
+        isolation (it could write anywhere). ``None`` otherwise; always without bwrap, and
+        with ``bwrap_args`` (they may bind more)."""
+        layout = self._layout
+        if layout is None or layout.bwrap is None or self.config.bwrap_args or _unisolated:
+            return None
+        source = read_only_source(layout.mounts, path)
+        if source is None:
+            return None
+        real = os.path.realpath(source)
+        for written in _writable_sources:
+            if real == written or real.startswith(written + "/") or written.startswith(real + "/"):
+                return None
+        return source
+
     @property
     def writable_places(self) -> list[str] | None:
         """Under bwrap, the sandbox paths commands may write to (the rest is read-only)."""
@@ -426,6 +453,10 @@ EPISODE_PREFIX = "uniagent-"
 #: The host uid (and gid) a bwrap sandbox's root maps to when uniagent runs as root.
 SANDBOX_UID = 65534
 _fallback_warned = False
+#: Whether a host sandbox of this process ran without isolation, and the host paths sandboxes
+#: of this process bind writable (:meth:`HostDeployment.read_only_source`).
+_unisolated = False
+_writable_sources: set[str] = set()
 _mount_warned = False
 
 

@@ -161,6 +161,11 @@ class GradingSandbox:
         self._timeout_bin = timeout_bin
         self._cut = f"[uniagent-output-cut-{secrets.token_hex(8)}]"
 
+    @property
+    def env(self) -> AgentEnv:
+        """The sandbox these shells run in."""
+        return self._env
+
     @classmethod
     async def open(
         cls, env: AgentEnv, environment: Mapping[str, str], *, workdir: str | None

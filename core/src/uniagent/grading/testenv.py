@@ -158,6 +158,9 @@ fi
 tr '\n' '\0' < "$FILES" > "$FILES.nul"
 stat_files "$FILES.nul"
 while IFS= read -r root; do
+  case $'\n'"$KNOWN"$'\n' in  # read-only in every sandbox: its digest is known
+    *$'\n'"$root"$'\n'*) printf 'digest %s known\n' "$root"; continue ;;
+  esac
   [ -e "$root" ] || { printf 'digest %s missing\n' "$root"; continue; }
   skip=( \( -path "$root/pkgs" -o -path "$root/envs" -o -path "$REPO" \) -prune -o )
   names=1
@@ -203,6 +206,7 @@ def _variables(
     mode: str,
     since: str,
     repo: str | None = None,
+    known: tuple[str, ...] = (),
 ) -> dict[str, str]:
     return {
         "ACTIVATE": spec.activate,
@@ -214,6 +218,7 @@ def _variables(
         "REPO": repo or baseline.repo or "/nonexistent",
         "SINCE": since,
         "MAX": str(MAX_CHANGED),
+        "KNOWN": "\n".join(known),
     }
 
 
@@ -240,15 +245,35 @@ def _record(output: str) -> tuple[dict[str, str], list[str], dict[str, int]]:
 
 async def discover(sandbox: GradingSandbox, baseline: Baseline, spec: TestEnv) -> None:
     """Record the test environment in ``baseline`` (before the agent's first turn)."""
+    env = sandbox.env
+    sources = {r: env.read_only_source(r) for r, _ in _READ_ONLY}
+    known = tuple(r for r, source in sources.items() if (r, source) in _READ_ONLY)
     output = await run_script(
-        sandbox, TEST_ENV, _variables(baseline, spec, sandbox.scratch, "discover", ""),
+        sandbox, TEST_ENV, _variables(baseline, spec, sandbox.scratch, "discover", "", None, known),
         what="resolving the test environment",
     )  # fmt: skip
     record, _, _ = _record(output)
+    for key, digest in record.items():
+        if not key.startswith("root:"):
+            continue
+        root = key.removeprefix("root:")
+        if digest == "known":
+            record[key] = _READ_ONLY[(root, sources[root])]
+        elif digest != "missing" and (source := env.read_only_source(root)) is not None:
+            if len(_READ_ONLY) > _READ_ONLY_MAX:
+                _READ_ONLY.clear()
+            _READ_ONLY[(root, source)] = digest
     files = [line[5:] for line in output.splitlines() if line.startswith("file ")]
     record.update(await _hashes(sandbox, output, files))
     baseline.test_env = record
     baseline.test_env_spec = spec
+
+
+#: The digests of the names under test-environment roots that no sandbox of this process can
+#: change (:meth:`~uniagent.env.AgentEnv.read_only_source`: a read-only bind under bubblewrap),
+#: by root and the host path it shows: listed once per process, not per episode.
+_READ_ONLY: dict[tuple[str, str | None], str] = {}
+_READ_ONLY_MAX = 10_000
 
 
 async def _hashes(sandbox: GradingSandbox, output: str, files: list[str]) -> dict[str, str]:
@@ -286,6 +311,9 @@ async def verify(
     }
     s = sandbox.scratch
     roots = [key.removeprefix("root:") for key in before if key.startswith("root:")]
+    # In the episode's own sandbox, what it cannot write is as it was: not walked again.
+    fixed = [r for r in roots if since_baseline and sandbox.env.read_only_source(r) is not None]
+    roots = [r for r in roots if r not in fixed]
     files = [key for key in before if key.startswith("/")]
     await sandbox.write_file(f"{s}/roots", "".join(f"{r}\n" for r in roots))
     await sandbox.write_file(f"{s}/files", "".join(f"{f}\n" for f in files))
@@ -296,6 +324,7 @@ async def verify(
     )  # fmt: skip
     after, changed, purged = _record(output)
     after.update(await _hashes(sandbox, output, files))
+    after.update((f"root:{r}", before[f"root:{r}"]) for r in fixed)
     for key, value in after.items():
         if value == "=":  # no directory under the root changed: its names are the baseline's
             after[key] = before.get(key, "=")

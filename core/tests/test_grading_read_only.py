@@ -1,0 +1,163 @@
+"""What a bubblewrap sandbox cannot write is checked once per process, not per episode: the
+names under a test-environment root bound read-only are listed at the first baseline only,
+and not walked again at grading; a root under a writable bind is checked as ever."""
+
+from __future__ import annotations
+
+import shlex
+import subprocess
+import types
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from uniagent import RewardSpec, hookimpl, open_env
+from uniagent.env import AgentEnv, host
+from uniagent.grading import testenv
+from uniagent.grading.sandbox import GradingSandbox
+from uniagent.plugins import load_plugins, reset_plugins
+from uniagent.protect.settings import IntegrityDefaults, TestEnv
+from uniagent.reward import RewardContext, RewardResult
+from uniagent.testing.grading import grade, prepare_grader
+
+#: The system's interpreter: what a bwrap sandbox sees of the host (``/usr``, read-only).
+SYSTEM_PYTHON = "/usr/bin/python3"
+SETUP = (
+    "git init -q && git config user.email t@t && git config user.name t && "
+    "printf 'x = 1\\n' > calc.py && git add -A && git commit -qm base"
+)
+
+
+def _version() -> str:
+    done = subprocess.run(
+        [SYSTEM_PYTHON, "-c", "import sys; print('python%d.%d' % sys.version_info[:2])"],
+        capture_output=True, text=True, check=True,
+    )  # fmt: skip
+    return done.stdout.strip()
+
+
+@pytest.fixture
+def venv(tmp_path: Path) -> Path:
+    """A venv of the system interpreter, bound writable into the sandbox at the same path."""
+    path = tmp_path / "env"
+    subprocess.run([SYSTEM_PYTHON, "-m", "venv", "--without-pip", str(path)], check=True)
+    (path / "lib" / _version() / "site-packages" / "helper.py").write_text("VALUE = 1\n")
+    # The sandbox's root is another host user when this runs as root: it may write here.
+    subprocess.run(["chmod", "-R", "a+rwX", str(path)], check=True)
+    return path
+
+
+@pytest.fixture(autouse=True)
+def new_process(monkeypatch: pytest.MonkeyPatch) -> None:
+    """As in a process of its own: no sandbox without isolation ran in it, nothing cached."""
+    monkeypatch.setattr(host, "_unisolated", False)
+    monkeypatch.setattr(host, "_writable_sources", set())
+    monkeypatch.setattr(testenv, "_READ_ONLY", {})
+
+
+@pytest.fixture(autouse=True)
+def rewards(venv: Path) -> Iterator[None]:
+    reset_plugins()
+    activate = f"source {shlex.quote(str(venv))}/bin/activate"
+
+    async def run_python(ctx: RewardContext[Any]) -> RewardResult:
+        done = await ctx.require_sandbox().run(
+            f"{activate} && python -c 'import helper'", timeout=60
+        )
+        return RewardResult(1.0 if done.exit_code == 0 else 0.0, {"output": done.output})
+
+    def test_env(task: Any, settings: Any) -> TestEnv:
+        return TestEnv(activate=activate, interpreters=("python", "python3"))
+
+    @hookimpl
+    def uniagent_rewards():
+        yield RewardSpec(name="venv", fn=run_python, integrity=IntegrityDefaults(test_env=test_env))
+
+    load_plugins().register(types.SimpleNamespace(uniagent_rewards=uniagent_rewards), "t")
+    yield
+    reset_plugins()
+
+
+def bwrap_env(venv: Path) -> AgentEnv:
+    deployment = {"type": "host", "isolation": "bwrap", "binds": [str(venv)]}
+    return open_env(deployment, {"post_setup": [SETUP]})
+
+
+def walked(outputs: list[str]) -> dict[str, str]:
+    """root -> what the test-environment script printed for it (``digest ROOT SHA``)."""
+    found = {}
+    for output in outputs:
+        for line in output.splitlines():
+            if line.startswith("digest "):
+                root, _, digest = line.removeprefix("digest ").rpartition(" ")
+                found[root] = digest
+    return found
+
+
+@pytest.fixture
+def outputs(monkeypatch: pytest.MonkeyPatch) -> list[str]:
+    """The output of every grading command, in order."""
+    seen: list[str] = []
+    run = GradingSandbox.run
+
+    async def recorded(self: GradingSandbox, command: str, **kwargs: Any) -> Any:
+        done = await run(self, command, **kwargs)
+        seen.append(done.output)
+        return done
+
+    monkeypatch.setattr(GradingSandbox, "run", recorded)
+    return seen
+
+
+async def test_read_only_roots_are_listed_once_and_writable_ones_every_time(venv, outputs):
+    stdlib = f"/usr/lib/{_version()}"
+    site = str(venv / "lib" / _version())
+    digests = []
+    for episode in range(2):
+        env = bwrap_env(venv)
+        await env.start()
+        try:
+            assert env.read_only_source(stdlib) == stdlib
+            assert env.read_only_source(site) is None  # a writable bind
+            outputs.clear()
+            grader = await prepare_grader(env, "venv", {})
+            at_start = walked(outputs)
+            record = grader.baseline.test_env
+            assert f"root:{stdlib}" in record and f"root:{site}" in record
+            digests.append(record[f"root:{stdlib}"])
+            # The first baseline lists the read-only root's names, the second knows them.
+            assert at_start[stdlib] == ("known" if episode else digests[0])
+            assert at_start[site] == record[f"root:{site}"]  # listed each time
+            if episode:
+                pth = f"printf 'import helper\\n' > {site}/site-packages/zz.pth"
+                assert (await env.run_action(pth, timeout=30)).exit_code == 0
+            outputs.clear()
+            result = await grade(grader, env)
+            at_end = walked(outputs)
+            assert stdlib not in at_end and site in at_end  # only the writable root walked
+            tampered = {t["path"] for t in result.info["integrity"]["tampered"]}
+            if episode:
+                assert result.score == 0.0 and f"root:{site}" in tampered
+            else:
+                assert result.score == 1.0 and not tampered
+        finally:
+            await env.close()
+    assert digests[0] == digests[1]
+
+
+async def test_nothing_is_read_only_once_a_sandbox_ran_without_isolation(venv):
+    env = bwrap_env(venv)
+    await env.start()
+    try:
+        assert env.read_only_source("/usr/lib") == "/usr/lib"
+        assert env.read_only_source("/usr") == "/usr"
+        assert env.read_only_source("/tmp") is None and env.read_only_source("/") is None
+        none = open_env({"type": "host", "isolation": "none"}, {})
+        await none.start()
+        await none.close()
+        assert env.read_only_source("/usr/lib") is None  # it could have written there
+        assert none.read_only_source("/usr/lib") is None
+    finally:
+        await env.close()
