@@ -23,7 +23,7 @@ import integrity_round2
 import pytest
 import yaml
 
-from uniagent.testing.chat_server import Reply, ScriptedChatServer, tool_call
+from uniagent.testing.chat_server import ScriptedChatServer, shell_policy
 
 #: One pytest-xdist worker runs these and the other machine-wide tests in turn: the attacks
 #: under isolation none reach the host's /tmp (every grader's scratch dir), and the
@@ -294,17 +294,10 @@ def row(name: str, source: Path, setup: str = "", **fields: Any) -> dict[str, An
 def attacker(attacks: dict[str, list[str]]):
     """The policy: the attack's commands one per turn, then submit."""
 
-    def reply(body: dict) -> Reply:
-        messages = body["messages"]
-        name = messages[1]["content"].split("]", 1)[0].removeprefix("[attack:")
-        turn = sum(1 for m in messages if m["role"] == "assistant")
-        commands = attacks[name]
-        if turn < len(commands):
-            call = tool_call("execute_bash", {"command": commands[turn]}, f"call_{turn}")
-            return Reply("", tool_calls=[call])
-        return Reply("", tool_calls=[tool_call("submit", {}, f"call_{turn}")])
+    def commands(messages: list[dict]) -> list[str]:
+        return attacks[messages[1]["content"].split("]", 1)[0].removeprefix("[attack:")]
 
-    return reply
+    return shell_policy(commands)
 
 
 def bwrap_binds(repos: Path) -> list[str]:

@@ -9,6 +9,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from uniagent.env import output
 from uniagent.env.bash_protocol import (
     MarkerParser,
     OutputBuffer,
@@ -19,8 +20,10 @@ from uniagent.env.bash_protocol import (
     trailer,
 )
 from uniagent.env.output import (
+    RAW_WINDOW,
     RUNTIME_DROP_NOTE,
     clean_output,
+    fit_output,
     render_output,
     signal_messages,
     truncate_output,
@@ -87,6 +90,35 @@ def test_truncate_counts_what_a_runtime_dropped() -> None:
     text = "h" * 1000 + note + "t" * 1000
     _, dropped = truncate_output(text, 200)
     assert dropped == 1_000_000 + 2000 - 200  # every character not kept, none of the note's
+
+
+def test_fit_output_is_clean_then_truncate_within_its_window() -> None:
+    text = "\x1b[31mred\x1b[0m\r\nline\r bar\rdone\n" + "ab\x08c" * 500
+    for limit in (0, 300, 100_000):  # 2 * RAW_WINDOW * 300 > len(text)
+        assert fit_output(text, limit) == truncate_output(clean_output(text), limit)[0]
+
+
+def test_fit_output_cleans_a_bounded_window_of_a_huge_output(monkeypatch) -> None:
+    # What the agent prints: megabytes of backspaces, carriage returns, escapes, a long line.
+    chunk = "x" * 1000 + "\x08" * 900 + "\r" * 50 + "\x1b[2K\x1b]0;t\x07" + "y" * 3000 + "\n"
+    raw = "HEAD\n" + chunk * 1200 + "z" * 2_000_000 + "\nTAIL"
+    cleaned: list[int] = []
+    clean = output.clean_output
+
+    def counted(text: str) -> str:
+        cleaned.append(len(text))
+        return clean(text)
+
+    monkeypatch.setattr(output, "clean_output", counted)
+    limit = 10_000
+    fitted = fit_output(raw, limit)
+    assert sum(cleaned) == 2 * RAW_WINDOW * limit  # the ends only, however much was printed
+    assert fitted.startswith("HEAD\n") and fitted.endswith("z\nTAIL")
+    assert len(fitted) < limit + 200
+    omitted = int(fitted.split("[... ")[1].split(" characters")[0])
+    # Everything not shown is counted: what went before cleaning and what cleaning kept but
+    # the limit did not.
+    assert omitted > len(raw) - 2 * RAW_WINDOW * limit
 
 
 @pytest.mark.parametrize(

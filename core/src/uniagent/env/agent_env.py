@@ -32,7 +32,7 @@ from uniagent.env.errors import (
     setup_failure,
 )
 from uniagent.env.open_envs import OpenEnvs, close_open_envs, env_scope, opened, stopped
-from uniagent.env.output import clean_output, truncate_output
+from uniagent.env.output import fit_output
 from uniagent.env.runtime import (
     BashAction,
     BashInterruptAction,
@@ -53,7 +53,7 @@ __all__ = ["AgentEnv", "Observation", "OpenEnvs", "close_open_envs", "env_scope"
 
 SESSION = "default"
 #: Outputs longer than this are cleaned on a worker thread, not on the event loop.
-_THREAD_CLEAN_CHARS = 1_000_000
+_THREAD_CLEAN_CHARS = 65_536
 
 # Exception class names (ours and SWE-ReX's, matched by name so swe-rex stays optional).
 _SYNTAX = {"ActionSyntaxError", "BashIncorrectSyntaxError"}
@@ -456,7 +456,7 @@ class AgentEnv:
         return self._clean_sync(text)
 
     def _clean_sync(self, text: str) -> str:
-        return truncate_output(clean_output(text), self.config.max_output_chars)[0]
+        return fit_output(text, self.config.max_output_chars)
 
     # -- files and tools --------------------------------------------------------------
     def _path(self, path: str | Path) -> str:

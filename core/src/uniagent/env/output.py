@@ -21,9 +21,17 @@ _NEEDS_WORK = re.compile(r"[\x00-\x08\x0b-\x1f\x7f\x9b]")
 RUNTIME_DROP_NOTE = (
     "\n[... {n} bytes of output dropped: the command printed more than {limit} bytes ...]\n"
 )
-_RUNTIME_DROP = re.compile(
-    r"\n\[\.\.\. (\d+) bytes of output dropped: the command printed more than \d+ bytes \.\.\.\]\n"
+#: What :func:`fit_output` inserts where it dropped the middle before cleaning.
+CLEAN_DROP_NOTE = (
+    "\n[... {n} characters of output dropped: the command printed more than {limit} "
+    "characters ...]\n"
 )
+_RUNTIME_DROP = re.compile(
+    r"\n\[\.\.\. (\d+) (?:bytes|characters) of output dropped: the command printed more than "
+    r"\d+ (?:bytes|characters) \.\.\.\]\n"
+)
+#: :func:`fit_output` cleans at most this many times ``limit`` characters of each end.
+RAW_WINDOW = 4
 
 
 def clean_output(text: str) -> str:
@@ -89,6 +97,24 @@ def truncate_output(text: str, limit: int) -> tuple[str, int]:
         f"{limit} characters ...]\n\n"
     )
     return text[:head] + note + text[len(text) - tail :], dropped
+
+
+def fit_output(text: str, limit: int) -> str:
+    """:func:`clean_output`, then :func:`truncate_output` to ``limit`` characters, in time
+    bounded by ``limit``: the raw text is first cut to its first and last
+    ``RAW_WINDOW * limit`` characters (cleaning only removes characters, so what is kept
+    still fills the limit unless the ends are mostly control codes), the middle replaced
+    by a note of how much went. ``limit`` <= 0: no limit."""
+    keep = RAW_WINDOW * limit
+    if limit <= 0 or len(text) <= 2 * keep:
+        return truncate_output(clean_output(text), limit)[0]
+    middle = text[keep : len(text) - keep]
+    dropped = len(middle)
+    for match in _RUNTIME_DROP.finditer(middle):  # what a runtime dropped already, counted
+        dropped += int(match.group(1)) - len(match.group())
+    note = CLEAN_DROP_NOTE.format(n=dropped, limit=2 * keep)
+    cleaned = clean_output(text[:keep]) + note + clean_output(text[len(text) - keep :])
+    return truncate_output(cleaned, limit)[0]
 
 
 # What an interactive bash without a terminal prints where a terminal's bash would

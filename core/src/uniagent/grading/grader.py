@@ -45,7 +45,7 @@ from uniagent.grading.patch import (
     screen_patch,
     take_patch,
 )
-from uniagent.grading.sandbox import GradingSandbox
+from uniagent.grading.sandbox import GradingSandbox, off_loop
 from uniagent.protect.settings import IntegritySettings, TestEnv, Workspace
 from uniagent.reward import RewardContext, RewardInfraError, RewardResult
 
@@ -269,7 +269,7 @@ class EpisodeGrader:
                 taken = await take_patch(sandbox, baseline, settings.max_patch_bytes)
                 if taken is not None:
                     parts = taken.parts
-                    self._record(screen_patch(taken, baseline.rules))
+                    self._record(await off_loop(screen_patch, taken, baseline.rules))
                     info.update(taken.report())
         except PatchTooLarge as exc:
             return self._zero(info, "patch_too_large", str(exc))

@@ -23,7 +23,7 @@ from typing import TYPE_CHECKING, Any
 
 from uniagent.env.errors import EnvError
 from uniagent.grading import scripts
-from uniagent.grading.sandbox import OUTPUT_LIMIT, GradingSandbox, grading_environment
+from uniagent.grading.sandbox import OUTPUT_LIMIT, GradingSandbox, grading_environment, off_loop
 from uniagent.protect.rules import RuleSet, runner_section
 from uniagent.protect.settings import IntegrityDefaults, IntegritySettings, TestEnv, Workspace
 
@@ -298,7 +298,7 @@ def key_values(output: str) -> dict[str, Any]:
 async def list_tree(sandbox: GradingSandbox, repo: str) -> dict[str, str]:
     """Every entry under ``repo``: path -> ``f`` / ``l`` / ``d`` (git's bulk skipped)."""
     output = await run_script(sandbox, scripts.LIST, {"REPO": repo}, what="listing the repo")
-    return _parse_listing(blob(output, "list"))
+    return await off_loop(lambda: _parse_listing(blob(output, "list")))
 
 
 def _parse_listing(data: bytes) -> dict[str, str]:
@@ -330,12 +330,16 @@ async def pack(
         what="packing files",
         max_bytes=min(limit, 1 << 40) * 4 // 3 + (1 << 20),
     )
-    raw = blob(output, "pack")
+    raw = await off_loop(blob, output, "pack")
     if len(raw) > limit:
         raise GradingSetupError(
             f"the protected files of {repo} take {len(raw)} bytes, more than snapshot_max_bytes "
             f"({limit}); narrow reward.integrity.protect_paths"
         )
+    return await off_loop(_unpack, raw)
+
+
+def _unpack(raw: bytes) -> dict[str, Member]:
     members: dict[str, Member] = {}
     if not raw:
         return members

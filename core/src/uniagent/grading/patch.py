@@ -32,7 +32,7 @@ from uniagent.grading.integrity import (
     run_script,
     sorted_nul_list,
 )
-from uniagent.grading.sandbox import GradingSandbox
+from uniagent.grading.sandbox import GradingSandbox, off_loop
 from uniagent.protect.rules import RuleSet
 
 
@@ -107,18 +107,7 @@ async def take_patch(sandbox: GradingSandbox, baseline: Baseline, limit: int) ->
         what="taking the agent's patch",
         max_bytes=limit * 4 // 3 + (1 << 24),
     )
-    size = key_values(output).get("size")
-    if not isinstance(size, int):
-        raise GradingSetupError(f"taking the agent's patch gave no size: {output[-500:]}")
-    if size > limit:
-        raise PatchTooLarge(size, limit)
-    patch = blob(output, "patch")
-    if len(patch) != size:
-        raise GradingSetupError(f"the agent's patch has {len(patch)} bytes, not {size}")
-    taken = AgentPatch(
-        patch, split_patch(patch), ignored_new=nul_list(blob(output, "ignored_new")),
-        ignored_changed=nul_list(blob(output, "ignored_changed")),
-    )  # fmt: skip
+    taken = await off_loop(_parse_taken, output, limit)
     binary = [p.path for p in taken.parts if p.binary]
     if binary:
         names = f"{sandbox.scratch}/binary"
@@ -128,7 +117,7 @@ async def take_patch(sandbox: GradingSandbox, baseline: Baseline, limit: int) ->
             {"REPO": baseline.repo, "BASE": baseline.base, "LIST": names, "LIMIT": str(limit)},
             what="diffing binary files as text", max_bytes=limit * 4 // 3 + (1 << 16),
         )  # fmt: skip
-        taken.text_parts = split_patch(blob(text, "patch"))
+        taken.text_parts = await off_loop(lambda: split_patch(blob(text, "patch")))
     sources = [p for p in taken.ignored_changed if baseline.rules.is_source(p)]
     if sources:
         members = await pack(sandbox, baseline.repo, sources, limit)
@@ -138,6 +127,22 @@ async def take_patch(sandbox: GradingSandbox, baseline: Baseline, limit: int) ->
             if m.kind == "f"
         }
     return taken
+
+
+def _parse_taken(output: str, limit: int) -> AgentPatch:
+    """The patch :data:`scripts.DIFF` printed, decoded and split."""
+    size = key_values(output).get("size")
+    if not isinstance(size, int):
+        raise GradingSetupError(f"taking the agent's patch gave no size: {output[-500:]}")
+    if size > limit:
+        raise PatchTooLarge(size, limit)
+    patch = blob(output, "patch")
+    if len(patch) != size:
+        raise GradingSetupError(f"the agent's patch has {len(patch)} bytes, not {size}")
+    return AgentPatch(
+        patch, split_patch(patch), ignored_new=nul_list(blob(output, "ignored_new")),
+        ignored_changed=nul_list(blob(output, "ignored_changed")),
+    )  # fmt: skip
 
 
 class PatchTooLarge(Exception):

@@ -18,20 +18,23 @@ replaced (by a FIFO, a symlink, a huge file) can neither hang nor flood the grad
 
 from __future__ import annotations
 
+import asyncio
 import base64
 import contextlib
 import re
 import secrets
 import shlex
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from uniagent.env.errors import EnvError
 from uniagent.env.killall import SYSTEM_PATH
 
 if TYPE_CHECKING:  # pragma: no cover
     from uniagent.env import AgentEnv
+
+T = TypeVar("T")
 
 #: Variables that make shells, interpreters, test runners, linkers or git run extra code or
 #: read other configuration; never passed to grading commands.
@@ -100,6 +103,14 @@ exit "${PIPESTATUS[0]}"
 _READ = (
     '[ -f "$p" ] && [ ! -L "$p" ] || exit 66; set -o pipefail; head -c "$n" -- "$p" | base64 -w0'
 )
+
+
+async def off_loop(fn: Callable[..., T], *args: Any) -> T:
+    """``fn(*args)`` on a worker thread: work on what the agent wrote (megabytes of patch,
+    millions of paths, lines of any length) never holds the event loop, so other episodes
+    and the grading timeout go on. If the caller is cancelled (the grading timeout), the
+    thread finishes on its own; what runs there is linear in its input."""
+    return await asyncio.to_thread(fn, *args)
 
 
 class GradingReadError(EnvError):

@@ -96,6 +96,24 @@ def tool_call(name: str, arguments: Mapping[str, Any] | str, call_id: str = "cal
     return {"id": call_id, "type": "function", "function": {"name": name, "arguments": args}}
 
 
+def shell_policy(
+    commands_for: Callable[[list[dict[str, Any]]], list[str]],
+) -> Callable[[dict[str, Any]], Reply]:
+    """A policy that runs, one per turn, the ``execute_bash`` commands ``commands_for`` gives
+    for a conversation (its messages), then calls ``submit``."""
+
+    def reply(body: dict[str, Any]) -> Reply:
+        messages = body["messages"]
+        commands = commands_for(messages)
+        turn = sum(1 for m in messages if m["role"] == "assistant")
+        if turn < len(commands):
+            call = tool_call("execute_bash", {"command": commands[turn]}, f"call_{turn}")
+            return Reply("", tool_calls=[call])
+        return Reply("", tool_calls=[tool_call("submit", {}, f"call_{turn}")])
+
+    return reply
+
+
 class ScriptedChatServer:
     """``/v1/chat/completions`` and ``/v1/models`` on 127.0.0.1, answering from a script."""
 
