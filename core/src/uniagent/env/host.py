@@ -427,7 +427,7 @@ class HostDeployment:
         if source is None:
             return None
         real = os.path.realpath(source)
-        for written in _writable_sources:
+        for written in tuple(_writable_sources):  # (a copy: other starts add to it on threads)
             if real == written or real.startswith(written + "/") or written.startswith(real + "/"):
                 return None
         return source

@@ -378,11 +378,11 @@ _DIGESTS: dict[tuple[str, str], str] = {}
 _DIGESTS_MAX = 200_000
 
 
-def stat_keys(output: str) -> dict[str, str]:
-    """path -> key of the ``stat KEY PATH`` lines of ``output``."""
+def stat_keys(output: str, kind: str = "stat") -> dict[str, str]:
+    """path -> key of the ``stat KEY PATH`` lines (or ``KIND KEY PATH``) of ``output``."""
     keys: dict[str, str] = {}
     for line in output.splitlines():
-        if line.startswith("stat "):
+        if line.startswith(f"{kind} "):
             parts = line.split(" ", 6)
             if len(parts) == 7:
                 keys[parts[6]] = " ".join(parts[1:6])
@@ -405,15 +405,16 @@ async def file_digests(sandbox: GradingSandbox, keys: Mapping[str, str]) -> dict
     listed = f"{sandbox.scratch}/unseen"
     await sandbox.write_bytes(listed, _nul_list(unseen))
     output = await run_script(sandbox, scripts.HASH_FILES, {"LIST": listed}, what="hashing files")
-    now = stat_keys(output)  # taken before each file was read
+    before, after = stat_keys(output), stat_keys(output, "restat")  # around each read
     if len(_DIGESTS) > _DIGESTS_MAX:
         _DIGESTS.clear()
     for line in output.splitlines():
         if line.startswith("hash "):
             path, _, digest = line[5:].rpartition(" ")
             found[path] = digest
-            if digest != "missing" and path in now:
-                _DIGESTS[(path, now[path])] = digest
+            first = before.get(path)
+            if digest != "missing" and first is not None and first == after.get(path):
+                _DIGESTS[(path, first)] = digest
     for path in unseen:
         found.setdefault(path, "missing")
     return found

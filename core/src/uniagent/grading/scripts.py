@@ -204,8 +204,9 @@ stat_files() {
 """
 
 #: ``stat KEY PATH`` (:data:`STAT_FILES`), then ``hash PATH SHA256`` (``missing`` when it
-#: cannot be read) for each path of the NUL-separated list in $LIST: each file is keyed
-#: before it is read, so a change while it is read gives it a new key.
+#: cannot be read) for each path of the NUL-separated list in $LIST, then ``restat KEY
+#: PATH``: a file whose key changed while it was read (or a symlink moved meanwhile) has two
+#: keys, and its digest is not remembered.
 HASH_FILES = (
     STAT_FILES
     + r"""
@@ -221,6 +222,7 @@ while IFS= read -r -d '' file; do
   [ -n "$sum" ] || { sum=$(sha256sum < "$file" 2>/dev/null) || sum=missing; }
   printf 'hash %s %s\n' "$file" "${sum%% *}"
 done < "$LIST"
+stat_files "$LIST" | sed 's/^stat /restat /'
 exit 0
 """
 )

@@ -246,10 +246,11 @@ def _record(output: str) -> tuple[dict[str, str], list[str], dict[str, int]]:
 async def discover(sandbox: GradingSandbox, baseline: Baseline, spec: TestEnv) -> None:
     """Record the test environment in ``baseline`` (before the agent's first turn)."""
     env = sandbox.env
-    sources = {r: env.read_only_source(r) for r, _ in _READ_ONLY}
-    known = tuple(r for r, source in sources.items() if (r, source) in _READ_ONLY)
+    sources = {r: env.read_only_source(r) for r, _ in list(_READ_ONLY)}
+    known = {r: _READ_ONLY[(r, s)] for r, s in sources.items() if (r, s) in _READ_ONLY}
     output = await run_script(
-        sandbox, TEST_ENV, _variables(baseline, spec, sandbox.scratch, "discover", "", None, known),
+        sandbox, TEST_ENV,
+        _variables(baseline, spec, sandbox.scratch, "discover", "", None, tuple(known)),
         what="resolving the test environment",
     )  # fmt: skip
     record, _, _ = _record(output)
@@ -258,7 +259,7 @@ async def discover(sandbox: GradingSandbox, baseline: Baseline, spec: TestEnv) -
             continue
         root = key.removeprefix("root:")
         if digest == "known":
-            record[key] = _READ_ONLY[(root, sources[root])]
+            record[key] = known[root]
         elif digest != "missing" and (source := env.read_only_source(root)) is not None:
             if len(_READ_ONLY) > _READ_ONLY_MAX:
                 _READ_ONLY.clear()
