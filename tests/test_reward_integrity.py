@@ -454,6 +454,12 @@ LEGIT2 = {
     "legit-fix-test-env": LEGIT["legit-fix"],
     "legit-fix-setup-cfg": integrity_round2.SETUP_CFG_FIX,
     "legit-fix-outside": LEGIT["legit-fix"],
+    # The fix in a new module, reached through a symlink inside the repository (not tampering).
+    "legit-fix-new-module": [
+        "printf 'def add(a, b):\\n    return a + b\\n' > calc_impl.py && "
+        "ln -s calc_impl.py calc_alias.py && printf 'from calc_alias import add  # noqa\\n' "
+        ">> calc.py"
+    ],
 }
 
 
@@ -529,7 +535,7 @@ def test_round_two_attacks_score_zero_and_are_trained_on(
     # test environment where it grades in the episode's sandbox (a fresh one has its own);
     # the outside paths but under none in fresh mode: there the fresh sandbox's set-up,
     # started ahead, makes them again on the host, before or after the agent changed them.
-    reported = ["plugin-config.", "patch-screen."]
+    reported = ["plugin-config.", "patch-screen.", "tree."]
     if grade_in == "episode":
         reported.append("test-env.")
     if grade_in == "episode" or isolation != "none":
@@ -549,7 +555,7 @@ GRADING_IMAGE = "localhost/uniagent-integrity:bookworm"
 #: python3, the outside paths are the image's, see :func:`integrity_round2.in_container`).
 IN_CONTAINERS = (
     "artifacts.", "self-masking.", "plugin-config.", "patch-screen.", "root.", "test-env.",
-    "outside.",
+    "outside.", "tree.",
 )  # fmt: skip
 #: The legitimate fixes tried in containers (the plain one, in a test environment, outside).
 LEGIT_IN_CONTAINERS = {
@@ -614,7 +620,7 @@ def test_round_two_in_containers(round2_tasks, tmp_path, grade_in):
         assert records[name]["metrics"]["reward_seconds"] < 600, records[name]["metrics"]
     # Reported as tampering where the grader screens it: the test environment and the outside
     # paths in the episode's container (a fresh one makes its own from the image).
-    reported = ["plugin-config.", "patch-screen."]
+    reported = ["plugin-config.", "patch-screen.", "tree."]
     if grade_in == "episode":
         reported += ["test-env.", "outside."]
     check_reported(records, attacks, reported)

@@ -24,6 +24,8 @@ from typing import TYPE_CHECKING, Any
 from uniagent.env.errors import EnvError
 from uniagent.grading import scripts
 from uniagent.grading.sandbox import OUTPUT_LIMIT, GradingSandbox, grading_environment, off_loop
+from uniagent.grading.tamper import Tamper
+from uniagent.grading.tree import MAX_LINKS, Tree, judge, nested_roots, parse_links
 from uniagent.protect.rules import RuleSet, runner_section
 from uniagent.protect.settings import IntegrityDefaults, IntegritySettings, TestEnv, Workspace
 
@@ -52,32 +54,6 @@ class Member:
     def same(self, other: Member) -> bool:
         """Whether the two entries are the same file, link or directory."""
         return (self.kind, self.data, self.link) == (other.kind, other.data, other.link)
-
-
-@dataclass
-class Tamper:
-    """A change of something the grader protects."""
-
-    kind: str  # protected_file | toolchain | content
-    path: str
-    change: str  # modified | added | deleted | hit
-    rule: str
-    scores: bool = True
-    detail: str = ""
-
-    def to_dict(self) -> dict[str, Any]:
-        """JSON-ready."""
-        out: dict[str, Any] = {
-            "kind": self.kind,
-            "path": self.path,
-            "change": self.change,
-            "rule": self.rule,
-        }
-        if self.detail:
-            out["detail"] = self.detail
-        if not self.scores:
-            out["scores"] = False
-        return out
 
 
 @dataclass
@@ -295,10 +271,26 @@ def key_values(output: str) -> dict[str, Any]:
     return report
 
 
-async def list_tree(sandbox: GradingSandbox, repo: str) -> dict[str, str]:
-    """Every entry under ``repo``: path -> ``f`` / ``l`` / ``d`` (git's bulk skipped)."""
-    output = await run_script(sandbox, scripts.LIST, {"REPO": repo}, what="listing the repo")
-    return await off_loop(lambda: _parse_listing(blob(output, "list")))
+async def list_tree(
+    sandbox: GradingSandbox, repo: str, *, since: str = "", nested: list[str] | None = None
+) -> Tree:
+    """Every entry under ``repo``: path -> ``f`` / ``l`` / ``d`` (git's bulk skipped); with
+    ``since`` (the baseline's clock), also the symlinks made since then and where each leads,
+    and the files changed since then below the ``nested`` repositories."""
+    variables = {"REPO": repo, "SINCE": since, "NESTED": "\n".join(nested or ())}
+    variables["MAX_LINKS"] = str(MAX_LINKS)
+    output = await run_script(sandbox, scripts.LIST, variables, what="listing the repo")
+
+    def parse() -> Tree:
+        tree = Tree(_parse_listing(blob(output, "list")))
+        if since:
+            tree.real, tree.links = parse_links(blob(output, "links"))
+            count = key_values(output).get("links")
+            tree.links_total = count if isinstance(count, int) else len(tree.links)
+            tree.nested_changed = nul_list(blob(output, "nested_changed"))
+        return tree
+
+    return await off_loop(parse)
 
 
 def _parse_listing(data: bytes) -> dict[str, str]:
@@ -437,12 +429,16 @@ async def screen(sandbox: GradingSandbox, baseline: Baseline, *, restore: bool) 
     repo, rules = baseline.repo, baseline.rules
     if repo is None:
         return []
-    listing = await list_tree(sandbox, repo)
+    tree = await list_tree(
+        sandbox, repo, since=baseline.epoch or "", nested=nested_roots(baseline.listing)
+    )
+    listing = tree.listing
     purged = [p for p in listing if rules.purges(p) and not rules.purges(posixpath.dirname(p))]
     current_paths = [p for p, k in listing.items() if k in "fl" and is_protected(rules, p)]
     current = await pack(sandbox, repo, current_paths, 1 << 62)
-    tampered: list[Tamper] = []
-    remove: set[str] = set()
+    # What git's summary hides (nested repositories, symlinks out): reported, and removed
+    # before the patch is taken.
+    tampered, remove = judge(baseline.listing, tree)
     put_back: list[str] = []
     for path, before in baseline.snapshot.items():
         now = current.get(path)

@@ -33,6 +33,7 @@ from uniagent.grading.integrity import (
     sorted_nul_list,
 )
 from uniagent.grading.sandbox import GradingSandbox, off_loop
+from uniagent.grading.tree import gitlink_hits
 from uniagent.protect.rules import RuleSet
 
 
@@ -217,8 +218,9 @@ def content_hits(parts: list[FilePatch], rules: RuleSet) -> list[Tamper]:
 def screen_patch(taken: AgentPatch, rules: RuleSet) -> list[Tamper]:
     """Everything the patch screen finds: content-rule matches in the text of every part
     (binary parts as their text diff, changed ignored sources whole) and binary changes
-    to text source files."""
+    to text source files, and gitlinks (a nested repository's files are in no patch)."""
     found = content_hits([*taken.parts, *taken.text_parts], rules)
+    found += gitlink_hits([(part.path, part.text) for part in taken.parts])
     for path, text in taken.changed_sources.items():
         if is_protected(rules, path):
             continue

@@ -42,16 +42,25 @@ def _find_names(patterns: tuple[str, ...]) -> str:
 
 #: ``blob:list=``: every entry of the tree as ``TYPE PATH\0`` (f file, l symlink, d dir),
 #: .git's bulk skipped but for what in it is not git's: importable files anywhere in it,
-#: and files of objects/ and lfs/ that are not git's shape.
+#: and files of objects/ and lfs/ that are not git's shape. With $SINCE (the baseline's
+#: clock, at grading) the same walk also notes the symlinks made or changed since then:
+#: ``links=N`` and ``blob:links=`` (the repository's real path, then ``PATH\0WHERE\0`` for
+#: at most $MAX_LINKS of them, WHERE the path it resolves to), and ``blob:nested_changed=``
+#: the files changed since then below the nested repositories of the baseline ($NESTED,
+#: one per line).
 LIST = (
     r"""
 cd "$REPO" || exit 3
 set -o pipefail
+links=()
+if [ -n "${SINCE:-}" ]; then
+  links=(-type l -newerct "@$SINCE" -fprintf "$TMPDIR/links" '%P\0')
+fi
 printf 'blob:list='
 {
   find . \( -path ./.git/objects -o -path ./.git/refs -o -path ./.git/logs -o -path ./.git/lfs \
       -o -path ./.git/modules -o -path ./.git/worktrees \) -prune -o -printf '%y %P\0' \
-      2>"$TMPDIR/list.err" || exit 4
+      "${links[@]}" 2>"$TMPDIR/list.err" || exit 4
   if [ -d .git/objects/info ]; then find .git/objects/info -printf '%y %p\0' 2>/dev/null; fi
   for d in .git/refs .git/logs .git/modules .git/worktrees; do
     if [ -d "$d" ]; then
@@ -72,6 +81,25 @@ printf 'blob:list='
   true
 } | base64 -w0 || { echo; cat "$TMPDIR/list.err"; exit 4; }
 echo
+if [ -n "${SINCE:-}" ]; then
+  printf 'links=%s\n' "$(tr -cd '\0' < "$TMPDIR/links" | wc -c)"
+  printf 'blob:links='
+  {
+    printf '%s\0' "$(pwd -P)"
+    head -z -n "${MAX_LINKS:-10000}" "$TMPDIR/links" | while IFS= read -r -d '' p; do
+      where=$(realpath -m -- "$p" 2>/dev/null || readlink -f -- "$p" 2>/dev/null)
+      printf '%s\0%s\0' "$p" "$where"
+    done
+  } | base64 -w0
+  echo
+  printf 'blob:nested_changed='
+  printf '%s\n' "${NESTED:-}" | while IFS= read -r d; do
+    [ -n "$d" ] && [ -d "./$d" ] || continue
+    find "./$d" -path "./$d/.git" -prune -o ! -type d -newerct "@$SINCE" -printf '%p\0' \
+      2>/dev/null
+  done | head -z -n 100 | sed -z 's|^\./||' | base64 -w0
+  echo
+fi
 exit 0
 """
 ).replace("__CODE__", _find_names(CODE_PATTERNS))

@@ -10,7 +10,8 @@ alert (``reward.integrity.alert``) watches:
   would have under ``on_tamper: zero``), or the reward reported tampering of its own
   (``reward_info.tampered``, e.g. the ``harbor`` reward's ``verifier_input``);
 - ``tampered/<kind>``: of that kind (``protected_file``, ``toolchain`` (the
-  toolchain and the test environment), ``content`` (the patch screen));
+  toolchain and the test environment), ``content`` (the patch screen), ``tree`` (what
+  git's summary hides: nested repositories, symlinks out of the repository));
 - ``tampered/<class>``: an attack of that class (:data:`CLASSES`, docs/rewards.md) showed:
   a scoring tamper report of its rule (:data:`RULE_CLASSES`, else its kind's
   :data:`KIND_CLASSES`), a score the grader forced for a reason of the class
@@ -35,7 +36,7 @@ from statistics import fmean
 from typing import Any
 
 #: The kinds of tamper reports (the classes counted for every step, seen or not).
-KINDS = ("protected_file", "toolchain", "content")
+KINDS = ("protected_file", "toolchain", "content", "tree")
 
 #: The attack classes (docs/rewards.md, "The classes of attack"), counted every step. Root
 #: under ``isolation: none`` has none: bwrap and containers hold it before anything reaches
@@ -65,6 +66,10 @@ RULE_CLASSES: dict[str, str] = {
     "git-metadata": "patch_screen",
     "git-foreign": "patch_screen",
     "binary-source": "patch_screen",
+    "nested-git": "patch_screen",
+    "symlink-outside": "patch_screen",
+    "gitlink": "patch_screen",
+    "git-dir": "patch_screen",
     "outside-paths": "outside_paths",
     "task-paths": "task_files",
     "config-paths": "task_files",
@@ -73,6 +78,7 @@ RULE_CLASSES: dict[str, str] = {
 #: are the patch screen's).
 KIND_CLASSES: dict[str, str] = {
     "content": "patch_screen",
+    "tree": "patch_screen",
     "toolchain": "test_env",
     "protected_file": "task_files",
     "verifier_input": "task_files",  # the harbor reward's: the verifier's inputs
