@@ -790,3 +790,39 @@ async def test_without_a_control_sandbox_a_failing_verifier_is_masked_and_says_s
         await env.close()
     assert "an opening" in str(raised.value)
     assert str(raised.value).count("test.sh exited 143") == 2
+
+
+async def test_artifacts_the_verifiers_sandbox_cannot_take_are_judged_as_its_failure(tmp_path):
+    """A file of the agent's where the verifier's sandbox has a directory: putting it there
+    fails on what the agent made, so it is a failure of the verifier on the artifacts (run
+    again in a new sandbox, then without them: a reward there makes it the agent's), never
+    infrastructure by itself."""
+    from uniagent import open_env
+    from uniagent.builtin.harbor_reward import (
+        ArtifactsNotPlaced,
+        VerifierFailed,
+        place_artifacts,
+    )
+    from uniagent.grading.sandbox import GradingSandbox
+
+    staged = tmp_path / "staged"
+    (staged / "tmp" / "out").mkdir(parents=True)
+    (staged / "tmp" / "out" / "answer.txt").write_text("hello\n")
+    setup = "mkdir -p /tmp/out/answer.txt/inner && touch /tmp/out/answer.txt/inner/x"
+    for verifier_has, placed in ((setup, False), ("true", True)):
+        env = open_env(BWRAP, {"post_setup": [verifier_has]})
+        await env.start()
+        try:
+            sandbox = await GradingSandbox.open(env, {"PATH": "/usr/bin:/bin"}, workdir=None)
+            if placed:
+                await place_artifacts(sandbox, staged, ["/tmp/out"])
+                done = await sandbox.run("cat /tmp/out/answer.txt", timeout=30, cwd="/")
+                assert done.output == "hello\n"
+            else:
+                with pytest.raises(ArtifactsNotPlaced) as failed:
+                    await place_artifacts(sandbox, staged, ["/tmp/out"])
+                assert isinstance(failed.value, VerifierFailed)
+                assert "could not be put in the verifier's sandbox" in str(failed.value)
+            await sandbox.close()
+        finally:
+            await env.close()

@@ -409,7 +409,7 @@ def _control_verdict(
         )
     info.update(
         score_reason="verifier_failed",
-        detail=f"test.sh wrote no readable reward, twice, {on}; {control} it "
+        detail=f"the verifier wrote no readable reward, twice, {on}; {control} it "
         f"{_outcome(checked, shown)}",
         error=f"{first}\nagain: {second}"[-4000:],
         verifier_retried=first,
@@ -518,11 +518,20 @@ async def place_artifacts(sandbox: GradingSandbox, staged: Path, found: list[str
         timeout=300,
         cwd="/",
     )
+    if done.timed_out:
+        raise RewardInfraError("putting the agent's artifacts in the verifier's sandbox timed out")
     if done.exit_code != 0:
-        raise RewardInfraError(
-            f"the agent's artifacts could not be put in the verifier's sandbox: "
-            f"{done.output[-500:]}"
+        # What they are is the agent's (a file where the verifier's image has a directory,
+        # more than its disk takes): whose failure it is, the run without them tells.
+        raise ArtifactsNotPlaced(
+            f"the agent's artifacts could not be put in the verifier's sandbox (exit "
+            f"{done.exit_code}): {done.output[-500:]}"
         )
+
+
+class ArtifactsNotPlaced(VerifierFailed):
+    """The artifacts did not go into the verifier's sandbox: a failure of the verifier on
+    them, judged as one (again in a new sandbox, then without them)."""
 
 
 async def separate_verifier(
@@ -536,9 +545,10 @@ async def separate_verifier(
     """The verifier in a sandbox of its own environment, given only the agent's artifacts
     (``/logs/artifacts`` and the task's ``artifacts``, each at its path).
 
-    It fails twice (a new sandbox each time): run once more without the artifacts. A
-    readable reward there makes the failure the artifacts' doing: the agent's, score 0. A
-    failure there too is the task's or the machine's: infrastructure (masked).
+    It fails twice (a new sandbox each time; the artifacts that cannot be put there count
+    as a failure): run once more without the artifacts. A readable reward there makes the
+    failure the artifacts' doing: the agent's, score 0. A failure there too is the task's
+    or the machine's: infrastructure (masked).
     """
     if ctx.verifier is None:
         raise RewardInfraError(
