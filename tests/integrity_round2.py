@@ -483,17 +483,10 @@ def task_setup(name: str, container: bool = False) -> str:
     return ""
 
 
-#: The tasks whose tested code holds the grader's output open: their tests end only when the
-#: grader kills them at the eval timeout, so theirs is short (the others keep the config's).
-HELD_TASKS = {"artifacts.hold-output": 10}
-
-
 def task_overrides(name: str, container: bool = False) -> dict[str, dict]:
     """A task's own config overrides (``tools_kwargs``) besides its set-up."""
     if name in OUTSIDE_TASKS:
         return {"reward": {"settings": {"protect_outside": [outside_dir(name, container)]}}}
-    if name in HELD_TASKS:
-        return {"reward": {"settings": {"eval_timeout": HELD_TASKS[name]}}}
     return {}
 
 

@@ -545,8 +545,9 @@ def test_round_two_attacks_score_zero_and_are_trained_on(
     for name in ("artifacts.fifo-everything", "artifacts.hold-output"):
         assert records[name]["metrics"]["reward_seconds"] < 600, records[name]["metrics"]
     held = records["artifacts.hold-output"]["reward_info"]
-    assert held["failure_reason"] == "tests_timed_out", held  # bounded: killed at eval_timeout
-    assert held["log_tail"] == "[killed after 10 s]", held  # the task's own eval_timeout
+    assert held["failure_reason"] == "tests_timed_out", held
+    # Not at the eval timeout (60 s): the reading stops a few seconds after the tests ended.
+    assert held["log_tail"].startswith("[killed: the output was held open"), held
 
 
 #: A container with what the swe_bench reward's tests need (Debian's pytest and git).

@@ -467,7 +467,16 @@ async def test_a_process_left_holding_the_output_cannot_hang_a_command(env):
             "until [ -e held.$$ ]; do :; done; echo started",
             timeout=1,
         )
-        assert (await asyncio.wait_for(escaped, 120)).timed_out
+        held = await asyncio.wait_for(escaped, 120)
+        assert held.timed_out and held.exit_code is None
+        assert held.output.startswith("[killed: the output was held open"), held.output
+        # Past its own limit (not the command's timeout): the reading stops once it ended.
+        late = sandbox.run(
+            "setsid sh -c ': > late.$PPID; exec sleep 600' > /proc/$$/fd/1 & "
+            "until [ -e late.$$ ]; do :; done; echo started",
+            timeout=600,
+        )
+        assert (await asyncio.wait_for(late, 120)).output.startswith("[killed: the output was")
         assert (await sandbox.run("ls held.*", timeout=30)).output.startswith("held.")
     finally:
         await sandbox.close()

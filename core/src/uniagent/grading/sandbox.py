@@ -81,23 +81,41 @@ READ_TIMEOUT = 120.0
 #: Exit status of :data:`_READ` for a path that is not a regular file.
 _NOT_REGULAR = 66
 
+#: Seconds the output may stay open after the command ended (held by a process that left
+#: its group), before the reading stops and the command counts as timed out.
+HOLD_GRACE = 5
+
 #: Runs ``$1`` (under ``$5 -s KILL $4`` when ``$5`` names ``timeout``) in a process group of its
 #: own, its output cut at ``$2`` bytes: what was cut is counted (and drained) and reported on
 #: a last line starting with ``$3``. When the command ends, what is left of its process
-#: group is killed, so a process it left behind cannot hold the output open. Exits with the
-#: command's status.
+#: group is killed. Its output goes through a FIFO of a private directory that only the
+#: command holds open, so the reading ends when the command ends; a process that left the
+#: group and holds it open (or opened it again through ``/proc``) gets ``$6`` seconds, then
+#: the reading is stopped and ``$3 held`` is the last line. Exits with the command's status.
 _BOUNDED = r"""exec 2>/dev/null
 set -m
+d=$(mktemp -d "${TMPDIR:-/tmp}/out.XXXXXXXX" || mktemp -d /tmp/uniagent-out.XXXXXXXX) \
+  && mkfifo -m 600 "$d/out" || exit 125
 {
-  if [ -n "$5" ]; then "$5" -s KILL "$4" bash --norc --noprofile -c "$1" 2>&1 &
-  else bash --norc --noprofile -c "$1" 2>&1 &
-  fi
-  pid=$!
-  wait "$pid"; rc=$?
-  kill -KILL -- "-$pid"
-  exit "$rc"
-} | { head -c "$2"; n=$(wc -c); if [ "$n" -gt 0 ]; then printf '\n%s %s\n' "$3" "$n"; fi; }
-exit "${PIPESTATUS[0]}"
+  head -c "$2"; n=$(wc -c)
+  if [ "$n" -gt 0 ]; then printf '\n%s %s\n' "$3" "$n"; fi
+} < "$d/out" &
+reader=$!
+exec 3> "$d/out"
+if [ -n "$5" ]; then "$5" -s KILL "$4" bash --norc --noprofile -c "$1" >&3 2>&3 3>&- &
+else bash --norc --noprofile -c "$1" >&3 2>&3 3>&- &
+fi
+pid=$!
+exec 3>&-
+wait "$pid"; rc=$?
+kill -KILL -- "-$pid"
+( sleep "$6"; kill -KILL -- "-$reader" ) &
+watchdog=$!
+wait "$reader"; read_rc=$?
+kill -KILL -- "-$watchdog"
+rm -rf "$d"
+if [ "$read_rc" -eq 137 ]; then printf '\n%s held\n' "$3"; fi
+exit "$rc"
 """
 #: Reads the regular file ``$p`` (not a symlink), at most ``$n`` bytes, as base64.
 _READ = (
@@ -212,7 +230,9 @@ class GradingSandbox:
         """Run ``command`` with ``bash -c`` in a clean process (in ``cwd``, default the workdir).
 
         Killed with its process group after ``timeout`` s (``timed_out``); its merged
-        output is cut after ``max_bytes`` bytes (``truncated``).
+        output is cut after ``max_bytes`` bytes (``truncated``). Output that a process which
+        left the group holds open more than :data:`HOLD_GRACE` s after the command ended
+        makes it ``timed_out`` too (its output not used).
         """
         argv = [
             "bash",
@@ -226,6 +246,7 @@ class GradingSandbox:
             self._cut,
             f"{max(1.0, timeout):g}",
             self._timeout_bin or "",
+            str(HOLD_GRACE),
         ]
         try:
             response = await self._env.execute(
@@ -237,7 +258,12 @@ class GradingSandbox:
             return GradingOutput(f"[killed after {timeout:g} s]", None, timed_out=True)
         code = response.exit_code
         timed_out = bool(self._timeout_bin) and code in (137, -9)
-        output, truncated = self._uncut(response.stdout + response.stderr)
+        output = response.stdout + response.stderr
+        if output.endswith(f"\n{self._cut} held\n"):
+            # What was read may hold what the leftover wrote after the command: not used.
+            note = f"[killed: the output was held open {HOLD_GRACE} s after the command ended]"
+            return GradingOutput(note, None, timed_out=True)
+        output, truncated = self._uncut(output)
         return GradingOutput(output, code, timed_out, truncated)
 
     def _uncut(self, output: str) -> tuple[str, bool]:
