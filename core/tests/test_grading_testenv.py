@@ -62,9 +62,22 @@ def rewards(venv: Path) -> Iterator[None]:
     def plain(task: Any, settings: Any) -> TestEnv:
         return TestEnv(activate="", interpreters=("python3",))
 
+    async def run_relative(ctx: RewardContext[Any]) -> RewardResult:
+        done = await ctx.require_sandbox().run(
+            f"cd {shlex.quote(str(venv.parent))} && ./env/bin/python -c 'import helper'",
+            timeout=60,
+        )
+        return RewardResult(1.0 if done.exit_code == 0 else 0.0, {"output": done.output})
+
+    def relative(task: Any, settings: Any) -> TestEnv:  # as an eval script names it
+        return script_test_env(f"cd {shlex.quote(str(venv.parent))}\n", [f"{task['cmd']} -m t"])
+
     @hookimpl
     def uniagent_rewards():
         yield RewardSpec(name="venv", fn=run_python, integrity=IntegrityDefaults(test_env=test_env))
+        yield RewardSpec(
+            name="relative", fn=run_relative, integrity=IntegrityDefaults(test_env=relative)
+        )
         yield RewardSpec(
             name="python3", fn=run_python3, integrity=IntegrityDefaults(test_env=plain)
         )
@@ -131,6 +144,25 @@ async def test_a_changed_test_environment_is_toolchain_tampering(env, venv, atta
     result = await grade(grader, env)
     assert result.score == 0.0 and result.info["score_reason"] == "tampered"
     assert expected.format(sp=sp, sp_root=venv / "lib" / PY, env=venv) in changed(result)
+
+
+async def test_a_relative_interpreter_is_resolved_where_the_tests_run_and_checked(env, venv):
+    """``./env/bin/python`` after the eval script's ``cd``: its roots are recorded (they
+    were skipped), so a ``.pth`` planted in its site-packages is tampering."""
+    grader = await prepare_grader(env, "relative", {"cmd": "./env/bin/python"})
+    record = grader.baseline.test_env
+    assert record["bin:./env/bin/python"] == str(Path(sys.executable).resolve())
+    assert f"root:{venv / 'lib' / PY}" in record
+    await act(env, f"printf 'import helper\\n' > {venv / 'lib' / PY / 'site-packages'}/zz.pth")
+    result = await grade(grader, env)
+    assert result.score == 0.0 and f"root:{venv / 'lib' / PY}" in changed(result), result.info
+
+
+async def test_a_test_command_whose_interpreter_cannot_be_resolved_is_a_task_error(env):
+    from uniagent.grading.integrity import GradingSetupError
+
+    with pytest.raises(GradingSetupError, match=r"\./nowhere/bin/python cannot be resolved"):
+        await prepare_grader(env, "relative", {"cmd": "./nowhere/bin/python"})
 
 
 @pytest.mark.parametrize("cache_dir", ["new", "existing"])
@@ -212,9 +244,10 @@ def test_the_test_environment_of_an_eval_script():
     )
     spec = script_test_env(script, ["PYTEST_ADDOPTS=-x pytest -rA tests/", "python -m t"])
     assert spec.activate.splitlines() == [
-        "source /opt/miniconda3/bin/activate", "conda activate testbed",
+        "source /opt/miniconda3/bin/activate", "conda activate testbed", "cd /testbed",
         "export PATH=/opt/x:$PATH"]  # fmt: skip
     assert spec.interpreters == ("pytest", "python", "python3")
+    assert spec.required == ("pytest", "python")  # the test commands' own
 
 
 async def test_a_file_is_read_again_only_when_its_key_changed(env, tmp_path):

@@ -263,7 +263,8 @@ FIND_WORD = r"""
 find_word() {
   shim= pyenv_root=
   p=$(command -v "$1" 2>/dev/null) || return 1
-  case "$p" in /*) ;; *) return 1 ;; esac
+  # a path relative to where the tests run (./venv/bin/python) is that path from here
+  case "$p" in /*) ;; */*) p=$PWD/$p ;; *) return 1 ;; esac
   real=$(readlink -f "$p")
   if head -c 2048 "$real" 2>/dev/null | grep -q '/libexec/pyenv" exec '; then
     local pyenv_bin w

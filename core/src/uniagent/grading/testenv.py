@@ -30,7 +30,14 @@ import posixpath
 import re
 from collections.abc import Callable, Mapping
 
-from uniagent.grading.integrity import Baseline, Tamper, file_digests, run_script, stat_keys
+from uniagent.grading.integrity import (
+    Baseline,
+    GradingSetupError,
+    Tamper,
+    file_digests,
+    run_script,
+    stat_keys,
+)
 from uniagent.grading.sandbox import GradingSandbox
 from uniagent.grading.scripts import FIND_WORD, STAT_FILES
 from uniagent.protect.settings import TestEnv
@@ -254,6 +261,13 @@ async def discover(sandbox: GradingSandbox, baseline: Baseline, spec: TestEnv) -
         what="resolving the test environment",
     )  # fmt: skip
     record, _, _ = _record(output)
+    missing = [w for w in spec.required if f"bin:{w}" not in record]
+    if missing:
+        raise GradingSetupError(
+            f"the test command's interpreter {' '.join(missing)} cannot be resolved in the "
+            "sandbox (after the eval script's activation, where its tests run): the task "
+            "cannot be graded"
+        )
     for key, digest in record.items():
         if not key.startswith("root:"):
             continue
@@ -364,6 +378,7 @@ def changes(
 
 _ACTIVATION = re.compile(
     r"^\s*(?:(?:source|\.)\s+\S*activate\b.*|(?:conda|mamba|micromamba)\s+activate\b.*"
+    r"|cd\s+[^\s;&|]+"
     r"|export\s+(?:PATH|VIRTUAL_ENV|CONDA_\w+|PYTHONHOME)=.*"
     r"|if \[ -f \S*activate \]; then .*activate.*fi)\s*$"
 )
@@ -384,5 +399,7 @@ def script_test_env(script: str, commands: list[str]) -> TestEnv:
                 words.append(word)
             break
     return TestEnv(
-        activate=activate, interpreters=tuple(dict.fromkeys([*words, "python", "python3"]))
+        activate=activate,
+        interpreters=tuple(dict.fromkeys([*words, "python", "python3"])),
+        required=tuple(dict.fromkeys(words)),
     )

@@ -46,13 +46,17 @@ class Workspace:
 
 @dataclass(frozen=True)
 class TestEnv:
-    """How a task's tests find their interpreter: the eval script's activation lines and the
-    words its test commands start with (``pytest``, ``python``, an absolute path)."""
+    """How a task's tests find their interpreter: the eval script's activation lines (and its
+    changes of directory) and the words its test commands start with (``pytest``,
+    ``python``, an absolute path, a path relative to where the tests run)."""
 
     __test__ = False  # not a test class (for pytest)
 
     activate: str = ""
     interpreters: tuple[str, ...] = ("python", "python3", "pytest")
+    #: The words of :attr:`interpreters` that must resolve at the baseline: the test
+    #: commands' own (a task whose tests cannot find their interpreter cannot be graded).
+    required: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True)
