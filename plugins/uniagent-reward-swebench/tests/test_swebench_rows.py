@@ -17,7 +17,12 @@ from uniagent_reward_swebench import (
     build_spec,
 )
 from uniagent_reward_swebench.rows import r2e_test_name, rebench_test_name
-from uniagent_reward_swebench.scripts import END_TEST_OUTPUT, START_TEST_OUTPUT, patch_files
+from uniagent_reward_swebench.scripts import (
+    END_TEST_OUTPUT,
+    START_TEST_OUTPUT,
+    patch_files,
+    runner_files,
+)
 
 DATA = Path(__file__).parent / "data"
 
@@ -235,3 +240,23 @@ def test_patch_files_flags_created_files() -> None:
     )
     files = patch_files(patch)
     assert [(f.path, f.created) for f in files] == [("a.py", False), ("t/new.py", True)]
+
+
+def test_the_runner_files_a_test_command_runs_from_the_repository():
+    commands = [
+        "./tests/runtests.py --verbosity 2 --settings=test_sqlite --parallel 1 queries",
+        "PYTHONWARNINGS='ignore::UserWarning' bin/test -C --verbose sympy/core/tests/x.py",
+        "python -W ignore tests/run.py -x  # a comment",
+        "/testbed/scripts/check.py --fast",
+        "bash ./run_tests.sh",
+        "pytest -rA tests/test_x.py",  # on PATH
+        "python -m pytest tests",  # a module
+        "python3 -c 'import t'",
+        "/usr/bin/python3 ../outside.py",  # not in the repository
+        "/other/place/run.py",
+        "./tests/runtests.py again",  # named once
+    ]
+    assert runner_files(commands, "/testbed") == [
+        "tests/runtests.py", "bin/test", "tests/run.py", "scripts/check.py", "run_tests.sh",
+    ]  # fmt: skip
+    assert runner_files(["/testbed/run.py"], None) == []  # no work dir: only relative ones

@@ -129,6 +129,29 @@ async def test_with_tampering_only_reported_the_test_files_are_still_restored(
     assert [t["path"] for t in result.info["integrity"]["tampered"]] == ["test_calc.py"]
 
 
+@pytest.mark.parametrize("protect_runner", [True, False])
+async def test_the_repositorys_own_runner_is_the_benchmarks(
+    host_env, calc_repo, protect_runner
+) -> None:
+    """A test command that runs a file of the repository (Django's tests/runtests.py) is
+    read before any parser: that file is protected unless ``protect_runner`` is off."""
+    task = swe_bench_row(calc_repo)
+    tests = f"{PYTEST} test_calc.py test_more.py"
+    task["eval_script"] = task["eval_script"].replace(tests, "bash ./run_tests.sh")
+    config = {"workdir": str(calc_repo.path), "protect_runner": protect_runner}
+    await baseline("swe_bench", host_env, task, **config)
+    ids = ("test_calc.py::test_add", "test_more.py::test_add_many", "test_calc.py::test_sub")
+    fake = f"p=PASS; printf \"${{p}}ED %s\\n\" {' '.join(ids)}\n"  # past the content rules
+    await host_env.write_file(str(calc_repo.path / "run_tests.sh"), fake)
+    result = await score("swe_bench", host_env, task, **config)
+    if protect_runner:
+        assert result.score == 0.0 and result.info["score_reason"] == "tampered"
+        tampered = {(t["path"], t["rule"]) for t in result.info["integrity"]["tampered"]}
+        assert tampered == {("run_tests.sh", "task-paths")}
+    else:  # what the switch gives up: the edited runner reports what it likes
+        assert result.score == 1.0, result.info
+
+
 async def test_swebench_shaped_eval_script_applies_the_test_patch_itself(
     host_env, calc_repo
 ) -> None:

@@ -73,6 +73,15 @@ class SweBenchRewardConfig(BaseModel):
             "grading"
         ),
     )
+    protect_runner: bool = Field(
+        default=True,
+        description=(
+            "protect the repository's own test runner, the file the test command runs "
+            "(Django's tests/runtests.py, sympy's bin/test): it reads the test results before "
+            "any parser does, so an edit of it could report any result. Off only for a task "
+            "set whose fixes legitimately change their runner"
+        ),
+    )
 
 
 class SweRebenchRewardConfig(SweBenchRewardConfig):

@@ -23,7 +23,12 @@ from uniagent_reward_swebench.config import (
 )
 from uniagent_reward_swebench.evaluate import evaluate
 from uniagent_reward_swebench.rows import Dataset, build_spec
-from uniagent_reward_swebench.scripts import END_TEST_OUTPUT, START_TEST_OUTPUT, patch_files
+from uniagent_reward_swebench.scripts import (
+    END_TEST_OUTPUT,
+    START_TEST_OUTPUT,
+    patch_files,
+    runner_files,
+)
 
 
 def _config(ctx: RewardContext, cls: type[SweBenchRewardConfig]) -> SweBenchRewardConfig:
@@ -82,6 +87,8 @@ def _workspace(dataset: Dataset) -> Any:
         config = config or _DEFAULTS[dataset]()
         spec = build_spec(dataset, task, config)
         owned = tuple(f.path for f in patch_files(spec.test_patch))
+        if config.protect_runner:  # the runner of the repository that the tests run
+            owned += tuple(runner_files(_test_lines(spec.eval_script)[1], spec.workdir))
         if dataset == "r2e_gym":
             owned += ("run_tests.sh", "r2e_tests")  # where the set-up did not move them
         return Workspace(
@@ -98,14 +105,20 @@ def _test_env(dataset: Dataset) -> Any:
     def test_env(task: Mapping[str, Any], config: SweBenchRewardConfig | None) -> TestEnv:
         """How the eval script finds its interpreter: its activation and test commands."""
         spec = build_spec(dataset, task, config or _DEFAULTS[dataset]())
-        lines = spec.eval_script.splitlines()
-        starts = [i for i, line in enumerate(lines) if START_TEST_OUTPUT in line]
-        ends = [i for i, line in enumerate(lines) if END_TEST_OUTPUT in line]
-        tests = lines[starts[0] + 1 : ends[0]] if starts and ends else lines
-        before = lines[: starts[0]] if starts else lines
+        before, tests = _test_lines(spec.eval_script)
         return script_test_env("\n".join(before), tests)
 
     return test_env
+
+
+def _test_lines(eval_script: str) -> tuple[list[str], list[str]]:
+    """The eval script's lines before its test output region, and the region's commands."""
+    lines = eval_script.splitlines()
+    starts = [i for i, line in enumerate(lines) if START_TEST_OUTPUT in line]
+    ends = [i for i, line in enumerate(lines) if END_TEST_OUTPUT in line]
+    tests = lines[starts[0] + 1 : ends[0]] if starts and ends else lines
+    before = lines[: starts[0]] if starts else lines
+    return before, tests
 
 
 def integrity_defaults(dataset: Dataset) -> IntegrityDefaults:

@@ -8,6 +8,7 @@ built them from its per-repo specs.
 
 from __future__ import annotations
 
+import posixpath
 import re
 import shlex
 from collections.abc import Sequence
@@ -71,6 +72,51 @@ def patch_files(patch: str) -> list[PatchFile]:
         )
         files.append(PatchFile(path=match.group(2), created=created))
     return files
+
+
+#: Options of ``python`` that take a value (the runner script comes after them).
+_PYTHON_VALUE_OPTIONS = {"-W", "-X", "-Q"}
+
+
+def runner_files(commands: Sequence[str], workdir: str | None) -> list[str]:
+    """The files of the repository that the test commands run as their runner (relative to
+    ``workdir``, where the eval script runs them): Django's ``./tests/runtests.py``,
+    sympy's ``bin/test``, a ``python tests/run.py`` or ``bash ./run.sh``. A bare name
+    (``pytest``) is found on ``PATH``, and ``python -m`` runs a module: neither is a file
+    named here."""
+    root = (workdir or "").rstrip("/")
+    found: list[str] = []
+    for command in commands:
+        try:
+            words = shlex.split(command, comments=True)
+        except ValueError:
+            continue
+        while words and re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*=.*", words[0]):
+            words = words[1:]  # VAR=value prefixes
+        if not words:
+            continue
+        runner: str | None = words[0]
+        if re.fullmatch(r"python[0-9.]*|bash|sh", words[0].rsplit("/", 1)[-1]):
+            runner, rest = None, words[1:]
+            while rest:
+                word, rest = rest[0], rest[1:]
+                if word in ("-m", "-c"):
+                    break
+                if word in _PYTHON_VALUE_OPTIONS:
+                    rest = rest[1:]
+                elif not word.startswith("-"):
+                    runner = word
+                    break
+        if runner is None or "/" not in runner:
+            continue
+        if runner.startswith("/"):
+            if not root or not runner.startswith(root + "/"):
+                continue
+            runner = runner[len(root) + 1 :]
+        path = posixpath.normpath(runner)
+        if path != "." and not path.startswith("../") and path not in found:
+            found.append(path)
+    return found
 
 
 def test_directives(repo: str, paths: Sequence[str]) -> list[str]:
