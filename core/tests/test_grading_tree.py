@@ -15,7 +15,14 @@ import pytest
 from uniagent import RewardSpec, hookimpl, open_env
 from uniagent.env import AgentEnv
 from uniagent.grading.patch import split_patch
-from uniagent.grading.tree import Tree, gitlink_hits, judge, leads_out, nested_roots
+from uniagent.grading.tree import (
+    Tree,
+    carries_code,
+    gitlink_hits,
+    judge,
+    leads_out,
+    nested_roots,
+)
 from uniagent.plugins import load_plugins, reset_plugins
 from uniagent.protect.report import integrity_flags
 from uniagent.reward import RewardContext, RewardResult
@@ -124,6 +131,10 @@ async def test_symlinks_that_leave_the_repository_score_zero_and_others_do_not(e
         f"ln -s ../../up.py deep/er/relative.py",  # inside, but to a link that leads out
         "ln -s .git/config dotgit.cfg && ln -s calc.py alias.py && ln -s deep here",
         "ln -s /nonexistent/x.py dangling.py && ln -sf missing.py inside_dangling.py",
+        # A directory out of the repository could hold modules; a link to a program (as a
+        # venv's bin/python made in the repository) is no code the tests import.
+        f"ln -s {shlex.quote(str(tmp_path))} outdir && mkdir -p venv/bin && "
+        "ln -s /bin/sh venv/bin/python",
     )
     result = await grade(grader, env)
     assert result.score == 0.0
@@ -133,10 +144,12 @@ async def test_symlinks_that_leave_the_repository_score_zero_and_others_do_not(e
         ("deep/er/relative.py", "added"),
         ("dotgit.cfg", "added"),
         ("dangling.py", "added"),
+        ("outdir", "added"),
     }, result.info
-    for gone in ("absolute.py", "up.py", "deep/er/relative.py", "dotgit.cfg", "dangling.py"):
-        assert not await is_(env, "-L", gone), gone
-    for kept in ("vendored.py", "alias.py", "here", "inside_dangling.py"):
+    gone = ("absolute.py", "up.py", "deep/er/relative.py", "dotgit.cfg", "dangling.py", "outdir")
+    for path in gone:
+        assert not await is_(env, "-L", path), path
+    for kept in ("vendored.py", "alias.py", "here", "inside_dangling.py", "venv/bin/python"):
         assert await is_(env, "-L", kept), kept
 
 
@@ -177,6 +190,13 @@ async def test_a_legitimate_fix_with_a_new_module_and_an_inside_link_scores_one(
 # -- the judgement itself --------------------------------------------------------------------
 
 
+def test_a_link_carries_code_to_a_directory_or_by_a_code_files_name():
+    assert carries_code("pkg", "/x/y", "d")
+    assert carries_code("a.py", "/x/y", "f") and carries_code("a", "/x/y.py", "-")
+    assert carries_code("setup.cfg", "/x/notes", "f") and carries_code("x.pth", "/x/y", "f")
+    assert not carries_code("bin/python", "/usr/bin/python3.11", "f")
+
+
 def test_where_a_link_leads():
     assert not leads_out("/r", "/r/a.py")
     assert not leads_out("/r", "/r")
@@ -194,14 +214,14 @@ def test_the_judgement_is_bounded_and_sees_the_repositorys_own_git_change_kind()
     assert nested_roots(before) == ["vendor/lib"]
     now = {".git": "f", "a.py": "f", "vendor/lib": "d", "vendor/lib/.git": "d"}
     now |= {f"vendor/lib/m{i}.py": "f" for i in range(80)}
-    links = [(f"l{i}", "/etc/x") for i in range(60)]
+    links = [(f"l{i}.py", "/etc/x", "f") for i in range(60)] + [("bin/python", "/usr/bin/x", "f")]
     tampers, remove = judge(before, Tree(now, "/r", links, links_total=5000))
     rules = [t.rule for t in tampers]
     assert rules.count("git-dir") == 1
     assert rules.count("nested-git") == 50  # at most 50 reports a rule, the rest counted
     assert "(and 30 more of this rule)" in tampers[rules.index("nested-git") + 49].detail
     assert rules.count("symlink-outside") == 50
-    assert {f"l{i}" for i in range(60)} <= remove
+    assert {f"l{i}.py" for i in range(60)} <= remove and "bin/python" not in remove
     assert "vendor/lib/.git" not in remove  # the task's own nested repository stays
 
 

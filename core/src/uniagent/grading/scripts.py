@@ -44,8 +44,9 @@ def _find_names(patterns: tuple[str, ...]) -> str:
 #: .git's bulk skipped but for what in it is not git's: importable files anywhere in it,
 #: and files of objects/ and lfs/ that are not git's shape. With $SINCE (the baseline's
 #: clock, at grading) the same walk also notes the symlinks made or changed since then:
-#: ``links=N`` and ``blob:links=`` (the repository's real path, then ``PATH\0WHERE\0`` for
-#: at most $MAX_LINKS of them, WHERE the path it resolves to), and ``blob:nested_changed=``
+#: ``links=N`` and ``blob:links=`` (the repository's real path, then ``PATH\0WHERE\0KIND\0``
+#: for at most $MAX_LINKS of them, WHERE the path it resolves to, KIND what is there: ``d``
+#: a directory, ``f`` a file, ``-`` nothing), and ``blob:nested_changed=``
 #: the files changed since then below the nested repositories of the baseline ($NESTED,
 #: one per line).
 LIST = (
@@ -88,7 +89,8 @@ if [ -n "${SINCE:-}" ]; then
     printf '%s\0' "$(pwd -P)"
     head -z -n "${MAX_LINKS:-10000}" "$TMPDIR/links" | while IFS= read -r -d '' p; do
       where=$(realpath -m -- "$p" 2>/dev/null || readlink -f -- "$p" 2>/dev/null)
-      printf '%s\0%s\0' "$p" "$where"
+      if [ -d "$p" ]; then kind=d; elif [ -f "$p" ]; then kind=f; else kind=-; fi
+      printf '%s\0%s\0%s\0' "$p" "$where" "$kind"
     done
   } | base64 -w0
   echo

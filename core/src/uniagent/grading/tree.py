@@ -8,7 +8,9 @@ where that never looks:
   changes without any line of the patch;
 - in a directory named ``.git`` below the root: git skips such a path whole;
 - behind a symlink: the patch holds only the link's target, never the bytes the
-  tests read through it, when it leads out of the repository or into a ``.git``.
+  tests read through it, when it leads out of the repository or into a ``.git``
+  (to a directory, or to or by the name of a code file: a venv's ``bin/python``
+  made in the repository leads to the system's interpreter, and is no such link).
 
 Before the patch is taken, in the episode's sandbox in both grading modes, the
 grading listing (:data:`~uniagent.grading.scripts.LIST`, which also notes the
@@ -25,12 +27,14 @@ too (:func:`gitlink_hits`): its files are in no patch.
 
 from __future__ import annotations
 
+import fnmatch
 import posixpath
 import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
 
 from uniagent.grading.tamper import Tamper
+from uniagent.protect.rules import CODE_PATTERNS
 
 #: The rules of this module (all score; counted as ``patch_screen``).
 NESTED_GIT = "nested-git"
@@ -50,23 +54,38 @@ class Tree:
     listing: dict[str, str]
     #: The repository's real path in the sandbox (symlinks resolved).
     real: str = ""
-    #: (path, where it resolves) of the symlinks made or changed since the baseline.
-    links: list[tuple[str, str]] = field(default_factory=list)
+    #: (path, where it resolves, what is there: d, f or -) of the symlinks made or changed
+    #: since the baseline.
+    links: list[tuple[str, str, str]] = field(default_factory=list)
     #: How many such symlinks there are (``links`` holds at most :data:`MAX_LINKS`).
     links_total: int = 0
     #: Files changed since the baseline below the baseline's nested repositories.
     nested_changed: list[str] = field(default_factory=list)
 
 
-def parse_links(data: bytes) -> tuple[str, list[tuple[str, str]]]:
-    """The repository's real path and the (path, target) pairs of ``blob:links=``."""
+def parse_links(data: bytes) -> tuple[str, list[tuple[str, str, str]]]:
+    """The repository's real path and the (path, target, kind) of ``blob:links=``."""
     items = data.decode("utf-8", "surrogateescape").split("\0")
     if items and items[-1] == "":
         items.pop()
     if not items:
         return "", []
     real, rest = items[0], items[1:]
-    return real, [(rest[i], rest[i + 1]) for i in range(0, len(rest) - 1, 2)]
+    return real, [(rest[i], rest[i + 1], rest[i + 2]) for i in range(0, len(rest) - 2, 3)]
+
+
+#: Names a test run may import, load or run (a link to a file named otherwise, as a venv's
+#: ``bin/python`` to the system's interpreter, carries no code the tests read as code).
+_CODE_NAMES = tuple(p for p in CODE_PATTERNS if not p.endswith("/")) + (
+    "*.pyc", "*.pyo", "*.pyi", "*.cfg", "*.ini", "*.toml", "*.sh",
+)  # fmt: skip
+
+
+def carries_code(path: str, where: str, kind: str) -> bool:
+    """Whether a symlink at ``path`` to ``where`` (``kind`` there) can bring code in: it leads
+    to a directory, or its name or its target's is a code file's."""
+    names = (posixpath.basename(path), posixpath.basename(where))
+    return kind == "d" or any(fnmatch.fnmatchcase(n, p) for n in names for p in _CODE_NAMES)
 
 
 def nested_roots(listing: Mapping[str, str]) -> list[str]:
@@ -130,10 +149,10 @@ def judge(before: Mapping[str, str], tree: Tree) -> tuple[list[Tamper], set[str]
         if path not in before:
             continue  # reported as added
         report(NESTED_GIT, path, "modified", "changed below a nested repository of the baseline")
-    for path, where in tree.links:
+    for path, where, kind in tree.links:
         if path.split("/")[0] == ".git" or _git_entry(path) is not None:
             continue  # removed with its .git, or git's own
-        if leads_out(tree.real, where):
+        if leads_out(tree.real, where) and carries_code(path, where, kind):
             change = "modified" if before.get(path) == "l" else "added"
             report(SYMLINK_OUT, path, change, f"a symlink that leads to {where or '?'}")
             remove.add(path)
