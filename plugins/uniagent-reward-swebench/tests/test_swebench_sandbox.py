@@ -141,7 +141,7 @@ async def test_the_repositorys_own_runner_is_the_benchmarks(
     config = {"workdir": str(calc_repo.path), "protect_runner": protect_runner}
     await baseline("swe_bench", host_env, task, **config)
     ids = ("test_calc.py::test_add", "test_more.py::test_add_many", "test_calc.py::test_sub")
-    fake = f"p=PASS; printf \"${{p}}ED %s\\n\" {' '.join(ids)}\n"  # past the content rules
+    fake = f'p=PASS; printf "${{p}}ED %s\\n" {" ".join(ids)}\n'  # past the content rules
     await host_env.write_file(str(calc_repo.path / "run_tests.sh"), fake)
     result = await score("swe_bench", host_env, task, **config)
     if protect_runner:
