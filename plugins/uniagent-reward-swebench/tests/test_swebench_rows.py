@@ -255,8 +255,11 @@ def test_the_runner_files_a_test_command_runs_from_the_repository():
         "/usr/bin/python3 ../outside.py",  # not in the repository
         "/other/place/run.py",
         "./tests/runtests.py again",  # named once
+        "python3 runtests.py -v",  # a file beside the tests, run by the interpreter
+        "python ..",
     ]
     assert runner_files(commands, "/testbed") == [
         "tests/runtests.py", "bin/test", "tests/run.py", "scripts/check.py", "run_tests.sh",
+        "runtests.py",
     ]  # fmt: skip
     assert runner_files(["/testbed/run.py"], None) == []  # no work dir: only relative ones

@@ -81,9 +81,9 @@ _PYTHON_VALUE_OPTIONS = {"-W", "-X", "-Q"}
 def runner_files(commands: Sequence[str], workdir: str | None) -> list[str]:
     """The files of the repository that the test commands run as their runner (relative to
     ``workdir``, where the eval script runs them): Django's ``./tests/runtests.py``,
-    sympy's ``bin/test``, a ``python tests/run.py`` or ``bash ./run.sh``. A bare name
-    (``pytest``) is found on ``PATH``, and ``python -m`` runs a module: neither is a file
-    named here."""
+    sympy's ``bin/test``, a ``python runtests.py`` or ``bash ./run.sh``. A command named
+    bare (``pytest``) is found on ``PATH``, and ``python -m`` runs a module: neither is a
+    file named here."""
     root = (workdir or "").rstrip("/")
     found: list[str] = []
     for command in commands:
@@ -96,8 +96,9 @@ def runner_files(commands: Sequence[str], workdir: str | None) -> list[str]:
         if not words:
             continue
         runner: str | None = words[0]
+        run_by_name = "/" not in words[0]  # looked up on PATH, not a file named here
         if re.fullmatch(r"python[0-9.]*|bash|sh", words[0].rsplit("/", 1)[-1]):
-            runner, rest = None, words[1:]
+            runner, rest, run_by_name = None, words[1:], False  # a file, from where it runs
             while rest:
                 word, rest = rest[0], rest[1:]
                 if word in ("-m", "-c"):
@@ -107,14 +108,15 @@ def runner_files(commands: Sequence[str], workdir: str | None) -> list[str]:
                 elif not word.startswith("-"):
                     runner = word
                     break
-        if runner is None or "/" not in runner:
+        if runner is None or run_by_name:
             continue
         if runner.startswith("/"):
             if not root or not runner.startswith(root + "/"):
                 continue
             runner = runner[len(root) + 1 :]
         path = posixpath.normpath(runner)
-        if path != "." and not path.startswith("../") and path not in found:
+        outside = path in (".", "..") or path.startswith("../")
+        if not outside and path not in found:
             found.append(path)
     return found
 
