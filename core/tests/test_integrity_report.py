@@ -72,7 +72,7 @@ def test_the_summary_counts_tampering_per_kind_rule_and_reason():
     assert summary["integrity"] == {
         "graded_episodes": 3,
         "tampered_episodes": 2,
-        "tampered": {"protected_file": 1, "toolchain": 1, "content": 0, "tree": 0},
+        "tampered": {"protected_file": 1, "toolchain": 1, "content": 0, "tree": 0, "verdict": 0},
         "classes": {cls: int(cls in ("plugin_config", "test_env")) for cls in CLASSES},
         "rules": {"git-metadata": 1, "pytest-plugins": 1, "test-env": 1},
         "score_reasons": {"tampered": 2},
@@ -132,6 +132,8 @@ def tamper(rule: str, kind: str = "protected_file", scores: bool = True) -> dict
         (tamper("task-paths"), "task_files"),
         (tamper("config-paths"), "task_files"),
         (tamper("a-future-rule"), "task_files"),  # by its kind
+        (tamper("status-channel", "verdict"), "status_channel"),  # swe_bench's own report
+        (tamper("inconsistent-exit", "verdict"), "status_channel"),
         (tamper("a-future-rule", "a-future-kind"), None),
     ],
 )

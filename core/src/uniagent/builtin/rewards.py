@@ -3,12 +3,15 @@
 
 from __future__ import annotations
 
+import secrets
 from collections.abc import Iterator
+from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field
 
 from uniagent.builtin.harbor_reward import HarborRewardConfig, harbor_reward
 from uniagent.builtin.judge import JudgeSettings, llm_judge_reward
+from uniagent.grading.statuses import read_records, recorder
 from uniagent.hookspecs import hookimpl
 from uniagent.reward import RewardContext, RewardInfraError, RewardResult
 from uniagent.specs import RewardSpec
@@ -23,6 +26,13 @@ class CommandRewardConfig(BaseModel):
     task_field: str = Field("test_command", description="task field holding the command")
     timeout: float = Field(600.0, gt=0, description="seconds the command may run")
     output_chars: int = Field(2000, ge=0, description="tail of the output kept in the result")
+    status_channel: bool = Field(
+        True,
+        description="also ask the command's test runner (pytest, unittest, Django's) how its "
+        "run ended, through a grader-owned recorder in its Python: a run that started and "
+        "never reported its end (the interpreter left in the middle of the tests) scores 0 "
+        "however the command exited. false: the exit status alone",
+    )
 
 
 async def command_reward(ctx: RewardContext[CommandRewardConfig]) -> RewardResult:
@@ -34,17 +44,43 @@ async def command_reward(ctx: RewardContext[CommandRewardConfig]) -> RewardResul
             f"the command reward needs a command: set reward.settings.command or give each task "
             f"a {config.task_field!r} field"
         )
-    done = await ctx.require_sandbox().run(str(command), timeout=config.timeout)
+    sandbox = ctx.require_sandbox()
+    record, prefix = None, ""
+    if config.status_channel:
+        nonce = secrets.token_hex(8)
+        record = f"{sandbox.scratch}/status-{nonce}.jsonl"
+        prefix = recorder(f"{sandbox.scratch}/hook-{nonce}", record, nonce)
+    done = await sandbox.run(prefix + str(command), timeout=config.timeout)
     passed = done.exit_code == 0 and not done.timed_out
-    return RewardResult(
-        score=1.0 if passed else 0.0,
-        info={
-            "command": command,
-            "exit_code": done.exit_code,
-            "timed_out": done.timed_out,
-            "output_tail": done.output[-config.output_chars :] if config.output_chars else "",
-        },
-    )
+    info: dict[str, Any] = {
+        "command": command,
+        "exit_code": done.exit_code,
+        "timed_out": done.timed_out,
+        "output_tail": done.output[-config.output_chars :] if config.output_chars else "",
+    }
+    if record is not None and passed:  # a failed command needs no second word
+        records, problem = await read_records(sandbox, record)
+        unfinished = records.unfinished() if records is not None else []
+        info["status_channel"] = problem or (
+            "compared" if records and records.sessions else "absent"
+        )
+        tampered = [
+            {"kind": "verdict", "rule": "runner-unfinished", "path": family,
+             "change": "its run started and never reported its end, and the command exited 0"}
+            for family in unfinished
+        ]  # fmt: skip
+        if problem == "removed":
+            tampered.append(
+                {"kind": "verdict", "rule": "status-record", "path": record, "change": "removed"}
+            )
+        if tampered:
+            info.update(
+                score_reason="tampered",
+                detail="the test runner did not finish its run, or its record was removed",
+                tampered=tampered,
+            )
+        passed = not tampered and problem is None
+    return RewardResult(score=1.0 if passed else 0.0, info=info)
 
 
 @hookimpl

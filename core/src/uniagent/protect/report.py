@@ -11,7 +11,8 @@ alert (``reward.integrity.alert``) watches:
   (``reward_info.tampered``, e.g. the ``harbor`` reward's ``verifier_input``);
 - ``tampered/<kind>``: of that kind (``protected_file``, ``toolchain`` (the
   toolchain and the test environment), ``content`` (the patch screen), ``tree`` (what
-  git's summary hides: nested repositories, symlinks out of the repository));
+  git's summary hides: nested repositories, symlinks out of the repository), ``verdict``
+  (the ``swe_bench`` reward's: a test status in the log that the runner did not report));
 - ``tampered/<class>``: an attack of that class (:data:`CLASSES`, docs/rewards.md) showed:
   a scoring tamper report of its rule (:data:`RULE_CLASSES`, else its kind's
   :data:`KIND_CLASSES`), a score the grader forced for a reason of the class
@@ -36,7 +37,7 @@ from statistics import fmean
 from typing import Any
 
 #: The kinds of tamper reports (the classes counted for every step, seen or not).
-KINDS = ("protected_file", "toolchain", "content", "tree")
+KINDS = ("protected_file", "toolchain", "content", "tree", "verdict")
 
 #: The attack classes (docs/rewards.md, "The classes of attack"), counted every step. Root
 #: under ``isolation: none`` has none: bwrap and containers hold it before anything reaches
@@ -49,6 +50,7 @@ CLASSES = (
     "outside_paths",  # the benchmark's paths outside the repository
     "self_masking",  # making the episode look like an infrastructure failure
     "task_files",  # the reward's own files of the task (its tests), protect_paths
+    "status_channel",  # a test status the log reports and the test runner did not
 )
 
 #: A tamper report's rule -> its class.
@@ -82,6 +84,7 @@ KIND_CLASSES: dict[str, str] = {
     "toolchain": "test_env",
     "protected_file": "task_files",
     "verifier_input": "task_files",  # the harbor reward's: the verifier's inputs
+    "verdict": "status_channel",  # swe_bench's status channel: the log disagrees with the runner
 }
 #: A forced ``score_reason`` -> the class of the attack that forces it.
 REASON_CLASSES: dict[str, str] = {

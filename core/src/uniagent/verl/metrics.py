@@ -17,7 +17,8 @@ of other agent loops are skipped) into flat numbers:
   included: logged, not trained on), over the unmasked samples that have them.
 - ``integrity/tampered``, ``integrity/tampered/<kind>`` and ``integrity/tampered/<class>``
   (every kind and attack class, each step: ``artifacts``, ``test_env``, ``plugin_config``,
-  ``patch_screen``, ``outside_paths``, ``self_masking``, ``task_files``), and
+  ``patch_screen``, ``outside_paths``, ``self_masking``, ``task_files``,
+  ``status_channel``), and
   ``integrity/rule/<rule>``, ``integrity/score_reason/<reason>`` (those seen): the share of
   samples whose grading reported it (:mod:`uniagent.protect.report`), so that a run shows
   when its policy starts probing the grader.

@@ -1,0 +1,359 @@
+"""Test statuses from a second channel: what the test runner itself reported, not what it printed.
+
+A test log is text the tested code shares: code under test can print a status line,
+finish one the runner started (Django's ``test_x (m.C) ... `` then ``ok``), make its
+own failure read as an expected failure or a skip, or end the interpreter early with
+status 0. So a reward can also ask the runner. :func:`recorder` gives the shell lines
+that put a grader-owned start-up module in front of the command's Python: a
+``sitecustomize`` on ``PYTHONPATH`` that loads the environment's own ``sitecustomize``
+after it, and takes itself off ``PYTHONPATH`` and ``sys.path`` so that no child
+process or test sees it. In the test process it
+
+- registers a pytest plugin with the first configuration pytest makes in the process
+  (pytest's config module is patched as it is imported; an inner session, as pytester
+  runs, gets none), which records the session's start and end (with pytest's exit
+  status) and every test report: node id, phase, outcome, whether it was an expected
+  failure, and whether the test *declares* ``xfail`` with a marker;
+- wraps :class:`unittest.TestResult`'s ``startTestRun``, ``stopTestRun`` and ``add*``
+  methods (unittest's runner and Django's report through them) and records each
+  test's description and outcome;
+
+and appends each record as one JSON line to a file in the grader's scratch directory
+(the path is taken out of the environment at start-up). Nothing of it reaches the log.
+:class:`Records` reads them back; :meth:`Records.unfinished` names a runner that
+started and never reported its end (the interpreter left in the middle of the run).
+
+The tested code runs in the same process as the recorder, so code written to defeat
+this recorder in particular can; what it closes is the channel that any code can write
+by accident or on purpose without knowing the grader: its output.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import shlex
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from uniagent.grading.sandbox import GradingSandbox
+
+#: The start-up module (Python 3.5+ syntax: SWE-bench's oldest environments).
+HOOK = r'''"""uniagent's test-status recorder (a grader-owned start-up module; see the grader)."""
+import os
+import sys
+
+
+def _uniagent_status_hook():
+    here = os.path.dirname(os.path.abspath(__file__))
+    path = os.environ.pop("UNIAGENT_STATUS_FILE", None)
+    pythonpath = os.environ.get("PYTHONPATH")
+    if pythonpath is not None:
+        parts = pythonpath.split(os.pathsep)
+        if parts and os.path.abspath(parts[0] or ".") == here:
+            parts = parts[1:]
+        if parts:
+            os.environ["PYTHONPATH"] = os.pathsep.join(parts)
+        else:
+            del os.environ["PYTHONPATH"]
+    sys.path[:] = [p for p in sys.path if os.path.abspath(p or ".") != here]
+    # The environment's own sitecustomize, if it has one, as if this one were not here.
+    me = sys.modules.pop("sitecustomize", None)
+    try:
+        import sitecustomize  # noqa: F401
+    except ImportError:
+        sys.modules["sitecustomize"] = me
+    except Exception:
+        sys.modules["sitecustomize"] = me
+        import traceback
+        traceback.print_exc()
+    if not path:
+        return
+    import json
+
+    def emit(record):
+        try:
+            with open(path, "a") as out:
+                out.write(json.dumps(record) + "\n")
+        except Exception:
+            pass
+
+    pid = os.getpid()
+
+    # pytest: a plugin registered with the first config pytest makes in this process (its
+    # config module is patched as it loads; an inner session, as pytester's, gets none).
+    import types
+    plugin = types.ModuleType("uniagent_status_pytest")
+
+    def pytest_configure(config):
+        emit({"f": "pytest", "session": True, "pid": os.getpid()})
+
+    def pytest_unconfigure(config):
+        emit({"f": "pytest", "finish": True, "pid": os.getpid()})
+
+    def pytest_runtest_logreport(report):
+        emit({
+            "f": "pytest",
+            "id": report.nodeid,
+            "when": report.when,
+            "o": report.outcome,
+            "xfail": hasattr(report, "wasxfail"),
+            # A marker the test declares (pytest.mark.xfail, on it or its parameters).
+            "declared_xfail": "xfail" in getattr(report, "keywords", {}),
+        })
+
+    def pytest_collectreport(report):
+        if report.failed:
+            emit({"f": "pytest", "id": report.nodeid, "when": "collect", "o": "failed"})
+
+    plugin.pytest_configure = pytest_configure
+    plugin.pytest_unconfigure = pytest_unconfigure
+    plugin.pytest_runtest_logreport = pytest_runtest_logreport
+    plugin.pytest_collectreport = pytest_collectreport
+
+    def patch_config(module):
+        original = module.get_config
+        state = []
+
+        def get_config(*args, **kwargs):
+            config = original(*args, **kwargs)
+            if not state:
+                state.append(config)
+                try:
+                    config.pluginmanager.register(plugin, "uniagent-status")
+                except Exception:
+                    pass
+            return config
+
+        module.get_config = get_config
+
+    class PytestConfigFinder(object):
+        def find_spec(self, fullname, path=None, target=None):
+            if fullname != "_pytest.config" or self not in sys.meta_path:
+                return None
+            sys.meta_path.remove(self)
+            try:
+                import importlib.util
+                spec = importlib.util.find_spec(fullname)
+                execute = spec.loader.exec_module
+            except Exception:
+                return None
+
+            def exec_module(module):
+                execute(module)
+                try:
+                    patch_config(module)
+                except Exception:
+                    pass
+
+            spec.loader.exec_module = exec_module
+            return spec
+
+    sys.meta_path.insert(0, PytestConfigFinder())
+
+    # unittest (and Django's runner, which reports through it).
+    try:
+        import unittest.result
+    except Exception:
+        return
+    result = unittest.result.TestResult
+
+    def describe(test):
+        try:
+            doc = test.shortDescription()
+        except Exception:
+            doc = None
+        return {"f": "unittest", "id": str(test), "doc": doc or None}
+
+    def wrap(method, outcome):
+        original = getattr(result, method)
+
+        def recorded(self, test, *args):
+            try:
+                record = describe(test)
+                record["o"] = outcome(args) if callable(outcome) else outcome
+                if record["o"] is not None:
+                    emit(record)
+            except Exception:
+                pass
+            return original(self, test, *args)
+
+        setattr(result, method, recorded)
+
+    def subtest(args):
+        err = args[1] if len(args) > 1 else None
+        if err is None:
+            return None
+        return "FAIL" if issubclass(err[0], AssertionError) else "ERROR"
+
+    wrap("addSuccess", "ok")
+    wrap("addFailure", "FAIL")
+    wrap("addError", "ERROR")
+    wrap("addSkip", "skipped")
+    wrap("addExpectedFailure", "expected failure")
+    wrap("addUnexpectedSuccess", "unexpected success")
+    wrap("addSubTest", subtest)
+    start = result.startTestRun
+
+    def start_test_run(self):
+        emit({"f": "unittest", "session": True, "pid": os.getpid()})
+        return start(self)
+
+    stop = result.stopTestRun
+
+    def stop_test_run(self):
+        emit({"f": "unittest", "finish": True, "pid": os.getpid()})
+        return stop(self)
+
+    result.startTestRun = start_test_run
+    result.stopTestRun = stop_test_run
+
+
+_uniagent_status_hook()
+del _uniagent_status_hook
+'''
+
+#: Bytes of records read at most.
+MAX_RECORD_BYTES = 32 << 20
+
+
+def recorder(hook_dir: str, record: str, nonce: str) -> str:
+    """Shell lines that write the start-up module into ``hook_dir``, make ``record`` empty
+    and hand both to the Python processes of the commands that follow."""
+    q = shlex.quote
+    end = f"EOF_HOOK_{nonce}"
+    return (
+        "\n".join(
+            [
+                f"mkdir -p {q(hook_dir)} && cat > {q(hook_dir + '/sitecustomize.py')} <<'{end}'",
+                HOOK.rstrip("\n"),
+                end,
+                f": > {q(record)}",
+                f"export UNIAGENT_STATUS_FILE={q(record)}",
+                f'export PYTHONPATH={q(hook_dir)}"${{PYTHONPATH:+:$PYTHONPATH}}"',
+            ]
+        )
+        + "\n"
+    )
+
+
+async def read_records(sandbox: GradingSandbox, path: str) -> tuple[Records | None, str | None]:
+    """The records of a run; or why there are none: ``removed`` (the file :func:`recorder`
+    made empty before the command is gone or no longer a regular file), ``too_large``."""
+    from uniagent.grading.sandbox import GradingReadError
+
+    try:
+        data = await sandbox.read_bytes(path, max_bytes=MAX_RECORD_BYTES)
+    except GradingReadError as exc:
+        return None, "too_large" if "larger than" in str(exc) else "removed"
+    return await asyncio.to_thread(Records.parse, data.decode("utf-8", "replace")), None
+
+
+@dataclass
+class Records:
+    """The records of one eval run, by family."""
+
+    #: The families whose runner started (a pytest session, a unittest run).
+    sessions: set[str] = field(default_factory=set)
+    #: Runs started and runs that reported their end, per family.
+    started: dict[str, int] = field(default_factory=dict)
+    finished: dict[str, int] = field(default_factory=dict)
+    #: pytest: node id -> {phase: (outcome, was an expected failure)}.
+    pytest: dict[str, dict[str, tuple[str, bool]]] = field(default_factory=dict)
+    declared_xfail: set[str] = field(default_factory=set)
+    #: unittest: (description, docstring line) -> outcomes in order.
+    unittest: dict[tuple[str, str | None], list[str]] = field(default_factory=dict)
+    malformed: int = 0
+
+    @classmethod
+    def parse(cls, text: str) -> Records:
+        """Read the JSON lines; a line that is not one record is counted, not trusted."""
+        records = cls()
+        for line in text.splitlines():
+            try:
+                record = json.loads(line)
+                records._add(record)
+            except (ValueError, TypeError, KeyError, AttributeError):
+                records.malformed += 1
+        return records
+
+    def _add(self, record: dict[str, Any]) -> None:
+        kind = record["f"]
+        if kind not in ("pytest", "unittest"):
+            raise ValueError(kind)
+        if record.get("session") is True:
+            self.sessions.add(kind)
+            self.started[kind] = self.started.get(kind, 0) + 1
+            return
+        if record.get("finish") is True:
+            self.finished[kind] = self.finished.get(kind, 0) + 1
+            return
+        if kind == "pytest":
+            test = _text(record["id"])
+            if record.get("declared_xfail") is True:
+                self.declared_xfail.add(test)
+            phases = self.pytest.setdefault(test, {})
+            phases[_text(record["when"])] = (_text(record["o"]), record.get("xfail") is True)
+            return
+        doc = record.get("doc")
+        key = (_text(record["id"]), None if doc is None else _text(doc))
+        self.unittest.setdefault(key, []).append(_text(record["o"]))
+
+    def unfinished(self) -> list[str]:
+        """The families with a run that started and never reported its end: the process
+        left in the middle of its tests (``os._exit``, a signal)."""
+        return sorted(k for k, n in self.started.items() if self.finished.get(k, 0) < n)
+
+    def log(self, kind: str) -> str:
+        """The records as lines of the runner's own output, for the row's parser."""
+        return "\n".join(self._pytest_lines() if kind == "pytest" else self._django_lines())
+
+    def undeclared_xfail_log(self) -> str:
+        """``XFAIL`` lines of the pytest tests whose expected failure no marker declares."""
+        return "\n".join(
+            f"XFAIL {test}"
+            for test, phases in self.pytest.items()
+            if _pytest_status(phases) == "XFAIL" and test not in self.declared_xfail
+        )
+
+    def _pytest_lines(self) -> Iterable[str]:
+        for test, phases in self.pytest.items():
+            yield f"{_pytest_status(phases)} {test}"
+
+    def _django_lines(self) -> Iterable[str]:
+        for (test, doc), outcomes in self.unittest.items():
+            status = _unittest_status(outcomes)
+            first = test.splitlines()[0] if test else test
+            # unittest's verbose line: the description's first line, then its docstring line.
+            yield f"{first}\n{doc} ... {status}" if doc else f"{first} ... {status}"
+
+
+def _text(value: Any) -> str:
+    if not isinstance(value, str):
+        raise TypeError(type(value).__name__)
+    return value
+
+
+def _pytest_status(phases: dict[str, tuple[str, bool]]) -> str:
+    """pytest's short-summary word for a test's reports (as ``-rA`` would print it)."""
+    for when in ("setup", "call", "teardown", "collect"):
+        outcome, xfail = phases.get(when, ("", False))
+        if outcome == "failed":
+            return "FAILED" if when == "call" else "ERROR"
+    for outcome, xfail in phases.values():
+        if outcome == "skipped":
+            return "XFAIL" if xfail else "SKIPPED"
+    outcome, xfail = phases.get("call", ("", False))
+    if outcome == "passed":
+        return "XPASS" if xfail else "PASSED"
+    return "ERROR"  # no call report: the test never ran to the end
+
+
+def _unittest_status(outcomes: list[str]) -> str:
+    """One word for a unittest test: any failure wins (a failed subtest fails its test)."""
+    for word in ("ERROR", "FAIL", "unexpected success", "expected failure", "skipped"):
+        if word in outcomes:
+            return word
+    return "ok" if outcomes else "ERROR"
