@@ -58,25 +58,37 @@ class CalcRepo:
         return git(self.path, "status", "--porcelain")
 
 
-def make_calc_repo(tmp_path: Path) -> CalcRepo:
-    """A repository where ``add`` subtracts; its test patch adds tests (one in a new file)."""
-    repo = tmp_path / "calc"
-    repo.mkdir()
+def make_repo(repo: Path, base: dict[str, str], patched: dict[str, str]) -> CalcRepo:
+    """A repository of ``base`` files at its base commit; its test patch writes ``patched``."""
+    repo.mkdir(parents=True)
     git(repo, "init", "-q")
-    (repo / "calc.py").write_text(BUGGY)
-    (repo / "test_calc.py").write_text(BASE_TESTS)
-    (repo / "r2e_tests").mkdir()
-    (repo / "r2e_tests" / "test_1.py").write_text(R2E_TESTS)
-    (repo / "run_tests.sh").write_text(f"{PYTEST} r2e_tests\n")
+    write(repo, base)
     git(repo, "add", "-A")
     git(repo, "commit", "-q", "-m", "base")
-    base = git(repo, "rev-parse", "HEAD").strip()
-    (repo / "test_calc.py").write_text(PATCHED_TESTS)
-    (repo / "test_more.py").write_text(NEW_TESTS)
+    commit = git(repo, "rev-parse", "HEAD").strip()
+    write(repo, patched)
     git(repo, "add", "-A")
     patch = git(repo, "diff", "--cached")
-    git(repo, "reset", "-q", "--hard", base)
-    return CalcRepo(path=repo, base_commit=base, test_patch=patch)
+    git(repo, "reset", "-q", "--hard", commit)
+    return CalcRepo(path=repo, base_commit=commit, test_patch=patch)
+
+
+def write(repo: Path, files: dict[str, str]) -> None:
+    for name, text in files.items():
+        (repo / name).parent.mkdir(parents=True, exist_ok=True)
+        (repo / name).write_text(text)
+
+
+def make_calc_repo(tmp_path: Path) -> CalcRepo:
+    """A repository where ``add`` subtracts; its test patch adds tests (one in a new file)."""
+    base = {
+        "calc.py": BUGGY,
+        "test_calc.py": BASE_TESTS,
+        "r2e_tests/test_1.py": R2E_TESTS,
+        "run_tests.sh": f"{PYTEST} r2e_tests\n",
+    }
+    patched = {"test_calc.py": PATCHED_TESTS, "test_more.py": NEW_TESTS}
+    return make_repo(tmp_path / "calc", base, patched)
 
 
 def swe_bench_row(repo: CalcRepo) -> dict[str, Any]:
@@ -156,4 +168,72 @@ def r2e_gym_row() -> dict[str, Any]:
                 "TestCalc.test_known_failure": "FAILED",
             }
         ),
+    }
+
+
+#: A repository whose test runner lives in it, as Django's tests/runtests.py does: unittest's
+#: verbose lines, graded with swebench's Django parser.
+RUNTESTS = """import os
+import sys
+import unittest
+
+here = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, os.path.dirname(here))
+suite = unittest.defaultTestLoader.discover(here, pattern="test_*.py", top_level_dir=here)
+result = unittest.TextTestRunner(verbosity=2).run(suite)
+sys.exit(not result.wasSuccessful())
+"""
+DJANGO_BASE_TESTS = """import unittest
+
+from calc import sub
+
+
+class CalcTests(unittest.TestCase):
+    def test_sub(self):
+        self.assertEqual(sub(5, 3), 2)
+"""
+DJANGO_PATCHED_TESTS = (
+    DJANGO_BASE_TESTS.replace("import sub", "import add, sub")
+    + """
+    def test_add(self):
+        self.assertEqual(add(2, 3), 5)
+"""
+)
+
+
+def unittest_name(method: str) -> str:
+    """How this Python's unittest (and so Django's parser) names a test of CalcTests."""
+    where = "test_calc.CalcTests" + (f".{method}" if sys.version_info >= (3, 11) else "")
+    return f"{method} ({where})"
+
+
+def make_django_repo(tmp_path: Path) -> CalcRepo:
+    """The buggy calc module with its tests under tests/, run by tests/runtests.py."""
+    base = {
+        "calc.py": BUGGY,
+        "tests/runtests.py": RUNTESTS,
+        "tests/test_calc.py": DJANGO_BASE_TESTS,
+    }
+    return make_repo(tmp_path / "djcalc", base, {"tests/test_calc.py": DJANGO_PATCHED_TESTS})
+
+
+def django_row(repo: CalcRepo) -> dict[str, Any]:
+    """A SWE-bench row for the Django-layout repository (Django's parser)."""
+    eval_script = "\n".join(
+        [
+            "#!/bin/bash",
+            "set -uxo pipefail",
+            f"cd {repo.path}",
+            ": '>>>>> Start Test Output'",
+            f"{sys.executable} tests/runtests.py",
+            ": '>>>>> End Test Output'",
+        ]
+    )
+    return swe_bench_row(repo) | {
+        "instance_id": "local__djcalc-1",
+        "repo": "local/djcalc",
+        "FAIL_TO_PASS": json.dumps([unittest_name("test_add")]),
+        "PASS_TO_PASS": json.dumps([unittest_name("test_sub")]),
+        "eval_script": eval_script,
+        "log_parser": "parse_log_django",
     }

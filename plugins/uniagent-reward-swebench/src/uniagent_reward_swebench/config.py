@@ -83,6 +83,26 @@ class SweBenchRewardConfig(BaseModel):
         ),
     )
 
+    status_channel: bool = Field(
+        default=True,
+        description=(
+            "also ask the test runner for each test's status (a grader-owned recorder in the "
+            "tests' Python: pytest's reports, unittest's and Django's results) and score 0 "
+            "where the log counts a graded test as passed that the runner does not. Used "
+            "where the row's log parser reads pytest's or Django's output; false: the log "
+            "alone, as swebench's harness grades"
+        ),
+    )
+    strict_statuses: bool = Field(
+        default=True,
+        description=(
+            "a graded test passes only if it ran and passed: a skipped PASS_TO_PASS test "
+            "fails (swebench counts it as maintained), and an expected failure counts only "
+            "where the test declares it with a marker (pytest.xfail() called while it runs "
+            "does not; known with the status channel). false: swebench's reading"
+        ),
+    )
+
 
 class SweRebenchRewardConfig(SweBenchRewardConfig):
     """Settings of the ``swe_rebench`` reward."""

@@ -71,11 +71,26 @@ def with_exit_status(eval_script: str) -> tuple[str, bool]:
 
 
 def runner_script(
-    *, workdir: str, eval_script_path: str, test_patch_path: str | None, nonce: str
+    *,
+    workdir: str,
+    eval_script_path: str,
+    test_patch_path: str | None,
+    nonce: str,
+    channel: tuple[str, str] | None = None,
 ) -> str:
-    """The command that applies the test patch and sources the eval script (see the module)."""
+    """The command that applies the test patch and sources the eval script (see the module).
+
+    ``channel``: ``(hook_dir, record_path)``: the status recorder
+    (:mod:`uniagent.grading.statuses`) is put in ``hook_dir``, the record file is
+    made empty, and both are handed to the tests' Python through the environment.
+    """
     q = shlex.quote
-    lines = [
+    lines = []
+    if channel is not None:
+        from uniagent.grading.statuses import recorder
+
+        lines.append(recorder(*channel, nonce).rstrip("\n"))
+    lines += [
         f"cd {q(workdir)} 2>/dev/null || {{ echo {q(marker(nonce, 'workdir-missing'))}; "
         f"exit {WORKDIR_MISSING_EXIT}; }}",
     ]

@@ -20,6 +20,8 @@ from pathlib import Path
 from typing import Any
 
 from uniagent import RewardContext, RewardResult
+from uniagent.grading.statuses import Records, read_records
+from uniagent_reward_swebench.channel import family, judge
 from uniagent_reward_swebench.config import SweBenchRewardConfig
 from uniagent_reward_swebench.errors import EvaluationInfraError
 from uniagent_reward_swebench.evalrun import (
@@ -82,19 +84,26 @@ def _failure_reason(log: str) -> str:
     return "no_test_results"
 
 
-def grade(spec: EvalSpec, log: str) -> dict[str, Any]:
+def grade(
+    spec: EvalSpec, log: str, records: Records | None = None, *, strict: bool = True
+) -> dict[str, Any]:
     """Parse the test log and grade it with swebench's harness; returns the report.
 
     A log parser that fails on the log (the tested code's output can make one
-    fail) grades as unresolved, ``failure_reason: log_parser_failed``.
+    fail) grades as unresolved, ``failure_reason: log_parser_failed``. ``records``: the
+    status channel's (:mod:`uniagent_reward_swebench.channel`), checked against the log;
+    ``strict``: a graded test passes only if it ran and passed (see the config).
     """
+    from swebench.harness import grading as swebench_grading
     from swebench.harness.constants import FAIL_TO_PASS, PASS_TO_PASS, EvalType, ResolvedStatus
     from swebench.harness.grading import (
         get_eval_tests_report,
         get_logs_eval,
         get_resolution_status,
+        parse_test_exit_code,
     )
     from swebench.harness.infra_failure import TIER_ENVIRONMENT, classify_text
+    from swebench.harness.log_parsers import PARSER_REGISTRY
     from swebench.types import TestSpec
 
     test_spec = TestSpec(
@@ -116,8 +125,10 @@ def grade(spec: EvalSpec, log: str) -> dict[str, Any]:
         except Exception as exc:  # a parser that chokes on what the tests printed
             return _unparsed(spec, f"{type(exc).__name__}: {exc}")
 
+    parser = PARSER_REGISTRY[spec.log_parser]
     f2p, p2p = list(spec.fail_to_pass), list(spec.pass_to_pass)
     normalize = spec.normalize_test_name
+    inconsistent = not found and _exit_contradicts_log(parser, test_spec, log, parse_test_exit_code)
     if normalize is not None:
         status_map = {normalize(k): v for k, v in status_map.items() if normalize(k)}
         f2p, p2p = [normalize(t) for t in f2p], [normalize(t) for t in p2p]
@@ -141,6 +152,27 @@ def grade(spec: EvalSpec, log: str) -> dict[str, Any]:
             reason, tier = classification
             result["infra_failure"] = tier == TIER_ENVIRONMENT
             result["infra_failure_reason"] = reason
+    verdict = judge(
+        parser=parser,
+        test_spec=test_spec,
+        log_map=status_map if found else {},
+        records=records,
+        fail_to_pass=f2p,
+        pass_to_pass=p2p,
+        normalize=normalize,
+        resolve=getattr(swebench_grading, "_resolve_case", None),
+        strict=strict,
+        expected=None if spec.expected_statuses is None else dict(spec.expected_statuses),
+    )
+    result["status_channel"] = verdict.state
+    if verdict.disagreements:
+        result["status_disagreements"] = dict(list(verdict.disagreements.items())[:MAX_MISMATCHES])
+        resolved = False
+    if verdict.not_passed:
+        result["not_passed"] = dict(list(verdict.not_passed.items())[:MAX_MISMATCHES])
+        resolved = False
+    if inconsistent:
+        result["inconsistent_exit"] = True
     if spec.expected_statuses is not None and found:
         expected = dict(spec.expected_statuses)
         keys = sorted(set(expected) | set(status_map))
@@ -154,6 +186,22 @@ def grade(spec: EvalSpec, log: str) -> dict[str, Any]:
         resolved = resolved and not mismatches
     result["resolved"] = resolved
     return result
+
+
+def _exit_contradicts_log(parser: Any, test_spec: Any, log: str, exit_code_of: Any) -> bool:
+    """The test command exited non-zero while its log reports tests and not one failure.
+
+    swebench's harness already grades such a log as no result; this says why: the log
+    does not describe the run that happened (statuses printed by the tested code).
+    """
+    code = exit_code_of(log)
+    if code in (None, 0):
+        return False
+    try:
+        statuses = parser(log, test_spec)
+    except Exception:  # the parser's failure is graded already (log_parser_failed)
+        return False
+    return bool(statuses) and not any(s in ("FAILED", "ERROR") for s in statuses.values())
 
 
 #: Status words of test-result lines (pytest's -rA / -v, Django's and unittest's verbose lines).
@@ -183,6 +231,37 @@ def conflicting_results(log: str, tests: list[str]) -> dict[str, list[str]]:
     return {name: sorted(s) for name, s in seen.items() if len(s) > 1}
 
 
+def _parser(name: str) -> Any:
+    from swebench.harness.log_parsers import PARSER_REGISTRY
+
+    return PARSER_REGISTRY.get(name)
+
+
+def _verdict_tampering(
+    result: dict[str, Any], record_problem: str | None, record_path: str
+) -> list[dict[str, str]]:
+    """Tamper reports (kind ``verdict``) for what the status checks found."""
+    reports: list[dict[str, str]] = []
+    for test, seen in result.get("status_disagreements", {}).items():
+        reports.append({
+            "kind": "verdict", "rule": "status-channel", "path": test,
+            "change": f"the log says {seen['log']}, the runner {seen['channel'] or 'nothing'}",
+            "detail": "the test log reports statuses the test runner did not",
+        })  # fmt: skip
+    if record_problem == "removed":
+        reports.append({
+            "kind": "verdict", "rule": "status-record", "path": record_path, "change": "removed",
+            "detail": "the test run removed the grader's status record",
+        })  # fmt: skip
+    if result.get("inconsistent_exit"):
+        reports.append({
+            "kind": "verdict", "rule": "inconsistent-exit", "path": "",
+            "change": "exited non-zero while its log reports no failing test",
+            "detail": "the test command failed while its log reports no failure",
+        })  # fmt: skip
+    return reports
+
+
 async def evaluate(
     ctx: RewardContext[SweBenchRewardConfig], spec: EvalSpec, config: SweBenchRewardConfig
 ) -> RewardResult:
@@ -204,8 +283,15 @@ async def evaluate(
     await sandbox.write_file(eval_path, eval_text)
     if patch_path is not None:
         await sandbox.write_file(patch_path, patch)
+    # The status channel, where the row's parser reads a family the recorder knows.
+    record_path = f"{scratch}/status-{nonce}.jsonl"
+    channel = config.status_channel and family(_parser(spec.log_parser)) is not None
     runner = runner_script(
-        workdir=spec.workdir, eval_script_path=eval_path, test_patch_path=patch_path, nonce=nonce
+        workdir=spec.workdir,
+        eval_script_path=eval_path,
+        test_patch_path=patch_path,
+        nonce=nonce,
+        channel=(f"{scratch}/hook-{nonce}", record_path) if channel else None,
     )
     done = await sandbox.run(runner, timeout=config.eval_timeout, cwd="/", max_bytes=MAX_LOG_BYTES)
     elapsed = time.monotonic() - started
@@ -225,8 +311,16 @@ async def evaluate(
     if revert is not None:
         reverted = await sandbox.run(revert, timeout=REVERT_TIMEOUT, cwd="/", max_bytes=1 << 16)
         run = run.with_revert(reverted.output, nonce)
+    # No records: the channel is off; empty ones: a parser of no family it knows.
+    records = Records() if config.status_channel and not channel else None
+    record_problem = None
+    if channel and run.started:
+        records, record_problem = await read_records(sandbox, record_path)
     log = run.swebench_log()
-    result = await asyncio.to_thread(grade, spec, log)
+    result = await asyncio.to_thread(grade, spec, log, records, strict=config.strict_statuses)
+    tampered = _verdict_tampering(result, record_problem, record_path)
+    if record_problem is not None:
+        result.update(resolved=False, status_channel=record_problem)
     if run.truncated:
         result.update(resolved=False, failure_reason="test_output_too_large")
     if result["infra_failure"] and config.infra_failure_is_error:
@@ -257,6 +351,12 @@ async def evaluate(
         "eval_seconds": round(elapsed, 3),
         "log_tail": tail,
     }
+    if tampered:
+        info.update(
+            score_reason="tampered",
+            detail="; ".join(sorted({t["detail"] for t in tampered})),
+            tampered=[{k: v for k, v in t.items() if k != "detail"} for t in tampered],
+        )
     if markers:
         info["markers_in_test_output"] = markers
     if probing:
