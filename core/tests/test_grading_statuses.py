@@ -120,6 +120,32 @@ def test_a_run_the_interpreter_leaves_in_the_middle_is_unfinished(tmp_path):
     assert records.unfinished() == ["pytest"]
 
 
+#: A module of the repository named like one of the standard library's that pytest imports
+#: once it runs (after the repository is first on sys.path): it loads the real one and
+#: could do anything else before the first test.
+SHIM = """import importlib.machinery
+import importlib.util
+import os
+import sys
+
+_here = os.path.dirname(os.path.abspath(__file__))
+_path = [p for p in sys.path if os.path.abspath(p or ".") != _here]
+_spec = importlib.machinery.PathFinder.find_spec("shlex", _path)
+_real = importlib.util.module_from_spec(_spec)
+_spec.loader.exec_module(_real)
+globals().update({k: v for k, v in vars(_real).items() if not k.startswith("__")})
+"""
+
+
+def test_a_module_that_shadows_the_standard_library_is_recorded(tmp_path):
+    (tmp_path / "shlex.py").write_text(SHIM)
+    (tmp_path / "json.py").write_text("from json import *  # noqa\n")  # loaded before: never
+    (tmp_path / "test_it.py").write_text("def test_it():\n    pass\n")
+    records = run_recorded(tmp_path, sys.executable, "-m", "pytest", "-p", "no:cacheprovider")
+    assert records.log("pytest") == "PASSED test_it.py::test_it"
+    assert records.shadows == {("shlex", str(tmp_path / "shlex.py"))}
+
+
 def test_records_that_are_not_records_are_counted_not_trusted():
     records = Records.parse('{"f": "pytest", "session": true}\nnoise\n{"f": "other"}\n[1]\n')
     assert records.sessions == {"pytest"} and records.malformed == 3
@@ -175,6 +201,33 @@ async def test_a_test_run_ended_early_with_status_zero_does_not_pass(env):
     assert [(t["kind"], t["rule"], t["path"]) for t in result.info["tampered"]] == [
         ("verdict", "runner-unfinished", "unittest")
     ]
+
+
+PYTEST = f"PYTEST_DISABLE_PLUGIN_AUTOLOAD=1 {sys.executable} -m pytest -q -p no:cacheprovider"
+
+
+@pytest.mark.asyncio
+async def test_a_module_of_the_agents_that_shadows_the_standard_library_does_not_pass(env):
+    grader = await prepare_grader(env, "command", {}, settings={"command": PYTEST})
+    await env.write_file(f"{env.workdir}/calc.py", FIXED)
+    await env.write_file(f"{env.workdir}/shlex.py", SHIM)
+    result = await grade(grader, env)
+    assert result.info["exit_code"] == 0
+    assert result.score == 0.0
+    assert [(t["rule"], t["path"]) for t in result.info["tampered"]] == [
+        ("module-shadow", "shlex.py")
+    ]
+
+
+@pytest.mark.asyncio
+async def test_a_shadowing_module_the_repository_holds_at_its_base_is_its_own(env):
+    await env.write_file(f"{env.workdir}/shlex.py", SHIM)
+    await env.run_action("git add shlex.py && git commit -qm 'its own shlex'", timeout=30)
+    grader = await prepare_grader(env, "command", {}, settings={"command": PYTEST})
+    await env.write_file(f"{env.workdir}/calc.py", FIXED)
+    result = await grade(grader, env)
+    assert result.score == 1.0, result.info
+    assert "tampered" not in result.info
 
 
 @pytest.mark.asyncio

@@ -134,6 +134,7 @@ def tamper(rule: str, kind: str = "protected_file", scores: bool = True) -> dict
         (tamper("a-future-rule"), "task_files"),  # by its kind
         (tamper("status-channel", "verdict"), "status_channel"),  # swe_bench's own report
         (tamper("inconsistent-exit", "verdict"), "status_channel"),
+        (tamper("module-shadow", "verdict"), "plugin_config"),  # by its rule
         (tamper("a-future-rule", "a-future-kind"), None),
     ],
 )

@@ -11,7 +11,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from uniagent.builtin.harbor_reward import HarborRewardConfig, harbor_reward
 from uniagent.builtin.judge import JudgeSettings, llm_judge_reward
-from uniagent.grading.statuses import read_records, recorder
+from uniagent.grading.statuses import read_records, recorder, shadow_reports
 from uniagent.hookspecs import hookimpl
 from uniagent.reward import RewardContext, RewardInfraError, RewardResult
 from uniagent.specs import RewardSpec
@@ -73,10 +73,15 @@ async def command_reward(ctx: RewardContext[CommandRewardConfig]) -> RewardResul
             tampered.append(
                 {"kind": "verdict", "rule": "status-record", "path": record, "change": "removed"}
             )
+        if records is not None and records.shadows:
+            repo = ctx.workspace.repo or sandbox.workdir or "."
+            base = ctx.workspace.base_commit
+            tampered += await shadow_reports(sandbox, records, repo, base)
         if tampered:
             info.update(
                 score_reason="tampered",
-                detail="the test runner did not finish its run, or its record was removed",
+                detail="the test runner did not finish its run, its record was removed, or "
+                "it imported a module of the agent's that shadows the standard library",
                 tampered=tampered,
             )
         passed = not tampered and problem is None

@@ -32,6 +32,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import secrets
 import shlex
 from collections.abc import Iterable
 from dataclasses import dataclass, field
@@ -80,7 +81,39 @@ def _uniagent_status_hook():
         except Exception:
             pass
 
-    pid = os.getpid()
+    # Where the command runs its tests (the repository): a top-level module found below it
+    # that has a namesake outside it (the standard library, site-packages, a built-in)
+    # shadows that one. Seen as it is imported (before its code runs), once per name.
+    import importlib.machinery
+    top = os.getcwd()
+    stdlib = os.path.dirname(os.path.abspath(os.__file__))
+    seen = set()
+
+    def outside(entry):
+        entry = os.path.abspath(entry or ".")
+        return entry != top and not entry.startswith(top + os.sep)
+
+    def watch(name):
+        if name in seen:
+            return
+        seen.add(name)
+        spec = importlib.machinery.PathFinder.find_spec(name, sys.path)
+        origin = spec and spec.origin and os.path.abspath(spec.origin)
+        if not origin or outside(origin):
+            return
+        if name in sys.builtin_module_names:
+            other, where = "built-in", "stdlib"
+        else:
+            found = importlib.machinery.PathFinder.find_spec(
+                name, [p for p in sys.path if outside(p)]
+            )
+            other = found and found.origin and os.path.abspath(found.origin)
+            parts = other.split(os.sep) if other else ()
+            where = "site" if "site-packages" in parts or "dist-packages" in parts else (
+                "stdlib" if other and other.startswith(stdlib + os.sep) else "other"
+            )
+        if other:
+            emit({"f": "python", "shadow": name, "file": origin, "other": other, "in": where})
 
     # pytest: a plugin registered with the first config pytest makes in this process (its
     # config module is patched as it loads; an inner session, as pytester's, gets none).
@@ -129,11 +162,18 @@ def _uniagent_status_hook():
 
         module.get_config = get_config
 
-    class PytestConfigFinder(object):
+    class Finder(object):
+        """Watches top-level imports for shadows; patches pytest's config module."""
+
         def find_spec(self, fullname, path=None, target=None):
-            if fullname != "_pytest.config" or self not in sys.meta_path:
+            if path is None and "." not in fullname:
+                try:
+                    watch(fullname)
+                except Exception:
+                    pass
+            if fullname != "_pytest.config" or "_pytest.config" in seen:
                 return None
-            sys.meta_path.remove(self)
+            seen.add("_pytest.config")
             try:
                 import importlib.util
                 spec = importlib.util.find_spec(fullname)
@@ -151,7 +191,7 @@ def _uniagent_status_hook():
             spec.loader.exec_module = exec_module
             return spec
 
-    sys.meta_path.insert(0, PytestConfigFinder())
+    sys.meta_path.insert(0, Finder())
 
     # unittest (and Django's runner, which reports through it).
     try:
@@ -251,6 +291,50 @@ async def read_records(sandbox: GradingSandbox, path: str) -> tuple[Records | No
     return await asyncio.to_thread(Records.parse, data.decode("utf-8", "replace")), None
 
 
+#: Prints each file (relative to the repository, one a line on stdin) that differs from the
+#: base commit ($BASE) or is not in it: compared by content, without git's filters.
+_CHANGED = r"""
+while IFS= read -r f; do
+  want=$(gitc rev-parse -q --verify "$BASE:$f" 2>/dev/null) || want=none
+  have=$(gitc hash-object --no-filters -- "$f" 2>/dev/null) || have=gone
+  [ "$want" = "$have" ] || printf '%s\n' "$f"
+done <<'{end}'
+"""
+
+
+async def shadow_reports(
+    sandbox: GradingSandbox,
+    records: Records,
+    repo: str,
+    base: str | None,
+    exclude: Iterable[str] = (),
+) -> list[dict[str, str]]:
+    """Tamper reports (kind ``verdict``, rule ``module-shadow``) for the standard-library
+    modules the run imported from a file of the repository that the base commit does not
+    hold as it is now: a module the agent wrote, found before the one the runner wanted."""
+    from uniagent.grading.sandbox import GIT_FUNCTION
+
+    root = repo.rstrip("/") + "/"
+    skip = set(exclude)
+    files = {f[len(root) :]: name for name, f in records.shadows if f.startswith(root)}
+    files = {f: name for f, name in files.items() if f not in skip and "\n" not in f}
+    if not files:
+        return []
+    end = f"EOF_FILES_{secrets.token_hex(8)}"
+    listing = "".join(f"{f}\n" for f in sorted(files))
+    script = (
+        f"{GIT_FUNCTION}\nBASE={shlex.quote(base or 'HEAD')}\n"
+        f"{_CHANGED.lstrip().replace('{end}', end)}{listing}{end}\n"
+    )
+    done = await sandbox.run(script, timeout=120, cwd=repo)
+    changed = [line for line in done.output.splitlines() if line in files]
+    return [
+        {"kind": "verdict", "rule": "module-shadow", "path": f,
+         "change": f"shadows the standard library's {files[f]!r} in the test run"}
+        for f in changed
+    ]  # fmt: skip
+
+
 @dataclass
 class Records:
     """The records of one eval run, by family."""
@@ -265,6 +349,9 @@ class Records:
     declared_xfail: set[str] = field(default_factory=set)
     #: unittest: (description, docstring line) -> outcomes in order.
     unittest: dict[tuple[str, str | None], list[str]] = field(default_factory=dict)
+    #: Top-level modules the run imported from below where it ran (the repository) that
+    #: have a namesake in the standard library (or built in): (name, file).
+    shadows: set[tuple[str, str]] = field(default_factory=set)
     malformed: int = 0
 
     @classmethod
@@ -281,6 +368,10 @@ class Records:
 
     def _add(self, record: dict[str, Any]) -> None:
         kind = record["f"]
+        if kind == "python" and "shadow" in record:
+            if record.get("in") == "stdlib":
+                self.shadows.add((_text(record["shadow"]), _text(record["file"])))
+            return
         if kind not in ("pytest", "unittest"):
             raise ValueError(kind)
         if record.get("session") is True:

@@ -75,6 +75,7 @@ RULE_CLASSES: dict[str, str] = {
     "outside-paths": "outside_paths",
     "task-paths": "task_files",
     "config-paths": "task_files",
+    "module-shadow": "plugin_config",  # a module of the agent's found before the stdlib's
 }
 #: A tamper report's kind -> its class, for rules not in :data:`RULE_CLASSES` (content rules
 #: are the patch screen's).

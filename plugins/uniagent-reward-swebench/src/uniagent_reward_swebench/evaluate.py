@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from uniagent import RewardContext, RewardResult
-from uniagent.grading.statuses import Records, read_records
+from uniagent.grading.statuses import Records, read_records, shadow_reports
 from uniagent_reward_swebench.channel import family, judge
 from uniagent_reward_swebench.config import SweBenchRewardConfig
 from uniagent_reward_swebench.errors import EvaluationInfraError
@@ -38,6 +38,7 @@ from uniagent_reward_swebench.scripts import (
     RESET_FAILED,
     START_TEST_OUTPUT,
     TESTS_TIMEOUT,
+    patch_files,
 )
 
 #: Seconds the revert of the test patch may take.
@@ -319,6 +320,15 @@ async def evaluate(
     log = run.swebench_log()
     result = await asyncio.to_thread(grade, spec, log, records, strict=config.strict_statuses)
     tampered = _verdict_tampering(result, record_problem, record_path)
+    if records is not None and records.shadows:
+        owned = [f.path for f in patch_files(spec.test_patch)]
+        tampered += [
+            {**t, "detail": "the tests imported a module of the agent's that shadows the "
+             "standard library"}
+            for t in await shadow_reports(sandbox, records, spec.workdir, spec.base_commit, owned)
+        ]  # fmt: skip
+        if tampered:
+            result["resolved"] = False
     if record_problem is not None:
         result.update(resolved=False, status_channel=record_problem)
     if run.truncated:
