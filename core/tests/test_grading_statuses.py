@@ -146,6 +146,26 @@ def test_a_module_that_shadows_the_standard_library_is_recorded(tmp_path):
     assert records.shadows == {("shlex", str(tmp_path / "shlex.py"))}
 
 
+@pytest.mark.parametrize(
+    ("phases", "word"),
+    [
+        ({"setup": "passed", "call": "passed", "teardown": "passed"}, "PASSED"),
+        ({"setup": "passed", "call": "failed", "teardown": "passed"}, "FAILED"),
+        ({"setup": "failed", "teardown": "passed"}, "ERROR"),
+        ({"setup": "skipped", "teardown": "passed"}, "SKIPPED"),
+        # -rA prints PASSED and ERROR lines for it, in a version's order: as the call ended.
+        ({"setup": "passed", "call": "passed", "teardown": "failed"}, "PASSED"),
+        ({"setup": "passed"}, "ERROR"),  # never reported as run (the process left)
+    ],
+)
+def test_a_tests_word_is_its_calls(phases, word):
+    lines = [
+        f'{{"f": "pytest", "id": "t.py::a", "when": "{when}", "o": "{o}", "xfail": false}}'
+        for when, o in phases.items()
+    ]
+    assert Records.parse("\n".join(lines)).log("pytest") == f"{word} t.py::a"
+
+
 def test_records_that_are_not_records_are_counted_not_trusted():
     records = Records.parse('{"f": "pytest", "session": true}\nnoise\n{"f": "other"}\n[1]\n')
     assert records.sessions == {"pytest"} and records.malformed == 3

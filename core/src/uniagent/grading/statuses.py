@@ -428,15 +428,24 @@ def _text(value: Any) -> str:
 
 
 def _pytest_status(phases: dict[str, tuple[str, bool]]) -> str:
-    """pytest's short-summary word for a test's reports (as ``-rA`` would print it)."""
-    for when in ("setup", "call", "teardown", "collect"):
-        outcome, xfail = phases.get(when, ("", False))
-        if outcome == "failed":
-            return "FAILED" if when == "call" else "ERROR"
-    for outcome, xfail in phases.values():
-        if outcome == "skipped":
-            return "XFAIL" if xfail else "SKIPPED"
-    outcome, xfail = phases.get("call", ("", False))
+    """pytest's short-summary word for a test's reports.
+
+    The test's own outcome is its call's (or its set-up's, where that failed or skipped):
+    an error in its teardown alone leaves it as the call ended, since ``-rA`` prints both
+    lines, in an order that differs between pytest versions, and the log's parser keeps the
+    last one. The channel then never contradicts a log that says the call passed.
+    """
+    if phases.get("collect", ("", False))[0] == "failed":
+        return "ERROR"
+    outcome, xfail = phases.get("setup", ("", False))
+    if outcome == "failed":
+        return "ERROR"
+    if outcome != "skipped":
+        outcome, xfail = phases.get("call", ("", False))
+    if outcome == "failed":
+        return "FAILED"
+    if outcome == "skipped":
+        return "XFAIL" if xfail else "SKIPPED"
     if outcome == "passed":
         return "XPASS" if xfail else "PASSED"
     return "ERROR"  # no call report: the test never ran to the end
