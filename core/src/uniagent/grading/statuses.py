@@ -11,12 +11,15 @@ process or test sees it. In the test process it
 
 - registers a pytest plugin with the first configuration pytest makes in the process
   (pytest's config module is patched as it is imported; an inner session, as pytester
-  runs, gets none), which records the session's start and end (with pytest's exit
-  status) and every test report: node id, phase, outcome, whether it was an expected
-  failure, and whether the test *declares* ``xfail`` with a marker;
+  runs, gets none), which records the session's start and end and every test report:
+  node id, phase, outcome, whether it was an expected failure, and whether the test
+  *declares* ``xfail`` with a marker;
 - wraps :class:`unittest.TestResult`'s ``startTestRun``, ``stopTestRun`` and ``add*``
   methods (unittest's runner and Django's report through them) and records each
   test's description and outcome;
+- watches every top-level import (before the module's code runs): one found below where
+  the tests run (the repository) that has a namesake in the standard library shadows it
+  (:func:`shadow_reports` judges those files against the base commit);
 
 and appends each record as one JSON line to a file in the grader's scratch directory
 (the path is taken out of the environment at start-up). Nothing of it reaches the log.
