@@ -48,6 +48,12 @@ def test_expected_by_itself():
     pytest.xfail("from inside the test")
 
 
+def test_expected_by_the_code_under_test():
+    from helper import give_up
+
+    give_up()
+
+
 @pytest.mark.xfail(reason="declared")
 def test_declared():
     assert 0
@@ -80,6 +86,9 @@ def run_recorded(tmp_path: Path, *argv: str) -> Records:
 
 def test_pytest_reports_reach_the_record_and_nothing_else_sees_the_recorder(tmp_path):
     (tmp_path / "test_it.py").write_text(TESTS)
+    (tmp_path / "helper.py").write_text(
+        "import pytest\n\n\ndef give_up():\n    pytest.xfail('x')\n"
+    )
     records = run_recorded(tmp_path, sys.executable, "-m", "pytest", "-p", "no:cacheprovider")
     assert records.sessions == {"pytest"} and records.unfinished() == []
     lines = set(records.log("pytest").splitlines())
@@ -88,10 +97,14 @@ def test_pytest_reports_reach_the_record_and_nothing_else_sees_the_recorder(tmp_
         "PASSED test_it.py::test_a_child_python_is_not_recorded",
         "FAILED test_it.py::test_fails",
         "XFAIL test_it.py::test_expected_by_itself",
+        "XFAIL test_it.py::test_expected_by_the_code_under_test",
         "XFAIL test_it.py::test_declared",
         "PASSED test_it.py::Case::test_in_a_case",  # pytest's own result, not unittest's
     }
-    assert records.undeclared_xfail_log() == "XFAIL test_it.py::test_expected_by_itself"
+    # Declared: by a marker, or by the test's own pytest.xfail(); not by the code it tests.
+    assert (
+        records.undeclared_xfail_log() == "XFAIL test_it.py::test_expected_by_the_code_under_test"
+    )
     assert records.malformed == 0
 
 

@@ -13,7 +13,8 @@ process or test sees it. In the test process it
   (pytest's config module is patched as it is imported; an inner session, as pytester
   runs, gets none), which records the session's start and end and every test report:
   node id, phase, outcome, whether it was an expected failure, and whether the test
-  *declares* ``xfail`` with a marker;
+  declared it: with a marker, or by calling ``pytest.xfail()`` from its own file or a
+  ``conftest.py`` (not from the code under test);
 - wraps :class:`unittest.TestResult`'s ``startTestRun``, ``stopTestRun`` and ``add*``
   methods (unittest's runner and Django's report through them) and records each
   test's description and outcome;
@@ -140,6 +141,30 @@ def _uniagent_status_hook():
             "declared_xfail": "xfail" in getattr(report, "keywords", {}),
         })
 
+    def pytest_runtest_makereport(item, call):
+        # An expected failure raised while the test ran (pytest.xfail()): by the test's own
+        # code (its file, a conftest.py) or by the code under test.
+        try:
+            excinfo = call.excinfo
+            if excinfo is None or excinfo.type.__name__ != "XFailed":
+                return None
+            tb, where = excinfo.tb, None
+            while tb is not None:
+                name = os.path.abspath(tb.tb_frame.f_code.co_filename)
+                parts = name.split(os.sep)
+                if "_pytest" not in parts and "pytest" not in parts:
+                    where = name
+                tb = tb.tb_next
+            path = getattr(item, "path", None) or getattr(item, "fspath", None)
+            own = (path is not None and os.path.abspath(str(path)) == where) or (
+                where is not None and os.path.basename(where) == "conftest.py"
+            )
+            if own:
+                emit({"f": "pytest", "id": item.nodeid, "xfail_in_test": True})
+        except Exception:
+            pass
+        return None
+
     def pytest_collectreport(report):
         if report.failed:
             emit({"f": "pytest", "id": report.nodeid, "when": "collect", "o": "failed"})
@@ -148,6 +173,7 @@ def _uniagent_status_hook():
     plugin.pytest_unconfigure = pytest_unconfigure
     plugin.pytest_runtest_logreport = pytest_runtest_logreport
     plugin.pytest_collectreport = pytest_collectreport
+    plugin.pytest_runtest_makereport = pytest_runtest_makereport
 
     def patch_config(module):
         original = module.get_config
@@ -386,8 +412,10 @@ class Records:
             return
         if kind == "pytest":
             test = _text(record["id"])
-            if record.get("declared_xfail") is True:
+            if record.get("declared_xfail") is True or record.get("xfail_in_test") is True:
                 self.declared_xfail.add(test)
+            if "when" not in record:
+                return
             phases = self.pytest.setdefault(test, {})
             phases[_text(record["when"])] = (_text(record["o"]), record.get("xfail") is True)
             return

@@ -108,7 +108,8 @@ def judge(
             continue
         if said == "XFAIL" and find(test, undeclared) is not None:
             verdict.not_passed[test] = (
-                "XFAIL, and the test declares no xfail marker (pytest.xfail() ran during it)"
+                "XFAIL, and the test did not declare it (pytest.xfail() came from the code "
+                "under test)"
             )
     if strict:
         for test in pass_to_pass:

@@ -98,8 +98,9 @@ class SweBenchRewardConfig(BaseModel):
         description=(
             "a graded test passes only if it ran and passed: a skipped PASS_TO_PASS test "
             "fails (swebench counts it as maintained), and an expected failure counts only "
-            "where the test declares it with a marker (pytest.xfail() called while it runs "
-            "does not; known with the status channel). false: swebench's reading"
+            "where the test declares it (a marker, or pytest.xfail() called from the test's "
+            "own file or a conftest.py; not from the code under test: known with the status "
+            "channel). false: swebench's reading"
         ),
     )
 
