@@ -731,6 +731,7 @@ def test_probing_is_counted_and_an_alert_stops_the_run(round2_tasks, tmp_path):
     assert counts["classes"] == {
         "artifacts": 0, "test_env": 0, "plugin_config": 1, "patch_screen": 1,
         "outside_paths": 0, "self_masking": 1, "task_files": 0,
+        "status_channel": 0,
     }  # fmt: skip
     masked = json.loads((out / "results.jsonl").read_text().splitlines()[0])
     assert masked["task_id"] == "self-masking.runner-markers"

@@ -18,7 +18,7 @@ import pytest
 
 from uniagent import open_env
 from uniagent.env import AgentEnv
-from uniagent.grading.statuses import HOOK, Records
+from uniagent.grading.statuses import HOOK, StatusRecords
 from uniagent.testing.grading import grade, prepare_grader
 
 TESTS = """import os
@@ -65,7 +65,7 @@ class Case(unittest.TestCase):
 """
 
 
-def run_recorded(tmp_path: Path, *argv: str) -> Records:
+def run_recorded(tmp_path: Path, *argv: str) -> StatusRecords:
     """``argv`` under the recorder (as a reward's command runs), with an environment of its
     own ``sitecustomize``; the records it left."""
     hook, record, site = tmp_path / "uniagent-hook", tmp_path / "record.jsonl", tmp_path / "site"
@@ -81,7 +81,7 @@ def run_recorded(tmp_path: Path, *argv: str) -> Records:
         "PYTEST_DISABLE_PLUGIN_AUTOLOAD": "1",
     }
     subprocess.run(argv, cwd=tmp_path, env=env, capture_output=True, check=False, timeout=120)
-    return Records.parse(record.read_text())
+    return StatusRecords.parse(record.read_text())
 
 
 def test_pytest_reports_reach_the_record_and_nothing_else_sees_the_recorder(tmp_path):
@@ -176,11 +176,11 @@ def test_a_tests_word_is_its_calls(phases, word):
         f'{{"f": "pytest", "id": "t.py::a", "when": "{when}", "o": "{o}", "xfail": false}}'
         for when, o in phases.items()
     ]
-    assert Records.parse("\n".join(lines)).log("pytest") == f"{word} t.py::a"
+    assert StatusRecords.parse("\n".join(lines)).log("pytest") == f"{word} t.py::a"
 
 
 def test_records_that_are_not_records_are_counted_not_trusted():
-    records = Records.parse('{"f": "pytest", "session": true}\nnoise\n{"f": "other"}\n[1]\n')
+    records = StatusRecords.parse('{"f": "pytest", "session": true}\nnoise\n{"f": "other"}\n[1]\n')
     assert records.sessions == {"pytest"} and records.malformed == 3
 
 

@@ -75,6 +75,10 @@ _EXPORTS: dict[str, str] = {
     "GradingOutput": "uniagent.grading.sandbox",
     "GradingReadError": "uniagent.grading.sandbox",
     "GradingSetupError": "uniagent.grading.integrity",
+    "StatusRecords": "uniagent.grading.statuses",
+    "status_recorder": "uniagent.grading.statuses",
+    "read_status_records": "uniagent.grading.statuses",
+    "module_shadow_reports": "uniagent.grading.statuses",
     "Workspace": "uniagent.protect.settings",
     "IntegrityDefaults": "uniagent.protect.settings",
     "TestEnv": "uniagent.protect.settings",
@@ -183,6 +187,7 @@ __all__ = [
     "ServiceSpec",
     "ServiceStartError",
     "ShellKilledError",
+    "StatusRecords",
     "TerminalNotAliveError",
     "TestEnv",
     "ToolCall",
@@ -202,11 +207,14 @@ __all__ = [
     "get_registry",
     "hookimpl",
     "load_plugins",
+    "module_shadow_reports",
     "open_env",
+    "read_status_records",
     "reset_plugins",
     "resolve",
     "running_services",
     "script_test_env",
+    "status_recorder",
     "tool_calls_from_openai",
     "validate_call",
 ]
@@ -257,6 +265,12 @@ if TYPE_CHECKING:  # pragma: no cover - what type checkers and IDEs see
     from uniagent.exit import ExitReason
     from uniagent.grading.integrity import GradingSetupError
     from uniagent.grading.sandbox import GradingOutput, GradingReadError, GradingSandbox
+    from uniagent.grading.statuses import (
+        StatusRecords,
+        module_shadow_reports,
+        read_status_records,
+        status_recorder,
+    )
     from uniagent.grading.testenv import script_test_env
     from uniagent.hookspecs import hookimpl
     from uniagent.parsers.base import (

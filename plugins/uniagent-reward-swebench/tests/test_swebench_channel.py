@@ -14,7 +14,7 @@ import pytest
 from swebench_helpers import FIXED, CalcRepo, django_row, make_django_repo, swe_bench_row
 from uniagent_reward_swebench.channel import judge
 
-from uniagent.grading.statuses import Records
+from uniagent import StatusRecords
 from uniagent.testing import grade, prepare_grader
 
 pytestmark = pytest.mark.asyncio
@@ -132,7 +132,7 @@ def _judge(log_map: dict[str, str], records: str, parser: Any, **kw: Any) -> Any
         parser=parser,
         test_spec=None,
         log_map=log_map,
-        records=Records.parse(records),
+        records=StatusRecords.parse(records),
         fail_to_pass=kw.pop("f2p", ["t.py::a"]),
         pass_to_pass=kw.pop("p2p", ["t.py::b"]),
         **kw,
@@ -158,7 +158,7 @@ def test_the_channel_speaks_only_for_runs_it_saw() -> None:
     verdict = _judge(passed, "\n".join(run), parse_log_pytest)
     assert verdict.state == "compared"
     assert verdict.disagreements == {"t.py::a": {"log": "PASSED", "channel": None}}
-    assert Records.parse("\n".join(run)).malformed == 1
+    assert StatusRecords.parse("\n".join(run)).malformed == 1
 
 
 def test_a_declared_xfail_counts_and_a_skipped_pass_to_pass_test_does_not() -> None:

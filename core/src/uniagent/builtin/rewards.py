@@ -11,7 +11,11 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from uniagent.builtin.harbor_reward import HarborRewardConfig, harbor_reward
 from uniagent.builtin.judge import JudgeSettings, llm_judge_reward
-from uniagent.grading.statuses import read_records, recorder, shadow_reports
+from uniagent.grading.statuses import (
+    module_shadow_reports,
+    read_status_records,
+    status_recorder,
+)
 from uniagent.hookspecs import hookimpl
 from uniagent.reward import RewardContext, RewardInfraError, RewardResult
 from uniagent.specs import RewardSpec
@@ -49,7 +53,7 @@ async def command_reward(ctx: RewardContext[CommandRewardConfig]) -> RewardResul
     if config.status_channel:
         nonce = secrets.token_hex(8)
         record = f"{sandbox.scratch}/status-{nonce}.jsonl"
-        prefix = recorder(f"{sandbox.scratch}/hook-{nonce}", record, nonce)
+        prefix = status_recorder(f"{sandbox.scratch}/hook-{nonce}", record, nonce)
     done = await sandbox.run(prefix + str(command), timeout=config.timeout)
     passed = done.exit_code == 0 and not done.timed_out
     info: dict[str, Any] = {
@@ -59,7 +63,7 @@ async def command_reward(ctx: RewardContext[CommandRewardConfig]) -> RewardResul
         "output_tail": done.output[-config.output_chars :] if config.output_chars else "",
     }
     if record is not None and passed:  # a failed command needs no second word
-        records, problem = await read_records(sandbox, record)
+        records, problem = await read_status_records(sandbox, record)
         unfinished = records.unfinished() if records is not None else []
         info["status_channel"] = problem or (
             "compared" if records and records.sessions else "absent"
@@ -76,7 +80,7 @@ async def command_reward(ctx: RewardContext[CommandRewardConfig]) -> RewardResul
         if records is not None and records.shadows:
             repo = ctx.workspace.repo or sandbox.workdir or "."
             base = ctx.workspace.base_commit
-            tampered += await shadow_reports(sandbox, records, repo, base)
+            tampered += await module_shadow_reports(sandbox, records, repo, base)
         if tampered:
             info.update(
                 score_reason="tampered",

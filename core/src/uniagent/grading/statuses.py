@@ -3,7 +3,7 @@
 A test log is text the tested code shares: code under test can print a status line,
 finish one the runner started (Django's ``test_x (m.C) ... `` then ``ok``), make its
 own failure read as an expected failure or a skip, or end the interpreter early with
-status 0. So a reward can also ask the runner. :func:`recorder` gives the shell lines
+status 0. So a reward can also ask the runner. :func:`status_recorder` gives the shell lines
 that put a grader-owned start-up module in front of the command's Python: a
 ``sitecustomize`` on ``PYTHONPATH`` that loads the environment's own ``sitecustomize``
 after it, and takes itself off ``PYTHONPATH`` and ``sys.path`` so that no child
@@ -20,11 +20,11 @@ process or test sees it. In the test process it
   test's description and outcome;
 - watches every top-level import (before the module's code runs): one found below where
   the tests run (the repository) that has a namesake in the standard library shadows it
-  (:func:`shadow_reports` judges those files against the base commit);
+  (:func:`module_shadow_reports` judges those files against the base commit);
 
 and appends each record as one JSON line to a file in the grader's scratch directory
 (the path is taken out of the environment at start-up). Nothing of it reaches the log.
-:class:`Records` reads them back; :meth:`Records.unfinished` names a runner that
+:class:`StatusRecords` reads them back; :meth:`StatusRecords.unfinished` names a runner that
 started and never reported its end (the interpreter left in the middle of the run).
 
 The tested code runs in the same process as the recorder, so code written to defeat
@@ -288,7 +288,7 @@ del _uniagent_status_hook
 MAX_RECORD_BYTES = 32 << 20
 
 
-def recorder(hook_dir: str, record: str, nonce: str) -> str:
+def status_recorder(hook_dir: str, record: str, nonce: str) -> str:
     """Shell lines that write the start-up module into ``hook_dir``, make ``record`` empty
     and hand both to the Python processes of the commands that follow."""
     q = shlex.quote
@@ -308,8 +308,10 @@ def recorder(hook_dir: str, record: str, nonce: str) -> str:
     )
 
 
-async def read_records(sandbox: GradingSandbox, path: str) -> tuple[Records | None, str | None]:
-    """The records of a run; or why there are none: ``removed`` (the file :func:`recorder`
+async def read_status_records(
+    sandbox: GradingSandbox, path: str
+) -> tuple[StatusRecords | None, str | None]:
+    """The records of a run; or why there are none: ``removed`` (the file :func:`status_recorder`
     made empty before the command is gone or no longer a regular file), ``too_large``."""
     from uniagent.grading.sandbox import GradingReadError
 
@@ -317,7 +319,7 @@ async def read_records(sandbox: GradingSandbox, path: str) -> tuple[Records | No
         data = await sandbox.read_bytes(path, max_bytes=MAX_RECORD_BYTES)
     except GradingReadError as exc:
         return None, "too_large" if "larger than" in str(exc) else "removed"
-    return await asyncio.to_thread(Records.parse, data.decode("utf-8", "replace")), None
+    return await asyncio.to_thread(StatusRecords.parse, data.decode("utf-8", "replace")), None
 
 
 #: Prints each file (relative to the repository, one a line on stdin) that differs from the
@@ -331,9 +333,9 @@ done <<'{end}'
 """
 
 
-async def shadow_reports(
+async def module_shadow_reports(
     sandbox: GradingSandbox,
-    records: Records,
+    records: StatusRecords,
     repo: str,
     base: str | None,
     exclude: Iterable[str] = (),
@@ -365,7 +367,7 @@ async def shadow_reports(
 
 
 @dataclass
-class Records:
+class StatusRecords:
     """The records of one eval run, by family."""
 
     #: The families whose runner started (a pytest session, a unittest run).
@@ -384,7 +386,7 @@ class Records:
     malformed: int = 0
 
     @classmethod
-    def parse(cls, text: str) -> Records:
+    def parse(cls, text: str) -> StatusRecords:
         """Read the JSON lines; a line that is not one record is counted, not trusted."""
         records = cls()
         for line in text.splitlines():

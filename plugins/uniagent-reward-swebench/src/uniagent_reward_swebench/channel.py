@@ -18,7 +18,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from uniagent.grading.statuses import Records
+from uniagent import StatusRecords
 
 #: The swebench parsers that read pytest's ``-rA`` lines, and Django's; the rest: log only.
 PYTEST_PARSERS = frozenset(
@@ -61,7 +61,7 @@ def judge(
     parser: Callable[..., Any],
     test_spec: Any,
     log_map: dict[str, str],
-    records: Records | None,
+    records: StatusRecords | None,
     fail_to_pass: list[str],
     pass_to_pass: list[str],
     normalize: Callable[[str], str] | None = None,

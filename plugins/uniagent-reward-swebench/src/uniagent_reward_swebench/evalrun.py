@@ -87,9 +87,9 @@ def runner_script(
     q = shlex.quote
     lines = []
     if channel is not None:
-        from uniagent.grading.statuses import recorder
+        from uniagent import status_recorder
 
-        lines.append(recorder(*channel, nonce).rstrip("\n"))
+        lines.append(status_recorder(*channel, nonce).rstrip("\n"))
     lines += [
         f"cd {q(workdir)} 2>/dev/null || {{ echo {q(marker(nonce, 'workdir-missing'))}; "
         f"exit {WORKDIR_MISSING_EXIT}; }}",

@@ -19,8 +19,13 @@ import time
 from pathlib import Path
 from typing import Any
 
-from uniagent import RewardContext, RewardResult
-from uniagent.grading.statuses import Records, read_records, shadow_reports
+from uniagent import (
+    RewardContext,
+    RewardResult,
+    StatusRecords,
+    module_shadow_reports,
+    read_status_records,
+)
 from uniagent_reward_swebench.channel import family, judge
 from uniagent_reward_swebench.config import SweBenchRewardConfig
 from uniagent_reward_swebench.errors import EvaluationInfraError
@@ -86,7 +91,7 @@ def _failure_reason(log: str) -> str:
 
 
 def grade(
-    spec: EvalSpec, log: str, records: Records | None = None, *, strict: bool = True
+    spec: EvalSpec, log: str, records: StatusRecords | None = None, *, strict: bool = True
 ) -> dict[str, Any]:
     """Parse the test log and grade it with swebench's harness; returns the report.
 
@@ -313,20 +318,20 @@ async def evaluate(
         reverted = await sandbox.run(revert, timeout=REVERT_TIMEOUT, cwd="/", max_bytes=1 << 16)
         run = run.with_revert(reverted.output, nonce)
     # No records: the channel is off; empty ones: a parser of no family it knows.
-    records = Records() if config.status_channel and not channel else None
+    records = StatusRecords() if config.status_channel and not channel else None
     record_problem = None
     if channel and run.started:
-        records, record_problem = await read_records(sandbox, record_path)
+        records, record_problem = await read_status_records(sandbox, record_path)
     log = run.swebench_log()
     result = await asyncio.to_thread(grade, spec, log, records, strict=config.strict_statuses)
     tampered = _verdict_tampering(result, record_problem, record_path)
     if records is not None and records.shadows:
         owned = [f.path for f in patch_files(spec.test_patch)]
-        tampered += [
-            {**t, "detail": "the tests imported a module of the agent's that shadows the "
-             "standard library"}
-            for t in await shadow_reports(sandbox, records, spec.workdir, spec.base_commit, owned)
-        ]  # fmt: skip
+        shadows = await module_shadow_reports(
+            sandbox, records, spec.workdir, spec.base_commit, owned
+        )
+        detail = "the tests imported a module of the agent's that shadows the standard library"
+        tampered += [{**t, "detail": detail} for t in shadows]
         if tampered:
             result["resolved"] = False
     if record_problem is not None:
