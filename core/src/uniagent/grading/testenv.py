@@ -10,8 +10,10 @@ test command starts with) is run in a clean shell, each word looked up and
 followed to its interpreter (a ``pytest`` script to its ``#!`` line), and that
 interpreter, started as the tests start it (``.pth`` files and all, before the
 agent's first turn), reports its roots: its prefixes, site-packages, stdlib
-(``pythonX.Y.zip`` too) and every directory on its ``sys.path`` outside the
-repository; a conda activation adds ``$CONDA_PREFIX`` (its ``etc/conda/activate.d``)
+and every entry of its ``sys.path`` outside the repository, including those that do
+not exist yet (``pythonXY.zip`` before the standard library, a ``PYTHONPATH`` directory,
+a ``pyvenv.cfg`` beside or above the interpreter: made later, each would be read before
+what the baseline saw); a conda activation adds ``$CONDA_PREFIX`` (its ``etc/conda/activate.d``)
 and the conda installation itself. Each root is recorded as a digest of the names
 under it (bytecode caches aside).
 
@@ -57,8 +59,10 @@ for key in ("stdlib", "platstdlib", "purelib", "platlib"):
         roots.add(sysconfig.get_paths()[key])
     except Exception:
         pass
-roots.update(p for p in sys.path if p and os.path.isabs(p))
+roots.update(os.path.abspath(p) for p in sys.path if p)
 roots.add(sys.executable)
+# where the interpreter looks for a venv's configuration at start-up (beside it, above it)
+roots.add(os.path.join(os.path.dirname(sys.executable), "pyvenv.cfg"))
 roots.add(os.path.join(sys.prefix, "pyvenv.cfg"))
 files = set()
 for d in sys.path:
@@ -80,9 +84,10 @@ for name in ("sitecustomize", "usercustomize", "pytest", "_pytest", "pluggy"):
         for here, _, names in os.walk(root):
             files.update(os.path.join(here, f) for f in names if f.endswith(".py"))
     files.add(spec.origin)
+# Every one, whether there or not: a path on sys.path (pythonXY.zip before the standard
+# library), a site directory or a pyvenv.cfg made after the baseline is read first next time.
 for root in sorted(roots):
-    if os.path.exists(root):
-        print("root", os.path.realpath(root))
+    print("root", os.path.realpath(root))
 for path in sorted(files):
     if os.path.isfile(path):
         print("file", os.path.realpath(path))
@@ -192,6 +197,7 @@ while IFS= read -r root; do
     done < <(find "$root" -xdev "${skip[@]}" -newerct "@$SINCE" -printf '%y %p\0' 2>/dev/null)
     xargs -0 -r rm -f -- < "$TMPDIR/purge" 2>/dev/null
     printf 'purged %s %s\n' "$root" "$purged"
+    [ -d "$root" ] || names=1  # a file: its one name costs nothing (and it may be new)
   fi
   if [ -n "$names" ]; then
     sum=$(find "$root" -xdev "${skip[@]}" -name __pycache__ -prune -o -printf '%P\0' 2>/dev/null \
@@ -364,6 +370,8 @@ def changes(
         detail = (
             f"{before.get(key)} -> {after.get(key)}"
             if key.startswith("bin:")
+            else "it did not exist at the baseline"
+            if key.startswith("root:") and before.get(key) == "missing"
             else "files were added or removed under it"
             if key.startswith("root:")
             else "its content changed"
