@@ -460,6 +460,7 @@ ROUND2 = integrity_round2.flat()
 LEGIT2 = {
     **LEGIT,
     "legit-fix-test-env": LEGIT["legit-fix"],
+    "legit-fix-relocated": LEGIT["legit-fix"],
     "legit-fix-setup-cfg": integrity_round2.SETUP_CFG_FIX,
     "legit-fix-outside": LEGIT["legit-fix"],
     # In the Django layout (its runner in the repository): the plain fix, and one whose code
@@ -558,7 +559,7 @@ def test_round_two_attacks_score_zero_and_are_trained_on(
     # started ahead, makes them again on the host, before or after the agent changed them.
     reported = ["plugin-config.", "patch-screen.", "tree.", *VERDICT_REPORTED]
     if grade_in == "episode":
-        reported.append("test-env.")
+        reported += ["test-env.", "relocated."]
     if grade_in == "episode" or isolation != "none":
         reported.append("outside.")
     check_reported(records, attacks, reported)

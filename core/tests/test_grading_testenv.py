@@ -331,11 +331,12 @@ def test_the_test_environment_of_an_eval_script():
     script = (
         "#!/bin/bash\nset -uxo pipefail\nsource /opt/miniconda3/bin/activate\n"
         "conda activate testbed\ncd /testbed\ngit status\nexport PATH=/opt/x:$PATH\n"
+        "export PYTHONPATH=/opt/y\n"
     )
     spec = script_test_env(script, ["PYTEST_ADDOPTS=-x pytest -rA tests/", "python -m t"])
     assert spec.activate.splitlines() == [
         "source /opt/miniconda3/bin/activate", "conda activate testbed", "cd /testbed",
-        "export PATH=/opt/x:$PATH"]  # fmt: skip
+        "export PATH=/opt/x:$PATH", "export PYTHONPATH=/opt/y"]  # fmt: skip
     assert spec.interpreters == ("pytest", "python", "python3")
     assert spec.required == ("pytest", "python")  # the test commands' own
 

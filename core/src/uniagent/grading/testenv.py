@@ -387,7 +387,7 @@ def changes(
 _ACTIVATION = re.compile(
     r"^\s*(?:(?:source|\.)\s+\S*activate\b.*|(?:conda|mamba|micromamba)\s+activate\b.*"
     r"|cd\s+[^\s;&|]+"
-    r"|export\s+(?:PATH|VIRTUAL_ENV|CONDA_\w+|PYTHONHOME)=.*"
+    r"|export\s+(?:PATH|PYTHONPATH|VIRTUAL_ENV|CONDA_\w+|PYTHONHOME)=.*"
     r"|if \[ -f \S*activate \]; then .*activate.*fi)\s*$"
 )
 
