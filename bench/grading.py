@@ -12,8 +12,10 @@ on the same kind of sandbox. ``fresh`` is measured as episodes run it: its
 sandbox is started at the baseline, and grading begins once it is up (the
 agent's working time, which hides its start, is not counted). Printed: medians
 in ms of sandbox start, baseline, grading in the episode's sandbox, grading in
-the fresh one started ahead, their ratio against the target (1.2x), and, for
-reference, fresh grading whose sandbox starts only when grading begins.
+the fresh one started ahead, their ratio against the target (1.2x), for
+reference fresh grading whose sandbox starts only when grading begins, and what
+the status channel adds to grading in the episode's sandbox (the same grading
+with ``status_channel: false``).
 
 The figures measured on our machines, and how to read them, are in
 docs/rewards.md ("Cost").
@@ -94,8 +96,10 @@ def task(base: str, test_patch: str, python: str) -> dict[str, Any]:
 
 #: The modes measured: ``fresh`` as episodes run it (its sandbox started at the baseline,
 #: up by the time the agent is done), and, for reference, a fresh sandbox started only when
-#: grading begins (an agent quicker than a sandbox start).
-MODES = ("episode", "fresh", "fresh-not-ahead")
+#: grading begins (an agent quicker than a sandbox start) and ``episode`` without the status
+#: channel (the test runner's own record of each status, checked against the log): the
+#: channel's cost is the difference.
+MODES = ("episode", "fresh", "fresh-not-ahead", "episode-no-channel")
 
 
 async def one(
@@ -114,8 +118,8 @@ async def one(
             env,
             "swe_bench",
             row,
-            settings={"workdir": workdir},
-            grade_in="episode" if mode == "episode" else "fresh",
+            settings={"workdir": workdir, "status_channel": mode != "episode-no-channel"},
+            grade_in="fresh" if mode.startswith("fresh") else "episode",
             fresh_env=make_env if mode != "fresh-not-ahead" else None,
         )
         times["baseline"] = (time.perf_counter() - started) * 1000
@@ -149,11 +153,11 @@ async def measure(
     med = {m: {k: statistics.median(v) for k, v in s.items()} for m, s in samples.items()}
     start = statistics.median(x for m in MODES for x in samples[m]["start"])
     baseline = statistics.median(x for m in MODES for x in samples[m]["baseline"])
-    episode, fresh, late = (med[m]["grade"] for m in MODES)
+    episode, fresh, late, bare = (med[m]["grade"] for m in MODES)
     return [
         f"| {name} | {start:.0f} | {baseline:.0f} | {episode:.0f} | {fresh:.0f} | "
         f"{fresh / episode:.2f}x{'' if fresh / episode <= TARGET else ' (over target)'} | "
-        f"{late:.0f} ({late / episode:.2f}x) |"
+        f"{late:.0f} ({late / episode:.2f}x) | {episode - bare:+.0f} ({episode / bare:.2f}x) |"
     ]
 
 
@@ -202,8 +206,9 @@ async def main() -> None:
         python_dirs = sorted({sys.prefix, sys.base_prefix})
         rows = [
             "| backend | start | baseline | grade episode | grade fresh (started ahead) "
-            f"| fresh / episode (target <= {TARGET}x) | grade fresh, not started ahead |",
-            "|---|---|---|---|---|---|---|",
+            f"| fresh / episode (target <= {TARGET}x) | grade fresh, not started ahead "
+            "| status channel (episode against episode without it) |",
+            "|---|---|---|---|---|---|---|---|",
         ]
         for isolation in args.isolation.split(","):
             rows += await measure(
