@@ -76,7 +76,8 @@ def run_recorded(tmp_path: Path, *argv: str) -> StatusRecords:
     record.write_text("")
     env = {
         **os.environ,
-        "PYTHONPATH": f"{hook}{os.pathsep}{site}",
+        # twice, as after an eval script's own export (the recorder put first again)
+        "PYTHONPATH": os.pathsep.join([str(hook), str(hook), str(site)]),
         "UNIAGENT_STATUS_FILE": str(record),
         "PYTEST_DISABLE_PLUGIN_AUTOLOAD": "1",
     }

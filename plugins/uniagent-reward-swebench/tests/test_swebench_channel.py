@@ -178,3 +178,40 @@ def test_a_declared_xfail_counts_and_a_skipped_pass_to_pass_test_does_not() -> N
     expected = {"t.py::a": "XFAIL", "t.py::b": "SKIPPED"}
     assert _judge(log_map, "\n".join(run), parse_log_pytest, expected=expected).not_passed == {}
     assert _judge(log_map, "\n".join(run), parse_log_pytest, strict=False).not_passed == {}
+
+
+def test_with_no_record_of_the_run_no_expected_failure_counts() -> None:
+    from swebench.harness.log_parsers.python import parse_log_pytest
+
+    log_map = {"t.py::a": "XFAIL", "t.py::b": "PASSED"}
+    verdict = _judge(log_map, "", parse_log_pytest)
+    assert verdict.state == "absent" and list(verdict.not_passed) == ["t.py::a"]
+    assert "no record of the runner" in verdict.not_passed["t.py::a"]
+    assert _judge(log_map, "", parse_log_pytest, expected={"t.py::a": "XFAIL"}).not_passed == {}
+    assert _judge(log_map, "", parse_log_pytest, strict=False).not_passed == {}
+
+
+def test_an_eval_script_that_sets_pythonpath_keeps_the_recorder_first(tmp_path: Path) -> None:
+    """``export PYTHONPATH=...`` in the eval script would start the tests' Python without the
+    recorder: it is put first again after each such line (a one-command prefix is not)."""
+    import subprocess
+
+    from uniagent_reward_swebench.evaluate import keep_recorder
+
+    hook = tmp_path / "hook dir"
+    script = (
+        'set -u\nexport PYTHONPATH=/src\necho "1:$PYTHONPATH"\n'
+        '  export PYTHONPATH="$PYTHONPATH:/lib"\necho "2:$PYTHONPATH"\n'
+        "export PYTHONPATH=/a && echo \"3:$PYTHONPATH\"\nPYTHONPATH=/b sh -c 'echo 4:$PYTHONPATH'\n"
+    )
+    kept = keep_recorder(script, str(hook))
+    out = subprocess.run(
+        ["bash", "-c", kept], env={"PATH": "/usr/bin:/bin", "PYTHONPATH": str(hook)},
+        capture_output=True, text=True, check=True,
+    ).stdout.splitlines()  # fmt: skip
+    assert out == [
+        f"1:{hook}:/src",
+        f"2:{hook}:{hook}:/src:/lib",
+        "3:/a",  # not a line of its own: left as it is
+        "4:/b",
+    ]

@@ -56,9 +56,8 @@ def _uniagent_status_hook():
     path = os.environ.pop("UNIAGENT_STATUS_FILE", None)
     pythonpath = os.environ.get("PYTHONPATH")
     if pythonpath is not None:
-        parts = pythonpath.split(os.pathsep)
-        if parts and os.path.abspath(parts[0] or ".") == here:
-            parts = parts[1:]
+        # every time it is there (put first again after an eval script's own export)
+        parts = [p for p in pythonpath.split(os.pathsep) if os.path.abspath(p or ".") != here]
         if parts:
             os.environ["PYTHONPATH"] = os.pathsep.join(parts)
         else:

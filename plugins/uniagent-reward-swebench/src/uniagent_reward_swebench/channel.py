@@ -111,6 +111,11 @@ def judge(
                 "XFAIL, and the test did not declare it (pytest.xfail() came from the code "
                 "under test)"
             )
+        elif said == "XFAIL" and state == "absent":
+            verdict.not_passed[test] = (
+                "XFAIL, and no record of the runner tells whether the test declared it (the "
+                "status recorder did not run in the tests' Python)"
+            )
     if strict:
         for test in pass_to_pass:
             key = find(test, log_map)

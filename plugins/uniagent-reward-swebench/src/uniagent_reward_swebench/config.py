@@ -100,7 +100,8 @@ class SweBenchRewardConfig(BaseModel):
             "fails (swebench counts it as maintained), and an expected failure counts only "
             "where the test declares it (a marker, or pytest.xfail() called from the test's "
             "own file or a conftest.py; not from the code under test: known with the status "
-            "channel). false: swebench's reading"
+            "channel; where the channel has no record of the run, no expected failure "
+            "counts). false: swebench's reading"
         ),
     )
 

@@ -194,6 +194,19 @@ def grade(
     return result
 
 
+#: A line of an eval script that sets ``PYTHONPATH`` and does nothing else.
+_SETS_PYTHONPATH = re.compile(r"^[ \t]*export[ \t]+PYTHONPATH=[^;&|`\n\\]*$", re.MULTILINE)
+
+
+def keep_recorder(script: str, hook_dir: str) -> str:
+    """``script`` with the status recorder's directory put first on ``PYTHONPATH`` again after
+    each line that sets it (``export PYTHONPATH=src``, as eval scripts do, would drop it: the
+    tests' Python would start without the recorder). A ``PYTHONPATH=...`` prefix of one
+    command is left as it is: that run has no records (``status_channel: absent``)."""
+    again = f'export PYTHONPATH={shlex.quote(hook_dir)}"${{PYTHONPATH:+:$PYTHONPATH}}"'
+    return _SETS_PYTHONPATH.sub(lambda m: f"{m.group(0)}\n{again}", script)
+
+
 def _exit_contradicts_log(parser: Any, test_spec: Any, log: str, exit_code_of: Any) -> bool:
     """The test command exited non-zero while its log reports tests and not one failure.
 
@@ -281,6 +294,11 @@ async def evaluate(
     patch = spec.test_patch if spec.test_patch.endswith("\n") else spec.test_patch + "\n"
     # Importing swebench's harness takes about a second: keep it off the event loop.
     eval_text, exit_known = await asyncio.to_thread(with_exit_status, spec.eval_script)
+    # The status channel, where the row's parser reads a family the recorder knows.
+    record_path, hook_dir = f"{scratch}/status-{nonce}.jsonl", f"{scratch}/hook-{nonce}"
+    channel = config.status_channel and family(_parser(spec.log_parser)) is not None
+    if channel:
+        eval_text = keep_recorder(eval_text, hook_dir)
 
     made = await sandbox.run(f"mkdir -p {q(scratch)}", timeout=60, cwd="/")
     if made.exit_code != 0:
@@ -289,15 +307,12 @@ async def evaluate(
     await sandbox.write_file(eval_path, eval_text)
     if patch_path is not None:
         await sandbox.write_file(patch_path, patch)
-    # The status channel, where the row's parser reads a family the recorder knows.
-    record_path = f"{scratch}/status-{nonce}.jsonl"
-    channel = config.status_channel and family(_parser(spec.log_parser)) is not None
     runner = runner_script(
         workdir=spec.workdir,
         eval_script_path=eval_path,
         test_patch_path=patch_path,
         nonce=nonce,
-        channel=(f"{scratch}/hook-{nonce}", record_path) if channel else None,
+        channel=(hook_dir, record_path) if channel else None,
     )
     done = await sandbox.run(runner, timeout=config.eval_timeout, cwd="/", max_bytes=MAX_LOG_BYTES)
     elapsed = time.monotonic() - started
