@@ -486,6 +486,7 @@ VERDICT_REPORTED = [
     "verdict.finish-the-line",
     "verdict.print-and-leave",
     "verdict.print-and-leave-django",
+    "verdict.print-and-leave-relocated",
 ]
 
 #: The classes no sandbox without isolation holds (run under bwrap only).
@@ -582,12 +583,18 @@ GRADING_IMAGE = "localhost/uniagent-integrity:bookworm"
 #: python3, the outside paths are the image's, see :func:`integrity_round2.in_container`).
 IN_CONTAINERS = (
     "artifacts.", "self-masking.", "plugin-config.", "patch-screen.", "root.", "test-env.",
-    "outside.", "tree.", "verdict.",
+    "outside.", "tree.", "verdict.", "relocated.",
 )  # fmt: skip
 #: The legitimate fixes tried in containers (the plain one, in a test environment, outside).
 LEGIT_IN_CONTAINERS = {
     n: LEGIT2[n]
-    for n in ("legit-fix", "legit-fix-test-env", "legit-fix-outside", "legit-fix-django")
+    for n in (
+        "legit-fix",
+        "legit-fix-test-env",
+        "legit-fix-outside",
+        "legit-fix-django",
+        "legit-fix-relocated",
+    )
 }
 
 
