@@ -132,13 +132,17 @@ def harbor_python() -> Path | None:
 
     def make(staged: Path) -> None:  # never a half-made venv in place
         uv = uv_installer()  # nox's sessions have it: seconds from its cache, not minutes
+        # Copied out of uv's cache, not linked: linking changes the ctime of every venv's file
+        # that shares the inode (the suite's own), which a grading test running beside it reads
+        # as a changed test environment.
+        env = {**os.environ, "UV_LINK_MODE": "copy"}
         if uv:
             subprocess.run([uv, "venv", "-q", "-p", str(found[-1]), str(staged)], check=True)
             fill = [uv, "pip", "install", "-q", "-p", str(staged / "bin" / "python")]
         else:
             subprocess.run([str(found[-1]), "-m", "venv", str(staged)], check=True)
             fill = [str(staged / "bin" / "python"), "-m", "pip", "install", "-q"]
-        subprocess.run([*fill, "harbor==0.25"], check=True, timeout=900)
+        subprocess.run([*fill, "harbor==0.25"], check=True, timeout=900, env=env)
 
     build_once(venv, make, done=lambda path: (path / "bin" / "python").exists())
     return venv / "bin" / "python"
