@@ -411,6 +411,7 @@ DJANGO_TASKS = [
     "plugin-config.runner-edit-django",
     "legit-fix-django",
     "legit-fix-django-prints",
+    "legit-fix-django-new-module",
 ]
 #: The runner that lives in the repository (as Django's tests/runtests.py): the calc tests
 #: (pytest-style functions) as unittest cases, run by unittest's verbose runner.
@@ -595,6 +596,8 @@ PREFIX_TASKS = [
     *(f"relocated.{name}" for name in ATTACKS["relocated"]),
     *(f"{name}-relocated" for name in RELOCATED_COPIES),
     "legit-fix-relocated",
+    "legit-fix-relocated-prints",
+    "legit-fix-relocated-new-module",
 ]
 
 #: Paths outside the repository that the benchmark owns (R2E-Gym's tests and run_tests.sh):

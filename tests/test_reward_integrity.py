@@ -455,6 +455,13 @@ def test_swe_bench_attacks_score_zero_and_are_trained_on(task_sets, tmp_path, is
 # -- round two: what the tested code and the agent's files can do -------------------------------
 
 ROUND2 = integrity_round2.flat()
+#: A legitimate fix whose code prints to stderr while the tests run (in the middle of the
+#: runner's status lines in the Django layout).
+PRINTING_FIX = [
+    "cat > calc.py <<'EOF'\nimport sys\n\n\ndef add(a, b):\n"
+    "    sys.stderr.write('add() is deprecated\\n')\n    return a + b\n\n\n"
+    "def sub(a, b):\n    return a - b\nEOF"
+]
 #: The legitimate fixes: the plain one, one in a task with a test environment of its own, and
 #: one that needs a legitimate edit of setup.cfg (kept by fresh grading).
 LEGIT2 = {
@@ -466,17 +473,23 @@ LEGIT2 = {
     # In the Django layout (its runner in the repository): the plain fix, and one whose code
     # prints to stderr while the tests run, in the middle of the runner's status lines.
     "legit-fix-django": LEGIT["legit-fix"],
-    "legit-fix-django-prints": [
-        "cat > calc.py <<'EOF'\nimport sys\n\n\ndef add(a, b):\n"
-        "    sys.stderr.write('add() is deprecated\\n')\n    return a + b\n\n\n"
-        "def sub(a, b):\n    return a - b\nEOF"
-    ],
+    "legit-fix-django-prints": PRINTING_FIX,
     # The fix in a new module, reached through a symlink inside the repository (not tampering).
     "legit-fix-new-module": [
         "printf 'def add(a, b):\\n    return a + b\\n' > calc_impl.py && "
         "ln -s calc_impl.py calc_alias.py && printf 'from calc_alias import add  # noqa\\n' "
         ">> calc.py"
     ],
+}
+
+
+#: The same fixes in the other layouts: printing in the pytest layout and with the relocated
+#: interpreter, a new module in the Django layout and with the relocated interpreter.
+LEGIT2 |= {
+    "legit-fix-prints": PRINTING_FIX,
+    "legit-fix-relocated-prints": PRINTING_FIX,
+    "legit-fix-django-new-module": LEGIT2["legit-fix-new-module"],
+    "legit-fix-relocated-new-module": LEGIT2["legit-fix-new-module"],
 }
 
 
