@@ -345,6 +345,11 @@ def write_config(
     return path
 
 
+#: The round-two runs' eval timeout. ``artifacts.fifo-everything`` holds its tests until it
+#: fires (the grader's files turned into FIFOs block them), so it bounds each run's length;
+#: every other task's tests end in a few seconds, ten times less on a saturated machine.
+ROUND2_EVAL_TIMEOUT = 30
+
 COMBINATIONS = [
     pytest.param(isolation, grade_in, id=f"{isolation}-{grade_in}")
     for isolation in ("none", "bwrap")
@@ -554,7 +559,7 @@ def test_round_two_attacks_score_zero_and_are_trained_on(
     reward = {
         "name": "swe_bench",
         "grade_in": grade_in,
-        "settings": {"eval_timeout": 60, "workdir": None},
+        "settings": {"eval_timeout": ROUND2_EVAL_TIMEOUT, "workdir": None},
         "integrity": {"grading_timeout": 600},
     }
     # Under isolation none, root can leave the sandbox (no boundary, docs/rewards.md).
@@ -586,7 +591,7 @@ def test_round_two_attacks_score_zero_and_are_trained_on(
         assert records[name]["metrics"]["reward_seconds"] < 600, records[name]["metrics"]
     held = records["artifacts.hold-output"]["reward_info"]
     assert held["failure_reason"] == "tests_timed_out", held
-    # Not at the eval timeout (60 s): the reading stops a few seconds after the tests ended.
+    # Not at the eval timeout: the reading stops a few seconds after the tests ended.
     assert held["log_tail"].startswith("[killed: the output was held open"), held
 
 
@@ -650,7 +655,7 @@ def test_round_two_in_containers(round2_tasks, tmp_path, grade_in):
                 "reward": {
                     "name": "swe_bench",
                     "grade_in": grade_in,
-                    "settings": {"eval_timeout": 60, "workdir": "/testbed"},
+                    "settings": {"eval_timeout": ROUND2_EVAL_TIMEOUT, "workdir": "/testbed"},
                     "integrity": {"grading_timeout": 600},
                 },
                 "concurrency": 4,
