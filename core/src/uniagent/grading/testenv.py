@@ -15,7 +15,11 @@ not exist yet (``pythonXY.zip`` before the standard library, a ``PYTHONPATH`` di
 a ``pyvenv.cfg`` beside or above the interpreter: made later, each would be read before
 what the baseline saw); a conda activation adds ``$CONDA_PREFIX`` (its ``etc/conda/activate.d``)
 and the conda installation itself. Each root is recorded as a digest of the names
-under it (bytecode caches aside).
+under it (bytecode caches aside). A ``site-packages`` or ``dist-packages`` directory right
+under a root is a root of its own where the interpreter's path has it, and is not walked
+otherwise: the base installation's, under the standard library, when the tests run in a venv
+(no module can be imported from it by that interpreter, and a name with a hyphen is no
+package; a ``.pth`` or ``pyvenv.cfg`` that would put it on the path is itself checked).
 
 Before grading in the episode's sandbox the same is checked: the words must
 resolve to the same interpreters, every root's names must be the same, no file
@@ -159,7 +163,8 @@ if [ "$MODE" = discover ]; then
     $0 ~ "^/(proc|sys|dev)(/|$)" { next }
     {
       for (i = 1; i <= n; i++)
-        if (index($0, kept[i] "/") == 1 && substr($0, length(kept[i]) + 2) !~ /^(envs|pkgs)\//) next
+        if (index($0, kept[i] "/") == 1 &&
+            substr($0, length(kept[i]) + 2) !~ /^((envs|pkgs)\/|(site|dist)-packages(\/|$))/) next
       kept[++n] = $0
       print
     }' > "$ROOTS"
@@ -174,7 +179,8 @@ while IFS= read -r root; do
     *$'\n'"$root"$'\n'*) printf 'digest %s known\n' "$root"; continue ;;
   esac
   [ -e "$root" ] || { printf 'digest %s missing\n' "$root"; continue; }
-  skip=( \( -path "$root/pkgs" -o -path "$root/envs" -o -path "$REPO" \) -prune -o )
+  skip=( \( -path "$root/pkgs" -o -path "$root/envs" -o -path "$root/site-packages" \
+          -o -path "$root/dist-packages" -o -path "$REPO" \) -prune -o )
   names=1
   if [ -n "$SINCE" ]; then
     # One walk: what changed since the baseline's clock. Bytecode is deleted; another
