@@ -482,6 +482,20 @@ async def test_a_process_left_holding_the_output_cannot_hang_a_command(env):
         await sandbox.close()
 
 
+async def test_a_command_runs_when_its_private_tmpdir_was_removed(env):
+    """The output's FIFO goes to the grading TMPDIR, or /tmp where the tested code removed
+    it; no FIFO is left behind either way."""
+    sandbox = await GradingSandbox.open(env, {"PATH": "/usr/bin:/bin"}, workdir=env.workdir)
+    try:
+        done = await sandbox.run('echo ok; ls -A "$TMPDIR"', timeout=60)
+        assert (done.output, done.exit_code) == ("ok\n", 0)
+        await act(env, f"rm -rf {sandbox.scratch}/tmp")
+        done = await sandbox.run("echo ok; exit 3", timeout=60)
+        assert (done.output, done.exit_code, done.timed_out) == ("ok\n", 3, False)
+    finally:
+        await sandbox.close()
+
+
 async def _exists(env: AgentEnv, path: str) -> bool:
     try:
         await env.read_file(path)

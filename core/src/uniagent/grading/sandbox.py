@@ -88,33 +88,43 @@ HOLD_GRACE = 5
 #: Runs ``$1`` (under ``$5 -s KILL $4`` when ``$5`` names ``timeout``) in a process group of its
 #: own, its output cut at ``$2`` bytes: what was cut is counted (and drained) and reported on
 #: a last line starting with ``$3``. When the command ends, what is left of its process
-#: group is killed. Its output goes through a FIFO of a private directory that only the
-#: command holds open, so the reading ends when the command ends; a process that left the
-#: group and holds it open (or opened it again through ``/proc``) gets ``$6`` seconds, then
-#: the reading is stopped and ``$3 held`` is the last line. Exits with the command's status.
+#: group is killed. Its output goes through a FIFO (of the private ``$TMPDIR``, unlinked once
+#: open) that only the command holds open, so the reading ends when the command ends; a
+#: process that left the group and holds it open (or opened it again through ``/proc``) gets
+#: ``$6`` seconds, then the reading is stopped and ``$3 held`` is the last line. The reader's
+#: end is seen on a second FIFO it holds open: waiting for it costs no process, and no timer
+#: runs when the output is not held. Exits with the command's status.
 _BOUNDED = r"""exec 2>/dev/null
 set -m
-d=$(mktemp -d "${TMPDIR:-/tmp}/out.XXXXXXXX" || mktemp -d /tmp/uniagent-out.XXXXXXXX) \
-  && mkfifo -m 600 "$d/out" || exit 125
+for f in "${TMPDIR:-/tmp}/out.$$.${SRANDOM:-$RANDOM$RANDOM}" "/tmp/uniagent-out.$$.$RANDOM$RANDOM"
+do mkfifo -m 600 "$f" "$f.end" && break; f=; done
+[ -n "$f" ] || exit 125
 {
   head -c "$2"; n=$(wc -c)
   if [ "$n" -gt 0 ]; then printf '\n%s %s\n' "$3" "$n"; fi
-} < "$d/out" &
+} < "$f" 7> "$f.end" &
 reader=$!
-exec 3> "$d/out"
-if [ -n "$5" ]; then "$5" -s KILL "$4" bash --norc --noprofile -c "$1" >&3 2>&3 3>&- &
-else bash --norc --noprofile -c "$1" >&3 2>&3 3>&- &
+exec 3> "$f" 4< "$f.end"
+rm -f "$f" "$f.end"
+if [ -n "$5" ]; then "$5" -s KILL "$4" bash --norc --noprofile -c "$1" >&3 2>&3 3>&- 4<&- &
+else bash --norc --noprofile -c "$1" >&3 2>&3 3>&- 4<&- &
 fi
 pid=$!
 exec 3>&-
 wait "$pid"; rc=$?
 kill -KILL -- "-$pid"
-( sleep "$6"; kill -KILL -- "-$reader" ) &
-watchdog=$!
-wait "$reader"; read_rc=$?
-kill -KILL -- "-$watchdog"
-rm -rf "$d"
-if [ "$read_rc" -eq 137 ]; then printf '\n%s held\n' "$3"; fi
+# The reader's end (EOF on fd 4) within $6 s; what else comes there is read past.
+held=1 left=$6 end=$((SECONDS + $6))
+while :; do
+  read -r -N 65536 -t "$left" -u 4 _; st=$?
+  if [ "$st" -eq 0 ]; then left=$((end - SECONDS)); [ "$left" -gt 0 ] && continue; break; fi
+  [ "$st" -le 128 ] && held=
+  break
+done
+exec 4<&-
+[ -z "$held" ] || kill -KILL -- "-$reader"
+wait "$reader"
+[ -z "$held" ] || printf '\n%s held\n' "$3"
 exit "$rc"
 """
 #: Reads the regular file ``$p`` (not a symlink), at most ``$n`` bytes, as base64.
