@@ -263,13 +263,20 @@ exit 0
 #: with $shim the shim and $pyenv_root pyenv's root. Fails when WORD is not found.
 FIND_WORD = r"""
 find_word() {
-  shim= pyenv_root=
-  p=$(command -v "$1" 2>/dev/null) || return 1
+  shim= pyenv_root= p=
+  # as `command -v` finds it, without a subshell: a function or alias is not a program
+  case "$1" in
+    */*) [ -f "$1" ] && [ -x "$1" ] && p=$1 ;;
+    *) declare -F -- "$1" >/dev/null || alias -- "$1" >/dev/null 2>&1 \
+         || { hash -- "$1" 2>/dev/null && p=${BASH_CMDS[$1]}; } ;;
+  esac
+  [ -n "$p" ] || return 1
   # a path relative to where the tests run (./venv/bin/python) is that path from here
   case "$p" in /*) ;; */*) p=$PWD/$p ;; *) return 1 ;; esac
   real=$(readlink -f "$p")
-  if head -c 2048 "$real" 2>/dev/null | grep -q '/libexec/pyenv" exec '; then
-    local pyenv_bin w
+  local start= pyenv_bin w
+  IFS= read -r -N 2048 start 2>/dev/null < "$real"
+  if [[ $start == *'/libexec/pyenv" exec '* ]]; then
     pyenv_bin=$(sed -n 's/^exec "\(.*\/libexec\/pyenv\)" exec .*/\1/p' "$real" | head -n 1)
     pyenv_root=$(sed -n 's/^export PYENV_ROOT="\(.*\)"$/\1/p' "$real" | head -n 1)
     if [ -x "$pyenv_bin" ] && w=$(PYENV_ROOT=$pyenv_root "$pyenv_bin" which "$1" 2>/dev/null) \
@@ -290,12 +297,23 @@ TOOLCHAIN = (
     + FIND_WORD
     + r"""
 : > "$TMPDIR/files"
+# Each tool as found on PATH (the hash table, no subshell), their targets in one readlink
+names=() paths=() reals=()
 for name in $TOOLS; do
-  p=$(command -v "$name" 2>/dev/null) || continue
-  case "$p" in /*) ;; *) continue ;; esac
-  real=$(readlink -f "$p")
-  printf 'bin %s %s\n' "$name" "$real"
-  printf '%s\0' "$real" >> "$TMPDIR/files"
+  hash -- "$name" 2>/dev/null || continue
+  p=${BASH_CMDS[$name]}
+  case "$p" in /*) names+=("$name") paths+=("$p") ;; esac
+done
+if [ ${#paths[@]} -gt 0 ]; then
+  mapfile -t -d '' reals < <(readlink -z -f -- "${paths[@]}" 2>/dev/null)
+  if [ ${#reals[@]} -ne ${#paths[@]} ]; then  # one did not resolve: each on its own
+    reals=()
+    for p in "${paths[@]}"; do reals+=("$(readlink -f "$p")"); done
+  fi
+fi
+for i in "${!names[@]}"; do
+  printf 'bin %s %s\n' "${names[i]}" "${reals[i]}"
+  printf '%s\0' "${reals[i]}" >> "$TMPDIR/files"
 done
 asked=
 for py in python3 python; do
