@@ -18,7 +18,7 @@ import pytest
 
 from uniagent import open_env
 from uniagent.env import AgentEnv
-from uniagent.grading.statuses import HOOK, StatusRecords
+from uniagent.grading.statuses import HOOK, StatusRecords, keep_recorder
 from uniagent.testing.grading import grade, prepare_grader
 
 TESTS = """import os
@@ -235,6 +235,47 @@ async def test_a_test_run_ended_early_with_status_zero_does_not_pass(env):
     assert [(t["kind"], t["rule"], t["path"]) for t in result.info["tampered"]] == [
         ("verdict", "runner-unfinished", "unittest")
     ]
+
+
+@pytest.mark.asyncio
+@pytest.mark.parametrize(
+    "command",
+    [f"export PYTHONPATH=.; {COMMAND}", f"cd . && export PYTHONPATH=. && {COMMAND}",
+     f"export PYTHONPATH=.\n{COMMAND}"],
+    ids=["semicolon", "and", "line"],
+)  # fmt: skip
+async def test_a_command_that_sets_its_own_pythonpath_keeps_the_recorder(env, command):
+    # Its own `export PYTHONPATH=...` would start the tests' Python without the recorder.
+    fixed = await graded_with(env, FIXED, command=command)
+    assert fixed.score == 1.0 and fixed.info["status_channel"] == "compared", fixed.info
+    left = await graded_with(env, LEAVES, command=command)
+    assert left.info["exit_code"] == 0 and left.score == 0.0, left.info
+    assert [t["rule"] for t in left.info["tampered"]] == ["runner-unfinished"]
+
+
+@pytest.mark.parametrize(
+    ("script", "seen"),
+    [
+        ('export PYTHONPATH=/a; echo "$PYTHONPATH"', "{hook}:/a"),
+        ('cd / && export PYTHONPATH="a;b" && echo "$PYTHONPATH"', "{hook}:a;b"),
+        ('(export PYTHONPATH=/d; echo "$PYTHONPATH")', "{hook}:/d"),
+        ('export PYTHONPATH=/j OTHER=1; echo "$PYTHONPATH"', "{hook}:/j"),
+        # left as they are: a command's own prefix, after || or in a quoted command
+        ("PYTHONPATH=/b sh -c 'echo $PYTHONPATH'", "/b"),
+        ('false || export PYTHONPATH=/c; echo "$PYTHONPATH"', "/c"),
+        ('sh -c "export PYTHONPATH=/e; echo \\$PYTHONPATH"', "/e"),
+        ('# export PYTHONPATH=/f\necho "$PYTHONPATH"', "{hook}"),
+        ('echo export PYTHONPATH=/g >/dev/null; echo "$PYTHONPATH"', "{hook}"),
+    ],
+)
+def test_the_recorder_is_put_first_again_after_each_export_of_pythonpath(tmp_path, script, seen):
+    hook = str(tmp_path / "hook dir")
+    kept = keep_recorder(script, hook)
+    out = subprocess.run(
+        ["bash", "-c", kept], env={"PATH": "/usr/bin:/bin", "PYTHONPATH": hook},
+        capture_output=True, text=True, check=True,
+    ).stdout  # fmt: skip
+    assert out == seen.format(hook=hook) + "\n", kept
 
 
 PYTEST = f"PYTEST_DISABLE_PLUGIN_AUTOLOAD=1 {sys.executable} -m pytest -q -p no:cacheprovider"

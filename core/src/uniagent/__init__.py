@@ -77,6 +77,7 @@ _EXPORTS: dict[str, str] = {
     "GradingSetupError": "uniagent.grading.integrity",
     "StatusRecords": "uniagent.grading.statuses",
     "status_recorder": "uniagent.grading.statuses",
+    "keep_recorder": "uniagent.grading.statuses",
     "read_status_records": "uniagent.grading.statuses",
     "module_shadow_reports": "uniagent.grading.statuses",
     "Workspace": "uniagent.protect.settings",
@@ -206,6 +207,7 @@ __all__ = [
     "get_parser",
     "get_registry",
     "hookimpl",
+    "keep_recorder",
     "load_plugins",
     "module_shadow_reports",
     "open_env",
@@ -267,6 +269,7 @@ if TYPE_CHECKING:  # pragma: no cover - what type checkers and IDEs see
     from uniagent.grading.sandbox import GradingOutput, GradingReadError, GradingSandbox
     from uniagent.grading.statuses import (
         StatusRecords,
+        keep_recorder,
         module_shadow_reports,
         read_status_records,
         status_recorder,

@@ -193,7 +193,8 @@ def test_with_no_record_of_the_run_no_expected_failure_counts() -> None:
 
 def test_an_eval_script_that_sets_pythonpath_keeps_the_recorder_first(tmp_path: Path) -> None:
     """``export PYTHONPATH=...`` in the eval script would start the tests' Python without the
-    recorder: it is put first again after each such line (a one-command prefix is not)."""
+    recorder: it is put first again after each such statement (a one-command prefix is not
+    one: that command's own environment)."""
     import subprocess
 
     from uniagent_reward_swebench.evaluate import keep_recorder
@@ -212,6 +213,6 @@ def test_an_eval_script_that_sets_pythonpath_keeps_the_recorder_first(tmp_path: 
     assert out == [
         f"1:{hook}:/src",
         f"2:{hook}:{hook}:/src:/lib",
-        "3:/a",  # not a line of its own: left as it is
+        f"3:{hook}:/a",
         "4:/b",
     ]

@@ -12,6 +12,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from uniagent.builtin.harbor_reward import HarborRewardConfig, harbor_reward
 from uniagent.builtin.judge import JudgeSettings, llm_judge_reward
 from uniagent.grading.statuses import (
+    keep_recorder,
     module_shadow_reports,
     read_status_records,
     status_recorder,
@@ -49,12 +50,13 @@ async def command_reward(ctx: RewardContext[CommandRewardConfig]) -> RewardResul
             f"a {config.task_field!r} field"
         )
     sandbox = ctx.require_sandbox()
-    record, prefix = None, ""
+    record, script = None, str(command)
     if config.status_channel:
         nonce = secrets.token_hex(8)
-        record = f"{sandbox.scratch}/status-{nonce}.jsonl"
-        prefix = status_recorder(f"{sandbox.scratch}/hook-{nonce}", record, nonce)
-    done = await sandbox.run(prefix + str(command), timeout=config.timeout)
+        record, hook = f"{sandbox.scratch}/status-{nonce}.jsonl", f"{sandbox.scratch}/hook-{nonce}"
+        # first on PYTHONPATH again after the command's own `export PYTHONPATH=...`
+        script = status_recorder(hook, record, nonce) + keep_recorder(script, hook)
+    done = await sandbox.run(script, timeout=config.timeout)
     passed = done.exit_code == 0 and not done.timed_out
     info: dict[str, Any] = {
         "command": command,

@@ -36,6 +36,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import re
 import secrets
 import shlex
 from collections.abc import Iterable
@@ -305,6 +306,92 @@ def status_recorder(hook_dir: str, record: str, nonce: str) -> str:
         )
         + "\n"
     )
+
+
+def keep_recorder(script: str, hook_dir: str) -> str:
+    """``script`` with :func:`status_recorder`'s directory put first on ``PYTHONPATH`` again
+    after each statement that sets it: ``export PYTHONPATH=src`` (as eval scripts and test
+    commands say) would start the tests' Python without the recorder.
+
+    A statement is rewritten where it starts a line or follows ``;`` or ``&&`` outside quotes,
+    and ends the line or is followed by ``;`` or ``&&``: ``export PYTHONPATH=src; pytest``
+    and ``cd x && export PYTHONPATH=. && pytest``. Anything else is left as it is, so its
+    run may have no records (``absent``): a ``PYTHONPATH=src pytest`` prefix (that command's
+    own environment), an export after ``||`` or ``|``, or in a quoted command.
+    """
+    again = f'export PYTHONPATH={shlex.quote(hook_dir)}"${{PYTHONPATH:+:$PYTHONPATH}}"'
+    out: list[str] = []
+    last = 0
+    for end, terminator in _pythonpath_exports(script):
+        out.append(script[last:end])
+        out.append({"": "\n", "\n": "\n", ";": "; ", "&&": " && "}[terminator] + again)
+        last = end
+    out.append(script[last:])
+    return "".join(out)
+
+
+_EXPORT = re.compile(r"export[ \t]+PYTHONPATH=")
+
+
+def _pythonpath_exports(script: str) -> list[tuple[int, str]]:
+    """Where each rewritable ``export PYTHONPATH=...`` statement of ``script`` ends (before
+    its spaces), and what ends it: ``""`` (the end), a newline, ``;`` or ``&&``."""
+    found: list[tuple[int, str]] = []
+    i, n, start = 0, len(script), True  # start: a command may begin here
+    export_end: int | None = None  # in a rewritable statement: where its last word ended
+    while i < n:
+        c = script[i]
+        if c in " \t":
+            i += 1
+            continue
+        if start and c == "#":  # a comment to the end of the line
+            while i < n and script[i] != "\n":
+                i += 1
+            continue
+        if start and _EXPORT.match(script, i):
+            export_end, start = i, False
+        terminator = next((t for t in ("\n", ";", "&&") if script.startswith(t, i)), None)
+        if terminator is not None or c in "|&()":
+            if (
+                export_end is not None
+                and terminator is not None
+                and not (terminator == ";" and script.startswith(";;", i))
+            ):
+                found.append((export_end, terminator))
+            export_end = None
+            start = terminator is not None or c == "("
+            i += len(terminator or c)
+            continue
+        start = False
+        i = _word_end(script, i)  # a word, its quotes and escapes included
+        if export_end is not None:
+            export_end = i
+    if export_end is not None:
+        found.append((export_end, ""))
+    return found
+
+
+def _word_end(script: str, i: int) -> int:
+    """The end of the shell word starting at ``i`` (quotes, escapes, ``$(...)`` kept whole
+    only as far as quotes go: a word ends at an unquoted space or operator)."""
+    n = len(script)
+    while i < n:
+        c = script[i]
+        if c == "\\":
+            i += 2
+        elif c == "'":
+            close = script.find("'", i + 1)
+            i = n if close < 0 else close + 1
+        elif c == '"':
+            i += 1
+            while i < n and script[i] != '"':
+                i += 2 if script[i] == "\\" else 1
+            i += 1
+        elif c in " \t\n;&|()":
+            return i
+        else:
+            i += 1
+    return min(i, n)
 
 
 async def read_status_records(

@@ -23,6 +23,7 @@ from uniagent import (
     RewardContext,
     RewardResult,
     StatusRecords,
+    keep_recorder,
     module_shadow_reports,
     read_status_records,
 )
@@ -195,18 +196,6 @@ def grade(
 
 
 #: A line of an eval script that sets ``PYTHONPATH`` and does nothing else.
-_SETS_PYTHONPATH = re.compile(r"^[ \t]*export[ \t]+PYTHONPATH=[^;&|`\n\\]*$", re.MULTILINE)
-
-
-def keep_recorder(script: str, hook_dir: str) -> str:
-    """``script`` with the status recorder's directory put first on ``PYTHONPATH`` again after
-    each line that sets it (``export PYTHONPATH=src``, as eval scripts do, would drop it: the
-    tests' Python would start without the recorder). A ``PYTHONPATH=...`` prefix of one
-    command is left as it is: that run has no records (``status_channel: absent``)."""
-    again = f'export PYTHONPATH={shlex.quote(hook_dir)}"${{PYTHONPATH:+:$PYTHONPATH}}"'
-    return _SETS_PYTHONPATH.sub(lambda m: f"{m.group(0)}\n{again}", script)
-
-
 def _exit_contradicts_log(parser: Any, test_spec: Any, log: str, exit_code_of: Any) -> bool:
     """The test command exited non-zero while its log reports tests and not one failure.
 
