@@ -137,6 +137,23 @@ def test_the_front_door_serves_each_name_it_lists() -> None:
         uniagent.nope  # noqa: B018
 
 
+def test_the_front_doors_three_lists_agree() -> None:
+    """``__all__`` (what ``import *`` and type checkers export), ``_EXPORTS`` (what loads on
+    first use) and the ``TYPE_CHECKING`` imports (what type checkers and IDEs see) name the
+    same names, each from the same module."""
+    tree = ast.parse(Path(uniagent.__file__).read_text())
+    checked: dict[str, str] = {}
+    for node in tree.body:
+        if isinstance(node, ast.If) and "TYPE_CHECKING" in ast.unparse(node.test):
+            for imp in ast.walk(node):
+                if isinstance(imp, ast.ImportFrom) and imp.module:
+                    checked.update((alias.asname or alias.name, imp.module) for alias in imp.names)
+    exports = uniagent._EXPORTS
+    assert set(uniagent.__all__) - {"__version__"} == set(exports), "__all__ and _EXPORTS"
+    assert checked == exports, "the TYPE_CHECKING imports and _EXPORTS"
+    assert uniagent.__all__ == sorted(uniagent.__all__)
+
+
 def test_names_that_moved_to_uniagent_sandbox_still_work_with_a_warning() -> None:
     import uniagent.sandbox
 

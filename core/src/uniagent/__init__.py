@@ -201,6 +201,8 @@ __all__ = [
     "Workspace",
     "__version__",
     "ask_judge",
+    "build_once",
+    "cache_dir",
     "check_count",
     "example_call",
     "format_error",
@@ -246,6 +248,8 @@ def __dir__() -> list[str]:
 
 
 if TYPE_CHECKING:  # pragma: no cover - what type checkers and IDEs see
+    from uniagent.builtin.judge import JudgeEndpoint, JudgeError, ask_judge
+    from uniagent.cache import build_once, cache_dir
     from uniagent.config import AgentConfig
     from uniagent.env.agent_env import AgentEnv, Observation
     from uniagent.env.config import EnvConfig
