@@ -19,6 +19,7 @@ from uniagent.config import AgentConfig
 from uniagent.env import procfs
 from uniagent.env.containers import current_run_id
 from uniagent.plugins import load_plugins, reset_plugins
+from uniagent.run.jobs import BackgroundCloser
 from uniagent.run.progress import Progress
 from uniagent.run.runner import ResultsFile, run
 from uniagent.run.summary import format_summary, pass_at_k, summarize
@@ -87,6 +88,50 @@ async def test_many_episodes_leak_no_file_handles_or_loggers(config, qwen3_token
     assert stream.getvalue().count(": finished, reward") == EPISODES
     logs = list((tmp_path / "out" / "episodes").glob("*/0/log.txt"))
     assert len(logs) == EPISODES and all("finished: finished" in p.read_text() for p in logs)
+
+
+async def test_sandboxes_close_off_the_episodes_path_at_most_limit_at_once():
+    class Sandbox:  # closes when told to
+        def __init__(self) -> None:
+            self.go, self.closed = asyncio.Event(), False
+
+        async def close(self) -> None:
+            await self.go.wait()
+            self.closed = True
+
+    closer = BackgroundCloser(2)
+    first, second, third = Sandbox(), Sandbox(), Sandbox()
+    await closer(first)  # handed over: the episode goes on while it stops
+    await closer(second)
+    assert closer.closing == 2 and not first.closed
+    waiting = asyncio.ensure_future(closer(third))  # the limit: waits until one stopped
+    await asyncio.sleep(0)
+    assert not waiting.done()
+    first.go.set()
+    await waiting
+    assert first.closed and closer.closing == 2
+    second.go.set()
+    third.go.set()
+    await closer.drain()
+    assert second.closed and third.closed and closer.closing == 0
+
+
+async def test_an_episode_hands_its_sandbox_to_the_closer(config, qwen3_tokenizer):
+    from uniagent.episode import run_episode
+    from uniagent.resolver import resolve
+
+    handed: list = []
+
+    async def keep(env) -> None:
+        handed.append(env)
+
+    model = ScriptedTokenModel(qwen3_tokenizer, policy=lambda cache: hermes_call("done"))
+    task = {"q": "task", "test_command": "true"}
+    result = await run_episode(resolve(config), task, model, closer=keep)
+    assert result.reward == 1.0 and len(handed) == 1
+    assert await handed[0].is_alive()  # not closed by the episode: the closer's to close
+    await handed[0].close()
+    assert not await handed[0].is_alive()
 
 
 async def test_the_manifest_plans_every_job_before_any_starts(config, qwen3_tokenizer, tmp_path):

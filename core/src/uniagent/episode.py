@@ -11,7 +11,7 @@ import asyncio
 import logging
 import time
 import traceback
-from collections.abc import Mapping, Sequence
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -29,6 +29,16 @@ from uniagent.observer import NULL_OBSERVER, EpisodeObserver
 from uniagent.resolver import ResolvedAgent
 
 log = logging.getLogger(__name__)
+
+#: What takes an episode's sandbox when the episode is done: ``uniagent run`` closes it off the
+#: episodes' path (:class:`uniagent.run.jobs.BackgroundCloser`); by default it is closed, and
+#: waited for, by the episode itself.
+Closer = Callable[[AgentEnv], Awaitable[None]]
+
+
+async def _close(env: AgentEnv, closer: Closer | None, observer: EpisodeObserver) -> None:
+    observer.phase("close")
+    await (env.close() if closer is None else closer(env))
 
 
 @dataclass(kw_only=True)
@@ -113,6 +123,7 @@ async def run_episode(
     messages: Sequence[Mapping[str, Any]] | None = None,
     logger: logging.Logger | None = None,
     observer: EpisodeObserver | None = None,
+    closer: Closer | None = None,
 ) -> EpisodeResult:
     """Run one task to completion; failures become exit reasons, never exceptions.
 
@@ -122,10 +133,11 @@ async def run_episode(
     rendered from the config's templates. Only a task the episode cannot even
     begin with (a field missing for ``instance_template``) raises, before any
     sandbox starts. ``observer`` is told each phase, turn and tool call (progress).
+    ``closer`` takes the sandbox at the end (default: closed here, before this returns).
     """
     grader = make_grader(agent, task)
     try:
-        return await _run_episode(agent, task, model, grader, messages, logger, observer)
+        return await _run_episode(agent, task, model, grader, messages, logger, observer, closer)
     finally:
         if grader is not None:  # a fresh sandbox started ahead and not used, however it ended
             await grader.close()
@@ -139,11 +151,14 @@ async def _run_episode(
     messages: Sequence[Mapping[str, Any]] | None,
     logger: logging.Logger | None,
     observer: EpisodeObserver | None,
+    closer: Closer | None = None,
 ) -> EpisodeResult:
     logger = logger or log
     observer = observer or NULL_OBSERVER
     if agent.agent.is_harness:
-        return await run_harness_episode(agent, task, model, grader, messages, logger, observer)
+        return await run_harness_episode(
+            agent, task, model, grader, messages, logger, observer, closer
+        )
     config = agent.config
     tools = list(agent.tools)
     parser = agent.new_parser()
@@ -166,8 +181,7 @@ async def _run_episode(
     except Exception as exc:
         logger.error("sandbox setup failed: %s", exc)
         if env is not None:
-            observer.phase("close")
-            await env.close()
+            await _close(env, closer, observer)
         return failed(config, ExitReason.ENV_ERROR, metrics, exc)
     finally:
         metrics.setup_seconds = time.perf_counter() - started
@@ -203,8 +217,7 @@ async def _run_episode(
         logger.exception("episode failed")
         return failed(config, ExitReason.UNKNOWN_ERROR, metrics, exc)
     finally:
-        observer.phase("close")
-        await env.close()
+        await _close(env, closer, observer)
 
 
 async def _conclude(
@@ -340,6 +353,7 @@ async def run_harness_episode(
     messages: Sequence[Mapping[str, Any]] | None,
     logger: logging.Logger,
     observer: EpisodeObserver,
+    closer: Closer | None = None,
 ) -> EpisodeResult:
     """Run one task with the agent's harness: the same phases and grader as the built-in
     loop, the harness in the sandbox's agent session with a gateway session as its model
@@ -369,8 +383,7 @@ async def run_harness_episode(
     except Exception as exc:
         logger.error("sandbox setup failed: %s", exc)
         if env is not None:
-            observer.phase("close")
-            await env.close()
+            await _close(env, closer, observer)
         return failed(config, ExitReason.ENV_ERROR, metrics, exc)
     finally:
         metrics.setup_seconds = time.perf_counter() - started
@@ -396,5 +409,4 @@ async def run_harness_episode(
         logger.exception("episode failed")
         return failed(config, ExitReason.UNKNOWN_ERROR, metrics, exc)
     finally:
-        observer.phase("close")
-        await env.close()
+        await _close(env, closer, observer)

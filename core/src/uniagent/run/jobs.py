@@ -7,6 +7,7 @@ directory's files and the record the results file gets.
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import json
 import logging
@@ -16,7 +17,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from uniagent.episode import EpisodeResult, run_episode
+from uniagent.env import AgentEnv
+from uniagent.episode import Closer, EpisodeResult, run_episode
 from uniagent.exit import ExitReason
 from uniagent.interaction.metrics import EpisodeMetrics
 from uniagent.observer import EpisodeObserver
@@ -113,6 +115,7 @@ async def execute_job(
     *,
     observer: EpisodeObserver | None = None,
     stream: logging.Handler | None = None,
+    closer: Closer | None = None,
 ) -> dict[str, Any]:
     """Run one attempt of a job, logging to ``log_path`` (and ``stream``); return its payload.
 
@@ -133,6 +136,7 @@ async def execute_job(
             messages=job.task.messages,
             logger=logger,
             observer=observer,
+            closer=closer,
         )
         logger.info("finished: %s reward=%s", result.exit_reason.value, result.reward)
         return episode_payload(job, result)
@@ -172,15 +176,51 @@ def attempt_extra(
     }
 
 
-def local_attempt(base: ResolvedAgent, model: Any, out: Path, progress: Progress) -> Attempt:
-    """Attempts run on this event loop: each writes its episode directory."""
+class BackgroundCloser:
+    """Closes episodes' sandboxes off their path: an episode hands its sandbox over and ends
+    (its job's slot goes to the next one) while the sandbox stops. At most ``limit`` close at
+    once: past that, the episode handing one over waits until one has stopped. :meth:`drain`
+    waits for all of them (a run does before it ends)."""
+
+    def __init__(self, limit: int) -> None:
+        self.limit = max(1, limit)
+        self._closing: set[asyncio.Future[None]] = set()
+
+    async def __call__(self, env: AgentEnv) -> None:
+        while len(self._closing) >= self.limit:
+            await asyncio.wait(self._closing, return_when=asyncio.FIRST_COMPLETED)
+        closing = asyncio.ensure_future(env.close())  # logs instead of raising
+        self._closing.add(closing)
+        closing.add_done_callback(self._closing.discard)
+
+    @property
+    def closing(self) -> int:
+        """Sandboxes stopping now."""
+        return len(self._closing)
+
+    async def drain(self) -> None:
+        """Wait until every sandbox handed over has stopped."""
+        while self._closing:
+            await asyncio.wait(set(self._closing))
+
+
+def local_attempt(
+    base: ResolvedAgent,
+    model: Any,
+    out: Path,
+    progress: Progress,
+    closer: Closer | None = None,
+) -> Attempt:
+    """Attempts run on this event loop: each writes its episode directory; ``closer`` takes
+    their sandboxes (:class:`BackgroundCloser`)."""
 
     async def attempt_job(job: Job, attempt: int, state: EpisodeState) -> dict[str, Any]:
         directory = episode_dir(out, job)
         started = time.monotonic()
         payload = await execute_job(
-            base, job, model, directory / LOG, observer=state, stream=progress.log_handler(job)
-        )
+            base, job, model, directory / LOG, observer=state, stream=progress.log_handler(job),
+            closer=closer,
+        )  # fmt: skip
         extra = attempt_extra(directory, attempt, state, started, payload["record"])
         return write_payload(directory, payload, extra=extra)
 

@@ -30,6 +30,7 @@ from uniagent.run import manifest as manifests
 from uniagent.run.folder import FolderLock, start_attempt, write_json, write_task_error
 from uniagent.run.jobs import (
     Attempt,
+    BackgroundCloser,
     Job,
     episode_dir,
     episode_payload,
@@ -286,12 +287,17 @@ async def _run_locked(
                         breaker=breaker, progress=progress, results=results,
                     )  # fmt: skip
             else:
-                async with running_services(agent):  # once, before the first episode
-                    await run_jobs(
-                        jobs, local_attempt(agent, model, out, progress), out,
-                        concurrency=concurrency, policy=policy, breaker=breaker,
-                        progress=progress, results=results,
-                    )  # fmt: skip
+                # A sandbox closes while the next episode starts (at most `concurrency` at once).
+                closer = BackgroundCloser(concurrency)
+                try:
+                    async with running_services(agent):  # once, before the first episode
+                        await run_jobs(
+                            jobs, local_attempt(agent, model, out, progress, closer), out,
+                            concurrency=concurrency, policy=policy, breaker=breaker,
+                            progress=progress, results=results,
+                        )  # fmt: skip
+                finally:
+                    await wait_through_cancellation(closer.drain())
         except RunStopped as exc:
             status, stopped = "stopped", str(exc)
         except asyncio.CancelledError:
