@@ -13,9 +13,11 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import subprocess
 import sys
 import textwrap
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -521,8 +523,9 @@ def only(tasks: Path, names: set[str], tmp_path: Path) -> Path:
 
 
 @pytest.fixture(scope="module")
-def round2_tasks(tmp_path_factory) -> dict[str, Path]:
-    """swe_bench tasks for the round-two attacks and the legitimate fixes."""
+def round2_tasks(tmp_path_factory) -> Iterator[dict[str, Path]]:
+    """swe_bench tasks for the round-two attacks and the legitimate fixes (the outside paths
+    that their set-ups make in the host's /tmp without isolation are removed after)."""
     root = tmp_path_factory.mktemp("integrity2")
     rows = []
     for name in {**ROUND2, **LEGIT2}:
@@ -537,7 +540,8 @@ def round2_tasks(tmp_path_factory) -> dict[str, Path]:
         rows.append(row_)
     tasks = root / "swe.jsonl"
     tasks.write_text("".join(json.dumps(r) + "\n" for r in rows))
-    return {"swe": tasks, "repos": root / "repos"}
+    yield {"swe": tasks, "repos": root / "repos"}
+    shutil.rmtree(Path(integrity_round2.outside_dir("-")).parent, ignore_errors=True)
 
 
 def check_reported(records: dict[str, dict], attacks: dict[str, list[str]], prefixes: list[str]):
