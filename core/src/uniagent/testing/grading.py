@@ -75,3 +75,39 @@ async def grade(
     return await grader.grade(
         env, messages=messages, exit_reason=exit_reason, submission=submission
     )
+
+
+#: A Python script that makes a relocated interpreter at ``sys.argv[1]``: an installation with
+#: a prefix of its own, not a venv (as a conda env in a SWE-bench image), from the Python that
+#: runs it. Its binary and standard library modules are copies (an attack may write to them),
+#: the library's packages links; its own site-packages is empty. With ``--reach-base`` a
+#: ``.pth`` there adds the running Python's site-packages (the test runner pytest, for one).
+#: Prints the new installation's site-packages. Run it with the Python to copy: ``python3 -
+#: DIR <<'EOF'`` in a sandbox, or ``[sys.executable, "-c", MAKE_PREFIX, DIR]``.
+MAKE_PREFIX = """import os, shutil, site, subprocess, sys, sysconfig
+env = os.path.abspath(sys.argv[1])
+ver = "python%d.%d" % sys.version_info[:2]
+lib = os.path.join(env, "lib", ver)
+os.makedirs(os.path.join(env, "bin"))
+os.makedirs(lib)
+shutil.copy2(os.path.realpath(sys.executable), os.path.join(env, "bin", ver))
+os.symlink(ver, os.path.join(env, "bin", "python"))
+stdlib = sysconfig.get_paths()["stdlib"]
+for name in os.listdir(stdlib):
+    if name in ("site-packages", "dist-packages", "test", "__pycache__"):
+        continue
+    path = os.path.join(stdlib, name)
+    if os.path.isdir(path):
+        os.symlink(path, os.path.join(lib, name))
+    else:
+        shutil.copy2(path, lib)
+asked = "import site; print(site.getsitepackages()[-1])"
+own = subprocess.check_output([os.path.join(env, "bin", ver), "-c", asked], text=True).strip()
+assert own.startswith(env + "/"), own
+os.makedirs(own)
+if "--reach-base" in sys.argv[2:]:
+    reach = "; ".join("site.addsitedir(%r)" % p for p in site.getsitepackages())
+    with open(os.path.join(own, "base.pth"), "w") as f:
+        f.write("import site; " + reach + "\\n")
+print(own)
+"""
