@@ -17,8 +17,6 @@ from uniagent_reward_swebench.channel import judge
 from uniagent import StatusRecords
 from uniagent.testing import grade, prepare_grader
 
-pytestmark = pytest.mark.asyncio
-
 
 async def graded(env: Any, repo: CalcRepo, row: dict[str, Any], calc: str, **config: Any) -> Any:
     """The grader's baseline, then ``calc.py`` as the agent leaves it, then the reward."""

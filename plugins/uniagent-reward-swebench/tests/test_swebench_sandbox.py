@@ -24,8 +24,6 @@ from uniagent_reward_swebench import TaskRowError
 from uniagent import GradingSetupError
 from uniagent.testing import EpisodeGrader, Grade, grade, prepare_grader
 
-pytestmark = pytest.mark.asyncio
-
 _GRADERS: dict[int, EpisodeGrader] = {}
 
 

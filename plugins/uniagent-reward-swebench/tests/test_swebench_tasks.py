@@ -46,7 +46,7 @@ def test_every_verified_row_becomes_a_task_the_recipe_runs(
     assert recipe.tools, "the recipe names its tools"
     # Its tools come from uniagent-tools-swe, which this suite does not install (the
     # integration suite runs the whole recipe): the rest of it resolves here.
-    config = recipe.model_copy(update={"tools": []})
+    config = recipe.model_copy(update={"tools": ()})
     assert config.reward is not None and config.reward.grade_in == "fresh"
     reward_config = SweBenchRewardConfig.model_validate(config.reward.settings)
     for task, row in zip(tasks, rows, strict=True):
