@@ -469,34 +469,30 @@ PRINTING_FIX = [
     "    sys.stderr.write('add() is deprecated\\n')\n    return a + b\n\n\n"
     "def sub(a, b):\n    return a - b\nEOF"
 ]
-#: The legitimate fixes: the plain one, one in a task with a test environment of its own, and
-#: one that needs a legitimate edit of setup.cfg (kept by fresh grading).
+#: The fix in a new module, reached through a symlink inside the repository (not tampering).
+NEW_MODULE_FIX = [
+    "printf 'def add(a, b):\\n    return a + b\\n' > calc_impl.py && "
+    "ln -s calc_impl.py calc_alias.py && printf 'from calc_alias import add  # noqa\\n' "
+    ">> calc.py"
+]
+#: The legitimate fixes: the plain one, one in a task with a test environment of its own, one
+#: that needs a legitimate edit of setup.cfg (kept by fresh grading); in the Django layout
+#: (its runner in the repository) and with the relocated interpreter, the plain fix, one whose
+#: code prints to stderr while the tests run (in the middle of the runner's status lines) and
+#: one in a new module.
 LEGIT2 = {
     **LEGIT,
     "legit-fix-test-env": LEGIT["legit-fix"],
     "legit-fix-relocated": LEGIT["legit-fix"],
     "legit-fix-setup-cfg": integrity_round2.SETUP_CFG_FIX,
     "legit-fix-outside": LEGIT["legit-fix"],
-    # In the Django layout (its runner in the repository): the plain fix, and one whose code
-    # prints to stderr while the tests run, in the middle of the runner's status lines.
     "legit-fix-django": LEGIT["legit-fix"],
-    "legit-fix-django-prints": PRINTING_FIX,
-    # The fix in a new module, reached through a symlink inside the repository (not tampering).
-    "legit-fix-new-module": [
-        "printf 'def add(a, b):\\n    return a + b\\n' > calc_impl.py && "
-        "ln -s calc_impl.py calc_alias.py && printf 'from calc_alias import add  # noqa\\n' "
-        ">> calc.py"
-    ],
-}
-
-
-#: The same fixes in the other layouts: printing in the pytest layout and with the relocated
-#: interpreter, a new module in the Django layout and with the relocated interpreter.
-LEGIT2 |= {
     "legit-fix-prints": PRINTING_FIX,
+    "legit-fix-django-prints": PRINTING_FIX,
     "legit-fix-relocated-prints": PRINTING_FIX,
-    "legit-fix-django-new-module": LEGIT2["legit-fix-new-module"],
-    "legit-fix-relocated-new-module": LEGIT2["legit-fix-new-module"],
+    "legit-fix-new-module": NEW_MODULE_FIX,
+    "legit-fix-django-new-module": NEW_MODULE_FIX,
+    "legit-fix-relocated-new-module": NEW_MODULE_FIX,
 }
 
 
