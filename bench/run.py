@@ -22,7 +22,9 @@ The same tasks and server serve, at each concurrency, in turn:
   checkout made by ``post_setup`` (a local clone of a synthetic repository: 10 files and
   one commit, or ``--repo-size FILES:COMMITS``, a comma list to compare sizes in one run);
 - ``uniagent+fresh``: the same graded with ``grade_in: fresh`` (the patch applied in a
-  fresh sandbox of the task, started while the agent works);
+  fresh sandbox of the task, started while the agent works); both rows' test command is
+  ``test -s note.txt`` (no Python: the status channel records no run), or
+  ``--test-command`` (``python3 -m unittest tests.test_note`` runs the repository's test);
 - ``mini-swe-agent``: its batch runner (``mini-extra swebench`` 2.4.6, local
   environment: ``bash -c`` per command, one thread per worker) in a venv the bench
   makes (``bench/.venv-mini``, ``pip install mini-swe-agent==2.4.6``).
@@ -147,7 +149,9 @@ def mini_python() -> Path:
     return python
 
 
-#: The reward rows' test command (the scripted agent writes note.txt).
+#: The reward rows' test command by default (the scripted agent writes note.txt); starts no
+#: Python, so the status channel has no run to record (``--test-command`` to run one, e.g.
+#: ``python3 -m unittest tests.test_note``).
 TEST_COMMAND = "test -s note.txt"
 REWARD_RUNNERS = ("uniagent+reward", "uniagent+fresh")
 #: The synthetic repository's tests/ (a protected path of the reward rows).
@@ -207,7 +211,9 @@ def make_repo(path: Path, files: int, commits: int) -> None:
     subprocess.run(["git", "-C", str(path), "branch", "side", "v-old"], check=True)
 
 
-def command_cost(repo: Path, work: Path, runs: int = 20) -> dict[str, float]:
+def command_cost(
+    repo: Path, work: Path, runs: int = 20, command: str = TEST_COMMAND
+) -> dict[str, float]:
     """The reward command alone, in a clone of ``repo`` with note.txt (``bash -c``, as the
     grader's shell runs it): median wall ms and mean CPU ms of ``runs`` runs."""
     import resource
@@ -219,7 +225,7 @@ def command_cost(repo: Path, work: Path, runs: int = 20) -> dict[str, float]:
     before = resource.getrusage(resource.RUSAGE_CHILDREN)
     for _ in range(runs):
         started = time.perf_counter()
-        subprocess.run(["bash", "--norc", "-c", TEST_COMMAND], cwd=checkout / "r", check=True)
+        subprocess.run(["bash", "--norc", "-c", command], cwd=checkout / "r", check=True)
         walls.append(time.perf_counter() - started)
     after = resource.getrusage(resource.RUSAGE_CHILDREN)
     cpu = after.ru_utime + after.ru_stime - before.ru_utime - before.ru_stime
@@ -228,13 +234,17 @@ def command_cost(repo: Path, work: Path, runs: int = 20) -> dict[str, float]:
 
 
 def write_inputs(
-    work: Path, tasks: int, repos: dict[str, Path] | None = None, isolation: str = "none"
+    work: Path,
+    tasks: int,
+    repos: dict[str, Path] | None = None,
+    isolation: str = "none",
+    test_command: str = TEST_COMMAND,
 ) -> dict[str, Path]:
     """Tasks (JSONL, and a dataset folder for mini-swe-agent) and uniagent's configs (host
     sandboxes with ``isolation``; under bwrap the reward rows' repository bound read-only)."""
     rows = [
         {"instance_id": f"task-{i:04d}", "problem_statement": f"Task {i}: look around, then stop.",
-         "test_command": TEST_COMMAND}
+         "test_command": test_command}
         for i in range(tasks)
     ]  # fmt: skip
     text = "".join(json.dumps(r) + "\n" for r in rows)
@@ -476,6 +486,13 @@ def main() -> None:
         default="none",
         help="the uniagent rows' host sandboxes (the floor and mini-swe-agent have none)",
     )
+    parser.add_argument(
+        "--test-command",
+        default=TEST_COMMAND,
+        help="the reward rows' test command, run in the checkout (default: a shell test that "
+        "starts no Python; 'python3 -m unittest tests.test_note' runs the repository's test "
+        "under the status channel)",
+    )
     parser.add_argument("--serve", type=Path, help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.serve:
@@ -499,7 +516,7 @@ def main() -> None:
                 label = f"{files}:{commits}"
                 repos[label] = work / f"repo-{files}-{commits}"
                 make_repo(repos[label], files, commits)
-                costs[label] = command_cost(repos[label], work)
+                costs[label] = command_cost(repos[label], work, command=args.test_command)
         url_file = work / "url"
         server = subprocess.Popen([sys.executable, __file__, "--serve", str(url_file)])
         try:
@@ -511,7 +528,7 @@ def main() -> None:
             rows = []
             for concurrency in (int(c) for c in args.concurrency.split(",")):
                 tasks = args.serial_tasks if concurrency == 1 else args.tasks
-                write_inputs(work, tasks, repos, args.isolation)
+                write_inputs(work, tasks, repos, args.isolation, args.test_command)
                 runs: dict[str, list[dict[str, Any]]] = {runner: [] for runner in runners}
                 for _ in range(args.repeats):  # runners alternate: machine noise hits all
                     for runner in runners:
