@@ -416,6 +416,29 @@ async def test_grading_the_same_sandbox_twice_gives_the_same_result(env, grade_i
     assert tampered(first) == tampered(second) == reports
 
 
+def test_is_protected_answers_as_each_rule_asked_in_turn():
+    # The shortcut (one search for a path no file or section pattern can match) must give the
+    # answer of the purge, file and section rules asked one by one, for every reward's
+    # defaults, a protect_paths setting and paths in and below every kind of pattern.
+    settings = IntegritySettings.model_validate({"protect_paths": ["tests/", "/setup.cfg"]})
+    rules = settings.rules(IntegrityDefaults(), ())
+    parts = ["", "a", "tests", "build", ".git", "pytest", "sub", "_pytest", "__pycache__"]
+    names = ["conftest.py", "setup.cfg", "pyproject.toml", "tox.ini", "mod.py", "x.pth",
+             "pytest.ini", "x.pyc", "HEAD", "sitecustomize.py", "tests", "calc.py"]  # fmt: skip
+    paths = {
+        "/".join(p for p in (a, b, name) if p)
+        for a, b, name in itertools.product(parts, parts, names)
+    }
+
+    def slow(path: str) -> bool:
+        return not rules.purges(path) and (rules.protects(path) or rules.protects_section(path))
+
+    answers = {p: slow(p) for p in paths}
+    assert 50 < sum(answers.values()) < len(paths) - 50  # both answers, many times
+    assert rules._maybe is not None  # the shortcut is taken
+    assert [p for p in sorted(paths) if rules.is_protected(p) != answers[p]] == []
+
+
 def test_path_rules_answer_as_the_gitignore_spec_does():
     # The one-regex shortcut must give the spec's answer for every path: negations,
     # directory patterns, anchored and unanchored ones, the defaults of every reward.

@@ -247,9 +247,7 @@ async def tree_of(sandbox: GradingSandbox, repo: str, commit: str = "HEAD") -> s
 
 def is_protected(rules: RuleSet, path: str) -> bool:
     """Whether the grader protects ``path`` (a whole file, or its test section)."""
-    if rules.purges(path):
-        return False
-    return rules.protects(path) or rules.protects_section(path)
+    return rules.is_protected(path)
 
 
 async def scrub_history(sandbox: GradingSandbox, repo: str, base: str | None) -> dict[str, Any]:

@@ -18,6 +18,7 @@ overrides them per run or per task (``reward.protect``, ``reward.content_rules``
 
 from __future__ import annotations
 
+import contextlib
 import re
 import sys
 from collections.abc import Iterable, Sequence
@@ -348,6 +349,13 @@ class PathRules:
             return False
         return self.spec.match_file(path)
 
+    def prefilter(self) -> str | None:
+        """The one expression that every path some pattern matches matches (``""``: no
+        pattern; ``None``: no such expression, every path must be asked of the spec)."""
+        if not self._filtered:
+            return None
+        return self._any.pattern if self._any is not None else ""
+
 
 class RuleSet:
     """Compiled protect and content rules."""
@@ -362,6 +370,14 @@ class RuleSet:
         self._purge = PathRules(p for r in self.protect if r.kind == "purge" for p in r.patterns)
         self._content = [(r, re.compile(r.pattern)) for r in self.content]
         self._each = [(r, PathRules(r.patterns)) for r in self.protect]
+        # What is_protected asks first: a path neither the file nor the section patterns
+        # can match (the path, or below it) is not protected, whatever the purge patterns say.
+        kept = [self._files.prefilter(), self._sections.prefilter()]
+        self._maybe: re.Pattern[str] | None = None
+        if None not in kept:
+            parts = [f"(?:{p})" for p in kept if p]
+            with contextlib.suppress(re.error):  # a group named twice: no shortcut, not wrong
+                self._maybe = re.compile("|".join(parts) if parts else r"(?!)")
 
     def protects(self, path: str) -> bool:
         """Whether the whole file (or a symlink standing for a directory) is protected."""
@@ -374,6 +390,19 @@ class RuleSet:
     def protects_section(self, path: str) -> bool:
         """Whether only the test section of this file is protected."""
         return self._sections.match_file(path) and not self.protects(path)
+
+    def is_protected(self, path: str) -> bool:
+        """Whether the grader protects ``path``: the whole file or its test section, and not
+        a derived file to delete. Most paths of a repository are answered by one search."""
+        if self._maybe is not None:
+            normalize = pathspec.util.normalize_file
+            if not (
+                self._maybe.search(normalize(path)) or self._maybe.search(normalize(f"{path}/_"))
+            ):
+                return False
+        if self.purges(path):
+            return False
+        return self.protects(path) or self.protects_section(path)
 
     @staticmethod
     def is_source(path: str) -> bool:
