@@ -8,7 +8,7 @@ import shutil
 import subprocess
 import sys
 import threading
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -30,26 +30,43 @@ def qwen3_tokenizer() -> Any:
 
 
 @pytest.fixture(scope="session")
-def workdir(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    return tmp_path_factory.mktemp("view")
+def workdir(tmp_path_factory: pytest.TempPathFactory, worker_id: str) -> Path:
+    """The finished runs' folder, one for the test session: under pytest-xdist its workers
+    share it (each run is made once, by the first worker that asks; the tests only read it)."""
+    base = tmp_path_factory.getbasetemp()
+    path = (base if worker_id == "master" else base.parent) / "view-runs"
+    path.mkdir(exist_ok=True)
+    return path
+
+
+def made_once(workdir: Path, name: str, make: Callable[[Path], Path]) -> Path:
+    """``make(workdir / name)``'s run, made by one worker of the session, read by all."""
+    from uniagent.cache import file_lock
+
+    done = workdir / f"{name}.done"
+    with file_lock(workdir / f".{name}.lock"):
+        if not done.exists():
+            shutil.rmtree(workdir / name, ignore_errors=True)  # a worker's failed attempt
+            done.write_text(str(make(workdir / name)))
+    return Path(done.read_text())
 
 
 @pytest.fixture(scope="session")
 def messages_run(workdir: Path) -> Path:
     """A finished `uniagent run` (the chat API records messages only), 6 tasks × 2 samples."""
-    return view_runs.messages_run(workdir / "a")
+    return made_once(workdir, "a", view_runs.messages_run)
 
 
 @pytest.fixture(scope="session")
 def text_run(workdir: Path) -> Path:
     """A finished run whose model writes its tool calls as text (hermes), 2 tasks × 1."""
-    return view_runs.text_run(workdir / "c")
+    return made_once(workdir, "c", view_runs.text_run)
 
 
 @pytest.fixture(scope="session")
 def token_run(workdir: Path, qwen3_tokenizer: Any) -> Path:
     """A finished run in token mode (ids, mask, log-probs), 6 tasks × 1, the B policy."""
-    return view_runs.token_run(workdir / "b", qwen3_tokenizer)
+    return made_once(workdir, "b", lambda path: view_runs.token_run(path, qwen3_tokenizer))
 
 
 @pytest.fixture
