@@ -266,6 +266,15 @@ async def test_a_command_that_sets_its_own_pythonpath_keeps_the_recorder(env, co
         ('sh -c "export PYTHONPATH=/e; echo \\$PYTHONPATH"', "/e"),
         ('# export PYTHONPATH=/f\necho "$PYTHONPATH"', "{hook}"),
         ('echo export PYTHONPATH=/g >/dev/null; echo "$PYTHONPATH"', "{hook}"),
+        # a here-document's body is not a command (a test patch's lines, say)
+        (
+            "cat <<'EOF'\nexport PYTHONPATH=/x; y\nEOF\nexport PYTHONPATH=/z\necho \"$PYTHONPATH\"",
+            "export PYTHONPATH=/x; y\n{hook}:/z",
+        ),
+        (
+            'cat<<-EOF\n\t export PYTHONPATH=/x\n\tEOF\necho "$PYTHONPATH"',
+            " export PYTHONPATH=/x\n{hook}",
+        ),
     ],
 )
 def test_the_recorder_is_put_first_again_after_each_export_of_pythonpath(tmp_path, script, seen):

@@ -317,7 +317,8 @@ def keep_recorder(script: str, hook_dir: str) -> str:
     and ends the line or is followed by ``;`` or ``&&``: ``export PYTHONPATH=src; pytest``
     and ``cd x && export PYTHONPATH=. && pytest``. Anything else is left as it is, so its
     run may have no records (``absent``): a ``PYTHONPATH=src pytest`` prefix (that command's
-    own environment), an export after ``||`` or ``|``, or in a quoted command.
+    own environment), an export after ``||`` or ``|``, or in a quoted command. A
+    here-document's body (``<<EOF`` ... ``EOF``: a test patch, say) is not read as commands.
     """
     again = f'export PYTHONPATH={shlex.quote(hook_dir)}"${{PYTHONPATH:+:$PYTHONPATH}}"'
     out: list[str] = []
@@ -339,6 +340,7 @@ def _pythonpath_exports(script: str) -> list[tuple[int, str]]:
     found: list[tuple[int, str]] = []
     i, n, start = 0, len(script), True  # start: a command may begin here
     export_end: int | None = None  # in a rewritable statement: where its last word ended
+    heredocs: list[tuple[str, bool]] = []  # bodies that start after this line (delimiter, <<-)
     while i < n:
         c = script[i]
         if c in " \t":
@@ -350,6 +352,15 @@ def _pythonpath_exports(script: str) -> list[tuple[int, str]]:
             continue
         if start and _EXPORT.match(script, i):
             export_end, start = i, False
+        if _heredoc(script, i):  # << WORD: its body starts on the next line
+            strip = script.startswith("-", i + 2)
+            j = i + 2 + strip
+            while j < n and script[j] in " \t":
+                j += 1
+            i = _word_end(script, j)
+            heredocs.append((re.sub(r"[\\'\"]", "", script[j:i]), strip))
+            start = False
+            continue
         terminator = next((t for t in ("\n", ";", "&&") if script.startswith(t, i)), None)
         if terminator is not None or c in "|&()":
             if (
@@ -361,6 +372,9 @@ def _pythonpath_exports(script: str) -> list[tuple[int, str]]:
             export_end = None
             start = terminator is not None or c == "("
             i += len(terminator or c)
+            if terminator == "\n" and heredocs:  # here-document bodies are not commands
+                i = _after_heredocs(script, i, heredocs)
+                heredocs = []
             continue
         start = False
         i = _word_end(script, i)  # a word, its quotes and escapes included
@@ -371,12 +385,31 @@ def _pythonpath_exports(script: str) -> list[tuple[int, str]]:
     return found
 
 
+def _heredoc(script: str, i: int) -> bool:
+    """Whether a here-document operator (``<<`` or ``<<-``, not ``<<<``) starts at ``i``."""
+    return script.startswith("<<", i) and not script.startswith("<<<", i)
+
+
+def _after_heredocs(script: str, i: int, heredocs: list[tuple[str, bool]]) -> int:
+    """Where the script goes on after the here-document bodies that start at ``i``."""
+    for delimiter, strip in heredocs:
+        while i < len(script):
+            end = script.find("\n", i)
+            line = script[i:] if end < 0 else script[i:end]
+            i = len(script) if end < 0 else end + 1
+            if (line.lstrip("\t") if strip else line) == delimiter:
+                break
+    return i
+
+
 def _word_end(script: str, i: int) -> int:
     """The end of the shell word starting at ``i`` (quotes, escapes, ``$(...)`` kept whole
-    only as far as quotes go: a word ends at an unquoted space or operator)."""
-    n = len(script)
+    only as far as quotes go: a word ends at an unquoted space, operator or ``<<``)."""
+    n, first = len(script), i
     while i < n:
         c = script[i]
+        if c == "<" and i > first and _heredoc(script, i):
+            return i
         if c == "\\":
             i += 2
         elif c == "'":
