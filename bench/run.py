@@ -225,7 +225,10 @@ def command_cost(
     before = resource.getrusage(resource.RUSAGE_CHILDREN)
     for _ in range(runs):
         started = time.perf_counter()
-        subprocess.run(["bash", "--norc", "-c", command], cwd=checkout / "r", check=True)
+        subprocess.run(
+            ["bash", "--norc", "-c", command], cwd=checkout / "r", check=True,
+            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+        )  # fmt: skip
         walls.append(time.perf_counter() - started)
     after = resource.getrusage(resource.RUSAGE_CHILDREN)
     cpu = after.ru_utime + after.ru_stime - before.ru_utime - before.ru_stime
