@@ -1,4 +1,7 @@
-"""Test sessions: ``nox`` (or ``nox -s tests``) runs everything CI runs.
+"""Test sessions: ``nox`` runs everything CI runs (the ``ci`` session: the sessions below
+side by side in lanes, then the integrity corpus and the stress rounds each alone);
+``nox -s lint tests stress build`` runs the same one after another, ``nox -s tests``
+every test suite.
 
 Each package's tests run in a fresh venv with only the core and that package
 installed (non-editable), so a hidden dependency between plugins fails.
@@ -42,7 +45,8 @@ DURATIONS = ROOT / ".nox" / "durations.jsonl"
 #: ``pip download`` of wheels), as in a venv made by ``python -m venv``.
 SEED = ["--seed"]
 
-nox.options.sessions = ["lint", "tests", "stress", "build"]
+#: Plain ``nox``: every session below, side by side in lanes (the ``ci`` session).
+nox.options.sessions = ["ci"]
 nox.options.reuse_existing_virtualenvs = False
 nox.options.error_on_missing_interpreters = True
 nox.options.default_venv_backend = "uv"
@@ -145,7 +149,7 @@ def pytest(session: nox.Session, *paths: str, workers: int | str = 0, run: int =
     )
 
 
-SUITES = ["core", *PLUGINS, "verl", "hf", "view", "gateway", "integration"]
+SUITES = ["core", *PLUGINS, "verl", "hf", "view", "gateway", "integrity", "integration"]
 #: pytest-xdist workers for the suites whose tests are independent ("auto": one a core).
 WORKERS = os.environ.get("UNIAGENT_TEST_WORKERS", "auto")
 #: The core suite's folders that are suites of their own (their own venvs).
@@ -214,6 +218,8 @@ def tests(session: nox.Session, suite: str) -> None:
     else:
         # Cross-package: real pip installs into fresh venvs, end-to-end runs; `mcp` for the
         # third-party MCP servers' runs (the servers themselves are pip/npm-installed there).
+        # The integrity corpus (every attack in every mode) is a suite of its own, so that
+        # it runs beside the other end-to-end tests, each in its own venv.
         install(
             session,
             "./core[test,tokenizers,swerex,openai,data,ray,mcp]",
@@ -221,10 +227,48 @@ def tests(session: nox.Session, suite: str) -> None:
             "cookiecutter",
             *(f"./plugins/{p}" for p in PLUGINS),
         )
-        # In one process: under xdist its machine-wide group (the integrity corpus) was its
-        # floor and the two workers' end-to-end runs slowed each other (longer than one
-        # process); its xdist groups stay marked for a later split.
-        pytest(session, "tests")
+        # In one process: under xdist its machine-wide groups were its floor and the two
+        # workers' end-to-end runs slowed each other (longer than one process).
+        if suite == "integrity":
+            pytest(session, INTEGRITY)
+        else:
+            pytest(session, "tests", f"--ignore={INTEGRITY}")
+
+
+#: The integrity corpus: every attack in every mode (the ``integrity`` suite).
+INTEGRITY = "tests/test_reward_integrity.py"
+
+#: Seconds each session took on a warm 2-core machine, one at a time: ``ci`` starts the
+#: longest first (a session not listed here counts as short).
+CI_SECONDS = {"integrity": 560, "integration": 380, "core": 260, "hf": 230, "verl": 180}
+CI_SECONDS |= {"view": 70, "uniagent-agents-cli": 70, "gateway": 40, "lint": 20}
+#: The sessions plain ``nox`` runs (``ci``): every suite, lint and build, then stress.
+CI_SESSIONS = [
+    *sorted(
+        [*(f"tests(suite='{suite}')" for suite in SUITES), "lint", "build"],
+        key=lambda name: -CI_SECONDS.get(name.partition("'")[2].rstrip("')") or name, 0),
+    ),
+    "stress",
+]
+#: Lanes: sessions that run at once (most suites leave about half of the CPU idle: they
+#: wait on subprocesses, sandboxes and timeouts).
+#: Sessions that run after the lanes, each by itself: the integrity corpus (its attacks
+#: without isolation reach the host's /tmp, where every grader without isolation keeps
+#: its scratch dir: another suite's graders beside it would be attacked too), then the
+#: stress rounds (they saturate the machine on purpose).
+CI_ALONE = ["tests(suite='integrity')", "stress"]
+CI_LANES = int(os.environ.get("UNIAGENT_CI_LANES") or os.cpu_count() or 1)
+
+
+@nox.session(venv_backend="none")
+def ci(session: nox.Session) -> None:
+    """Everything CI runs: each session in its own nox process and venv, ``CI_LANES`` at
+    once, the longest first, then ``CI_ALONE`` one by one (``.ci/lanes.py``). ``nox -s lint tests
+    stress build`` runs the same sessions one after another."""
+    alone = [arg for name in CI_ALONE for arg in ("--alone", name)]
+    lanes = ["--lanes", str(CI_LANES), *alone, "--nox", f"{sys.executable} -m nox"]
+    posargs = ["--", *session.posargs] if session.posargs else []
+    session.run(sys.executable, str(ROOT / ".ci" / "lanes.py"), *lanes, *CI_SESSIONS, *posargs)
 
 
 #: The core tests ``quick`` leaves out (all still run in ``tests``): containers, Harbor's

@@ -17,6 +17,7 @@ import subprocess
 import sys
 import tempfile
 import threading
+import time
 from collections import Counter
 from collections.abc import Iterator
 from pathlib import Path
@@ -293,7 +294,10 @@ def local_ray_cluster(env: dict[str, str]) -> Iterator[int]:
         port = sock.getsockname()[1]
     # Ray's socket paths must stay under 107 bytes: a short temp dir of its own.
     ray_tmp = tempfile.mkdtemp(prefix="ray", dir="/tmp")
-    start = subprocess.run(
+    # Its own process group: every daemon `ray start` leaves (GCS, raylet, the agents and
+    # workers they spawn) stays in it, so the teardown stops this cluster and no other
+    # (`ray stop` would stop every Ray process of the machine: another suite's beside it).
+    start = subprocess.Popen(
         [
             ray,
             "start",
@@ -308,20 +312,33 @@ def local_ray_cluster(env: dict[str, str]) -> Iterator[int]:
             "--disable-usage-stats",
             f"--temp-dir={ray_tmp}",
         ],
-        capture_output=True,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
         text=True,
         env=cluster_env,
+        start_new_session=True,
     )
-    assert start.returncode == 0, start.stderr
+    _, stderr = start.communicate()
     try:
+        assert start.returncode == 0, stderr
         yield port
     finally:
-        subprocess.run([ray, "stop", "--force"], capture_output=True, env=env)
+        stop_process_group(start.pid)
         shutil.rmtree(ray_tmp, ignore_errors=True)
 
 
-#: One pytest-xdist worker runs the Ray tests, one after another: ``ray stop --force`` at
-#: the end of a cluster's life stops every Ray process of the machine.
+def stop_process_group(pgid: int) -> None:
+    """SIGTERM to every process of the group, SIGKILL to what is left after 30 s."""
+    with contextlib.suppress(ProcessLookupError):
+        os.killpg(pgid, signal.SIGTERM)
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline:
+            os.killpg(pgid, 0)  # ProcessLookupError: none is left
+            time.sleep(0.1)
+        os.killpg(pgid, signal.SIGKILL)
+
+
+#: One pytest-xdist worker runs the Ray tests, one after another (a cluster of 2 CPUs each).
 RAY_GROUP = pytest.mark.xdist_group("ray")
 
 
