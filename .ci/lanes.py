@@ -1,11 +1,15 @@
 """Run nox sessions side by side in lanes: CI's suites on every core at once.
 
-    python .ci/lanes.py [--lanes N] [--alone SESSION]... SESSION... [-- POSARGS]
+    python .ci/lanes.py [--lanes N] [--alone SESSION]... [--only-beside SESSION=OTHER,...]...
+                        SESSION... [-- POSARGS]
 
 Each session runs as its own ``python -m nox -s SESSION`` (its own fresh venv, as with
 plain ``nox``). Up to N run at once (default: one a CPU), started in the order given, so
 give the longest first. Sessions named with ``--alone`` run after all the others, one at a
 time with nothing beside them (the stress rounds, which saturate the machine on purpose).
+A session given with ``--only-beside`` runs in the lanes, but never at the same time as a
+session outside the list given for it (a lane takes the first pending session that may
+run beside those running, or waits for one to end).
 
 A session's output goes to ``.nox/lanes/<session>.log`` and is printed whole when the
 session ends, so that two sessions' logs are never interleaved; a line says when each
@@ -105,17 +109,41 @@ class Lanes:
             sys.stdout.buffer.flush()
             print(f"lanes: {job.session} {outcome} in {job.seconds:.0f} s\n", flush=True)
 
-    def run(self, jobs: list[Job], alone: list[Job]) -> None:
+    def run(
+        self, jobs: list[Job], alone: list[Job], beside: dict[str, set[str]] | None = None
+    ) -> None:
+        """``jobs`` in lanes, then ``alone`` one by one. A session named in ``beside`` runs
+        only while no session outside its set runs (and none outside it starts)."""
+        beside = beside or {}
         pending = list(jobs)
-        take = threading.Lock()
+        running: set[str] = set()
+        changed = threading.Condition()
+
+        def fits(name: str) -> bool:
+            return all(
+                (name not in beside or other in beside[name])
+                and (other not in beside or name in beside[other])
+                for other in running
+            )
 
         def lane() -> None:
             while True:
-                with take:
-                    if not pending:
-                        return
-                    job = pending.pop(0)
-                self.run_one(job)
+                with changed:
+                    while True:
+                        if not pending:
+                            return
+                        job = next((j for j in pending if fits(j.session)), None)
+                        if job is not None:
+                            pending.remove(job)
+                            running.add(job.session)
+                            break
+                        changed.wait()  # until a session ends
+                try:
+                    self.run_one(job)
+                finally:
+                    with changed:
+                        running.discard(job.session)
+                        changed.notify_all()
 
         threads = [threading.Thread(target=lane, daemon=True) for _ in range(self.lanes)]
         for thread in threads:
@@ -151,6 +179,13 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--lanes", type=int, default=os.cpu_count() or 1)
     parser.add_argument("--alone", action="append", default=[], help="run by itself, last")
     parser.add_argument(
+        "--only-beside",
+        action="append",
+        default=[],
+        metavar="SESSION=OTHER,...",
+        help="SESSION runs in the lanes, but only beside the sessions named",
+    )
+    parser.add_argument(
         "--nox", default=f"{sys.executable} -m nox", help="the command that runs one session"
     )
     parser.add_argument("--logs", type=Path, default=LOGS, help="where the sessions' logs go")
@@ -158,6 +193,13 @@ def main(argv: list[str] | None = None) -> int:
     unknown = [name for name in args.alone if name not in args.sessions]
     if unknown:
         parser.error(f"--alone names sessions not in the list: {unknown}")
+    beside: dict[str, set[str]] = {}
+    for spec in args.only_beside:
+        name, _, others = spec.partition("=")
+        beside[name] = {other for other in others.split(",") if other}
+        unknown = sorted({name, *beside[name]} - set(args.sessions))
+        if unknown:
+            parser.error(f"--only-beside {spec!r} names sessions not in the list: {unknown}")
 
     def job(name: str) -> Job:
         return Job(name, args.logs / f"{_slug(name)}.log")
@@ -175,7 +217,7 @@ def main(argv: list[str] | None = None) -> int:
     signal.signal(signal.SIGTERM, interrupted)
     start = time.monotonic()
     lanes.say(f"{len(jobs)} sessions in {lanes.lanes} lanes, then {len(alone)} alone")
-    lanes.run(jobs, alone)
+    lanes.run(jobs, alone, beside)
     everything = jobs + alone
     failed = [j.session for j in everything if j.status != 0]
     total = sum(j.seconds for j in everything)

@@ -7,6 +7,7 @@ files saying when it started and ended and synchronises on the other sessions' f
 
 from __future__ import annotations
 
+import json
 import signal
 import subprocess
 import sys
@@ -19,12 +20,18 @@ LANES = Path(__file__).resolve().parent.parent / ".ci" / "lanes.py"
 #: ``-s NAME [-- ARGS]``: says it started, does what its name asks, says it ended.
 FAKE_NOX = textwrap.dedent(
     """
-    import os, sys, time
+    import json, os, sys, time
     from pathlib import Path
     argv = sys.argv[1:]
     name = argv[argv.index("-s") + 1]
     posargs = argv[argv.index("--") + 1:] if "--" in argv else []
     marks = Path(os.environ["MARKS"])
+    # sessions that must not run now (apart.json: name -> names)
+    rules = marks / "apart.json"
+    apart = json.loads(rules.read_text()) if rules.exists() else {}
+    for other in apart.get(name, []):
+        if (marks / f"{other}.started").exists() and not (marks / f"{other}.ended").exists():
+            sys.exit(f"{name} started beside {other}")
     (marks / f"{name}.started").touch()
 
     def wait_for(path):
@@ -102,6 +109,26 @@ def test_a_session_run_alone_starts_after_every_other_has_ended(tmp_path):
     assert proc.stdout.index("lanes: alone started") > max(
         proc.stdout.index(f"lanes: {name} passed") for name in names[:-1]
     )
+
+
+def test_a_session_only_beside_some_runs_beside_them_and_never_beside_the_others(tmp_path):
+    marks = tmp_path / "marks"
+    marks.mkdir()
+    (marks / "apart.json").write_text(json.dumps({"pair-a": ["d", "e"], "d": ["pair-a"]}))
+    proc = run_lanes(
+        tmp_path, "--lanes", "2", "--only-beside", "pair-a=pair-b", "pair-a", "d", "pair-b", "e"
+    )
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert set(blocks(proc.stdout)) == {"pair-a", "pair-b", "d", "e"}
+    # d and e waited for pair-a's end although a lane was free
+    assert proc.stdout.index("lanes: pair-a passed") < proc.stdout.index("lanes: d started")
+    assert proc.stdout.index("lanes: pair-a passed") < proc.stdout.index("lanes: e started")
+
+
+def test_only_beside_must_name_listed_sessions(tmp_path):
+    proc = run_lanes(tmp_path, "--only-beside", "c=d,x", "c", "d")
+    assert proc.returncode == 2
+    assert "--only-beside 'c=d,x' names sessions not in the list: ['x']" in proc.stderr
 
 
 def test_a_failed_session_fails_the_run_and_the_others_still_run(tmp_path):
