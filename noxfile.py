@@ -62,6 +62,12 @@ os.environ.setdefault("UV_PYTHON_DOWNLOADS", "never")
 # it imports (torch and transformers: 9 s an import instead of 4.7 s, measured here).
 os.environ.setdefault("UV_COMPILE_BYTECODE", "1")
 os.environ.setdefault("UV_HTTP_TIMEOUT", "180")
+# Files copied from uv's cache, not hard-linked: every venv linked from the cache shares its
+# files' inodes, and a link made for one venv changes the ctime of the same files in every
+# other. The grader's test-environment check reads a changed ctime under the interpreter's
+# roots as tampering, so a suite's graders scored 0 while another session (in another
+# lane) made its venv. Copies cost seconds and a few GB of disk per run.
+os.environ.setdefault("UV_LINK_MODE", "copy")
 # The uv that fills the venvs (the one beside nox) is on the sessions' PATH too: tests
 # that build a venv of their own (Harbor's 3.12) use it when it is there.
 _UV_BIN = Path(shutil.which("uv") or Path(sys.executable).with_name("uv")).parent
