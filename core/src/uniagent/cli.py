@@ -40,8 +40,11 @@ def plugins_report(*, include_builtins: bool = False, config: str | None = None)
                 }
             elif kind == "agents":
                 details[f"agents:{record.name}"] = record.describe()
-            elif kind == "deployments" and record.missing():
-                details[f"deployments:{record.name}"] = {"needs": record.missing()}
+            elif kind == "deployments":
+                details[f"deployments:{record.name}"] = {
+                    "can_fork": record.can_fork,
+                    **({"needs": record.missing()} if record.missing() else {}),
+                }
     plugins = []
     for info in manager.report(include_builtins=include_builtins):
         entry = info.to_json()
@@ -58,11 +61,16 @@ def plugins_report(*, include_builtins: bool = False, config: str | None = None)
             for name in provided.get("agents", [])
             if f"agents:{name}" in details
         ]
+        entry["deployments"] = [
+            {"name": name, "can_fork": details[f"deployments:{name}"]["can_fork"]}
+            for name in provided.get("deployments", [])
+            if f"deployments:{name}" in details
+        ]
         # Contributed but not usable here until a package is installed (an extra, say).
         entry["needs"] = {
             name: details[f"deployments:{name}"]["needs"]
             for name in provided.get("deployments", [])
-            if f"deployments:{name}" in details
+            if "needs" in details.get(f"deployments:{name}", {})
         }
         plugins.append(entry)
     mcp: dict[str, Any] = {

@@ -198,6 +198,9 @@ class DeploymentSpec(_Record, Generic[C]):
         return sorted({pkg for module, pkg in self.needs.items() if not _installed(module)})
 
     check: Callable[[C, Any], list[str]] | None = field(default=None, compare=False)
+    #: Whether its sandboxes can fork (:meth:`uniagent.env.AgentEnv.fork`): the deployment
+    #: has an ``async fork()`` that returns a new started deployment in its state.
+    can_fork: bool = field(default=False, compare=False)
 
     def __post_init__(self) -> None:
         super().__post_init__()

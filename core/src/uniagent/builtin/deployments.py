@@ -32,7 +32,7 @@ def uniagent_deployments() -> Iterator[DeploymentSpec]:
     """The built-in deployments; ``local`` and ``remote`` need ``uniagent[swerex]`` to start."""
     yield DeploymentSpec(
         name="host", config=HostDeploymentConfig, factory=HostDeployment, cleanup=_clean_host,
-        check=check_host_config,
+        check=check_host_config, can_fork=True,
     )  # fmt: skip
     yield DeploymentSpec(
         name="local",

@@ -49,7 +49,7 @@ from uniagent.specs import ToolSpec
 
 log = logging.getLogger(__name__)
 
-__all__ = ["AgentEnv", "Observation", "OpenEnvs", "close_open_envs", "env_scope"]
+__all__ = ["AgentEnv", "Fork", "Observation", "OpenEnvs", "close_open_envs", "env_scope"]
 
 SESSION = "default"
 #: Outputs longer than this are cleaned on a worker thread, not on the event loop.
@@ -116,6 +116,7 @@ class AgentEnv:
         self._stop_task: asyncio.Task[None] | None = None
         self._agent_stopped = False
         self._scope: OpenEnvs | None = None
+        self._forked = False
 
     @classmethod
     def from_config(
@@ -231,7 +232,8 @@ class AgentEnv:
             stopped(self, self._scope)
 
     async def __aenter__(self) -> AgentEnv:
-        await self.start()
+        if not (self._started and self._forked):  # a fork is started already
+            await self.start()
         return self
 
     async def __aexit__(
@@ -338,6 +340,95 @@ class AgentEnv:
                     f"the sandbox is gone: {type(exc).__name__}: {exc}"
                 ) from exc
             raise
+
+    # -- fork -------------------------------------------------------------------------
+    async def fork(self) -> Fork:
+        """A new, independent sandbox in this one's state: its own started :class:`AgentEnv`.
+
+        Its file system is a copy of this one's at the call (the work dir, the tools, the
+        home and temp dirs); its shell starts in this shell's working directory with its
+        exported variables and umask (not its unexported variables, functions, aliases or
+        options). Processes are not carried: this shell's background jobs are listed in
+        :attr:`Fork.background`. After the fork neither sees the other's writes; closing
+        one leaves the other running. Fork between commands: a process of this sandbox
+        that writes during the fork may leave the copy half written.
+
+        Raises :class:`EnvError` for a backend that cannot fork (its deployment has no
+        ``fork()``), and before :meth:`start` or after :meth:`stop_agent`.
+        """
+        self._check_usable()
+        fork = getattr(self.deployment, "fork", None)
+        if fork is None:
+            raise EnvError(f"the {_backend(self.deployment)} sandbox backend cannot fork")
+        q = shlex.quote
+        state = posixpath.join(self._tools_dir, f".uniagent-fork-{secrets.token_hex(6)}")
+        # In this shell: its state is what is carried.
+        capture = (
+            f'printf \'%s\\0\' "$PWD" "$(umask)" > {q(state)}.meta && '
+            f"export -p > {q(state)}.env && {{ jobs -l > {q(state)}.jobs 2>&1; }}"
+        )
+        captured = await self.run_action(capture, timeout=self.config.setup_timeout)
+        try:
+            if captured.exit_code != 0:
+                raise EnvError(f"could not read the shell's state to fork: {captured.output}")
+            meta = (await self.read_file(f"{state}.meta")).split("\0")
+            jobs = await self.read_file(f"{state}.jobs")
+            child_deployment = await fork()
+        finally:
+            with contextlib.suppress(Exception):
+                await self.execute(["rm", "-f", f"{state}.meta", f"{state}.env",
+                                    f"{state}.jobs"], env=None, timeout=30)  # fmt: skip
+        child = AgentEnv(child_deployment, self.config)
+        moved = dict(getattr(child_deployment, "moved_from", None) or {})
+        try:
+            await child._start_forked(self, state, moved, meta[0], meta[1])
+        except BaseException:
+            await child.close()
+            raise
+        background = tuple(line for line in jobs.splitlines() if line.strip())
+        return Fork(env=child, background=background)
+
+    async def _start_forked(
+        self, parent: AgentEnv, state: str, moved: Mapping[str, str], cwd: str, umask: str
+    ) -> None:
+        """Start on a deployment forked from ``parent``'s: its session in the parent's state."""
+
+        def move(path: str) -> str:
+            for old, new in moved.items():
+                if path == old or path.startswith(old.rstrip("/") + "/"):
+                    return new + path[len(old) :]
+            return path
+
+        self._started = self._forked = True
+        self._scope = opened(self)
+        await asyncio.wait_for(
+            self.runtime.create_session(
+                CreateBashSessionRequest(
+                    session=SESSION, startup_timeout=self.config.startup_timeout
+                )
+            ),
+            self.config.startup_timeout,
+        )
+        self._workdir = move(parent._workdir) if parent._workdir else None
+        self._tools_dir = move(parent._tools_dir)
+        self._installed = set(parent._installed)
+        state = move(state)
+        if moved:  # the copy's paths, where the parent's exports name the parent's
+            exports = await self.read_file(f"{state}.env")
+            for old, new in moved.items():
+                exports = exports.replace(old, new)
+            await self.write_file(f"{state}.env", exports)
+        q = shlex.quote
+        restore = (
+            'for __ua_v in $(compgen -e); do unset "$__ua_v" 2>/dev/null; done; '
+            f". {q(state)}.env 2>/dev/null; unset __ua_v; cd {q(move(cwd))} && umask {q(umask)}"
+        )
+        obs = await self.run_action(restore, timeout=self.config.setup_timeout)
+        with contextlib.suppress(Exception):
+            await self.execute(["rm", "-f", f"{state}.meta", f"{state}.env", f"{state}.jobs"],
+                               env=None, timeout=30)  # fmt: skip
+        if obs.exit_code != 0:
+            raise EnvStartError(f"the forked shell could not take its parent's state: {obs.output}")
 
     # -- commands ---------------------------------------------------------------------
     async def run_action(self, command: str, timeout: float | None = None) -> Observation:
@@ -542,6 +633,22 @@ class AgentEnv:
             raise
         except Exception as exc:
             raise _install_error(tool.name, exc) from exc
+
+
+@dataclass(frozen=True)
+class Fork:
+    """What :meth:`AgentEnv.fork` made: the started child, and what it did not carry."""
+
+    env: AgentEnv
+    #: The parent shell's background jobs at the fork (``jobs -l``), which the child does
+    #: not have: processes are not carried.
+    background: tuple[str, ...] = ()
+
+
+def _backend(deployment: Any) -> str:
+    """The backend's name (its config's ``type``), else its class name."""
+    config = getattr(deployment, "config", None) or getattr(deployment, "_config", None)
+    return str(getattr(config, "type", None) or type(deployment).__name__)
 
 
 def _install_error(tool: str, exc: Exception) -> ToolInstallError:

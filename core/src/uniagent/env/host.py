@@ -17,6 +17,7 @@ import fnmatch
 import logging
 import os
 import shutil
+import subprocess
 import tempfile
 import threading
 from pathlib import Path
@@ -297,6 +298,8 @@ class HostDeployment:
 
     def __init__(self, config: HostDeploymentConfig | None = None) -> None:
         self.config = config or HostDeploymentConfig()
+        #: After :meth:`fork` without isolation: the parent's root -> this one's.
+        self.moved_from: dict[str, str] = {}
         self._runtime: HostRuntime | None = None
         self._root: Path | None = None
         self._layout: EpisodeLayout | None = None
@@ -317,7 +320,29 @@ class HostDeployment:
         self._layout = layout
         self._runtime = HostRuntime(layout, self.config)
 
-    def _prepare(self) -> EpisodeLayout:
+    async def fork(self) -> HostDeployment:
+        """A new started sandbox of the same config whose directories (work dir, tools, home,
+        temp) are copies of this one's, in its own episode directory and cgroup (``cp -a
+        --reflink=auto``: shared blocks where the file system can, a full copy where not).
+        No process is carried. Without isolation the copy's paths differ from this one's:
+        ``moved_from`` maps this root to the copy's."""
+        if self._root is None or self._layout is None:
+            raise EnvError("the host deployment is not started; nothing to fork")
+        child = HostDeployment(self.config)
+        made = asyncio.ensure_future(asyncio.to_thread(child._prepare, copy_from=self._root))
+        try:
+            layout = await asyncio.shield(made)
+        except asyncio.CancelledError:
+            made.add_done_callback(_discard_layout)
+            raise
+        child._root = layout.root
+        child._layout = layout
+        child._runtime = HostRuntime(layout, child.config)
+        if layout.bwrap is None:
+            child.moved_from = {str(self._root): str(layout.root)}
+        return child
+
+    def _prepare(self, copy_from: Path | None = None) -> EpisodeLayout:
         global _unisolated
         bwrap, uid = self._isolation()
         if bwrap is None:
@@ -340,6 +365,8 @@ class HostDeployment:
             if limits.disk is not None:
                 _mount_tmpfs(root, limits.disk)
             cgroup = cgroups.create(pids=limits.pids, memory=limits.memory)
+            if copy_from is not None:
+                _copy_dirs(copy_from, root)
             return EpisodeLayout(self.config, root, bwrap, cgroup, uid)
         except BaseException:
             _remove_episode(root, cgroup)
@@ -487,6 +514,18 @@ def _libc_call(name: str, *args: Any) -> str | None:
 _libc: Any = None
 #: umount2(2) flag: detach now, clean up when no longer busy (``umount -l``).
 _MNT_DETACH = 2
+
+
+def _copy_dirs(source: Path, root: Path) -> None:
+    """Copy an episode's directories into ``root`` (owners, modes, times, links kept)."""
+    for sub in ("work", "tools", "tmp", "home"):
+        done = subprocess.run(
+            ["cp", "-a", "--reflink=auto", "--", str(source / sub), str(root / sub)],
+            capture_output=True,
+            text=True,
+        )
+        if done.returncode != 0:
+            raise EnvStartError(f"copying the sandbox's {sub} dir failed: {done.stderr.strip()}")
 
 
 def _remove_episode(root: Path, cgroup: SandboxCgroup | None) -> None:

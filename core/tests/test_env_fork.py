@@ -1,0 +1,161 @@
+"""``AgentEnv.fork()`` on the host backend, without isolation and under real bubblewrap.
+
+A fork is a new sandbox in its parent's state: the same files, the shell in the same
+working directory with the same exported variables and umask; processes are not carried.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+from collections.abc import AsyncIterator
+from pathlib import Path
+
+import pytest
+import pytest_asyncio
+
+from uniagent import open_env
+from uniagent.env import AgentEnv, EnvError
+from uniagent.registry import get_registry
+
+NEEDS_BWRAP = pytest.mark.skipif(shutil.which("bwrap") is None, reason="needs bubblewrap")
+ISOLATIONS = ["none", pytest.param("bwrap", marks=NEEDS_BWRAP)]
+
+#: The state the parent's shell is in when it forks (files, cwd, exports, umask).
+SETUP = (
+    "mkdir -p pkg/sub && printf 'one\\n' > pkg/a.txt && printf 'two' > pkg/sub/b.bin && "
+    "ln -s a.txt pkg/link && chmod 640 pkg/a.txt && mkfifo pkg/pipe && cd pkg/sub && "
+    "export PLAIN=value SPACED='a b  c' MULTI=$'line1\\nline2' QUOTED=\"it's \\\"x\\\"\" && "
+    "unset HOME && umask 027 && NOT_EXPORTED=1"
+)
+#: What must be equal in a parent and its fork: the work dir's tree (names, types, modes,
+#: link targets, contents), the cwd below it, the umask, the exported variables (the
+#: episode's own root written ROOT) and, in a subshell, nothing left behind.
+STATE = (
+    '( cd "$WORK" && find . -printf "%p %y %m %l\\n" | LC_ALL=C sort && '
+    "find . -type f -exec sha256sum {} + | LC_ALL=C sort ) && "
+    'echo "cwd=${PWD#"$WORK"}" && umask && '
+    "export -p | grep -v -e '^declare -x OLDPWD' -e '^declare -x PWD=' | sed \"s|$ROOT|ROOT|g\" && "
+    'echo "not exported: ${NOT_EXPORTED-unset}"'
+)
+
+
+@pytest_asyncio.fixture(params=ISOLATIONS)
+async def parent(request: pytest.FixtureRequest, tmp_path: Path) -> AsyncIterator[AgentEnv]:
+    base = tmp_path / "episodes"
+    deployment = {"type": "host", "isolation": request.param, "base_dir": str(base)}
+    async with open_env(deployment) as env:
+        yield env
+    assert list(base.iterdir()) == [], "every sandbox's directory is removed"
+
+
+async def state(env: AgentEnv) -> str:
+    """The state a fork must carry (see ``STATE``)."""
+    work = env.workdir or ""
+    obs = await env.run_action(f"( WORK={work}; ROOT={os.path.dirname(work)}; {STATE} )")
+    assert obs.exit_code == 0, obs.output
+    return obs.output
+
+
+async def test_a_fork_has_its_parents_files_cwd_exports_and_umask(parent: AgentEnv) -> None:
+    assert (await parent.run_action(SETUP)).exit_code == 0
+    before = await state(parent)
+    assert "cwd=/pkg/sub" in before and "\n0027\n" in before and "not exported: 1" in before
+    fork = await parent.fork()
+    async with fork.env as child:
+        assert child.workdir is not None
+        after = await state(child)
+        # The unexported variable is the one thing not carried (documented).
+        assert after == before.replace("not exported: 1", "not exported: unset")
+        assert await state(parent) == before, "forking changed nothing in the parent"
+        assert await child.communicate("cat ../a.txt; readlink ../link") == "one\na.txt\n"
+
+
+async def test_after_a_fork_neither_sees_the_others_writes(parent: AgentEnv) -> None:
+    await parent.communicate("echo base > shared.txt && mkdir d")
+    fork = await parent.fork()
+    async with fork.env as child:
+        await parent.communicate("echo parent > shared.txt && touch d/from-parent")
+        await child.communicate("echo child > shared.txt && touch d/from-child && rm -r d")
+        await child.communicate("mkdir d && touch d/again")
+        assert await parent.communicate("cat shared.txt; ls d") == "parent\nfrom-parent\n"
+        assert await child.communicate("cat shared.txt; ls d") == "child\nagain\n"
+
+
+async def test_closing_one_leaves_the_other_working_and_a_fork_of_a_fork_works(
+    parent: AgentEnv,
+) -> None:
+    await parent.communicate("echo 0 > gen && export GEN=0")
+    first = (await parent.fork()).env
+    try:
+        await first.communicate("echo 1 > gen && export GEN=1")
+        second = (await first.fork()).env
+        try:
+            await first.close()
+            assert await second.communicate("cat gen; echo $GEN") == "1\n1\n"
+            await second.communicate("echo 2 > gen")
+            assert await parent.communicate("cat gen; echo $GEN") == "0\n0\n"
+        finally:
+            await second.close()
+        assert await parent.communicate("cat gen") == "0\n"
+        assert await parent.is_alive()
+    finally:
+        await first.close()
+
+
+async def test_background_jobs_are_listed_and_not_carried(parent: AgentEnv) -> None:
+    await parent.communicate("sleep 300 > /dev/null 2>&1 &")
+    fork = await parent.fork()
+    async with fork.env as child:
+        assert len(fork.background) == 1 and "sleep 300" in fork.background[0]
+        assert await child.communicate("jobs -l") == ""
+        assert await parent.communicate("jobs | grep -c 'sleep 300'") == "1\n"
+
+
+@NEEDS_BWRAP
+async def test_a_fork_under_bwrap_cannot_reach_its_parent(tmp_path: Path) -> None:
+    base = tmp_path / "episodes"
+    config = {"type": "host", "isolation": "bwrap", "base_dir": str(base)}
+    async with open_env(config) as parent:
+        await parent.communicate("sleep 300 > /dev/null 2>&1 & echo secret > s.txt")
+        parent_root = next(base.iterdir())
+        fork = await parent.fork()
+        async with fork.env as child:
+            # The parent's directory on the host is not in the child's file system.
+            probe = f"ls {parent_root} 2>&1; cat {parent_root}/work/s.txt 2>&1; echo end"
+            assert "secret\n" not in await child.communicate(probe)
+            # Nor its processes: the child's own PID namespace shows only its own.
+            ps = await child.communicate(
+                "for p in /proc/[0-9]*; do tr '\\0' ' ' < $p/cmdline; echo; done"
+            )
+            assert "sleep 300" not in ps
+            # Its writes stay its own.
+            await child.communicate("echo changed > s.txt")
+            assert (parent_root / "work" / "s.txt").read_text() == "secret\n"
+
+
+async def test_a_backend_without_fork_says_so() -> None:
+    class NoFork:
+        """A started deployment that cannot fork (as a remote server's)."""
+
+        def __init__(self) -> None:
+            from uniagent.env.host import HostDeployment, HostDeploymentConfig
+
+            self.inner = HostDeployment(HostDeploymentConfig(isolation="none"))
+            self.config = type("Config", (), {"type": "remote"})()
+
+        def __getattr__(self, name: str) -> object:
+            if name == "fork":
+                raise AttributeError(name)
+            return getattr(self.inner, name)
+
+    async with AgentEnv(NoFork()) as env:
+        with pytest.raises(EnvError, match="the remote sandbox backend cannot fork"):
+            await env.fork()
+        assert await env.communicate("echo still here") == "still here\n"
+
+
+def test_the_deployment_specs_say_which_backends_fork() -> None:
+    specs = get_registry().deployments()
+    assert specs["host"].can_fork is True
+    assert specs["local"].can_fork is False and specs["remote"].can_fork is False
