@@ -11,7 +11,8 @@ Venvs are made and filled by uv from its shared cache (seconds once the cache is
 The suites whose tests are independent run on every core (pytest-xdist, ``--dist
 loadgroup``). ``nox -s quick`` is the inner loop: ruff and the core tests that need no
 container, npm CLI, model or verl. Each session's wall time and test count go to
-``.nox/durations.jsonl`` (``python .ci/durations.py`` prints them as a table).
+``.nox/durations.jsonl``, with the CPU time of what it ran (``python .ci/durations.py``
+prints them as a table).
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ from __future__ import annotations
 import functools
 import json
 import os
+import resource
 import shutil
 import subprocess
 import sys
@@ -78,19 +80,27 @@ def timed(func: Callable[..., None]) -> Callable[..., None]:
 
     @functools.wraps(func)
     def wrapper(session: nox.Session, **kwargs: Any) -> None:
-        start, status = time.monotonic(), "failed"
+        start, status, cpu = time.monotonic(), "failed", _children_cpu()
         session.env["PATH"] = os.pathsep.join([str(_UV_BIN), os.environ.get("PATH", "")])
         try:
             func(session, **kwargs)
             status = "passed"
         finally:
             record = {"session": session.name, "seconds": round(time.monotonic() - start, 1)}
+            record["cpu_seconds"] = round(_children_cpu() - cpu, 1)
             record |= {"status": status, **_counts(session)}
             DURATIONS.parent.mkdir(exist_ok=True)
             with DURATIONS.open("a") as out:
                 out.write(json.dumps(record) + "\n")
 
     return wrapper
+
+
+def _children_cpu() -> float:
+    """CPU seconds (user and system) of the processes this one ran and waited for: a
+    session's installs, its pytest and what pytest waited for (not daemons that left)."""
+    usage = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return usage.ru_utime + usage.ru_stime
 
 
 def _files(session: nox.Session) -> Path:
