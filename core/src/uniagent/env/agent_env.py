@@ -362,31 +362,30 @@ class AgentEnv:
             raise EnvError(f"the {_backend(self.deployment)} sandbox backend cannot fork")
         q = shlex.quote
         state = posixpath.join(self._tools_dir, f".uniagent-fork-{secrets.token_hex(6)}")
-        # In this shell: its state is what is carried.
-        capture = (
-            f'printf \'%s\\0\' "$PWD" "$(umask)" > {q(state)}.meta && '
-            f"export -p > {q(state)}.env && {{ jobs -l > {q(state)}.jobs 2>&1; }}"
-        )
+        mark = f"@@uniagent-fork-{secrets.token_hex(6)}@@"
+        # In this shell (its state is what is carried): the exports to a file the copy
+        # takes along, the cwd (shell-quoted), umask and jobs on the output.
+        capture = f"export -p > {q(state)} && printf '{mark}%q\\n' \"$PWD\" && umask && jobs -l"
         captured = await self.run_action(capture, timeout=self.config.setup_timeout)
+        _, found, tail = captured.output.partition(mark)
+        if captured.exit_code != 0 or not found:
+            with contextlib.suppress(Exception):
+                await self.run_action(f"rm -f {q(state)}")
+            raise EnvError(f"could not read the shell's state to fork: {captured.output}")
+        cwd, umask, *jobs = tail.split("\n")
         try:
-            if captured.exit_code != 0:
-                raise EnvError(f"could not read the shell's state to fork: {captured.output}")
-            meta = (await self.read_file(f"{state}.meta")).split("\0")
-            jobs = await self.read_file(f"{state}.jobs")
             child_deployment = await fork()
         finally:
             with contextlib.suppress(Exception):
-                await self.execute(["rm", "-f", f"{state}.meta", f"{state}.env",
-                                    f"{state}.jobs"], env=None, timeout=30)  # fmt: skip
+                await self.run_action(f"rm -f {q(state)}")
         child = AgentEnv(child_deployment, self.config)
         moved = dict(getattr(child_deployment, "moved_from", None) or {})
         try:
-            await child._start_forked(self, state, moved, meta[0], meta[1])
+            await child._start_forked(self, state, moved, cwd, umask)
         except BaseException:
             await child.close()
             raise
-        background = tuple(line for line in jobs.splitlines() if line.strip())
-        return Fork(env=child, background=background)
+        return Fork(env=child, background=tuple(line for line in jobs if line.strip()))
 
     async def _start_forked(
         self, parent: AgentEnv, state: str, moved: Mapping[str, str], cwd: str, umask: str
@@ -414,19 +413,17 @@ class AgentEnv:
         self._installed = set(parent._installed)
         state = move(state)
         if moved:  # the copy's paths, where the parent's exports name the parent's
-            exports = await self.read_file(f"{state}.env")
+            exports = await self.read_file(state)
             for old, new in moved.items():
                 exports = exports.replace(old, new)
-            await self.write_file(f"{state}.env", exports)
-        q = shlex.quote
+            await self.write_file(state, exports)
+        # cwd is shell-quoted already (printf %q); the episode roots moved in it are plain.
         restore = (
             'for __ua_v in $(compgen -e); do unset "$__ua_v" 2>/dev/null; done; '
-            f". {q(state)}.env 2>/dev/null; unset __ua_v; cd {q(move(cwd))} && umask {q(umask)}"
+            f". {shlex.quote(state)} 2>/dev/null; unset __ua_v; rm -f {shlex.quote(state)}; "
+            f"cd {move(cwd)} && umask {shlex.quote(umask)}"
         )
         obs = await self.run_action(restore, timeout=self.config.setup_timeout)
-        with contextlib.suppress(Exception):
-            await self.execute(["rm", "-f", f"{state}.meta", f"{state}.env", f"{state}.jobs"],
-                               env=None, timeout=30)  # fmt: skip
         if obs.exit_code != 0:
             raise EnvStartError(f"the forked shell could not take its parent's state: {obs.output}")
 

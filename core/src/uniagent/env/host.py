@@ -518,14 +518,12 @@ _MNT_DETACH = 2
 
 def _copy_dirs(source: Path, root: Path) -> None:
     """Copy an episode's directories into ``root`` (owners, modes, times, links kept)."""
-    for sub in ("work", "tools", "tmp", "home"):
-        done = subprocess.run(
-            ["cp", "-a", "--reflink=auto", "--", str(source / sub), str(root / sub)],
-            capture_output=True,
-            text=True,
-        )
-        if done.returncode != 0:
-            raise EnvStartError(f"copying the sandbox's {sub} dir failed: {done.stderr.strip()}")
+    subs = [str(source / sub) for sub in ("work", "tools", "tmp", "home")]
+    done = subprocess.run(
+        ["cp", "-a", "--reflink=auto", "--", *subs, str(root)], capture_output=True, text=True
+    )
+    if done.returncode != 0:
+        raise EnvStartError(f"copying the sandbox's directories failed: {done.stderr.strip()}")
 
 
 def _remove_episode(root: Path, cgroup: SandboxCgroup | None) -> None:
