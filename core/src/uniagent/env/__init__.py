@@ -20,6 +20,7 @@ from typing import TYPE_CHECKING, Any
 #: ``env`` section) must not pull in every backend.
 _EXPORTS: dict[str, str] = {
     "AgentEnv": "uniagent.env.agent_env",
+    "Fork": "uniagent.env.agent_env",
     "Observation": "uniagent.env.agent_env",
     "use_pidfd_child_watcher": "uniagent.env.aio",
     "DEFAULT_ENV": "uniagent.env.config",
@@ -61,6 +62,7 @@ __all__ = [
     "EnvConfig",
     "EnvError",
     "EnvStartError",
+    "Fork",
     "HostDeployment",
     "HostDeploymentConfig",
     "LocalDeployment",
@@ -88,7 +90,7 @@ def __getattr__(name: str) -> Any:
 
 
 if TYPE_CHECKING:  # pragma: no cover
-    from uniagent.env.agent_env import AgentEnv, Observation
+    from uniagent.env.agent_env import AgentEnv, Fork, Observation
     from uniagent.env.aio import use_pidfd_child_watcher
     from uniagent.env.config import DEFAULT_ENV, DEFAULT_TOOLS_DIR, EnvConfig
     from uniagent.env.errors import (
