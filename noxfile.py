@@ -293,7 +293,7 @@ def ci(session: nox.Session) -> None:
     ``CI_ALONE`` (``.ci/lanes.py``). ``nox -s lint tests stress build`` runs the same
     sessions one after another."""
     alone = [arg for name in CI_ALONE for arg in ("--alone", name)]
-    beside = ["--only-beside", "tests(suite='integrity')=" + ",".join(INTEGRITY_BESIDE)]
+    beside = ["--only-beside", "tests(suite='integrity')", "|".join(INTEGRITY_BESIDE)]
     lanes = ["--lanes", str(CI_LANES), *alone, *beside, "--nox", f"{sys.executable} -m nox"]
     posargs = ["--", *session.posargs] if session.posargs else []
     session.run(sys.executable, str(ROOT / ".ci" / "lanes.py"), *lanes, *CI_SESSIONS, *posargs)

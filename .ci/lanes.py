@@ -1,6 +1,6 @@
 """Run nox sessions side by side in lanes: CI's suites on every core at once.
 
-    python .ci/lanes.py [--lanes N] [--alone SESSION]... [--only-beside SESSION=OTHER,...]...
+    python .ci/lanes.py [--lanes N] [--alone SESSION]... [--only-beside SESSION 'OTHER|...']...
                         SESSION... [-- POSARGS]
 
 Each session runs as its own ``python -m nox -s SESSION`` (its own fresh venv, as with
@@ -182,8 +182,9 @@ def main(argv: list[str] | None = None) -> int:
         "--only-beside",
         action="append",
         default=[],
-        metavar="SESSION=OTHER,...",
-        help="SESSION runs in the lanes, but only beside the sessions named",
+        nargs=2,
+        metavar=("SESSION", "OTHER|..."),
+        help="SESSION runs in the lanes, but only beside the sessions named ('|' between)",
     )
     parser.add_argument(
         "--nox", default=f"{sys.executable} -m nox", help="the command that runs one session"
@@ -194,12 +195,11 @@ def main(argv: list[str] | None = None) -> int:
     if unknown:
         parser.error(f"--alone names sessions not in the list: {unknown}")
     beside: dict[str, set[str]] = {}
-    for spec in args.only_beside:
-        name, _, others = spec.partition("=")
-        beside[name] = {other for other in others.split(",") if other}
+    for name, others in args.only_beside:
+        beside[name] = {other for other in others.split("|") if other}
         unknown = sorted({name, *beside[name]} - set(args.sessions))
         if unknown:
-            parser.error(f"--only-beside {spec!r} names sessions not in the list: {unknown}")
+            parser.error(f"--only-beside {name!r} names sessions not in the list: {unknown}")
 
     def job(name: str) -> Job:
         return Job(name, args.logs / f"{_slug(name)}.log")

@@ -114,21 +114,23 @@ def test_a_session_run_alone_starts_after_every_other_has_ended(tmp_path):
 def test_a_session_only_beside_some_runs_beside_them_and_never_beside_the_others(tmp_path):
     marks = tmp_path / "marks"
     marks.mkdir()
-    (marks / "apart.json").write_text(json.dumps({"pair-a": ["d", "e"], "d": ["pair-a"]}))
+    # names as nox writes parametrized sessions: with '=', quotes, parentheses and commas
+    d, e = "d(kind='x', n=1)", "e(kind='y', n=2)"
+    (marks / "apart.json").write_text(json.dumps({"pair-a": [d, e], d: ["pair-a"]}))
     proc = run_lanes(
-        tmp_path, "--lanes", "2", "--only-beside", "pair-a=pair-b", "pair-a", "d", "pair-b", "e"
+        tmp_path, "--lanes", "2", "--only-beside", "pair-a", "pair-b", "pair-a", d, "pair-b", e
     )
     assert proc.returncode == 0, proc.stdout + proc.stderr
-    assert set(blocks(proc.stdout)) == {"pair-a", "pair-b", "d", "e"}
+    assert set(blocks(proc.stdout)) == {"pair-a", "pair-b", d, e}
     # d and e waited for pair-a's end although a lane was free
-    assert proc.stdout.index("lanes: pair-a passed") < proc.stdout.index("lanes: d started")
-    assert proc.stdout.index("lanes: pair-a passed") < proc.stdout.index("lanes: e started")
+    assert proc.stdout.index("lanes: pair-a passed") < proc.stdout.index(f"lanes: {d} started")
+    assert proc.stdout.index("lanes: pair-a passed") < proc.stdout.index(f"lanes: {e} started")
 
 
 def test_only_beside_must_name_listed_sessions(tmp_path):
-    proc = run_lanes(tmp_path, "--only-beside", "c=d,x", "c", "d")
+    proc = run_lanes(tmp_path, "--only-beside", "c", "d|x", "c", "d")
     assert proc.returncode == 2
-    assert "--only-beside 'c=d,x' names sessions not in the list: ['x']" in proc.stderr
+    assert "--only-beside 'c' names sessions not in the list: ['x']" in proc.stderr
 
 
 def test_a_failed_session_fails_the_run_and_the_others_still_run(tmp_path):
