@@ -308,17 +308,7 @@ class HostDeployment:
         """Create the episode directory and cgroup (bash starts with the first session)."""
         if self._runtime is not None:
             raise EnvError("this host deployment is already started")
-        # File-system work on a thread: hundreds of episodes may start at once. If the
-        # caller gives up meanwhile, what the thread made is removed when it is done.
-        made = asyncio.ensure_future(asyncio.to_thread(self._prepare))
-        try:
-            layout = await asyncio.shield(made)
-        except asyncio.CancelledError:
-            made.add_done_callback(_discard_layout)
-            raise
-        self._root = layout.root
-        self._layout = layout
-        self._runtime = HostRuntime(layout, self.config)
+        await self._set_up()
 
     async def fork(self) -> HostDeployment:
         """A new started sandbox of the same config whose directories (work dir, tools, home,
@@ -329,18 +319,24 @@ class HostDeployment:
         if self._root is None or self._layout is None:
             raise EnvError("the host deployment is not started; nothing to fork")
         child = HostDeployment(self.config)
-        made = asyncio.ensure_future(asyncio.to_thread(child._prepare, copy_from=self._root))
+        layout = await child._set_up(copy_from=self._root)
+        if layout.bwrap is None:
+            child.moved_from = {str(self._root): str(layout.root)}
+        return child
+
+    async def _set_up(self, copy_from: Path | None = None) -> EpisodeLayout:
+        # File-system work on a thread: hundreds of episodes may start at once. If the
+        # caller gives up meanwhile, what the thread made is removed when it is done.
+        made = asyncio.ensure_future(asyncio.to_thread(self._prepare, copy_from))
         try:
             layout = await asyncio.shield(made)
         except asyncio.CancelledError:
             made.add_done_callback(_discard_layout)
             raise
-        child._root = layout.root
-        child._layout = layout
-        child._runtime = HostRuntime(layout, child.config)
-        if layout.bwrap is None:
-            child.moved_from = {str(self._root): str(layout.root)}
-        return child
+        self._root = layout.root
+        self._layout = layout
+        self._runtime = HostRuntime(layout, self.config)
+        return layout
 
     def _prepare(self, copy_from: Path | None = None) -> EpisodeLayout:
         global _unisolated
