@@ -157,5 +157,5 @@ async def test_a_backend_without_fork_says_so() -> None:
 
 def test_the_deployment_specs_say_which_backends_fork() -> None:
     specs = get_registry().deployments()
-    assert specs["host"].can_fork is True
-    assert specs["local"].can_fork is False and specs["remote"].can_fork is False
+    assert specs["host"].can_fork is True and specs["local"].can_fork is True
+    assert specs["remote"].can_fork is False

@@ -134,3 +134,29 @@ async def test_a_command_that_kills_the_containers_server_killed_its_own_shell(
     finally:
         await env.close()
     assert not await env.ended_from_inside(), "closing it is not an end from inside"
+
+
+async def test_a_container_forks_with_its_files_cwd_and_exports(engine: str) -> None:
+    """``fork()`` commits the container's changes to an image and starts a new container
+    from it; the shell's cwd, exports and umask are carried, the writes are not shared,
+    and both containers and the image are gone once closed."""
+    config = LocalDeploymentConfig(image=IMAGE, engine=engine, pull="never")
+    async with AgentEnv(LocalDeployment(config), {"workdir": "/testbed"}) as parent:
+        setup = "mkdir -p pkg && echo one > pkg/a.txt && cd pkg && export V='a b' && umask 027"
+        assert (await parent.run_action(setup)).exit_code == 0
+        fork = await parent.fork()
+        child_deployment = fork.env.deployment
+        image = child_deployment._fork_image
+        async with fork.env as child:
+            names = [parent.deployment.container_name, child_deployment.container_name]
+            assert names[0] != names[1] and all(_containers(engine, n) for n in names)
+            state = "pwd; echo $V; umask; cat a.txt"
+            assert await child.communicate(state) == await parent.communicate(state)
+            assert await child.communicate(state) == "/testbed/pkg\na b\n0027\none\n"
+            await child.communicate("echo child > a.txt")
+            await parent.communicate("echo parent > b.txt")
+            assert await parent.communicate("cat a.txt; ls -1") == "one\na.txt\nb.txt\n"
+            assert await child.communicate("cat a.txt; ls -1") == "child\na.txt\n"
+        assert not _containers(engine, names[1])
+        assert run([engine, "image", "exists", image], timeout=60).returncode != 0
+        assert await parent.communicate("cat a.txt") == "one\n"

@@ -40,6 +40,7 @@ def uniagent_deployments() -> Iterator[DeploymentSpec]:
         factory=LocalDeployment,
         cleanup=_clean_local,
         needs=SWEREX_NEEDS,
+        can_fork=True,
     )
     yield DeploymentSpec(
         name="remote", config=RemoteDeploymentConfig, factory=RemoteDeployment, needs=SWEREX_NEEDS

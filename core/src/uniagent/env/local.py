@@ -325,6 +325,7 @@ class LocalDeployment:
         self.config = config
         self._container: Any = None
         self.engine: str | None = None
+        self._fork_image: str | None = None  # the image a fork committed for this one
 
     async def start(self) -> None:
         """Detect the engine, start the container, wait for its ``swerex-remote``."""
@@ -366,10 +367,35 @@ class LocalDeployment:
         )
 
     async def stop(self) -> None:
-        """Kill and remove the container; idempotent."""
+        """Kill and remove the container (and the image a fork made for it); idempotent."""
         container, self._container = self._container, None
         if container is not None:
             await container.stop()
+        image, self._fork_image = self._fork_image, None
+        if image is not None and self.engine is not None:
+            # Kept while a fork of this fork still uses it (its layers): removed with that.
+            await _run(self.engine, "rmi", image, timeout=120)
+
+    async def fork(self) -> LocalDeployment:
+        """A new container from this one's file system: its changes committed to an image
+        (``commit``, which carries no process), a container of the same config started
+        from it. The image is removed when the new container stops."""
+        name, engine = self.container_name, self.engine
+        if name is None or engine is None:
+            raise EnvError("the local deployment is not started; nothing to fork")
+        image = f"localhost/uniagent-fork:{uuid.uuid4().hex[:12]}"
+        code, out = await _run(engine, "commit", "-q", name, image, timeout=600)
+        if code != 0:
+            raise EnvStartError(f"{engine} commit of {name} failed: {out.strip()[-2000:]}")
+        child = LocalDeployment(self.config.model_copy(update={"image": image, "pull": "never"}))
+        child._fork_image = image
+        try:
+            await child.start()
+        except BaseException:
+            child.engine = child.engine or engine
+            await child.stop()
+            raise
+        return child
 
     @property
     def runtime(self) -> Any:
