@@ -9,8 +9,9 @@ repository of ``bench/run.py``: about 2 KB a file, a ``.git`` that grows with th
 commits) and amount the agent wrote before the fork (``--changed``: a file of that many
 random bytes): the median and p95 wall time of a fork (the child started and in its
 parent's state, then closed outside the timing), beside the cost of what a fork saves:
-a new sandbox, the repository copied in, and the agent's writes replayed. Prints a
-table and the ratio; nothing is asserted.
+a new sandbox, the repository copied in, and the agent's writes replayed (one command:
+the least a replay costs; a real episode replays its builds and test runs too). Prints
+a table and the ratio; nothing is asserted.
 """
 
 from __future__ import annotations
@@ -67,11 +68,8 @@ async def prepared(isolation: str, base: Path, repo: Path, changed: int) -> Agen
 
 
 async def write(env: AgentEnv, changed: int) -> None:
-    if changed:
-        command = f"head -c {changed} /dev/urandom > changed.bin && cd pkg00"
-    else:
-        command = "cd pkg00"
-    obs = await env.run_action(command + " && export BENCH=1", timeout=600)
+    write = f"head -c {changed} /dev/urandom > changed.bin && " if changed else ""
+    obs = await env.run_action(write + "cd pkg00 && export BENCH=1", timeout=600)
     assert obs.exit_code == 0, obs.output
 
 

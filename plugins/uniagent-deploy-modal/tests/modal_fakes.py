@@ -111,8 +111,19 @@ class FakeSandbox:
             }
         )
         self._get_task_id = Method(lambda: f"ta-{self.object_id}")
+        #: Images snapshot_filesystem() returned (Modal: an image of the sandbox's files).
+        self.snapshots: list[Any] = []
+        self.snapshot_filesystem = Method(self._snapshot)
         self.stdout = _Stream(self._stdout_path)
         self.stderr = _Stream(self._stderr_path)
+
+    def _snapshot(self, timeout: int = 55) -> Any:
+        import modal
+
+        # A real, lazily built modal.Image (nothing is sent until Modal builds it).
+        image = modal.Image.from_registry(f"fake-snapshot/{self.object_id}:{len(self.snapshots)}")
+        self.snapshots.append(image)
+        return image
 
     def _terminate(self, wait: bool = False) -> None:
         self.terminate_calls += 1

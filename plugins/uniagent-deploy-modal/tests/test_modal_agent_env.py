@@ -43,3 +43,23 @@ async def test_agent_env_close_terminates_the_running_sandbox(fake_modal) -> Non
     assert sandbox.terminate_calls == 1
     assert not sandbox.running
     assert not await env.is_alive()
+
+
+async def test_a_fork_is_a_new_sandbox_from_a_snapshot_in_the_shells_state(fake_modal) -> None:
+    """``fork()`` snapshots the sandbox's file system (``snapshot_filesystem``) and starts a
+    new sandbox from that image; the child's shell takes the parent's cwd, exports and
+    umask. (The fakes share this machine's files, so the copy itself is Modal's part.)"""
+    async with open_env(CONFIG) as parent:
+        await parent.run_action("mkdir -p /tmp/uniagent-modal-fork && cd $_", timeout=30)
+        await parent.run_action("export FORKED='a b' && umask 027", timeout=30)
+        fork = await parent.fork()
+        first, second = fake_modal.sandboxes
+        assert len(first.snapshots) == 1
+        assert second.kwargs["image"] is first.snapshots[0]
+        async with fork.env as child:
+            state = "pwd; echo $FORKED; umask"
+            assert await child.communicate(state) == "/tmp/uniagent-modal-fork\na b\n0027\n"
+            assert second.running and first.running
+        assert not second.running and first.running
+        assert await parent.communicate("echo $FORKED") == "a b\n"
+    assert not first.running

@@ -374,17 +374,16 @@ class AgentEnv:
             raise EnvError(f"could not read the shell's state to fork: {captured.output}")
         cwd, umask, *jobs = tail.split("\n")
         try:
-            child_deployment = await fork()
-        finally:
+            child = AgentEnv(await fork(), self.config)
+            moved = dict(getattr(child.deployment, "moved_from", None) or {})
+            try:
+                await child._start_forked(self, state, moved, cwd, umask)
+            except BaseException:
+                await child.close()
+                raise
+        finally:  # (after the child's start: a backend may share files with its forks)
             with contextlib.suppress(Exception):
                 await self.run_action(f"rm -f {q(state)}")
-        child = AgentEnv(child_deployment, self.config)
-        moved = dict(getattr(child_deployment, "moved_from", None) or {})
-        try:
-            await child._start_forked(self, state, moved, cwd, umask)
-        except BaseException:
-            await child.close()
-            raise
         return Fork(env=child, background=tuple(line for line in jobs if line.strip()))
 
     async def _start_forked(
@@ -418,10 +417,13 @@ class AgentEnv:
                 exports = exports.replace(old, new)
             await self.write_file(state, exports)
         # cwd is shell-quoted already (printf %q); the episode roots moved in it are plain.
+        file = shlex.quote(state)
         restore = (
+            f"if [ -r {file} ]; then "
             'for __ua_v in $(compgen -e); do unset "$__ua_v" 2>/dev/null; done; '
-            f". {shlex.quote(state)} 2>/dev/null; unset __ua_v; rm -f {shlex.quote(state)}; "
-            f"cd {move(cwd)} && umask {shlex.quote(umask)}"
+            f". {file} 2>/dev/null; unset __ua_v; rm -f {file}; "
+            f"cd {move(cwd)} && umask {shlex.quote(umask)}; "
+            f"else echo 'the fork has no copy of its parent state file'; false; fi"
         )
         obs = await self.run_action(restore, timeout=self.config.setup_timeout)
         if obs.exit_code != 0:

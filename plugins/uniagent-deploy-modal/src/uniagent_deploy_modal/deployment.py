@@ -134,17 +134,20 @@ class ModalDeployment:
     def __init__(self, config: ModalDeploymentConfig) -> None:
         self.config = config
         self._deployment: PatchedModalDeployment | None = None
+        #: A fork's image: its parent's file-system snapshot (a ``modal.Image``).
+        self._snapshot: Any = None
 
     def _build(self) -> PatchedModalDeployment:
         # Runs on a worker thread: the constructor calls modal.App.lookup (network I/O).
+        snapshot = self._snapshot
         return PatchedModalDeployment(
             logger=log,
-            image=self.config.image,
+            image=snapshot if snapshot is not None else self.config.image,
             startup_timeout=self.config.startup_timeout,
             runtime_timeout=self.config.runtime_timeout,
             deployment_timeout=self.config.deployment_timeout,
             modal_sandbox_kwargs=dict(self.config.modal_sandbox_kwargs),
-            install_pipx=self.config.install_pipx,
+            install_pipx=self.config.install_pipx and snapshot is None,  # a snapshot has it
             retries=self.config.retries,
             request_margin=self.config.request_margin,
         )
@@ -168,6 +171,24 @@ class ModalDeployment:
             # A half-started sandbox would otherwise run (and bill) until deployment_timeout.
             await asyncio.shield(self.stop())
             raise
+
+    async def fork(self) -> ModalDeployment:
+        """A new sandbox from this one's file system: Modal's ``snapshot_filesystem()``
+        (an image of the sandbox's files; no process is carried), and a sandbox of the same
+        config started from it."""
+        if self._deployment is None:
+            raise RuntimeError("the Modal deployment is not started; nothing to fork")
+        try:
+            snapshot = await self._deployment.sandbox.snapshot_filesystem.aio()
+        except Exception as exc:
+            raise ModalDeploymentError(
+                f"could not snapshot Modal sandbox {self._deployment._sandbox_id()}: "
+                f"{type(exc).__name__}: {exc}"
+            ) from exc
+        child = ModalDeployment(self.config)
+        child._snapshot = snapshot
+        await child.start()
+        return child
 
     async def stop(self) -> None:
         """Close the runtime and terminate the sandbox; safe to call twice."""

@@ -22,4 +22,6 @@ def _make_deployment(config: ModalDeploymentConfig) -> ModalDeployment:
 @hookimpl
 def uniagent_deployments() -> Iterator[DeploymentSpec]:
     """The ``modal`` sandbox backend."""
-    yield DeploymentSpec(name="modal", config=ModalDeploymentConfig, factory=_make_deployment)
+    yield DeploymentSpec(
+        name="modal", config=ModalDeploymentConfig, factory=_make_deployment, can_fork=True
+    )
