@@ -145,10 +145,16 @@ def check_cpu_torch(session: nox.Session) -> None:
     )
 
 
-def pytest(session: nox.Session, *paths: str, workers: int | str = 0, run: int = 0) -> None:
-    """pytest over ``paths``; ``workers``: pytest-xdist processes (0: in this process)."""
-    spread = ["-n", str(workers), "--dist", "loadgroup"] if workers else []
-    report = _files(session) / f"junit{run or ''}.xml"
+def pytest(
+    session: nox.Session,
+    *paths: str,
+    workers: int | str = 0,
+    dist: str = "loadgroup",
+) -> None:
+    """pytest over ``paths``; ``workers``: pytest-xdist processes (0: in this process),
+    ``dist`` xdist's mode (``each``: every test on every worker)."""
+    spread = ["-n", str(workers), "--dist", dist] if workers else []
+    report = _files(session) / "junit.xml"
     check_cpu_torch(session)  # in every venv that runs tests
     session.run(
         "python",
@@ -346,10 +352,10 @@ SANDBOX_TESTS = [
 @nox.session(python="3.11", venv_params=SEED)
 @timed
 def stress(session: nox.Session) -> None:
-    """The sandbox tests three times in a row with every CPU busy (two busy loops per core).
-
-    The loops are started and stopped here; any failure in any round fails the session.
-    """
+    """The sandbox tests three times over, at once, with every CPU busy (two busy loops per
+    core, and the three rounds beside each other: xdist's ``each`` runs every test on each
+    of three workers). The loops are started and stopped here; any failure in any round
+    fails the session."""
     install(session, "./core[test]")
     burners = [
         subprocess.Popen([sys.executable, "-c", "while True: pass"])
@@ -357,9 +363,7 @@ def stress(session: nox.Session) -> None:
     ]
     session.log(f"{len(burners)} busy loops on {os.cpu_count()} CPUs")
     try:
-        for round_ in range(1, 4):
-            session.log(f"stress round {round_} of 3")
-            pytest(session, *SANDBOX_TESTS, run=round_)
+        pytest(session, *SANDBOX_TESTS, workers=3, dist="each")
     finally:
         for burner in burners:
             burner.kill()
