@@ -241,8 +241,9 @@ def tests(session: nox.Session, suite: str) -> None:
     else:
         # Cross-package: real pip installs into fresh venvs, end-to-end runs; `mcp` for the
         # third-party MCP servers' runs (the servers themselves are pip/npm-installed there).
-        # The integrity corpus (every attack in every mode) is a suite of its own, so that
-        # it runs beside the other end-to-end tests, each in its own venv.
+        # The integrity corpus (every attack in every mode) is a suite of its own: the
+        # other end-to-end tests need not wait for it, and it runs beside only the suites
+        # its attacks cannot reach (INTEGRITY_BESIDE).
         install(
             session,
             "./core[test,tokenizers,swerex,openai,data,ray,mcp]",
