@@ -33,6 +33,10 @@ ROOT = Path(__file__).resolve().parents[3]
 QUICKSTART = ROOT / "examples" / "swe_tiny" / "quickstart.yaml"
 PARSER = HermesParser()
 
+#: A recorded log-prob against one recomputed by a single forward pass: the KV-cache
+#: generation rounds differently (as in test_hf_model.py, which says more).
+LOGPROB_TOL = 5e-3
+
 
 @pytest.fixture(scope="module")
 def agent() -> ResolvedAgent:
@@ -120,8 +124,8 @@ async def test_guided_turn_is_one_valid_call_with_the_sampled_distributions_logp
         allowed = torch.from_numpy(masks[step])
         assert allowed[token], step
         expected = torch.log_softmax(logits[step].float().masked_fill(~allowed, -math.inf), -1)
-        assert math.isclose(lp, float(expected[token]), abs_tol=2e-3), step
-        assert float(raw[step, token]) <= lp + 2e-3  # renormalised over fewer tokens
+        assert math.isclose(lp, float(expected[token]), abs_tol=LOGPROB_TOL), step
+        assert float(raw[step, token]) <= lp + LOGPROB_TOL  # renormalised over fewer tokens
         assert lp <= 0.0
         if int(allowed.sum()) == 1:
             forced += 1
