@@ -9,7 +9,7 @@ not block (``python -c``, ``less f | head``, ``git commit -m``) it says so.
 from __future__ import annotations
 
 import re
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 
 from uniagent_tools_swe.shell import SimpleCommand, shell_arguments
@@ -365,3 +365,35 @@ def ends_session(c: SimpleCommand) -> bool:
         ):
             return True
     return False
+
+
+@dataclass(frozen=True)
+class Trigger:
+    """What a command line must contain for a check to catch one of its commands: one of
+    ``names`` as a whole word (``\\w+``), or one of ``texts`` anywhere."""
+
+    names: frozenset[str] = frozenset()
+    texts: tuple[str, ...] = ()
+
+
+#: For each check, what must be in a command line, with its quotes, backslashes and line
+#: continuations removed (:func:`uniagent_tools_swe.blocking.may_block`), for the check to
+#: answer ``True`` for a command of it: every program name it can catch. Where none is
+#: found no command of the line can be caught, and the line need not be parsed.
+#: Over-inclusive on purpose (``vim`` in a file name, ``set`` in an option): those lines
+#: are parsed and checked as before.
+TRIGGERS: dict[Callable[[SimpleCommand], bool], Trigger] = {
+    editor: Trigger(_EDITORS),
+    git_interactive: Trigger(frozenset({"git"})),
+    pager: Trigger(_PAGERS),
+    monitor: Trigger(_MONITORS),
+    follows: Trigger(frozenset({"tail", "journalctl", "docker", "podman", "kubectl", "nerdctl"})),
+    watch: Trigger(frozenset({"watch"})),
+    repl: Trigger(
+        frozenset({"node", "nodejs", "bash", "sh", "dash", "zsh", "ksh", "fish", "su"})
+        | {"sudo", "doas", *_INTERPRETERS},
+        ("python", "pypy"),  # python3.11, ipython3: the name anywhere (_PYTHON needs it whole)
+    ),
+    unredirected_background: Trigger(texts=("&",)),
+    ends_session: Trigger(frozenset({"exit", "logout", "exec", "set"})),
+}
