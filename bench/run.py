@@ -52,6 +52,7 @@ sys.path[:] = [p for p in sys.path if not p or not p.rstrip("/").endswith("bench
 import argparse
 import json
 import os
+import runpy
 import shutil
 import statistics
 import subprocess
@@ -418,6 +419,23 @@ COLUMNS = (  # header, width, figure of a row (with its floor row), format
 )
 
 
+def floor_of(rows: list[dict[str, Any]], row: dict[str, Any]) -> dict[str, Any] | None:
+    """The floor's row at ``row``'s concurrency, if the floor ran."""
+    return next((x for x in rows if x["concurrency"] == row["concurrency"]
+                 and x["runner"] == "floor"), None)  # fmt: skip
+
+
+def with_ratios(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The rows with their ratios to the floor (``eps_x_floor``, ``cpu_x_floor``), for JSON."""
+    out = []
+    for r in rows:
+        floor = floor_of(rows, r)
+        ratios = {"eps_x_floor": r["eps"] / floor["eps"],
+                  "cpu_x_floor": r["total_ms"] / floor["total_ms"]} if floor else {}  # fmt: skip
+        out.append({**r, **ratios})
+    return out
+
+
 def report(rows: list[dict[str, Any]], costs: dict[str, dict[str, float]]) -> None:
     """The table, the ratios to the floor and uniagent's split."""
     print(
@@ -429,8 +447,7 @@ def report(rows: list[dict[str, Any]], costs: dict[str, dict[str, float]]) -> No
     print(head)
     print("-" * len(head))
     for r in rows:
-        floor = next((x for x in rows if x["concurrency"] == r["concurrency"]
-                      and x["runner"] == "floor"), None)  # fmt: skip
+        floor = floor_of(rows, r)
         cells = []
         for _, width, figure, spec in COLUMNS:
             value = figure(r, floor)
@@ -496,11 +513,16 @@ def main() -> None:
         "starts no Python; 'python3 -m unittest tests.test_note' runs the repository's test "
         "under the status channel)",
     )
+    parser.add_argument(
+        "--json", type=Path, metavar="FILE", help="also write the figures to FILE as JSON"
+    )
     parser.add_argument("--serve", type=Path, help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.serve:
         serve(args.serve)
         return
+    figures = runpy.run_path(str(BENCH / "figures.py"))  # bench/ is kept off sys.path
+    where = figures["provenance"]()
     sizes = repo_sizes(args.repo_size)
     runners = []
     for runner in args.runners.split(","):
@@ -547,6 +569,9 @@ def main() -> None:
             server.terminate()
             server.wait()
     report(rows, costs)
+    if args.json:
+        rows = with_ratios(rows)
+        figures["write"](args.json, "bench/run.py", args, where, rows=rows, reward_command=costs)
 
 
 if __name__ == "__main__":

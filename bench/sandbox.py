@@ -27,6 +27,7 @@ import argparse
 import asyncio
 import os
 import resource
+import runpy
 import secrets
 import shutil
 import socket
@@ -36,12 +37,14 @@ import sys
 import time
 from collections.abc import Awaitable, Callable
 from pathlib import Path
+from typing import Any
 
 from uniagent import open_env
 from uniagent.env import AgentEnv, HostDeployment, use_pidfd_child_watcher
 from uniagent.env.runtime import BashAction, CreateBashSessionRequest
 
 Row = tuple[str, int, float, float]
+BENCH = Path(__file__).resolve().parent
 
 
 async def timed(name: str, rounds: int, call: Callable[[], Awaitable[object]]) -> Row:
@@ -152,7 +155,7 @@ def memory_kib(pids: list[int]) -> tuple[int, int]:
     return pss, rss
 
 
-async def concurrent(n: int, commands: int) -> dict[str, float]:
+async def concurrent(n: int, commands: int) -> dict[str, Any]:
     """``n`` host envs in this loop, ``commands`` commands each, with a lag ticker."""
     gaps: list[tuple[float, float]] = []  # (when, how late the 10 ms tick came)
     done = asyncio.Event()
@@ -194,11 +197,12 @@ async def concurrent(n: int, commands: int) -> dict[str, float]:
     await asyncio.sleep(0.05)
     done.set()
     await tick
+    lags = {"start": lag_ms(t0, t1), "run": lag_ms(t2, t3), "close": lag_ms(t3, t4 + 0.05)}
     return {
         "sessions": n, "start_s": t1 - t0, "throughput": len(live) * commands / (t3 - t2),
         "failures": failures, "pss_mib": pss / 1024 / max(1, len(pids)),
         "rss_mib": rss / 1024 / max(1, len(pids)), "close_s": t4 - t3,
-        "lag": f"{lag_ms(t0, t1):.0f}/{lag_ms(t2, t3):.0f}/{lag_ms(t3, t4 + 0.05):.0f}",
+        "lag": "/".join(f"{v:.0f}" for v in lags.values()), "lag_ms": lags,
     }  # fmt: skip
 
 
@@ -217,7 +221,12 @@ async def main() -> None:
     parser.add_argument("--slow-rounds", type=int, default=30, help="round trips per SWE-ReX row")
     parser.add_argument("--sessions", default="1,64,256,1000", help="concurrency levels")
     parser.add_argument("--commands", type=int, default=20, help="commands per session")
+    parser.add_argument(
+        "--json", type=Path, metavar="FILE", help="also write the figures to FILE as JSON"
+    )
     args = parser.parse_args()
+    figures = runpy.run_path(str(BENCH / "figures.py"))  # bench/ is kept off sys.path
+    where = figures["provenance"]()
     levels = [int(x) for x in args.sessions.split(",") if x]
     print(raise_fd_limit(max(levels, default=1)))
     print(f"pidfd child watching: {use_pidfd_child_watcher()}; python {sys.version.split()[0]}; "
@@ -236,12 +245,19 @@ async def main() -> None:
 
     print(f"\n{'sessions':>8} {'start s':>8} {'cmd/s':>9} {'failures':>8} {'PSS MiB':>8} "
           f"{'RSS MiB':>8} {'close s':>8} {'max loop lag ms start/run/close':>32}")  # fmt: skip
+    sessions = []
     for n in levels:
         r = await concurrent(n, args.commands)
+        sessions.append(r)
         print(f"{n:>8} {r['start_s']:>8.2f} {r['throughput']:>9.0f} {r['failures']:>8} "
               f"{r['pss_mib']:>8.2f} {r['rss_mib']:>8.2f} {r['close_s']:>8.2f} "
               f"{r['lag']:>32}")  # fmt: skip
     print("(PSS/RSS: per bash process; throughput: commands/s across all sessions)")
+    if args.json:
+        latency = [{"name": name, "n": n, "median_ms": median, "p95_ms": p95}
+                   for name, n, median, p95 in rows]  # fmt: skip
+        figures["write"](args.json, "bench/sandbox.py", args, where, round_trips=latency,
+                      notes=notes, sessions=sessions)  # fmt: skip
 
 
 if __name__ == "__main__":
