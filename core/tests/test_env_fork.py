@@ -103,6 +103,36 @@ async def test_closing_one_leaves_the_other_working_and_a_fork_of_a_fork_works(
         await first.close()
 
 
+@pytest.mark.parametrize("name", ["with space", "new\nline", "tab\tand'quote"])
+async def test_a_fork_starts_in_its_own_copy_of_an_oddly_named_cwd(
+    parent: AgentEnv, name: str
+) -> None:
+    # printf %q writes such a path as $'...': the fork's root must still replace the
+    # parent's in it, or the fork's shell starts in (and writes to) the parent's tree.
+    quoted = name.replace("\n", "\\n").replace("\t", "\\t").replace("'", "\\'")
+    await parent.communicate(f"mkdir $'{quoted}' && cd $'{quoted}' && echo base > f")
+    fork = await parent.fork()
+    async with fork.env as child:
+        await child.communicate("echo child > f")
+        assert await parent.communicate("cat f") == "base\n"
+        assert await child.communicate("cat f") == "child\n"
+        here = await child.communicate('printf %s "$PWD"')
+        assert here == f"{child.workdir}/{name}"
+
+
+async def test_a_fork_under_an_oddly_named_base_dir_starts_in_its_own_copy(
+    tmp_path: Path,
+) -> None:
+    base = tmp_path / "episodes 'of' $HOME"  # the root, as printf %q writes it, is not plain
+    async with open_env({"type": "host", "isolation": "none", "base_dir": str(base)}) as parent:
+        await parent.communicate("mkdir sub && cd sub && echo base > f")
+        fork = await parent.fork()
+        async with fork.env as child:
+            await child.communicate("echo child > f")
+            assert await parent.communicate("cat f") == "base\n"
+            assert await child.communicate('printf %s "$PWD"') == f"{child.workdir}/sub"
+
+
 async def test_background_jobs_are_listed_and_not_carried(parent: AgentEnv) -> None:
     await parent.communicate("sleep 300 > /dev/null 2>&1 &")
     fork = await parent.fork()

@@ -416,14 +416,22 @@ class AgentEnv:
             for old, new in moved.items():
                 exports = exports.replace(old, new)
             await self.write_file(state, exports)
-        # cwd is shell-quoted already (printf %q); the episode roots moved in it are plain.
-        file = shlex.quote(state)
+        # cwd is shell-quoted (printf %q: backslashes, or $'...' for a control character):
+        # the shell reads it back, and swaps a moved root at its start for the copy's.
+        q = shlex.quote
+        arms = "".join(
+            f"{q(old.rstrip('/'))}/*) __ua_cwd={q(new.rstrip('/'))}"
+            f'"${{__ua_cwd#{q(old.rstrip("/"))}}}";; '
+            for old, new in moved.items()
+        )
+        file = q(state)
         restore = (
             f"if [ -r {file} ]; then "
             'for __ua_v in $(compgen -e); do unset "$__ua_v" 2>/dev/null; done; '
-            f". {file} 2>/dev/null; unset __ua_v; rm -f {file}; "
-            f"cd {move(cwd)} && umask {shlex.quote(umask)}; "
-            f"else echo 'the fork has no copy of its parent state file'; false; fi"
+            f". {file} 2>/dev/null; unset __ua_v; rm -f {file}; __ua_cwd={cwd}; "
+            + (f'case "$__ua_cwd/" in {arms}esac; ' if arms else "")
+            + f'cd -- "$__ua_cwd" && unset __ua_cwd && umask {q(umask)}; '
+            "else echo 'the fork has no copy of its parent state file'; false; fi"
         )
         obs = await self.run_action(restore, timeout=self.config.setup_timeout)
         if obs.exit_code != 0:
