@@ -15,7 +15,7 @@ import pytest
 import pytest_asyncio
 
 from uniagent import open_env
-from uniagent.env import AgentEnv, EnvError
+from uniagent.env import AgentEnv, EnvError, TerminalNotAliveError
 from uniagent.registry import get_registry
 
 NEEDS_BWRAP = pytest.mark.skipif(shutil.which("bwrap") is None, reason="needs bubblewrap")
@@ -131,6 +131,16 @@ async def test_a_fork_under_an_oddly_named_base_dir_starts_in_its_own_copy(
             await child.communicate("echo child > f")
             assert await parent.communicate("cat f") == "base\n"
             assert await child.communicate('printf %s "$PWD"') == f"{child.workdir}/sub"
+
+
+async def test_a_closed_fork_cannot_be_entered_again(parent: AgentEnv) -> None:
+    fork = await parent.fork()
+    async with fork.env:
+        pass
+    with pytest.raises(TerminalNotAliveError, match="closed"):
+        async with fork.env:
+            pass
+    assert await parent.is_alive()
 
 
 async def test_background_jobs_are_listed_and_not_carried(parent: AgentEnv) -> None:

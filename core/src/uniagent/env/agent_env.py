@@ -234,6 +234,8 @@ class AgentEnv:
     async def __aenter__(self) -> AgentEnv:
         if not (self._started and self._forked):  # a fork is started already
             await self.start()
+        elif self._closed:
+            raise TerminalNotAliveError("this forked environment was closed")
         return self
 
     async def __aexit__(
