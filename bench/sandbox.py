@@ -10,9 +10,10 @@ command that needs the in-session ``bash -n`` check, a raw ``bash -c``
 subprocess, a lone ``bash -n``, SWE-ReX's ``LocalRuntime`` and its
 ``RemoteRuntime`` against a ``swerex-remote`` started here. Then 1, 64, 256
 and 1000 concurrent host sessions in one event loop: start time, command
-throughput, failures, memory of the bash processes (PSS and RSS) and the
-largest event-loop lag (a 10 ms ticker's worst gap). SWE-ReX rows need
-``pip install 'uniagent[swerex]'``; they are skipped, with a note, without it.
+throughput, the runner's own CPU per command, failures, memory of the bash
+processes (PSS and RSS) and the largest event-loop lag (a 10 ms ticker's worst
+gap). SWE-ReX rows need ``pip install 'uniagent[swerex]'``; they are skipped, with
+a note, without it.
 """
 
 from __future__ import annotations
@@ -188,9 +189,9 @@ async def concurrent(n: int, commands: int) -> dict[str, Any]:
             bad += obs.output != f"{i}\n"
         return bad
 
-    t2 = time.perf_counter()
+    t2, cpu2 = time.perf_counter(), time.process_time()
     outcomes = await asyncio.gather(*(work(e) for e in live), return_exceptions=True)
-    t3 = time.perf_counter()
+    t3, cpu3 = time.perf_counter(), time.process_time()
     failures += sum(o if isinstance(o, int) else commands for o in outcomes)
     await asyncio.gather(*(e.close() for e in envs))
     t4 = time.perf_counter()
@@ -200,6 +201,7 @@ async def concurrent(n: int, commands: int) -> dict[str, Any]:
     lags = {"start": lag_ms(t0, t1), "run": lag_ms(t2, t3), "close": lag_ms(t3, t4 + 0.05)}
     return {
         "sessions": n, "start_s": t1 - t0, "throughput": len(live) * commands / (t3 - t2),
+        "runner_cpu_ms_per_command": 1000 * (cpu3 - cpu2) / max(1, len(live) * commands),
         "failures": failures, "pss_mib": pss / 1024 / max(1, len(pids)),
         "rss_mib": rss / 1024 / max(1, len(pids)), "close_s": t4 - t3,
         "lag": "/".join(f"{v:.0f}" for v in lags.values()), "lag_ms": lags,
@@ -243,16 +245,21 @@ async def main() -> None:
     for note in notes:
         print("note:", note)
 
-    print(f"\n{'sessions':>8} {'start s':>8} {'cmd/s':>9} {'failures':>8} {'PSS MiB':>8} "
-          f"{'RSS MiB':>8} {'close s':>8} {'max loop lag ms start/run/close':>32}")  # fmt: skip
+    print(f"\n{'sessions':>8} {'start s':>8} {'cmd/s':>9} {'CPU ms/cmd':>10} {'failures':>8} "
+          f"{'PSS MiB':>8} {'RSS MiB':>8} {'close s':>8} "
+          f"{'max loop lag ms start/run/close':>32}")  # fmt: skip
     sessions = []
     for n in levels:
         r = await concurrent(n, args.commands)
         sessions.append(r)
-        print(f"{n:>8} {r['start_s']:>8.2f} {r['throughput']:>9.0f} {r['failures']:>8} "
+        print(f"{n:>8} {r['start_s']:>8.2f} {r['throughput']:>9.0f} "
+              f"{r['runner_cpu_ms_per_command']:>10.3f} {r['failures']:>8} "
               f"{r['pss_mib']:>8.2f} {r['rss_mib']:>8.2f} {r['close_s']:>8.2f} "
               f"{r['lag']:>32}")  # fmt: skip
-    print("(PSS/RSS: per bash process; throughput: commands/s across all sessions)")
+    print(
+        "(PSS/RSS: per bash process; throughput: commands/s across all sessions; CPU ms/cmd: "
+        "this process's CPU per command while the commands run, the shells' not counted)"
+    )
     if args.json:
         latency = [{"name": name, "n": n, "median_ms": median, "p95_ms": p95}
                    for name, n, median, p95 in rows]  # fmt: skip
