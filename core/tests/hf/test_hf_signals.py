@@ -201,3 +201,10 @@ def test_ctrl_c_once_twice_three_times(
         assert run.lines[-1] == INTERRUPTED, output
     else:
         assert INTERRUPTED not in output  # it did not wait for the closing
+        # What it left (the held sandbox, its tmpfs mounted) is `uniagent clean`'s.
+        left = [p for p in Path(env["TMPDIR"]).glob("uniagent-*-*") if p.is_dir()]
+        assert left, "the third signal left no sandbox behind"
+        clean = [sys.executable, "-m", "uniagent.cli", "clean", "--no-containers"]
+        done = subprocess.run(clean, env=env, capture_output=True, text=True, timeout=300)
+        assert done.returncode == 0, done.stdout + done.stderr
+        assert not [p for p in left if p.exists()], done.stdout
