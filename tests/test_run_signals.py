@@ -17,6 +17,7 @@ sandbox left behind (no process, no episode directory, no cgroup). The holds:
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import queue
@@ -135,6 +136,13 @@ class Lines:
             self.seen.append(line)
             if line.startswith(prefix):
                 return
+
+    def so_far(self) -> str:
+        """Everything read until now, without waiting for more."""
+        with contextlib.suppress(queue.Empty):
+            while (line := self.lines.get_nowait()) is not None:
+                self.seen.append(line)
+        return "".join(self.seen)
 
     def rest(self) -> str:
         """Everything, once the command closed its stderr."""
@@ -255,7 +263,12 @@ def test_a_signal_in_any_phase_closes_everything_and_exits_128_plus_n(
             gate.release()
         if drain is not None:  # read to the end: the command can write what it holds
             threading.Thread(target=lambda: os.fdopen(drain, "rb").read(), daemon=True).start()
-        rc = proc.wait(timeout=300)
+        try:
+            rc = proc.wait(timeout=300)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+            pytest.fail(f"the run did not exit within 300 s of the signal:\n{err.so_far()}")
         stderr = err.rest()
 
     assert rc == 128 + how, stderr
