@@ -16,6 +16,7 @@ import pytest
 
 from uniagent import RewardSpec, hookimpl, open_env
 from uniagent.env import AgentEnv
+from uniagent.grading import walks
 from uniagent.grading.testenv import script_test_env
 from uniagent.plugins import load_plugins, reset_plugins
 from uniagent.protect.settings import IntegrityDefaults, TestEnv
@@ -154,6 +155,21 @@ async def test_the_baseline_resolves_the_interpreter_after_the_activation(env, v
     assert f"root:{venv / 'lib' / PY}" in record and f"root:{venv / 'bin'}" in record
     result = await grade(grader, env)
     assert result.score == 1.0 and changed(result) == set()
+
+
+async def test_without_isolation_the_grader_walks_the_roots_as_the_shell_check_does(
+    env, venv, monkeypatch
+):
+    """Without isolation the roots are walked by the grader itself, one walk shared by the
+    episodes that ask at once (:mod:`uniagent.grading.walks`); the baseline it records is the
+    one the shell check in the sandbox records for the same tree."""
+    assert env.sees_host_files()
+    shared = await prepare_grader(env, "venv", {})
+    assert any(root == str(venv / "lib" / PY) for _, root in walks._SHARED)
+    monkeypatch.setattr(env, "sees_host_files", lambda: False)
+    in_shell = await prepare_grader(env, "venv", {})
+    assert shared.baseline.test_env == in_shell.baseline.test_env
+    assert all(d not in ("shared", "=") for d in shared.baseline.test_env.values())
 
 
 @pytest.mark.parametrize(

@@ -207,6 +207,13 @@ class AgentEnv:
                 places = getattr(self.deployment, "writable_places", None)
                 raise EnvStartError(setup_failure(command, obs.exit_code, obs.output, places))
 
+    def sees_host_files(self) -> bool:
+        """Whether a path in the sandbox is the host's file at the same path (the host backend
+        without isolation): this process may then read and check it directly. False by
+        default, and before the sandbox starts."""
+        probe = getattr(self.deployment, "sees_host_files", None)
+        return bool(probe()) if probe is not None else False
+
     def read_only_source(self, path: str) -> str | None:
         """The host path that ``path`` shows when the sandbox (and every other of this
         process) cannot change anything at or below it, so a check of it need not be

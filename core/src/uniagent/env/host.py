@@ -436,6 +436,10 @@ class HostDeployment:
         """The episode directory on the host (None before start and after stop)."""
         return self._root
 
+    def sees_host_files(self) -> bool:
+        """Whether the sandbox runs without isolation (its paths are the host's), once started."""
+        return self._layout is not None and self._layout.bwrap is None and self._root is not None
+
     def read_only_source(self, path: str) -> str | None:
         """The host path that ``path`` in the sandbox shows, when neither this sandbox nor
         any other of this process can change anything at or below it: a read-only bind (of

@@ -14,6 +14,9 @@ command's own output cannot grow the grader's memory), and every read of a
 sandbox file (:meth:`GradingSandbox.read_bytes`) is such a command, with a
 regular-file check, a size limit and a timeout; so a file that the tested code
 replaced (by a FIFO, a symlink, a huge file) can neither hang nor flood the grader.
+The one exception: without isolation, where the sandbox's paths are the host's, the test
+environment's roots are listed from this process (:mod:`uniagent.grading.walks`: names and
+``lstat`` only, no file read, no link followed, a bounded number of names).
 """
 
 from __future__ import annotations

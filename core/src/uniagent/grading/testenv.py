@@ -32,10 +32,14 @@ tampering (rule ``test-env``).
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
+import os
 import posixpath
 import re
 from collections.abc import Callable, Mapping
 
+from uniagent.grading import walks
 from uniagent.grading.integrity import (
     Baseline,
     GradingSetupError,
@@ -44,7 +48,7 @@ from uniagent.grading.integrity import (
     run_script,
     stat_keys,
 )
-from uniagent.grading.sandbox import GradingSandbox
+from uniagent.grading.sandbox import GradingSandbox, off_loop
 from uniagent.grading.scripts import FIND_WORD, STAT_FILES
 from uniagent.protect.settings import TestEnv
 
@@ -106,7 +110,8 @@ for path in sorted(files):
 #: the files changed since then (``changed PATH``) and the bytecode written since, deleted
 #: (``purged ROOT N``), all from one walk of the root, and ``digest ROOT =`` (the baseline's
 #: names) where no directory under it changed: a name added, removed or renamed changes its
-#: directory's ctime.
+#: directory's ctime. With $SHARED, ``digest ROOT shared`` instead for each root that does
+#: not hold the repository: the grader walks those itself (:mod:`uniagent.grading.walks`).
 TEST_ENV = (
     STAT_FILES
     + FIND_WORD
@@ -178,6 +183,9 @@ while IFS= read -r root; do
   case $'\n'"$KNOWN"$'\n' in  # read-only in every sandbox: its digest is known
     *$'\n'"$root"$'\n'*) printf 'digest %s known\n' "$root"; continue ;;
   esac
+  if [ -n "$SHARED" ]; then  # walked by the grader on the host, shared between episodes
+    case "$REPO/" in "$root"/*) ;; *) printf 'digest %s shared\n' "$root"; continue ;; esac
+  fi
   [ -e "$root" ] || { printf 'digest %s missing\n' "$root"; continue; }
   skip=( \( -path "$root/pkgs" -o -path "$root/envs" -o -path "$root/site-packages" \
           -o -path "$root/dist-packages" -o -path "$REPO" \) -prune -o )
@@ -226,6 +234,7 @@ def _variables(
     since: str,
     repo: str | None = None,
     known: tuple[str, ...] = (),
+    shared: bool = False,
 ) -> dict[str, str]:
     return {
         "ACTIVATE": spec.activate,
@@ -238,6 +247,7 @@ def _variables(
         "SINCE": since,
         "MAX": str(MAX_CHANGED),
         "KNOWN": "\n".join(known),
+        "SHARED": "1" if shared else "",
     }
 
 
@@ -267,12 +277,21 @@ async def discover(sandbox: GradingSandbox, baseline: Baseline, spec: TestEnv) -
     env = sandbox.env
     sources = {r: env.read_only_source(r) for r, _ in list(_READ_ONLY)}
     known = {r: _READ_ONLY[(r, s)] for r, s in sources.items() if (r, s) in _READ_ONLY}
+    shared = env.sees_host_files()
     output = await run_script(
         sandbox, TEST_ENV,
-        _variables(baseline, spec, sandbox.scratch, "discover", "", None, tuple(known)),
+        _variables(baseline, spec, sandbox.scratch, "discover", "", None, tuple(known), shared),
         what="resolving the test environment",
     )  # fmt: skip
     record, _, _ = _record(output)
+    walked = [key.removeprefix("root:") for key, digest in record.items() if digest == "shared"]
+    for found in await asyncio.gather(*map(walks.shared_walk, walked)):
+        if found.too_many:
+            raise GradingSetupError(
+                f"the test environment's {found.root} holds more than {walks.MAX_ENTRIES} "
+                "names, more than the grader walks: the task cannot be graded without isolation"
+            )
+        record[f"root:{found.root}"] = found.names_digest() if found.exists else "missing"
     missing = [w for w in spec.required if f"bin:{w}" not in record]
     if missing:
         raise GradingSetupError(
@@ -345,17 +364,45 @@ async def verify(
     await sandbox.write_file(f"{s}/roots", "".join(f"{r}\n" for r in roots))
     await sandbox.write_file(f"{s}/files", "".join(f"{f}\n" for f in files))
     since = (baseline.epoch or "") if since_baseline else ""
+    shared = sandbox.env.sees_host_files()
     output = await run_script(
-        sandbox, TEST_ENV, _variables(baseline, spec, s, "verify", since, repo),
+        sandbox, TEST_ENV, _variables(baseline, spec, s, "verify", since, repo, shared=shared),
         what="checking the test environment",
     )  # fmt: skip
     after, changed, purged = _record(output)
+    walked = [key.removeprefix("root:") for key, digest in after.items() if digest == "shared"]
+    answers = await asyncio.gather(*(_shared_since(root, since) for root in walked))
+    for root, (digest, more, count) in zip(walked, answers, strict=True):
+        after[f"root:{root}"], purged[root] = digest, count
+        changed += more
     after.update(await _hashes(sandbox, output, files))
     after.update((f"root:{r}", before[f"root:{r}"]) for r in fixed)
     for key, value in after.items():
         if value == "=":  # no directory under the root changed: its names are the baseline's
             after[key] = before.get(key, "=")
     return changes(before, after, changed), sum(purged.values())
+
+
+async def _shared_since(root: str, since: str) -> tuple[str, list[str], int]:
+    """A root's digest (``=``: its names are the baseline's), its files changed since
+    ``since`` (all of its names compared where empty) and how many bytecode files written
+    since were deleted, from a walk shared with other episodes: the shell check's answer."""
+    found = await walks.shared_walk(root)
+    if not found.exists:
+        return "missing", [], 0
+    if not since:
+        return found.names_digest(), [], 0
+    changed, purge, dir_changed = found.since(walks.since_ns(since), MAX_CHANGED)
+    await off_loop(_delete, purge)
+    names = dir_changed or found.too_many or not found.is_dir
+    return found.names_digest() if names else "=", changed, len(purge)
+
+
+def _delete(paths: list[str]) -> None:
+    """``rm -f`` each path (a directory or a path gone meanwhile is left as it is)."""
+    for path in paths:
+        with contextlib.suppress(OSError):
+            os.unlink(path)
 
 
 def _moved_key(key: str, move: Callable[[str], str]) -> str:
