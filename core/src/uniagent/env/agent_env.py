@@ -17,7 +17,7 @@ from typing import Any
 
 from pydantic import BaseModel
 
-from uniagent.env.aio import use_pidfd_child_watcher
+from uniagent.env.aio import use_pidfd_child_watcher, wait_for
 from uniagent.env.config import DEFAULT_TOOLS_DIR, EnvConfig
 from uniagent.env.errors import (
     ActionSyntaxError,
@@ -168,7 +168,7 @@ class AgentEnv:
         self._scope = opened(self)  # so that an interrupted run can close it
         use_pidfd_child_watcher()  # no thread per subprocess on Python 3.11 (safe, idempotent)
         try:
-            await asyncio.wait_for(self._start(), self.config.startup_timeout)
+            await wait_for(self._start(), self.config.startup_timeout)
         except BaseException as exc:
             await self.close()
             if isinstance(exc, EnvStartError) or not isinstance(exc, Exception):
@@ -232,7 +232,7 @@ class AgentEnv:
 
     async def _stop(self) -> None:
         try:
-            await asyncio.wait_for(self.deployment.stop(), self.config.close_timeout)
+            await wait_for(self.deployment.stop(), self.config.close_timeout)
         except Exception as exc:
             log.warning("stopping the sandbox failed: %s: %s", type(exc).__name__, exc)
         finally:
@@ -309,11 +309,11 @@ class AgentEnv:
         if not self._agent_stopped:
             self._agent_stopped = True
             with contextlib.suppress(Exception):
-                await asyncio.wait_for(
+                await wait_for(
                     self.runtime.close_session(CloseBashSessionRequest(session=SESSION)),
                     self.config.close_timeout,
                 )
-        await asyncio.wait_for(self.deployment.kill_processes(), self.config.close_timeout)
+        await wait_for(self.deployment.kill_processes(), self.config.close_timeout)
 
     async def execute(
         self,
@@ -408,7 +408,7 @@ class AgentEnv:
 
         self._started = self._forked = True
         self._scope = opened(self)
-        await asyncio.wait_for(
+        await wait_for(
             self.runtime.create_session(
                 CreateBashSessionRequest(
                     session=SESSION, startup_timeout=self.config.startup_timeout

@@ -7,9 +7,11 @@ import logging
 import os
 import sys
 import threading
-from typing import Any
+from collections.abc import Awaitable
+from typing import Any, TypeVar
 
 log = logging.getLogger(__name__)
+T = TypeVar("T")
 
 _lock = threading.Lock()
 _checked = False
@@ -107,6 +109,22 @@ def use_pidfd_child_watcher() -> bool:
         policy.set_child_watcher(PidfdChildWatcher())
         _checked = True
         return True
+
+
+async def wait_for(awaitable: Awaitable[T], timeout: float | None) -> T:
+    """``asyncio.wait_for`` that never loses a cancellation.
+
+    On Python 3.11, ``asyncio.wait_for`` returns the awaitable's result when the caller is
+    cancelled in the same loop iteration as that result comes (gh-86296): the caller goes
+    on as if never cancelled. A sandbox set-up that went on so into its next command
+    (waiting for a FIFO nobody would write) held an interrupted run for ever. This awaits
+    in the caller's task under ``asyncio.timeout`` (what 3.12's ``wait_for`` does): a
+    cancellation from outside is raised, the timeout is :class:`asyncio.TimeoutError`.
+    """
+    if timeout is None:
+        return await awaitable
+    async with asyncio.timeout(timeout):
+        return await awaitable
 
 
 async def wait_through_cancellation(awaitable: Any) -> Any:

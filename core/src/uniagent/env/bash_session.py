@@ -35,6 +35,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 from uniagent.env import bash_stop
+from uniagent.env.aio import wait_for
 from uniagent.env.bash_protocol import (
     Marker,
     OutputBuffer,
@@ -139,7 +140,7 @@ class BashSession:
             "init", nonce, generation, init_line(nonce, generation).encode(), None
         )
         try:
-            await asyncio.wait_for(asyncio.shield(line.done), timeout)
+            await wait_for(asyncio.shield(line.done), timeout)
         except (asyncio.TimeoutError, TerminalNotAliveError) as exc:
             junk = wire.parser.take_junk()
             output = self._render_now(line.output)
@@ -187,7 +188,7 @@ class BashSession:
                 )
             line = self._send_command(prepared, interactive=self.pty)
             try:
-                result = await asyncio.wait_for(asyncio.shield(line.done), timeout)
+                result = await wait_for(asyncio.shield(line.done), timeout)
             except asyncio.TimeoutError:
                 self._timed_out = line
                 raise CommandTimeoutError(

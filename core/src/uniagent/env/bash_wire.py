@@ -29,7 +29,7 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from uniagent.env import procfs
-from uniagent.env.aio import pidfd_supported
+from uniagent.env.aio import pidfd_supported, wait_for
 from uniagent.env.bash_protocol import Marker, MarkerParser, OutputBuffer, new_nonce
 from uniagent.env.errors import EnvError, ShellKilledError, TerminalNotAliveError
 from uniagent.env.output import render_output
@@ -78,7 +78,7 @@ class Line:
             return False
         self.changed.clear()
         try:
-            await asyncio.wait_for(self.changed.wait(), timeout)
+            await wait_for(self.changed.wait(), timeout)
         except asyncio.TimeoutError:
             return False
         return True
@@ -268,7 +268,7 @@ class BashWire:
             with contextlib.suppress(ProcessLookupError, PermissionError):
                 os.killpg(pgid, signal.SIGKILL)  # type: ignore[arg-type]
         try:
-            await asyncio.wait_for(self.exited.wait(), 10)
+            await wait_for(self.exited.wait(), 10)
         except asyncio.TimeoutError:
             log.warning("bash session pid %s did not exit after SIGKILL", proc.pid)
         self._release()

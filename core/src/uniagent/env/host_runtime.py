@@ -17,6 +17,7 @@ import signal
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from uniagent.env.aio import wait_for
 from uniagent.env.bash_session import BASH_FLAGS, BashSession
 from uniagent.env.errors import CommandTimeoutError, EnvError, EnvStartError, NonZeroExitError
 from uniagent.env.runtime import (
@@ -71,7 +72,7 @@ async def _abandon(proc: asyncio.subprocess.Process) -> None:
         os.killpg(proc.pid, signal.SIGKILL)
     _close_pipes(proc)
     with contextlib.suppress(asyncio.TimeoutError):
-        await asyncio.wait_for(proc.wait(), 30)
+        await wait_for(proc.wait(), 30)
 
 
 async def _bounded_communicate(proc: asyncio.subprocess.Process) -> tuple[bytes, bytes]:
@@ -200,7 +201,7 @@ class HostRuntime:
             start_new_session=True,
         )
         try:
-            out, err = await asyncio.wait_for(_bounded_communicate(proc), command.timeout)
+            out, err = await wait_for(_bounded_communicate(proc), command.timeout)
         except asyncio.TimeoutError:
             await _abandon(proc)
             raise CommandTimeoutError(

@@ -29,6 +29,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from uniagent.env.aio import wait_for
 from uniagent.env.containers import label_args, name_prefix
 from uniagent.env.errors import EnvError, EnvStartError
 from uniagent.env.host import SandboxLimits
@@ -110,7 +111,7 @@ async def _run(*argv: str, timeout: float = 30.0) -> tuple[int, str]:
     except OSError as exc:
         return 127, str(exc)
     try:
-        out, _ = await asyncio.wait_for(proc.communicate(), timeout)
+        out, _ = await wait_for(proc.communicate(), timeout)
     except asyncio.TimeoutError:
         proc.kill()
         await proc.wait()
@@ -291,7 +292,7 @@ def _container_class() -> type:
                 return False
             if proc.returncode is None:
                 with contextlib.suppress(asyncio.TimeoutError):
-                    await asyncio.wait_for(asyncio.shield(proc.wait()), 15)
+                    await wait_for(asyncio.shield(proc.wait()), 15)
             return not self.stopping
 
         async def stop(self) -> None:  # replaces upstream's blocking stop
@@ -305,7 +306,7 @@ def _container_class() -> type:
                     log.warning("could not kill container %s: %s", name, out.strip())
             if proc is not None:
                 try:
-                    await asyncio.wait_for(proc.wait(), 30)
+                    await wait_for(proc.wait(), 30)
                 except asyncio.TimeoutError:
                     proc.kill()
                     await proc.wait()
