@@ -123,14 +123,23 @@ async def test_a_fork_starts_in_its_own_copy_of_an_oddly_named_cwd(
 async def test_a_fork_under_an_oddly_named_base_dir_starts_in_its_own_copy(
     tmp_path: Path,
 ) -> None:
-    base = tmp_path / "episodes 'of' $HOME"  # the root, as printf %q writes it, is not plain
+    # The root, as printf %q and export -p write it, is not plain: the cwd and the exported
+    # variables that name it must still be the fork's own.
+    base = tmp_path / "episodes 'of' $HOME \"and\" back\\slash"
     async with open_env({"type": "host", "isolation": "none", "base_dir": str(base)}) as parent:
-        await parent.communicate("mkdir sub && cd sub && echo base > f")
+        await parent.communicate(
+            'mkdir sub && cd sub && echo base > f && export HERE="$PWD" LIST="$PWD/a:$PWD/b"'
+        )
         fork = await parent.fork()
         async with fork.env as child:
             await child.communicate("echo child > f")
             assert await parent.communicate("cat f") == "base\n"
-            assert await child.communicate('printf %s "$PWD"') == f"{child.workdir}/sub"
+            own = f"{child.workdir}/sub"
+            assert await child.communicate('printf %s "$PWD"') == own
+            assert await child.communicate('printf "%s\n" "$HERE" "$LIST"') == (
+                f"{own}\n{own}/a:{own}/b\n"
+            )
+            assert await child.communicate('cat "$HERE/f"') == "child\n"
 
 
 async def test_a_closed_fork_cannot_be_entered_again(parent: AgentEnv) -> None:

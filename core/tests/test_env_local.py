@@ -160,3 +160,28 @@ async def test_a_container_forks_with_its_files_cwd_and_exports(engine: str) -> 
         assert not _containers(engine, names[1])
         assert run([engine, "image", "exists", image], timeout=60).returncode != 0
         assert await parent.communicate("cat a.txt") == "one\n"
+
+
+async def test_a_fork_of_a_fork_outlives_its_parent_and_leaves_no_image(engine: str) -> None:
+    """A fork's image is the base of its own forks' images: removed when that fork closes
+    (the engine keeps the layers its forks' images are built on), and the fork of the fork
+    runs on; once all are closed, no fork image is left."""
+    config = LocalDeploymentConfig(image=IMAGE, engine=engine, pull="never")
+    async with AgentEnv(LocalDeployment(config), {"workdir": "/testbed"}) as parent:
+        await parent.communicate("echo 0 > gen")
+        first = (await parent.fork()).env
+        second = None
+        try:
+            await first.communicate("echo 1 > gen")
+            second = (await first.fork()).env
+            images = [first.deployment._fork_image, second.deployment._fork_image]
+            await first.close()
+            assert run([engine, "image", "exists", images[0]], timeout=60).returncode != 0
+            assert await second.communicate("cat gen; echo 2 > gen; cat gen") == "1\n2\n"
+        finally:
+            if second is not None:
+                await second.close()
+            await first.close()
+        for image in images:
+            assert run([engine, "image", "exists", image], timeout=60).returncode != 0, image
+        assert await parent.communicate("cat gen") == "0\n"

@@ -420,11 +420,6 @@ class AgentEnv:
         self._tools_dir = move(parent._tools_dir)
         self._installed = set(parent._installed)
         state = move(state)
-        if moved:  # the copy's paths, where the parent's exports name the parent's
-            exports = await self.read_file(state)
-            for old, new in moved.items():
-                exports = exports.replace(old, new)
-            await self.write_file(state, exports)
         # cwd is shell-quoted (printf %q: backslashes, or $'...' for a control character):
         # the shell reads it back, and swaps a moved root at its start for the copy's.
         q = shlex.quote
@@ -433,11 +428,21 @@ class AgentEnv:
             f'"${{__ua_cwd#{q(old.rstrip("/"))}}}";; '
             for old, new in moved.items()
         )
+        # The exports name the parent's root where the copy's is meant: each value is
+        # rewritten by the shell once read (``export -p`` quotes a value with `$`, `"` or
+        # a backslash in it, so its text need not hold the root as written).
+        swaps = "".join(
+            f"__ua_old={q(old)} __ua_new={q(new)}; for __ua_v in $(compgen -e); do "
+            'case "${!__ua_v}" in *"$__ua_old"*) '
+            'export "$__ua_v=${!__ua_v//"$__ua_old"/"$__ua_new"}" 2>/dev/null;; esac; done; '
+            for old, new in moved.items()
+        )
         file = q(state)
         restore = (
             f"if [ -r {file} ]; then "
             'for __ua_v in $(compgen -e); do unset "$__ua_v" 2>/dev/null; done; '
-            f". {file} 2>/dev/null; unset __ua_v; rm -f {file}; __ua_cwd={cwd}; "
+            f". {file} 2>/dev/null; {swaps}unset __ua_v __ua_old __ua_new; rm -f {file}; "
+            f"__ua_cwd={cwd}; "
             + (f'case "$__ua_cwd/" in {arms}esac; ' if arms else "")
             + f'cd -- "$__ua_cwd" && unset __ua_cwd && umask {q(umask)}; '
             "else echo 'the fork has no copy of its parent state file'; false; fi"
