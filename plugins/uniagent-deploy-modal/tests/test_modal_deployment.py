@@ -10,7 +10,7 @@ from typing import Any
 import pytest
 from modal_fakes import Method
 from swerex.deployment.modal import ModalDeployment as SwerexModalDeployment
-from swerex.runtime.abstract import BashAction, CreateBashSessionRequest
+from swerex.runtime.abstract import Command
 from uniagent_deploy_modal import ModalDeployment
 
 from uniagent import get_registry
@@ -28,10 +28,12 @@ def make_deployment(**overrides: Any) -> ModalDeployment:
 
 
 async def run(deployment: ModalDeployment, command: str) -> str:
-    runtime = deployment.runtime
-    await runtime.create_session(CreateBashSessionRequest(session="main"))
-    obs = await runtime.run_in_session(BashAction(command=command, session="main", check="raise"))
-    return obs.output.strip()
+    """``command``'s output, run by the sandbox's server as a one-off process (SWE-ReX's
+    pexpect session gives a prompt 0.1 s after the exit code, and fails on a loaded machine:
+    AgentEnv re-synchronises it, a bare session does not)."""
+    done = await deployment.runtime.execute(Command(command=command, shell=True, timeout=60))
+    assert done.exit_code == 0, done
+    return done.stdout.strip()
 
 
 async def test_factory_does_no_network_io(fake_modal) -> None:
