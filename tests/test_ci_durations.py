@@ -1,0 +1,42 @@
+"""``.ci/durations.py``: the table CI prints at the end of every run, passed or failed."""
+
+from __future__ import annotations
+
+import json
+import runpy
+import subprocess
+import sys
+from pathlib import Path
+
+SCRIPT = Path(__file__).resolve().parent.parent / ".ci" / "durations.py"
+table = runpy.run_path(str(SCRIPT))["table"]
+
+
+def test_each_session_is_a_row_with_its_failures_and_errors_and_the_totals(tmp_path):
+    path = tmp_path / "durations.jsonl"
+    rows = [
+        {"session": "tests(suite='core')", "seconds": 313.4, "cpu_seconds": 203.2,
+         "status": "passed", "tests": 922, "failures": 0, "errors": 0, "skipped": 2},
+        {"session": "lint", "seconds": 61.0, "status": "failed"},  # before the cpu column
+        {"session": "tests(suite='integration')", "seconds": 977.0, "cpu_seconds": 292.0,
+         "status": "failed", "tests": 140, "failures": 1, "errors": 2},
+    ]  # fmt: skip
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows) + "\n")
+    lines = table(path).splitlines()
+    assert lines[0].split() == ["session", "wall", "cpu", "status", "tests", "failed", "skipped"]
+    assert lines[1].split() == ["tests(suite='core')", "313s", "203s", "passed", "922", "0", "2"]
+    assert lines[2].split() == ["lint", "61s", "-", "failed", "0", "0", "0"]
+    assert lines[3].split()[-3:] == ["140", "3", "0"], "failures and errors are counted together"
+    assert lines[4].split() == ["total", "1351s", "495s", "1062"]
+    assert "side by side" in lines[5]
+
+
+def test_no_rows_and_no_file_say_so(tmp_path):
+    empty = tmp_path / "durations.jsonl"
+    empty.write_text("")
+    assert table(empty) == "no nox session recorded a duration"
+    done = subprocess.run(
+        [sys.executable, str(SCRIPT), str(tmp_path / "absent.jsonl")],
+        capture_output=True, text=True, check=True,
+    )  # fmt: skip
+    assert done.stdout.strip() == f"{tmp_path / 'absent.jsonl'}: no durations recorded"
