@@ -1,6 +1,6 @@
 """Test sessions: ``nox`` runs everything CI runs (the ``ci`` session: the sessions below
-side by side in lanes, the integrity corpus only beside those that grade in no host /tmp,
-then the stress rounds alone);
+side by side in lanes, the integrity corpus without isolation only beside those that grade
+in no host /tmp, then the stress rounds alone);
 ``nox -s lint tests stress build`` runs the same one after another, ``nox -s tests``
 every test suite.
 
@@ -172,7 +172,10 @@ def pytest(
     )
 
 
-SUITES = ["core", *PLUGINS, "verl", "hf", "view", "gateway", "integrity", "integration"]
+SUITES = [
+    "core", *PLUGINS, "verl", "hf", "view", "gateway", "integrity", "integrity-isolated",
+    "integration",
+]  # fmt: skip
 #: pytest-xdist workers for the suites whose tests are independent ("auto": one a core).
 WORKERS = os.environ.get("UNIAGENT_TEST_WORKERS", "auto")
 #: The core suite's folders that are suites of their own (their own venvs).
@@ -241,9 +244,10 @@ def tests(session: nox.Session, suite: str) -> None:
     else:
         # Cross-package: real pip installs into fresh venvs, end-to-end runs; `mcp` for the
         # third-party MCP servers' runs (the servers themselves are pip/npm-installed there).
-        # The integrity corpus (every attack in every mode) is a suite of its own: the
-        # other end-to-end tests need not wait for it, and it runs beside only the suites
-        # its attacks cannot reach (INTEGRITY_BESIDE).
+        # The integrity corpus (every attack in every mode) is two suites of its own: the
+        # other end-to-end tests need not wait for it. Its cases without isolation run
+        # beside only the suites their attacks cannot reach (INTEGRITY_BESIDE); the cases
+        # in bwrap and containers (marked `isolated`) beside any but those.
         install(
             session,
             "./core[test,tokenizers,swerex,openai,data,ray,mcp]",
@@ -254,23 +258,32 @@ def tests(session: nox.Session, suite: str) -> None:
         # In one process: under xdist its machine-wide groups were its floor and the two
         # workers' end-to-end runs slowed each other (longer than one process).
         if suite == "integrity":
-            pytest(session, INTEGRITY)
+            pytest(session, INTEGRITY, "-m", "not isolated")
+        elif suite == "integrity-isolated":
+            pytest(session, INTEGRITY, "-m", "isolated")
         else:
             pytest(session, "tests", f"--ignore={INTEGRITY}")
 
 
-#: The integrity corpus: every attack in every mode (the ``integrity`` suite).
+#: The integrity corpus: every attack in every mode (the ``integrity`` suite: without
+#: isolation; ``integrity-isolated``: in bwrap and containers).
 INTEGRITY = "tests/test_reward_integrity.py"
 
 #: Seconds each session took on a warm 2-core machine, one at a time: ``ci`` starts the
-#: longest first (a session not listed here counts as short).
-CI_SECONDS = {"integrity": 560, "integration": 380, "core": 260, "hf": 230, "verl": 180}
-CI_SECONDS |= {"view": 70, "uniagent-agents-cli": 70, "gateway": 40, "lint": 20}
+#: integrity corpus without isolation first (only a few sessions may run beside it, and
+#: they are all still to run at the start), then the longest first (a session not listed
+#: here counts as short).
+CI_SECONDS = {"integrity-isolated": 400, "integration": 380, "core": 260, "hf": 230}
+CI_SECONDS |= {"integrity": 180, "verl": 180, "view": 70, "uniagent-agents-cli": 70}
+CI_SECONDS |= {"gateway": 40, "lint": 20}
 #: The sessions plain ``nox`` runs (``ci``): every suite, lint and build, then stress.
 CI_SESSIONS = [
     *sorted(
         [*(f"tests(suite='{suite}')" for suite in SUITES), "lint", "build"],
-        key=lambda name: -CI_SECONDS.get(name.partition("'")[2].rstrip("')") or name, 0),
+        key=lambda name: (
+            name != "tests(suite='integrity')",
+            -CI_SECONDS.get(name.partition("'")[2].rstrip("')") or name, 0),
+        ),
     ),
     "stress",
 ]

@@ -352,8 +352,15 @@ def write_config(
 #: every other task's tests end in a few seconds, ten times less on a saturated machine.
 ROUND2_EVAL_TIMEOUT = 30
 
+#: Under isolation none the attacks reach the host (its /tmp, every sandbox there): CI runs
+#: those cases apart (the ``integrity`` suite); the rest are marked ``isolated``
+#: (``integrity-isolated``, beside any suite).
+ISOLATED = pytest.mark.isolated
+
 COMBINATIONS = [
-    pytest.param(isolation, grade_in, id=f"{isolation}-{grade_in}")
+    pytest.param(
+        isolation, grade_in, id=f"{isolation}-{grade_in}", marks=[ISOLATED] * (isolation != "none")
+    )
     for isolation in ("none", "bwrap")
     for grade_in in ("episode", "fresh")
 ]
@@ -617,6 +624,7 @@ LEGIT_IN_CONTAINERS = {
 
 
 @pytest.mark.slow
+@ISOLATED
 @pytest.mark.parametrize("grade_in", ["episode", "fresh"])
 def test_round_two_in_containers(round2_tasks, tmp_path, grade_in):
     """Every round-two class in podman containers (``local`` backend): reward 0 and trained
@@ -688,6 +696,7 @@ def test_round_two_in_containers(round2_tasks, tmp_path, grade_in):
 
 
 @pytest.mark.slow
+@ISOLATED
 def test_a_policy_that_kills_its_containers_server_is_trained_on(tmp_path):
     """The container's server killed from inside is the policy's doing (agent_killed_shell,
     reward 0, trained on), as a killed shell on the host: not masked and retried."""
