@@ -18,6 +18,7 @@ from uniagent import RewardSpec, hookimpl, open_env
 from uniagent.env import AgentEnv
 from uniagent.grading import walks
 from uniagent.grading.testenv import script_test_env
+from uniagent.grading.walks import walk
 from uniagent.plugins import load_plugins, reset_plugins
 from uniagent.protect.settings import IntegrityDefaults, TestEnv
 from uniagent.reward import RewardContext, RewardResult
@@ -164,10 +165,14 @@ async def test_without_isolation_the_grader_walks_the_roots_as_the_shell_check_d
     episodes that ask at once (:mod:`uniagent.grading.walks`); the baseline it records is the
     one the shell check in the sandbox records for the same tree."""
     assert env.sees_host_files()
+    ran = []
+    monkeypatch.setattr(walks, "walk", lambda root, limit=None: ran.append(root) or walk(root))
     shared = await prepare_grader(env, "venv", {})
-    assert any(root == str(venv / "lib" / PY) for _, root in walks._SHARED)
+    assert str(venv / "lib" / PY) in ran
     monkeypatch.setattr(env, "sees_host_files", lambda: False)
+    ran.clear()
     in_shell = await prepare_grader(env, "venv", {})
+    assert ran == []
     assert shared.baseline.test_env == in_shell.baseline.test_env
     assert all(d not in ("shared", "=") for d in shared.baseline.test_env.values())
 

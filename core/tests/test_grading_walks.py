@@ -173,3 +173,10 @@ def test_a_root_with_more_names_than_a_walk_keeps_has_a_digest_of_its_own(tmp_pa
     found = walks.walk(str(root), limit=3)
     assert found.too_many and found.names_digest() == walks.TOO_MANY
     assert not walks.walk(str(root)).too_many
+
+
+async def test_a_root_nobody_waits_for_is_not_kept(tmp_path):
+    """A root of one sandbox (its own venv, say) is not held for the rest of the run."""
+    found = await walks.shared_walk(str(tmp_path))
+    assert found.exists and found.is_dir
+    assert all(root != str(tmp_path) for _, root in walks._SHARED)

@@ -66,13 +66,10 @@ class RootWalk:
     _digest: str | None = field(default=None, repr=False)
 
     def __post_init__(self) -> None:
+        #: Whether the root is a directory (its own entry, the first one walked, is).
+        self.is_dir = bool(self.entries) and self.entries[0][1:] == ("d", b"")
         self.entries.sort(key=lambda entry: entry[0])
         self._ctimes = [entry[0] for entry in self.entries]
-
-    @property
-    def is_dir(self) -> bool:
-        """Whether the root is a directory (an entry of kind ``d`` with no path)."""
-        return any(rel == b"" and kind == "d" for _, kind, rel in self.entries)
 
     def names_digest(self) -> str:
         """sha256 of the names under the root (``__pycache__`` and what it holds aside), each
@@ -162,7 +159,7 @@ class SharedWalk:
     """Walks of one root: :meth:`get` returns a walk that started after it was called, shared
     with everybody else who asked before that walk started."""
 
-    def __init__(self, root: str, run: Callable[[str], RootWalk] = walk) -> None:
+    def __init__(self, root: str, run: Callable[[str], RootWalk] | None = None) -> None:
         self.root = root
         self._run = run
         self._loop = asyncio.get_running_loop()
@@ -187,7 +184,7 @@ class SharedWalk:
                 asked, self._next = self._next, None  # who asks from now on waits for the next
                 self.walks += 1
                 try:
-                    found = await asyncio.to_thread(self._run, self.root)
+                    found = await asyncio.to_thread(self._run or walk, self.root)
                 except Exception as exc:
                     if not asked.done():
                         asked.set_exception(exc)
@@ -201,6 +198,8 @@ class SharedWalk:
             self._walking = None
             if self._next is not None and not self._loop.is_closed():  # asked as it stopped
                 self._walking = asyncio.ensure_future(self._walk_while_asked())
+            elif _SHARED.get((self._loop, self.root)) is self:  # idle: a root of one sandbox
+                del _SHARED[(self._loop, self.root)]  # is not kept for the whole run
 
 
 _SHARED: dict[tuple[asyncio.AbstractEventLoop, str], SharedWalk] = {}
