@@ -291,7 +291,9 @@ async def discover(sandbox: GradingSandbox, baseline: Baseline, spec: TestEnv) -
                 f"the test environment's {found.root} holds more than {walks.MAX_ENTRIES} "
                 "names, more than the grader walks: the task cannot be graded without isolation"
             )
-        record[f"root:{found.root}"] = found.names_digest() if found.exists else "missing"
+        record[f"root:{found.root}"] = (
+            await off_loop(found.names_digest) if found.exists else "missing"
+        )
     missing = [w for w in spec.required if f"bin:{w}" not in record]
     if missing:
         raise GradingSetupError(
@@ -390,12 +392,12 @@ async def _shared_since(root: str, since: str) -> tuple[str, list[str], int]:
     found = await walks.shared_walk(root)
     if not found.exists:
         return "missing", [], 0
-    if not since:
-        return found.names_digest(), [], 0
-    changed, purge, dir_changed = found.since(walks.since_ns(since), MAX_CHANGED)
+    if not since:  # (sorting and hashing tens of thousands of names: off the event loop)
+        return await off_loop(found.names_digest), [], 0
+    changed, purge, dir_changed = await off_loop(found.since, walks.since_ns(since), MAX_CHANGED)
     await off_loop(_delete, purge)
     names = dir_changed or found.too_many or not found.is_dir
-    return found.names_digest() if names else "=", changed, len(purge)
+    return await off_loop(found.names_digest) if names else "=", changed, len(purge)
 
 
 def _delete(paths: list[str]) -> None:
