@@ -5,6 +5,7 @@ it started, never one that asked after."""
 from __future__ import annotations
 
 import asyncio
+import json
 import os
 import subprocess
 import threading
@@ -27,8 +28,9 @@ FIND_SINCE = (
 
 def shell(script: str, *args: str) -> str:
     done = subprocess.run(
-        ["bash", "-c", script, "-", *args], capture_output=True, text=True, check=True
-    )
+        ["bash", "-c", script, "-", *args],
+        capture_output=True, text=True, errors="surrogateescape", check=True,
+    )  # fmt: skip
     return done.stdout
 
 
@@ -48,6 +50,8 @@ def tree(root: Path) -> Path:
     (root / "dangling").symlink_to(root / "nowhere")
     (root / "odd name\twith tab.py").write_text("")
     (root / "é.py").write_text("")
+    with open(os.fsencode(root) + b"/latin-\xe9.py", "w"):  # a name that is not UTF-8
+        pass
     os.mkfifo(root / "fifo")
     return root
 
@@ -87,12 +91,22 @@ def test_what_changed_since_is_what_find_newerct_lists(tmp_path):
     (root / "pkg" / "sub" / "added.py").write_text("")  # added: its directory changes too
     (root / "pkg" / "__pycache__" / "planted.cpython-311.pyc").write_bytes(b"\0")
     (root / "site-packages" / "hidden" / "not-walked.py").write_text("")
+    odd = os.fsencode(root / "pkg") + b"/bad-\xff.py"  # not UTF-8: reported with U+FFFD
+    with open(odd, "w"):
+        pass
     found = walks.walk(str(root))
     changed, purge, dir_changed = found.since(walks.since_ns(epoch), 50)
     listed = shell(FIND_SINCE, str(root), epoch).splitlines()
     files = {line[2:] for line in listed if line[0] != "d" and "/__pycache__/" not in line}
     bytecode = {line[2:] for line in listed if "/__pycache__/" in line}
-    assert set(changed) == files == {str(root / "pkg/sub/mod.py"), str(root / "pkg/sub/added.py")}
+    odd_shown = str(root / "pkg") + "/bad-\ufffd.py"
+    assert {f.encode("utf-8", "surrogateescape").decode("utf-8", "replace") for f in files} == (
+        set(changed)
+    )
+    assert set(changed) == {
+        str(root / "pkg/sub/mod.py"), str(root / "pkg/sub/added.py"), odd_shown
+    }  # fmt: skip
+    json.dumps(changed, ensure_ascii=False).encode()  # fit for a UTF-8 results file
     assert set(purge) == bytecode == {str(root / "pkg/__pycache__/planted.cpython-311.pyc")}
     assert dir_changed
     capped = found.since(walks.since_ns(epoch), 1)[0]

@@ -92,8 +92,9 @@ class RootWalk:
 
     def since(self, since_ns: int, limit: int) -> tuple[list[str], list[str], bool]:
         """What changed after ``since_ns`` (a ctime newer than it): at most ``limit`` changed
-        files (not directories, not bytecode), the bytecode paths to delete (files under a
-        ``__pycache__``), and whether a directory changed (its names may differ)."""
+        files (not directories, not bytecode; names that are not UTF-8 shown with U+FFFD),
+        the bytecode paths to delete (files under a ``__pycache__``), and whether a
+        directory changed (its names may differ)."""
         changed: list[str] = []
         purge: list[str] = []
         dir_changed = False
@@ -105,8 +106,8 @@ class RootWalk:
                     purge.append(os.fsdecode(path))
             elif kind == "d":
                 dir_changed = True
-            elif len(changed) < limit:
-                changed.append(os.fsdecode(path))
+            elif len(changed) < limit:  # reported (as the shell check's output is read)
+                changed.append(path.decode("utf-8", "replace"))
         return changed, purge, dir_changed
 
 
