@@ -107,6 +107,18 @@ def test_the_core_has_no_import_cycle(packages: bool) -> None:
     assert cycles(graph) == []
 
 
+def test_no_core_module_outside_builtin_imports_builtin() -> None:
+    """The built-in plugins are plugins: the core reaches them through the registry only."""
+    graph = import_graph(packages=False)
+    builtin = lambda name: name == "uniagent.builtin" or name.startswith("uniagent.builtin.")  # noqa: E731
+    assert any(builtin(name) for name in graph), "the graph has the built-in plugins"
+    importers = sorted(
+        name for name, targets in graph.items()
+        if not builtin(name) and any(builtin(t) for t in targets)
+    )  # fmt: skip
+    assert importers == []
+
+
 def test_the_cycle_check_finds_a_cycle() -> None:
     assert cycles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == [["a", "b", "c"]]
 

@@ -68,9 +68,9 @@ _EXPORTS: dict[str, str] = {
     "RewardResult": "uniagent.reward",
     "RewardInfraError": "uniagent.reward",
     # an OpenAI-compatible judge (the llm_judge reward's endpoint, for plugins' judges)
-    "JudgeEndpoint": "uniagent.builtin.judge",
-    "JudgeError": "uniagent.builtin.judge",
-    "ask_judge": "uniagent.builtin.judge",
+    "JudgeEndpoint": "uniagent.judge",
+    "JudgeError": "uniagent.judge",
+    "ask_judge": "uniagent.judge",
     "GradingSandbox": "uniagent.grading.sandbox",
     "GradingOutput": "uniagent.grading.sandbox",
     "GradingReadError": "uniagent.grading.sandbox",
@@ -248,7 +248,6 @@ def __dir__() -> list[str]:
 
 
 if TYPE_CHECKING:  # pragma: no cover - what type checkers and IDEs see
-    from uniagent.builtin.judge import JudgeEndpoint, JudgeError, ask_judge
     from uniagent.cache import build_once, cache_dir
     from uniagent.config import AgentConfig
     from uniagent.env.agent_env import AgentEnv, Observation
@@ -280,6 +279,7 @@ if TYPE_CHECKING:  # pragma: no cover - what type checkers and IDEs see
     )
     from uniagent.grading.testenv import script_test_env
     from uniagent.hookspecs import hookimpl
+    from uniagent.judge import JudgeEndpoint, JudgeError, ask_judge
     from uniagent.parsers.base import (
         ErrorKind,
         ParseResult,

@@ -1,13 +1,13 @@
-"""One episode end to end: sandbox → tools → baseline → loop → grading → close.
+"""One episode end to end: sandbox → tools → baseline → agent → grading → close.
 
 Both ``uniagent run`` and the verl adapter call :func:`run_episode`; it never
 raises for a failed episode: every outcome is an :class:`EpisodeResult` with
-exactly one exit reason.
+exactly one exit reason. The agent, the built-in loop or a harness, is an
+:class:`~uniagent.agent_run.EpisodeAgent`: one body runs every kind.
 """
 
 from __future__ import annotations
 
-import asyncio
 import logging
 import time
 import traceback
@@ -15,18 +15,25 @@ from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from uniagent.config import DEFAULT_SYSTEM_PROMPT, AgentConfig
+from uniagent.agent_run import EpisodeAgent, EpisodeContext
+from uniagent.config import AgentConfig
 from uniagent.env import AgentEnv
-from uniagent.env.errors import EnvStartError
 from uniagent.errors import ConfigError
 from uniagent.exit import ExitReason
 from uniagent.grading.grader import EpisodeGrader, GradingPlan
-from uniagent.interaction.loop import AgentInteraction, InteractionResult
+from uniagent.interaction.loop import InteractionResult
 from uniagent.interaction.metrics import EpisodeMetrics
-from uniagent.interaction.prompts import tool_instructions
+
+# Where they were before the agent seam (verl's adapter, scripts and tests import them here).
+from uniagent.interaction.prompts import (  # noqa: F401
+    describe_tools,
+    first_messages,
+    system_prompt,
+)
 from uniagent.models.base import ChatModel
 from uniagent.observer import NULL_OBSERVER, EpisodeObserver
 from uniagent.resolver import ResolvedAgent
+from uniagent.specs import AgentSpec
 
 log = logging.getLogger(__name__)
 
@@ -83,38 +90,6 @@ class EpisodeResult(InteractionResult):
         }
 
 
-def system_prompt(agent: ResolvedAgent) -> str:
-    """The config's system prompt, or the default one naming the configured finishing tools."""
-    if agent.config.system_prompt is not None:
-        return agent.config.system_prompt
-    finishing = [t.name for t in agent.tools if t.ends_episode]
-    if not finishing:
-        return DEFAULT_SYSTEM_PROMPT
-    names = " or ".join(f"the {n} tool" for n in finishing)
-    return f"{DEFAULT_SYSTEM_PROMPT} When the task is done, call {names}."
-
-
-def first_messages(agent: ResolvedAgent, task: Mapping[str, Any]) -> list[dict[str, Any]]:
-    """The system prompt and the task rendered through ``instance_template``."""
-    try:
-        user = agent.config.instance_template.format_map(task)
-    except KeyError as exc:
-        raise ConfigError(
-            f"task has no field {exc.args[0]!r}, which instance_template needs; "
-            f"task fields: {', '.join(sorted(task))}"
-        ) from None
-    return [{"role": "system", "content": system_prompt(agent)}, {"role": "user", "content": user}]
-
-
-def describe_tools(prompt: list[dict[str, Any]], instructions: str) -> None:
-    """Put the tool instructions into the system message (made if missing), once."""
-    if prompt and prompt[0].get("role") == "system":
-        if instructions not in str(prompt[0].get("content") or ""):
-            prompt[0]["content"] = f"{prompt[0].get('content') or ''}\n\n{instructions}".lstrip()
-    else:
-        prompt.insert(0, {"role": "system", "content": instructions})
-
-
 async def run_episode(
     agent: ResolvedAgent,
     task: Mapping[str, Any],
@@ -155,26 +130,18 @@ async def _run_episode(
 ) -> EpisodeResult:
     logger = logger or log
     observer = observer or NULL_OBSERVER
-    if agent.agent.is_harness:
-        return await run_harness_episode(
-            agent, task, model, grader, messages, logger, observer, closer
-        )
     config = agent.config
-    tools = list(agent.tools)
-    parser = agent.new_parser()
-    prompt = [dict(m) for m in messages] if messages else first_messages(agent, task)
+    runner = runner_of(agent.agent)(EpisodeContext(agent, task, model, messages, logger, observer))
     metrics = EpisodeMetrics()
     started = time.perf_counter()
     env: AgentEnv | None = None
     integrity: Mapping[str, Any] = {}
     try:
         observer.phase("setup")
-        env = agent.new_env()
+        env = await runner.new_env()
         await env.start()
         observer.phase("tools")
-        await env.install_tools(tools)
-        if agent.mcp_servers:  # their tools are known once the servers answer, in the sandbox
-            tools += await _mcp_tools(agent, env, tools)
+        await runner.setup(env)
         if grader is not None:
             observer.phase("baseline")
             integrity = await grader.prepare(env)
@@ -186,31 +153,22 @@ async def _run_episode(
     finally:
         metrics.setup_seconds = time.perf_counter() - started
 
-    if not model.renders_tools():  # the chat template would silently drop the tool schemas
-        describe_tools(prompt, tool_instructions(tools, parser))
     try:
-        cache = model.start_cache(prompt, [t.openai_schema() for t in tools])
-        interaction = AgentInteraction(
-            model, env, tools, parser, config.interaction, logger=logger, observer=observer
-        )
         observer.phase("agent")
-        outcome = await interaction.run(cache, metrics)
+        run = await runner.run(env, metrics)
         inexact = metrics.inexact_turns > 0 and config.inexact_treatment() == "mask"
         result = EpisodeResult(
-            exit_reason=outcome.exit_reason,
-            traj_masked=config.treatment(outcome.exit_reason) == "mask" or inexact,
+            exit_reason=run.exit_reason,
+            traj_masked=config.treatment(run.exit_reason) == "mask" or inexact,
             metrics=metrics,
-            cache=cache,
-            submission=outcome.submission,
-            error=outcome.error,
+            cache=run.cache,
+            submission=run.submission,
+            error=run.error,
             integrity=integrity,
-            notes=outcome.notes,
-            turn_scores=dict(outcome.turn_scores),
-            tool_servers={  # the MCP tools' (uniagent.mcp.tools.McpToolSpec.server)
-                t.name: f"mcp:{server}"
-                for t in tools
-                if isinstance(server := getattr(t, "server", None), str)
-            },
+            notes=run.notes,
+            turn_scores=dict(run.turn_scores),
+            tree=run.tree,
+            tool_servers=dict(run.tool_servers),
         )
         return await _conclude(config, grader, env, result, logger, observer)
     except Exception as exc:
@@ -218,6 +176,16 @@ async def _run_episode(
         return failed(config, ExitReason.UNKNOWN_ERROR, metrics, exc)
     finally:
         await _close(env, closer, observer)
+
+
+def runner_of(spec: AgentSpec[Any]) -> Callable[[EpisodeContext], EpisodeAgent]:
+    """What makes an episode's agent from ``spec``: its own ``runner``, or for a harness
+    (``install``, ``wire``, ``launch``) uniagent's harness runner."""
+    if spec.runner is not None:
+        return spec.runner
+    from uniagent.agents.harness import HarnessAgent
+
+    return HarnessAgent
 
 
 async def _conclude(
@@ -239,22 +207,6 @@ async def _conclude(
         observer.phase("grading")
         await grade(config, grader, env, result, logger)
     return result
-
-
-async def _mcp_tools(agent: ResolvedAgent, env: AgentEnv, tools: list[Any]) -> list[Any]:
-    """The MCP servers' tools, listed in the sandbox; a clash of names fails the set-up."""
-    from uniagent.mcp.tools import list_mcp_tools
-
-    listed = await list_mcp_tools(env, agent.mcp_servers, timeout=agent.env.setup_timeout)
-    taken = {t.name for t in tools}
-    for tool in listed:
-        if tool.name in taken:
-            raise EnvStartError(
-                f"tool {tool.name!r} of MCP server {tool.server!r} has the name of another "
-                f"tool; leave one out (`exclude: [{tool.name}]`)"
-            )
-        taken.add(tool.name)
-    return list(listed)
 
 
 def make_grader(agent: ResolvedAgent, task: Mapping[str, Any]) -> EpisodeGrader | None:
@@ -327,86 +279,3 @@ def failed(
 
 def _traceback_text(exc: BaseException) -> str:
     return "".join(traceback.format_exception(exc)).rstrip()
-
-
-def instruction_of(
-    agent: ResolvedAgent,
-    task: Mapping[str, Any],
-    messages: Sequence[Mapping[str, Any]] | None,
-) -> str:
-    """The task's instruction for the harness: the first user message's text."""
-    prompt = [dict(m) for m in messages] if messages else first_messages(agent, task)
-    for message in prompt:
-        if message.get("role") == "user":
-            content = message.get("content")
-            if isinstance(content, list):  # content parts
-                return "".join(str(p.get("text", "")) for p in content if isinstance(p, dict))
-            return str(content or "")
-    return ""
-
-
-async def run_harness_episode(
-    agent: ResolvedAgent,
-    task: Mapping[str, Any],
-    model: Any,
-    grader: EpisodeGrader | None,
-    messages: Sequence[Mapping[str, Any]] | None,
-    logger: logging.Logger,
-    observer: EpisodeObserver,
-    closer: Closer | None = None,
-) -> EpisodeResult:
-    """Run one task with the agent's harness: the same phases and grader as the built-in
-    loop, the harness in the sandbox's agent session with a gateway session as its model
-    (:mod:`uniagent.agents.harness`); failures become exit reasons, as in :func:`run_episode`."""
-    from uniagent.agents.gateways import gateway_for
-    from uniagent.agents.harness import check_sandbox, prepare, run_harness, with_install
-
-    config = agent.config
-    instruction = instruction_of(agent, task, messages)
-    gateway_for(model, config.tool_parser)  # a model the gateway cannot serve: said now
-    metrics = EpisodeMetrics()
-    started = time.perf_counter()
-    env: AgentEnv | None = None
-    integrity: Mapping[str, Any] = {}
-    try:
-        observer.phase("setup")
-        folder = await asyncio.to_thread(prepare, agent)
-        deployment = agent.deployment.factory(with_install(agent, folder))
-        env = AgentEnv(deployment, agent.env)
-        await env.start()
-        await check_sandbox(agent, env, folder)  # what the image lacks: said before it runs
-        observer.phase("tools")
-        await env.install_tools(list(agent.tools))
-        if grader is not None:
-            observer.phase("baseline")
-            integrity = await grader.prepare(env)
-    except Exception as exc:
-        logger.error("sandbox setup failed: %s", exc)
-        if env is not None:
-            await _close(env, closer, observer)
-        return failed(config, ExitReason.ENV_ERROR, metrics, exc)
-    finally:
-        metrics.setup_seconds = time.perf_counter() - started
-    try:
-        observer.phase("agent")
-        began = time.perf_counter()
-        run = await run_harness(agent, env, instruction, model, folder, logger)
-        metrics.env_seconds = time.perf_counter() - began
-        metrics.turns, metrics.inexact_turns = run.turns, run.inexact_turns
-        inexact = run.inexact_turns > 0 and config.inexact_treatment() == "mask"
-        result = EpisodeResult(
-            exit_reason=run.exit_reason,
-            traj_masked=config.treatment(run.exit_reason) == "mask" or inexact,
-            metrics=metrics,
-            cache=run.cache,
-            submission=run.submission,
-            error=run.error,
-            integrity=integrity,
-            tree=run.tree,
-        )
-        return await _conclude(config, grader, env, result, logger, observer)
-    except Exception as exc:
-        logger.exception("episode failed")
-        return failed(config, ExitReason.UNKNOWN_ERROR, metrics, exc)
-    finally:
-        await _close(env, closer, observer)

@@ -149,11 +149,15 @@ def uniagent_services() -> Iterable[ServiceSpec]:
 
 @hookspec
 def uniagent_agents() -> Iterable[AgentSpec]:
-    """Agents: the built-in ReAct loop (``react``) and harnesses run inside the sandbox.
+    """Agents: the built-in ReAct loop (``react``), harnesses run inside the sandbox, and
+    any other :class:`~uniagent.agent_run.EpisodeAgent`.
 
     ``agent: {name: NAME, settings: {...}}`` in an agent config picks one. A harness is
     installed pinned (pip, npm or a binary), started in the episode's sandbox as the agent
     with a gateway session's base URL and key, and its trajectory is the session's tree.
+    An agent of another kind gives ``runner``: a callable that makes its
+    :class:`~uniagent.agent_run.EpisodeAgent` for each episode (``new_env``, ``setup``,
+    ``run``), run by the same episode body as the built-in loop (baseline, grading, close).
 
     Example::
 

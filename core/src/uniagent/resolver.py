@@ -31,7 +31,6 @@ from typing import Any
 
 from pydantic import BaseModel, ValidationError
 
-from uniagent.builtin.agents import REACT
 from uniagent.config import AgentConfig, RewardConfig, ToolRef, format_validation_error
 from uniagent.env.agent_env import AgentEnv
 from uniagent.env.config import EnvConfig
@@ -77,12 +76,12 @@ class ResolvedAgent:
     deployment_config: BaseModel
     env: EnvConfig
     reward: ResolvedReward | None
+    #: The agent that runs the episode (``agent.name``: the built-in loop by default).
+    agent: AgentSpec[Any]
     services: tuple[tuple[ServiceSpec[Any], Any], ...] = ()
     #: MCP servers whose tools each episode lists at its start (:mod:`uniagent.mcp`).
     mcp_servers: tuple[McpServerConfig, ...] = ()
     source: str = "config"
-    #: The agent that runs the episode (the built-in loop unless the config names a harness).
-    agent: AgentSpec[Any] = REACT
     agent_settings: Any = None
     registry: Registry | None = field(default=None, compare=False, repr=False)
     _per_task: dict[str, ResolvedAgent] = field(
@@ -262,10 +261,7 @@ def _agent(
     """The agent record and its validated settings; a harness's sandbox needs checked."""
     name = config.agent.name
     agents = registry.agents()
-    spec: AgentSpec[Any] = (
-        REACT if name == REACT.name and name not in agents else
-        _lookup(agents, name, "agent.name", source)
-    )  # fmt: skip
+    spec: AgentSpec[Any] = _lookup(agents, name, "agent.name", source)
     settings = _settings(
         spec.settings, config.agent.settings, "agent.settings", source, what=f"agent {name!r}"
     )

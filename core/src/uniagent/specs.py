@@ -25,6 +25,7 @@ from pydantic import BaseModel
 from uniagent.protect.settings import IntegrityDefaults
 
 if TYPE_CHECKING:  # pragma: no cover - imports for type checkers only
+    from uniagent.agent_run import EpisodeAgent, EpisodeContext
     from uniagent.env.runtime import Deployment
     from uniagent.parsers.base import ToolCallParser
     from uniagent.reward import RewardContext, RewardResult
@@ -394,7 +395,13 @@ def default_outcome(exit_code: int | None, output: str, settings: Any) -> AgentO
 
 @dataclass(frozen=True, kw_only=True)
 class AgentSpec(_Record, Generic[S]):
-    """An agent: the built-in ReAct loop (``react``), or a harness run inside the sandbox.
+    """An agent: the built-in ReAct loop (``react``), a harness run inside the sandbox, or
+    any other :class:`~uniagent.agent_run.EpisodeAgent`.
+
+    ``runner(context)`` makes the agent of one episode from its
+    :class:`~uniagent.agent_run.EpisodeContext` (the built-in loop's:
+    :class:`uniagent.interaction.agent.ReactAgent`). A harness needs none: uniagent runs it
+    (:class:`uniagent.agents.harness.HarnessAgent`).
 
     A harness has an ``install`` (pinned), speaks one ``wire`` format to the gateway, and
     ``launch(launch, settings)`` gives the :class:`AgentCommand` that runs it with an
@@ -415,12 +422,18 @@ class AgentSpec(_Record, Generic[S]):
     logs: tuple[str, ...] = ()
     settings: type[S] | None = None
     deployments: tuple[str, ...] = ("host",)
+    runner: Callable[[EpisodeContext], EpisodeAgent] | None = field(default=None, compare=False)
 
     def __post_init__(self) -> None:
         super().__post_init__()
         harness = (self.install, self.wire, self.launch)
         if any(x is not None for x in harness) and any(x is None for x in harness):
             raise ValueError(f"agent {self.name!r}: a harness needs install, wire and launch")
+        if self.runner is None and self.launch is None:
+            raise ValueError(
+                f"agent {self.name!r}: give it a runner (an EpisodeAgent for each episode) "
+                "or a harness's install, wire and launch"
+            )
         if self.wire is not None and self.wire not in WIRES:
             raise ValueError(f"agent {self.name!r}: wire must be one of {', '.join(WIRES)}")
 

@@ -26,7 +26,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from uniagent.agents.gateways import open_session
+from uniagent.agent_run import AgentRun, EpisodeContext
+from uniagent.agents.gateways import gateway_for, open_session
 from uniagent.agents.install import (
     bin_folder,
     ensure_installed,
@@ -43,6 +44,8 @@ from uniagent.env.errors import (
 )
 from uniagent.errors import ConfigError
 from uniagent.exit import ExitReason
+from uniagent.interaction.metrics import EpisodeMetrics
+from uniagent.interaction.prompts import instruction_of
 from uniagent.resolver import ResolvedAgent
 from uniagent.rollout import RolloutCache
 from uniagent.specs import AgentLaunch
@@ -65,6 +68,51 @@ class HarnessRun:
     error: str | None = None
     inexact_turns: int = 0
     turns: int = 0
+
+
+class HarnessAgent:
+    """:class:`~uniagent.agent_run.EpisodeAgent` of a harness (an agent record with an
+    ``install``, ``wire`` and ``launch``): the harness installed once on this machine and
+    mounted read-only into the episode's sandbox, checked there, then run through a gateway
+    session. A model the gateway cannot serve, or a task missing a field of the
+    instruction's template, fails when it is made, before any sandbox starts."""
+
+    def __init__(self, context: EpisodeContext) -> None:
+        self.context = context
+        agent = context.agent
+        self.instruction = instruction_of(agent, context.task, context.messages)
+        gateway_for(context.model, agent.config.tool_parser)  # a model it cannot serve
+        self.folder: Path | None = None
+
+    async def new_env(self) -> AgentEnv:
+        """A sandbox of the agent's backend that sees the harness's install folder."""
+        agent = self.context.agent
+        self.folder = await asyncio.to_thread(prepare, agent)
+        return AgentEnv(agent.deployment.factory(with_install(agent, self.folder)), agent.env)
+
+    async def setup(self, env: AgentEnv) -> None:
+        """What the image lacks to run the harness, said before it runs; the tools."""
+        agent = self.context.agent
+        assert self.folder is not None, "setup() before new_env()"
+        await check_sandbox(agent, env, self.folder)
+        await env.install_tools(list(agent.tools))
+
+    async def run(self, env: AgentEnv, metrics: EpisodeMetrics) -> AgentRun:
+        context = self.context
+        assert self.folder is not None, "run() before new_env()"
+        began = time.perf_counter()
+        run = await run_harness(
+            context.agent, env, self.instruction, context.model, self.folder, context.logger
+        )
+        metrics.env_seconds = time.perf_counter() - began
+        metrics.turns, metrics.inexact_turns = run.turns, run.inexact_turns
+        return AgentRun(
+            exit_reason=run.exit_reason,
+            cache=run.cache,
+            submission=run.submission,
+            error=run.error,
+            tree=run.tree,
+        )
 
 
 def prepare(agent: ResolvedAgent) -> Path:

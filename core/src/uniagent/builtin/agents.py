@@ -5,8 +5,18 @@ from __future__ import annotations
 from collections.abc import Iterator
 from typing import Any
 
+from uniagent.agent_run import EpisodeAgent, EpisodeContext
 from uniagent.hookspecs import hookimpl
 from uniagent.specs import AgentSpec
+
+
+def react_agent(context: EpisodeContext) -> EpisodeAgent:
+    """One episode of the built-in loop (imported when an episode runs, not with the
+    plugins)."""
+    from uniagent.interaction.agent import ReactAgent
+
+    return ReactAgent(context)
+
 
 #: The built-in loop: the configured tools, parser and interaction limits, called directly.
 REACT: AgentSpec[None] = AgentSpec(
@@ -15,6 +25,7 @@ REACT: AgentSpec[None] = AgentSpec(
     "limits, the model called directly (no gateway)",
     builtin=True,
     distribution="uniagent",
+    runner=react_agent,
 )
 
 
