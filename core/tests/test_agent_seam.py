@@ -7,20 +7,25 @@ from __future__ import annotations
 import shlex
 import types
 from collections.abc import Iterator
-from typing import Any
+from typing import Any, ClassVar
 
 import pytest
 
-from uniagent import AgentSpec, hookimpl
-from uniagent.agent_run import AgentRun, EpisodeContext
-from uniagent.config import AgentConfig
-from uniagent.env import AgentEnv
+from uniagent import (
+    AgentConfig,
+    AgentEnv,
+    AgentRun,
+    AgentSpec,
+    EnvStartError,
+    EpisodeContext,
+    EpisodeMetrics,
+    ExitReason,
+    hookimpl,
+    load_plugins,
+    reset_plugins,
+    resolve,
+)
 from uniagent.episode import run_episode
-from uniagent.env.errors import EnvStartError
-from uniagent.exit import ExitReason
-from uniagent.interaction.metrics import EpisodeMetrics
-from uniagent.plugins import load_plugins, reset_plugins
-from uniagent.resolver import resolve
 
 BUGGY = "def add(a, b):\n    return a - b\n"
 FIXED = "def add(a, b):\n    return a + b\n"
@@ -36,7 +41,7 @@ class ScriptAgent:
     """An agent that runs the task's ``commands`` in its sandbox, one a turn; ``fail`` in
     the task makes its set-up (``setup``) or its run (``run``) raise."""
 
-    made: list[ScriptAgent] = []
+    made: ClassVar[list[ScriptAgent]] = []
 
     def __init__(self, context: EpisodeContext) -> None:
         self.context = context

@@ -33,6 +33,10 @@ _EXPORTS: dict[str, str] = {
     "AgentLaunch": "uniagent.specs",
     "AgentCommand": "uniagent.specs",
     "AgentOutcome": "uniagent.specs",
+    "AgentRun": "uniagent.agent_run",
+    "EpisodeAgent": "uniagent.agent_run",
+    "EpisodeContext": "uniagent.agent_run",
+    "EpisodeMetrics": "uniagent.interaction.metrics",
     "DeploymentSpec": "uniagent.specs",
     "ParserSpec": "uniagent.specs",
     "RewardSpec": "uniagent.specs",
@@ -156,6 +160,7 @@ __all__ = [
     "AgentInstall",
     "AgentLaunch",
     "AgentOutcome",
+    "AgentRun",
     "AgentSpec",
     "CommandTimeoutError",
     "ConfigError",
@@ -164,6 +169,9 @@ __all__ = [
     "EnvConfig",
     "EnvError",
     "EnvStartError",
+    "EpisodeAgent",
+    "EpisodeContext",
+    "EpisodeMetrics",
     "ErrorKind",
     "ExitReason",
     "GradingOutput",
@@ -248,6 +256,7 @@ def __dir__() -> list[str]:
 
 
 if TYPE_CHECKING:  # pragma: no cover - what type checkers and IDEs see
+    from uniagent.agent_run import AgentRun, EpisodeAgent, EpisodeContext
     from uniagent.cache import build_once, cache_dir
     from uniagent.config import AgentConfig
     from uniagent.env.agent_env import AgentEnv, Observation
@@ -279,6 +288,7 @@ if TYPE_CHECKING:  # pragma: no cover - what type checkers and IDEs see
     )
     from uniagent.grading.testenv import script_test_env
     from uniagent.hookspecs import hookimpl
+    from uniagent.interaction.metrics import EpisodeMetrics
     from uniagent.judge import JudgeEndpoint, JudgeError, ask_judge
     from uniagent.parsers.base import (
         ErrorKind,
