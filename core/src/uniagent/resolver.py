@@ -36,7 +36,7 @@ from uniagent.env.agent_env import AgentEnv
 from uniagent.env.config import EnvConfig
 from uniagent.errors import ConfigError, UnknownPluginNameError
 from uniagent.mcp.config import McpServerConfig
-from uniagent.parsers.base import ToolCallParser
+from uniagent.parsers.base import CallReader, ToolCallParser
 from uniagent.registry import Registry, get_registry
 from uniagent.rubric import Component, Rubric, rubric_spec
 from uniagent.specs import (
@@ -189,6 +189,12 @@ def _resolve(
         for name, raw in config.services.items()
     )
     agent, agent_settings = _agent(registry, config, deployment_config, source)
+    if agent.is_harness and not isinstance(parser.factory(), CallReader):
+        raise ConfigError(
+            f"invalid {source}:\n  tool_parser: agent {agent.name!r} is a harness, whose model "
+            f"is the gateway: tool parser {parser.name!r} cannot serve it (it has no "
+            "read_calls())"
+        )
     return ResolvedAgent(
         agent=agent,
         agent_settings=agent_settings,

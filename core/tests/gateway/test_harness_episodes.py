@@ -6,7 +6,10 @@ from __future__ import annotations
 
 import io
 import json
+import re
+import types
 from pathlib import Path
+from typing import Any, ClassVar
 
 import pytest
 
@@ -14,6 +17,14 @@ from uniagent.agents import gateways
 from uniagent.config import AgentConfig
 from uniagent.errors import ConfigError
 from uniagent.models.base import ModelError
+from uniagent.parsers.base import (
+    ParseResult,
+    ToolCall,
+    ToolCallFormatError,
+    example_call,
+    format_error,
+    validate_call,
+)
 from uniagent.rollout import RolloutCache
 from uniagent.run.progress import Progress
 from uniagent.run.runner import run
@@ -181,3 +192,99 @@ async def test_a_harness_episode_stops_the_fresh_sandbox_started_ahead(
         )
         assert result.exit_reason.value == reason, result.error
         assert len(scope) == 0
+
+
+class JsonBlocks:
+    """A tool-call parser of a plugin, none of uniagent's classes: hermes-shaped blocks (the
+    shape Qwen3's template renders calls in, so the turns stay exact) read by its own code."""
+
+    name = "json_blocks"
+    stop_sequences: tuple[str, ...] = ()
+    BLOCK = re.compile(r"<tool_call>\s*(\{.*?\})\s*</tool_call>", re.DOTALL)
+    read: ClassVar[list[str]] = []  # the texts the gateway had it read
+
+    def parse(self, text: str, tools: Any, *, max_calls: int | None = None) -> ParseResult:
+        content, calls = self.read_calls(text, None)
+        if not calls:
+            raise format_error("no tool call found.", "no_tool_call", self, tools, content=text)
+        checked = [validate_call(n, a, tools, self, content=content) for n, a in calls]
+        return ParseResult(content=content, tool_calls=checked)
+
+    def format_tool_call(self, call: ToolCall) -> str:
+        body = json.dumps({"name": call.name, "arguments": call.arguments}, ensure_ascii=False)
+        return f"<tool_call>\n{body}\n</tool_call>"
+
+    def format_example(self, tools: Any) -> str:
+        return self.format_tool_call(example_call(tools))
+
+    def format_tool_response(self, content: str) -> str:
+        return f"<tool_response>\n{content}\n</tool_response>"
+
+    def read_calls(self, text: str, tools: Any) -> tuple[str, list[tuple[str, dict[str, Any]]]]:
+        JsonBlocks.read.append(text)
+        calls = []
+        for match in self.BLOCK.finditer(text):
+            try:
+                call = json.loads(match.group(1))
+            except ValueError:
+                raise ToolCallFormatError("a block is not JSON", "malformed") from None
+            calls.append((call["name"], call["arguments"]))
+        return self.BLOCK.sub("", text).strip(), calls
+
+
+class Plain:
+    """A parser of a plugin that cannot serve the gateway (no ``read_calls``)."""
+
+    name = "plain"
+    stop_sequences: tuple[str, ...] = ()
+    parse = JsonBlocks.parse
+    format_tool_call = JsonBlocks.format_tool_call
+    format_example = JsonBlocks.format_example
+    format_tool_response = JsonBlocks.format_tool_response
+
+
+@pytest.fixture
+def plugin_parsers(tiny):
+    """The ``tiny`` harness and two tool parsers of a plugin."""
+    from uniagent import ParserSpec, hookimpl
+    from uniagent.plugins import load_plugins
+
+    @hookimpl
+    def uniagent_tool_parsers():
+        yield ParserSpec(name="json_blocks", factory=JsonBlocks)
+        yield ParserSpec(name="plain", factory=Plain)
+
+    load_plugins().register(
+        types.SimpleNamespace(uniagent_tool_parsers=uniagent_tool_parsers), "test-parsers"
+    )
+    JsonBlocks.read.clear()
+    yield
+
+
+@pytest.mark.usefixtures("plugin_parsers")
+async def test_a_parser_of_a_plugin_serves_a_harness_through_the_gateway(
+    qwen3_tokenizer, tmp_path
+) -> None:
+    config = tiny_config().with_overrides({"tool_parser": "json_blocks"})
+    model = ScriptedTokenModel(qwen3_tokenizer, [WRITE, "Done."])
+    done = await _run(config, model, tmp_path / "out")
+    result, rollout = done["result"], done["rollout"]
+    assert result["exit_reason"] == "finished", done["log"][-2000:]
+    assert result["reward"] == 1.0, "the call the plugin's parser read ran in the sandbox"
+    assert JsonBlocks.read and any("echo hello > out.txt" in text for text in JsonBlocks.read)
+    assert all(t["exact"] for t in rollout["tree"]["turns"])
+    reply = qwen3_tokenizer.encode(WRITE, add_special_tokens=False) + [rollout["eot_id"]]
+    gen = [i for i, m in zip(rollout["response_ids"], rollout["response_mask"]) if m]
+    assert gen[: len(reply)] == reply
+    assert RolloutCache.from_dict(rollout, qwen3_tokenizer).check_exactness().ok
+
+
+@pytest.mark.usefixtures("plugin_parsers")
+def test_a_parser_that_cannot_serve_the_gateway_is_refused_for_a_harness_at_resolve() -> None:
+    from uniagent.resolver import resolve
+
+    with pytest.raises(ConfigError, match=r"tool_parser: agent 'tiny' is a harness.*'plain'"):
+        resolve(tiny_config().with_overrides({"tool_parser": "plain"}))
+    assert resolve(tiny_config().with_overrides({"tool_parser": "json_blocks"})).parser.name == (
+        "json_blocks"
+    )

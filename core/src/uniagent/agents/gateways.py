@@ -15,6 +15,7 @@ from typing import Any
 
 from uniagent.errors import ConfigError
 from uniagent.models.base import TokenChatModel
+from uniagent.specs import ParserSpec
 
 _lock = threading.Lock()
 #: (id of the tokenizer, parser) -> (the tokenizer, kept so its id is not reused; the server)
@@ -33,9 +34,10 @@ def require_token_model(model: Any, agent: str) -> None:
         )
 
 
-def gateway_for(model: Any, parser: str) -> Any:
+def gateway_for(model: Any, parser: ParserSpec | str) -> Any:
     """The :class:`~uniagent.gateway.server.RunningGateway` for ``model``'s tokenizer and
-    ``parser`` (open the episode's session with :func:`open_session`)."""
+    ``parser`` (the resolved agent's parser, or an installed parser's name; open the
+    episode's session with :func:`open_session`)."""
     require_token_model(model, "this")
     try:
         from uniagent.gateway.backend import TokenModelBackend
@@ -46,28 +48,35 @@ def gateway_for(model: Any, parser: str) -> Any:
             f"a harness agent needs uniagent's gateway extra ({exc.name} is missing): "
             "pip install 'uniagent[gateway]'"
         ) from None
-    key = (id(model.tokenizer), parser)
+    key = (id(model.tokenizer), _name(parser))
     with _lock:
         if key not in _running:
-            gateway = Gateway(TokenModelBackend(model), parser=parser)
+            made = parser if isinstance(parser, str) else parser.factory()
+            gateway = Gateway(TokenModelBackend(model), parser=made)
             _running[key] = (model.tokenizer, start(gateway))
         return _running[key][1]
 
 
-def served_on(model: Any, parser: str, address: str, network: str) -> Any:
+def _name(parser: ParserSpec | str) -> str:
+    return parser if isinstance(parser, str) else parser.name
+
+
+def served_on(model: Any, parser: ParserSpec | str, address: str, network: str) -> Any:
     """The gateway of ``model`` and ``parser`` also served on ``address`` (an address of
     this machine on a container network), to clients in ``network`` only."""
     from uniagent.gateway.server import start
 
     running = gateway_for(model, parser)
-    key = (id(model.tokenizer), parser, address)
+    key = (id(model.tokenizer), _name(parser), address)
     with _lock:
         if key not in _bridged:
             _bridged[key] = start(running.gateway, host=address, peers=[network])
         return _bridged[key]
 
 
-def open_session(model: Any, parser: str, listen: tuple[str, str] | None = None) -> tuple[Any, Any]:
+def open_session(
+    model: Any, parser: ParserSpec | str, listen: tuple[str, str] | None = None
+) -> tuple[Any, Any]:
     """A new session for one episode, ``model`` its backend; with the server it is on
     (``listen``: the one on that container network's ``(address, network)``)."""
     from uniagent.gateway.backend import TokenModelBackend

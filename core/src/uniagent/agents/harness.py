@@ -81,7 +81,7 @@ class HarnessAgent:
         self.context = context
         agent = context.agent
         self.instruction = instruction_of(agent, context.task, context.messages)
-        gateway_for(context.model, agent.config.tool_parser)  # a model it cannot serve
+        gateway_for(context.model, agent.parser)  # a model it cannot serve
         self.folder: Path | None = None
 
     async def new_env(self) -> AgentEnv:
@@ -204,7 +204,7 @@ async def run_harness(
     spec, settings = agent.agent, agent.agent_settings
     assert spec.launch is not None and spec.install is not None
     listen = await gateway_address(agent)
-    running, session = open_session(model, agent.config.tool_parser, listen)
+    running, session = open_session(model, agent.parser, listen)
     home = f"/tmp/uniagent-agent-{uuid.uuid4().hex[:12]}"
     launch = AgentLaunch(
         base_url=running.base_url(session),

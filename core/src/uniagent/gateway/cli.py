@@ -89,7 +89,11 @@ def add_gateway_parser(sub: Any) -> None:
     p.add_argument("--model", help="token backend: hf:PATH")
     p.add_argument("--scripted", metavar="JSON", help="replay reply texts (the last repeats)")
     p.add_argument("--tokenizer", metavar="PATH", help="tokenizer folder (with --scripted)")
-    p.add_argument("--parser", default="hermes", help="tool-call format (hermes, qwen3_coder)")
+    p.add_argument(
+        "--parser",
+        default="hermes",
+        help="tool-call format: an installed tool parser (hermes, qwen3_coder, a plugin's)",
+    )
     p.add_argument("--chat-template-kwargs", metavar="JSON", help='e.g. {"enable_thinking": false}')
     p.add_argument(
         "--exactness",

@@ -5,11 +5,10 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
+from uniagent.errors import UnknownPluginNameError
 from uniagent.gateway.backend import TokenBackend
 from uniagent.gateway.session import Exactness, GatewayError, Session, new_key, new_session_id
-from uniagent.parsers import HermesParser, Qwen3CoderParser, ToolCallParser
-
-PARSERS: dict[str, type[ToolCallParser]] = {"hermes": HermesParser, "qwen3_coder": Qwen3CoderParser}
+from uniagent.parsers import ToolCallParser
 
 
 class Gateway:
@@ -24,10 +23,13 @@ class Gateway:
         exactness: Exactness = "on_close",
         open_sessions: bool = False,
     ) -> None:
-        if isinstance(parser, str):
-            if parser not in PARSERS:
-                raise GatewayError(f"unknown tool parser {parser!r} (known: {', '.join(PARSERS)})")
-            parser = PARSERS[parser]()
+        if isinstance(parser, str):  # an installed parser, the built-ins' or a plugin's
+            from uniagent.registry import get_parser
+
+            try:
+                parser = get_parser(parser)
+            except UnknownPluginNameError as exc:
+                raise GatewayError(str(exc)) from None
         if exactness not in ("eager", "on_close", "off"):
             raise GatewayError(f"exactness must be eager, on_close or off, not {exactness!r}")
         self.backend, self.parser = backend, parser

@@ -24,9 +24,8 @@ import orjson
 from uniagent.errors import UniAgentError
 from uniagent.gateway.backend import TokenBackend
 from uniagent.gateway.tree import Node, TrajectoryTree, Turn
-from uniagent.parsers import TaggedToolCallParser, ToolCallParser
-from uniagent.parsers.qwen3_coder import Qwen3CoderParser
-from uniagent.parsers.text import BlockError
+from uniagent.parsers import ToolCallParser
+from uniagent.parsers.base import CallReader, ToolCallFormatError
 from uniagent.rollout.template import (
     analyse_chat_template,
     decode,
@@ -340,8 +339,8 @@ class Session:
         reasoning, rest = split_thinking(text)
         try:
             content, raw = extract_calls(self.parser, rest, tools)
-        except BlockError as exc:
-            return reasoning, rest.strip(), [], f"{exc.kind}: {exc.problem}"
+        except ToolCallFormatError as exc:
+            return reasoning, rest.strip(), [], f"{exc.kind}: {exc}"
         self._served += 1
         calls = [
             {"id": f"{prefix}{self._call_id(i)}", "name": name, "arguments": args}
@@ -427,54 +426,19 @@ def split_thinking(
 def extract_calls(
     parser: ToolCallParser, text: str, tools: list[dict[str, Any]] | None
 ) -> tuple[str, list[tuple[str, dict[str, Any]]]]:
-    """The content outside tool calls and each call's (name, arguments), unvalidated.
+    """The content outside tool calls and each call's (name, arguments), unvalidated, as
+    the parser reads them for a client (:class:`~uniagent.parsers.base.CallReader`).
 
     The harness validates calls against its own tools; the gateway only reads them.
-    Raises :class:`BlockError` for a malformed block.
+    Raises :class:`ToolCallFormatError` for a malformed block.
     """
-    if not isinstance(parser, TaggedToolCallParser):
+    if not isinstance(parser, CallReader):
         raise GatewayError(
-            f"the gateway reads tagged tool-call formats; {parser.name!r} is not one",
+            f"tool parser {parser.name!r} cannot serve the gateway: it has no read_calls()",
             status=500,
             kind="api_error",
         )
-    segments: list[str] = []
-    calls: list[tuple[str, dict[str, Any]]] = []
-    pos = 0
-    while True:
-        opening = text.find(parser.open_tag, pos)
-        if opening < 0:
-            segments.append(text[pos:])
-            break
-        segments.append(text[pos:opening])
-        raw, pos = parser._parse_block(text, opening + len(parser.open_tag))
-        if not isinstance(raw.name, str) or not isinstance(raw.arguments, dict):
-            raise BlockError("a call needs a string name and an object of arguments", "malformed")
-        arguments = dict(raw.arguments)
-        if isinstance(parser, Qwen3CoderParser):
-            arguments = _typed(arguments, raw.name, tools)
-        calls.append((raw.name, arguments))
-    content = "\n".join(s.strip() for s in segments if s.strip())
-    return content, calls
-
-
-def _typed(
-    arguments: dict[str, Any], name: str, tools: list[dict[str, Any]] | None
-) -> dict[str, Any]:
-    """qwen3_coder values are text: read non-string parameters as JSON where the schema says so."""
-    schema: dict[str, Any] = next(
-        (t.get("function", {}) for t in tools or () if t.get("function", {}).get("name") == name),
-        {},
-    )
-    props = (schema.get("parameters") or {}).get("properties") or {}
-    out: dict[str, Any] = {}
-    for key, value in arguments.items():
-        kind = (props.get(key) or {}).get("type", "string")
-        if isinstance(value, str) and kind != "string":
-            with contextlib.suppress(orjson.JSONDecodeError):
-                value = orjson.loads(value)
-        out[key] = value
-    return out
+    return parser.read_calls(text, tools)
 
 
 def new_session_id() -> str:

@@ -102,6 +102,26 @@ class ToolCallParser(Protocol):
         ...
 
 
+#: A call as the gateway hands it to a client: the tool's name and its arguments.
+WireCall = tuple[str, dict[str, Any]]
+
+
+@runtime_checkable
+class CallReader(Protocol):
+    """What the gateway needs of a parser besides :class:`ToolCallParser` (every parser
+    that has it serves harnesses: the built-in ones, and any from a plugin)."""
+
+    def read_calls(
+        self, text: str, tools: Sequence[Mapping[str, Any]] | None
+    ) -> tuple[str, list[WireCall]]:
+        """The text outside the calls in ``text`` (reasoning already removed) and each
+        call's name and arguments, as a client of a chat API receives them: not validated
+        (the client checks them against its own tools), typed by the client's OpenAI tool
+        schemas ``tools`` where the format writes values as text. Raise
+        :class:`ToolCallFormatError` for a malformed call."""
+        ...
+
+
 class StructuredCalls:
     """The "format" of calls a chat API returned as structured ``tool_calls``.
 

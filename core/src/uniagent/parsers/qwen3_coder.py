@@ -16,8 +16,9 @@ A value cannot contain ``</parameter>`` (the format has no escaping).
 
 from __future__ import annotations
 
+import contextlib
 import json
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 from uniagent.parsers.base import ToolCall, schema_types, shorten
@@ -56,6 +57,22 @@ class Qwen3CoderParser(TaggedToolCallParser):
             key: _typed(value, schema_types(props[key], defs)) if key in props else value
             for key, value in raw.arguments.items()
         }
+
+    def wire_arguments(
+        self, name: str, arguments: dict[str, Any], tools: Sequence[Mapping[str, Any]] | None
+    ) -> dict[str, Any]:
+        """Values are text: a non-string parameter of the client's schema read as JSON."""
+        functions = (t.get("function") or {} for t in tools or ())
+        schema: Mapping[str, Any] = next((f for f in functions if f.get("name") == name), {})
+        props = (schema.get("parameters") or {}).get("properties") or {}
+        out: dict[str, Any] = {}
+        for key, value in arguments.items():
+            kind = (props.get(key) or {}).get("type", "string")
+            if isinstance(value, str) and kind != "string":
+                with contextlib.suppress(ValueError):  # strict JSON: no NaN or Infinity
+                    value = json.loads(value, parse_constant=_no_constant)
+            out[key] = value
+        return out
 
     def _parse_block(self, text: str, pos: int) -> tuple[RawCall, int]:
         p = skip_ws(text, pos)
@@ -152,3 +169,7 @@ def _typed(value: str, types: set[str]) -> Any:
         return json.loads(stripped)
     except (ValueError, RecursionError):
         return value  # validation reports the bad value against the schema
+
+
+def _no_constant(name: str) -> Any:
+    raise ValueError(f"{name} is not JSON")

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from collections.abc import Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -12,6 +12,7 @@ from uniagent.parsers.base import (
     ParseResult,
     ToolCall,
     ToolCallFormatError,
+    WireCall,
     check_count,
     example_call,
     format_error,
@@ -68,6 +69,13 @@ class TaggedToolCallParser(ABC):
         """Arguments to validate (hook for formats whose values are untyped text)."""
         return raw.arguments
 
+    def wire_arguments(
+        self, name: str, arguments: dict[str, Any], tools: Sequence[Mapping[str, Any]] | None
+    ) -> dict[str, Any]:
+        """A call's arguments for a client, typed by its OpenAI tool schemas ``tools``
+        (hook for formats whose values are untyped text; JSON formats are typed already)."""
+        return arguments
+
     # -- shared ------------------------------------------------------------------------
     def format_tool_calls(self, calls: Sequence[ToolCall]) -> str:
         """Several calls as one block of text, separated by newlines."""
@@ -94,26 +102,13 @@ class TaggedToolCallParser(ABC):
         start = self._scan_start(text, tools)
         segments = [text[:start]]
         raws: list[RawCall] = []
-        pos = start
-        while True:
-            opening = text.find(self.open_tag, pos)
-            closing = text.find(self.close_tag, pos)
-            if closing != -1 and (opening == -1 or closing < opening):
-                raise self._error(
-                    f"found {self.close_tag} without a matching {self.open_tag} before it.",
-                    "malformed",
-                    tools,
-                    text,
-                )
-            if opening == -1:
-                segments.append(text[pos:])
-                break
-            segments.append(text[pos:opening])
-            try:
-                raw, pos = self._parse_block(text, opening + len(self.open_tag))
-            except BlockError as exc:
-                raise self._error(exc.problem, exc.kind, tools, text, tool=exc.tool) from None
-            raws.append(raw)
+        try:
+            for segment, raw in self._blocks(text, start, strict=True):
+                segments.append(segment)
+                if raw is not None:
+                    raws.append(raw)
+        except BlockError as exc:
+            raise self._error(exc.problem, exc.kind, tools, text, tool=exc.tool) from None
         content = "\n".join(s.strip() for s in segments if s.strip())
         if not raws:
             problem = "no tool call found. Every reply must call a tool."
@@ -134,6 +129,46 @@ class TaggedToolCallParser(ABC):
             for raw in raws
         ]
         return ParseResult(content=content, tool_calls=calls)
+
+    def read_calls(
+        self, text: str, tools: Sequence[Mapping[str, Any]] | None
+    ) -> tuple[str, list[WireCall]]:
+        """The content outside the calls and each call's (name, arguments), unvalidated
+        (:class:`~uniagent.parsers.base.CallReader`: what the gateway reads)."""
+        segments: list[str] = []
+        calls: list[WireCall] = []
+        try:
+            for segment, raw in self._blocks(text, 0, strict=False):
+                segments.append(segment)
+                if raw is None:
+                    continue
+                if not isinstance(raw.name, str) or not isinstance(raw.arguments, dict):
+                    problem = "a call needs a string name and an object of arguments"
+                    raise BlockError(problem, "malformed")
+                calls.append((raw.name, self.wire_arguments(raw.name, dict(raw.arguments), tools)))
+        except BlockError as exc:
+            raise ToolCallFormatError(exc.problem, exc.kind, tool=exc.tool) from None
+        content = "\n".join(s.strip() for s in segments if s.strip())
+        return content, calls
+
+    def _blocks(self, text: str, pos: int, *, strict: bool) -> Iterator[tuple[str, RawCall | None]]:
+        """Each block from ``pos`` on, with the text before it; then the text after the last
+        (with ``None``). Raises :class:`BlockError` for a malformed block and, ``strict``, for
+        a closing tag without its opening tag."""
+        while True:
+            opening = text.find(self.open_tag, pos)
+            closing = text.find(self.close_tag, pos) if strict else -1
+            if closing != -1 and (opening == -1 or closing < opening):
+                raise BlockError(
+                    f"found {self.close_tag} without a matching {self.open_tag} before it.",
+                    "malformed",
+                )
+            if opening == -1:
+                yield text[pos:], None
+                return
+            raw, after = self._parse_block(text, opening + len(self.open_tag))
+            yield text[pos:opening], raw
+            pos = after
 
     def _scan_start(self, text: str, tools: Sequence[ToolSpec]) -> int:
         if self.think_tags is None:
