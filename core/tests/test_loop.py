@@ -16,6 +16,7 @@ from pydantic import BaseModel, Field
 
 from uniagent import ToolSpec, get_parser, hookimpl, open_env
 from uniagent.config import AgentConfig, InteractionConfig
+from uniagent.env.errors import ActionError
 from uniagent.episode import run_episode
 from uniagent.exit import ExitReason
 from uniagent.interaction.loop import AgentInteraction
@@ -184,6 +185,46 @@ async def test_bash_syntax_error_is_fed_back_without_running(qwen3_tokenizer):
     assert result.metrics.syntax_errors == 1
     feedback = [m["content"] for m in result.messages if m["role"] == "tool"][0]
     assert "syntax error" in feedback and "ran" not in feedback.split("\n")[0]
+
+
+class QuotaError(ActionError):
+    """A backend's own action error: what the model sees is the error's to say."""
+
+    outcome = "over quota"
+    counted_as = "syntax_errors"
+
+    def observation(self) -> str:
+        return "Your sandbox is out of disk quota; nothing was run."
+
+
+class LostError(ActionError):
+    """A backend's action error that ends the episode with its own exit reason."""
+
+    ends_with = ExitReason.ENV_ERROR
+    outcome = "the sandbox was lost"
+
+
+async def test_an_action_error_is_shown_or_ends_the_episode_as_it_says(
+    qwen3_tokenizer, monkeypatch
+):
+    from uniagent.env import AgentEnv
+
+    original = AgentEnv.run_action
+
+    async def run_action(self: AgentEnv, command: str, **kwargs: Any) -> Any:
+        for marker, error in (("fill-disk", QuotaError), ("lose-it", LostError)):
+            if marker in command:
+                raise error(marker)
+        return await original(self, command, **kwargs)
+
+    monkeypatch.setattr(AgentEnv, "run_action", run_action)
+    shown = [hermes_call("shell", {"command": "fill-disk"}), hermes_call("done")]
+    result, _ = await episode(qwen3_tokenizer, shown)
+    assert result.exit_reason is ExitReason.FINISHED and result.metrics.syntax_errors == 1
+    tool_messages = [m["content"] for m in result.messages if m["role"] == "tool"]
+    assert tool_messages[0] == "Your sandbox is out of disk quota; nothing was run."
+    ended, _ = await episode(qwen3_tokenizer, [hermes_call("shell", {"command": "lose-it"})])
+    assert ended.exit_reason is ExitReason.ENV_ERROR and ended.traj_masked
 
 
 async def test_timeouts_within_budget_recover_then_spending_it_ends(qwen3_tokenizer):

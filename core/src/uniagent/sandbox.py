@@ -12,6 +12,7 @@ are what the built-in backends use: stopping every process but the runtime's own
 from __future__ import annotations
 
 from uniagent.env.errors import (
+    ActionError,
     ActionSyntaxError,
     ActionTimeoutError,
     CommandEncodingError,
@@ -50,6 +51,7 @@ from uniagent.env.runtime import (
 
 __all__ = [
     "SANDBOX_UID",
+    "ActionError",
     "ActionSyntaxError",
     "ActionTimeoutError",
     "BashAction",

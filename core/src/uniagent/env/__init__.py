@@ -29,6 +29,7 @@ _EXPORTS: dict[str, str] = {
     **{
         name: "uniagent.env.errors"
         for name in (
+            "ActionError",
             "ActionSyntaxError",
             "ActionTimeoutError",
             "CommandEncodingError",
@@ -54,6 +55,7 @@ _EXPORTS: dict[str, str] = {
 __all__ = [
     "DEFAULT_ENV",
     "DEFAULT_TOOLS_DIR",
+    "ActionError",
     "ActionSyntaxError",
     "ActionTimeoutError",
     "AgentEnv",
@@ -94,6 +96,7 @@ if TYPE_CHECKING:  # pragma: no cover
     from uniagent.env.aio import use_pidfd_child_watcher
     from uniagent.env.config import DEFAULT_ENV, DEFAULT_TOOLS_DIR, EnvConfig
     from uniagent.env.errors import (
+        ActionError,
         ActionSyntaxError,
         ActionTimeoutError,
         CommandEncodingError,

@@ -1,25 +1,31 @@
-"""Errors of the sandbox layer; the interaction loop maps each to an exit reason.
+"""Errors of the sandbox layer.
 
-- :class:`EnvStartError`, :class:`ToolInstallError`: ``env_error`` (infrastructure;
-  the episode ends).
-- :class:`ActionSyntaxError`: fed back (nothing ran; bash's message goes
-  back to the model and the episode goes on).
-- :class:`ActionTimeoutError`: ``timeout_error`` (the command was interrupted, the
-  session kept; the episode goes on until its timeout budget is spent).
-- :class:`TerminalNotAliveError`: ``terminal_not_alive`` (the episode ends, masked);
-  its subclass :class:`ShellKilledError`: ``agent_killed_shell`` (the agent's own
-  command ended the shell; trained on).
+:class:`EnvStartError`, :class:`ToolInstallError`: ``env_error`` (infrastructure; the
+episode ends). Each error of running one of the agent's actions is an
+:class:`ActionError`, which carries what the model is shown
+(:meth:`ActionError.observation`) or the exit reason that ends the episode
+(``ends_with``), so an agent's loop handles them all in one place:
+
+- :class:`ActionSyntaxError`: fed back (nothing ran; bash's message goes back to the
+  model and the episode goes on).
 - :class:`CommandEncodingError`: nothing ran; fed back to the model.
 - :class:`SessionProtocolError`: the command interfered with the session's control
-  channel; its output and exit code are unreliable, the session was resynchronised
-  and the message goes back to the model.
+  channel; its output and exit code are unreliable, the session was resynchronised and
+  the message goes back to the model.
+- :class:`ActionTimeoutError`: the command was interrupted, the session kept; fed back
+  (the loop ends the episode with ``timeout_error`` once its timeout budget is spent).
+- :class:`TerminalNotAliveError`: ``terminal_not_alive`` (the episode ends, masked); its
+  subclass :class:`ShellKilledError`: ``agent_killed_shell`` (the agent's own command
+  ended the shell; trained on).
 """
 
 from __future__ import annotations
 
 import re
+from typing import ClassVar
 
 from uniagent.errors import UniAgentError
+from uniagent.exit import ExitReason
 
 
 class EnvError(UniAgentError):
@@ -42,11 +48,32 @@ class ToolInstallError(EnvError):
         super().__init__(text)
 
 
-class ActionTimeoutError(EnvError, TimeoutError):
+class ActionError(EnvError):
+    """One of the agent's actions did not run as asked.
+
+    ``ends_with``: the exit reason that ends the episode (``None``: the episode goes on and
+    the model is shown :meth:`observation`); ``outcome``: a few words for the episode log;
+    ``counted_as``: the :class:`~uniagent.interaction.metrics.EpisodeMetrics` counter it
+    adds one to, if any.
+    """
+
+    ends_with: ClassVar[ExitReason | None] = None
+    outcome: ClassVar[str] = "failed"
+    counted_as: ClassVar[str | None] = None
+
+    def observation(self) -> str:
+        """What the model is shown in place of the action's output."""
+        return str(self)
+
+
+class ActionTimeoutError(ActionError, TimeoutError):
     """A command ran past its timeout; it was interrupted and the session kept.
 
     ``partial_output`` is what the command printed before it was stopped.
     """
+
+    outcome = "timed out"
+    counted_as = "timeouts"
 
     def __init__(self, command: str, timeout: float, partial_output: str = "") -> None:
         self.command = command
@@ -57,18 +84,35 @@ class ActionTimeoutError(EnvError, TimeoutError):
             "(working directory, variables) is still usable"
         )
 
+    def observation(self) -> str:
+        return (
+            f"{self.partial_output or ''}\n"
+            f"The command timed out after {self.timeout:g} s and was interrupted; the shell is "
+            "still usable. Run long jobs with a smaller input, or in the background with "
+            "output to a file."
+        ).lstrip("\n")
 
-class ActionSyntaxError(EnvError):
+
+class ActionSyntaxError(ActionError):
     """``bash -n`` rejected the command; nothing was run. The message is bash's."""
+
+    outcome = "not run: a syntax error"
+    counted_as = "syntax_errors"
 
     def __init__(self, message: str, command: str = "") -> None:
         self.command = command
         self.bash_message = message
         super().__init__(message)
 
+    def observation(self) -> str:
+        return f"Your command was not run: bash reports a syntax error.\n{self}"
 
-class TerminalNotAliveError(EnvError):
+
+class TerminalNotAliveError(ActionError):
     """The shell session died (``exit``, a crash) or could not be recovered after a timeout."""
+
+    ends_with = ExitReason.TERMINAL_NOT_ALIVE
+    outcome = "the terminal died"
 
     def __init__(self, message: str, partial_output: str = "") -> None:
         self.partial_output = partial_output
@@ -82,17 +126,26 @@ class ShellKilledError(TerminalNotAliveError):
     outcome (exit reason ``agent_killed_shell``), never an infrastructure failure.
     """
 
+    ends_with = ExitReason.AGENT_KILLED_SHELL
+    outcome = "its shell ended"
 
-class CommandEncodingError(EnvError):
+
+class CommandEncodingError(ActionError):
     """The command cannot be sent to a shell (a NUL byte, characters not encodable as UTF-8).
 
     Nothing was run; the session is untouched. The interaction loop feeds the
     message back to the model.
     """
 
+    outcome = "not run: cannot be encoded"
+    counted_as = "syntax_errors"
+
     def __init__(self, message: str, command: str = "") -> None:
         self.command = command
         super().__init__(message)
+
+    def observation(self) -> str:
+        return f"Your command was not run: {self}"
 
 
 def check_encodable(command: str) -> None:
@@ -115,16 +168,22 @@ def check_encodable(command: str) -> None:
         ) from None
 
 
-class SessionProtocolError(EnvError):
+class SessionProtocolError(ActionError):
     """The command forged or suppressed the session's control messages.
 
     Its output (``partial_output``) and exit code cannot be trusted; the
-    session was resynchronised and stays usable.
+    session was resynchronised and stays usable (the model sees its output and
+    what went wrong: its own doing).
     """
+
+    outcome = "the shell was resynchronised"
 
     def __init__(self, message: str, partial_output: str = "") -> None:
         self.partial_output = partial_output
         super().__init__(message)
+
+    def observation(self) -> str:
+        return f"{self.partial_output.rstrip()}\n[the shell reports: {self}]".lstrip("\n")
 
 
 class NonZeroExitError(EnvError):

@@ -14,14 +14,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from uniagent.config import InteractionConfig
-from uniagent.env.errors import (
-    ActionSyntaxError,
-    ActionTimeoutError,
-    CommandEncodingError,
-    SessionProtocolError,
-    ShellKilledError,
-    TerminalNotAliveError,
-)
+from uniagent.env.errors import ActionError, ActionTimeoutError
 from uniagent.exit import ExitReason
 from uniagent.interaction.metrics import EpisodeMetrics
 from uniagent.models.base import ChatModel, ContextLimitError, ModelError, ModelTurn
@@ -177,6 +170,16 @@ class AgentInteraction:
             **more,
         )
 
+    def _spend_timeout(self, timeout: float) -> ExitReason | None:
+        """A command timed out after ``timeout`` s: ``timeout_error`` when that was the
+        task's time limit, or when the episode's timeout budget is spent."""
+        if timeout < self.config.action_timeout:  # the time limit, not the command's
+            self.time_left = 0.0
+            self.log.info("the time limit (%g s of commands) is spent", self.config.time_limit)
+            return ExitReason.TIMEOUT_ERROR
+        self.timeout_left -= timeout
+        return ExitReason.TIMEOUT_ERROR if self.timeout_left <= 0 else None
+
     def _score(self, spec: ToolSpec, arguments: Any, output: str, code: int | None) -> None:
         """Add the tool's score of this observation (``ToolSpec.score``) to this turn's."""
         if spec.score is None:
@@ -242,45 +245,19 @@ class AgentInteraction:
                 code = observation.exit_code
                 outcome = "done" if code is None else f"exit {code}"
                 self._score(spec, call.arguments, observation.output, code)
-            except ActionSyntaxError as exc:
-                metrics.syntax_errors += 1
-                outcome = "not run: a syntax error"
-                text = f"Your command was not run: bash reports a syntax error.\n{exc}"
-            except CommandEncodingError as exc:
-                metrics.syntax_errors += 1
-                outcome = "not run: cannot be encoded"
-                text = f"Your command was not run: {exc}"
-            except SessionProtocolError as exc:
-                # The command tampered with the shell's control channel (its own doing): the
-                # session was resynchronised; the model sees its output and what went wrong.
-                outcome = "the shell was resynchronised"
-                text = f"{exc.partial_output.rstrip()}\n[the shell reports: {exc}]".lstrip("\n")
-            except ActionTimeoutError as exc:
-                metrics.timeouts += 1
-                outcome = f"timed out after {timeout:g} s"
-                if timeout < self.config.action_timeout:  # the time limit, not the command's
-                    self.time_left = 0.0
-                    self.log.info(
-                        "the time limit (%g s of commands) is spent", self.config.time_limit
-                    )
-                    return _Turn(exit_reason=ExitReason.TIMEOUT_ERROR)
-                self.timeout_left -= timeout
-                if self.timeout_left <= 0:
-                    return _Turn(exit_reason=ExitReason.TIMEOUT_ERROR)
-                text = (
-                    f"{getattr(exc, 'partial_output', '') or ''}\n"
-                    f"The command timed out after {timeout:g} s and was "
-                    "interrupted; the shell is still usable. Run long jobs with a smaller input, "
-                    "or in the background with output to a file."
-                ).lstrip("\n")
-            except ShellKilledError as exc:
-                outcome = "its shell ended"
-                self.log.warning("the agent's command ended its shell: %s", exc)
-                return _Turn(exit_reason=ExitReason.AGENT_KILLED_SHELL)
-            except TerminalNotAliveError as exc:
-                outcome = "the terminal died"
-                self.log.warning("terminal died: %s", exc)
-                return _Turn(exit_reason=ExitReason.TERMINAL_NOT_ALIVE)
+            except ActionError as exc:  # what the model sees, or the end of the episode
+                outcome = exc.outcome
+                if exc.counted_as is not None:
+                    setattr(metrics, exc.counted_as, getattr(metrics, exc.counted_as) + 1)
+                if exc.ends_with is not None:
+                    self.log.warning("%s (%s): %s", outcome, exc.ends_with.value, exc)
+                    return _Turn(exit_reason=exc.ends_with)
+                if isinstance(exc, ActionTimeoutError):
+                    outcome = f"timed out after {timeout:g} s"
+                    spent = self._spend_timeout(timeout)
+                    if spent is not None:
+                        return _Turn(exit_reason=spent)
+                text = exc.observation()
             finally:
                 elapsed = time.perf_counter() - started
                 metrics.env_seconds += elapsed
