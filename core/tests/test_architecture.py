@@ -119,6 +119,18 @@ def test_no_core_module_outside_builtin_imports_builtin() -> None:
     assert importers == []
 
 
+def test_harbor_sits_below_the_runner() -> None:
+    """Harbor's loader, images, reward and paths are one package that uses the grader and
+    the task rows, never the runner, the episode or the commands above them."""
+    above = {
+        "uniagent.run", "uniagent.episode", "uniagent.resolver", "uniagent.verify",
+        "uniagent.cli", "uniagent.builtin", "uniagent.data", "uniagent.verl",
+    }  # fmt: skip
+    graph = import_graph(packages=True)
+    assert "uniagent.grading" in graph["uniagent.harbor"], "the graph has harbor's imports"
+    assert sorted(graph["uniagent.harbor"] & above) == []
+
+
 def test_the_cycle_check_finds_a_cycle() -> None:
     assert cycles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == [["a", "b", "c"]]
 

@@ -20,10 +20,10 @@ import pytest
 from pydantic import BaseModel
 
 from uniagent import ToolSpec, hookimpl
-from uniagent.builtin.harbor_reward import HarborRewardConfig, choose, parse_rewards
 from uniagent.errors import ConfigError
 from uniagent.harbor.folders import load_harbor_tasks, read_exclude
 from uniagent.harbor.images import image_tag
+from uniagent.harbor.reward import HarborRewardConfig, choose, parse_rewards
 from uniagent.harbor.schema import load_task_toml
 from uniagent.plugins import load_plugins, reset_plugins
 from uniagent.reward import RewardInfraError
@@ -314,6 +314,44 @@ def test_a_solved_task_scores_1_and_an_unsolved_one_0(tools, tmp_path, state) ->
     assert results[0]["reward"] == 0.0 and not results[0]["traj_masked"]
 
 
+def secret_task(tmp_path: Path, value: str) -> Path:
+    """hello-file whose verifier expects the greeting from this process's environment."""
+    task = tmp_path / "tasks" / "secret-hello"
+    shutil.copytree(GOOD / "hello-file", task)
+    toml = task / "task.toml"
+    toml.write_text(toml.read_text().replace('EXPECTED = "hello"', f'EXPECTED = "{value}"'))
+    return task
+
+
+def test_a_variable_the_environment_lacks_is_a_bad_row_with_its_key(tmp_path, monkeypatch):
+    monkeypatch.delenv("UNIAGENT_TEST_GREETING", raising=False)
+    task = secret_task(tmp_path, "${UNIAGENT_TEST_GREETING}")
+    tasks, bad = load_harbor_tasks(task, BWRAP)
+    assert not tasks
+    assert [b.reason for b in bad] == [
+        "secret-hello: verifier.env.EXPECTED: ${UNIAGENT_TEST_GREETING} is not set"
+    ]
+    with_default = secret_task(tmp_path / "b", "${UNIAGENT_TEST_GREETING:-hello}")
+    assert len(load_harbor_tasks(with_default, BWRAP)[0]) == 1
+
+
+def test_a_variable_reaches_the_verifier_and_no_file_of_the_run(
+    tools, tmp_path, state, monkeypatch
+) -> None:
+    greeting = "hello-from-a-secret-4711"
+    monkeypatch.setenv("UNIAGENT_TEST_GREETING", greeting)
+    task = secret_task(tmp_path, "${UNIAGENT_TEST_GREETING}")
+    status, results = run(tmp_path / "run", state, task, f"echo {greeting} > hello.txt")
+    assert status == 0 and results[0]["reward"] == 1.0, results
+    written = [p for p in (tmp_path / "run").rglob("*") if p.is_file()]
+    assert written and not [
+        p
+        for p in written
+        if greeting.encode() in p.read_bytes()
+        and p.name not in ("log.txt", "messages.json", "rollout.json")
+    ]
+
+
 def test_a_separate_verifier_sees_the_artifacts_and_nothing_else_of_the_agent(
     tools, tmp_path, state
 ) -> None:
@@ -367,7 +405,7 @@ def test_artifacts_are_unpacked_below_their_paths_as_files_and_directories_only(
     import io
     import tarfile
 
-    from uniagent.builtin.harbor_reward import ArtifactsError, unpack_artifacts
+    from uniagent.harbor.reward import ArtifactsError, unpack_artifacts
 
     def archive(*members: tuple[str, bytes | str | None]) -> bytes:
         out = io.BytesIO()
@@ -802,12 +840,12 @@ async def test_artifacts_the_verifiers_sandbox_cannot_take_are_judged_as_its_fai
     again in a new sandbox, then without them: a reward there makes it the agent's), never
     infrastructure by itself."""
     from uniagent import open_env
-    from uniagent.builtin.harbor_reward import (
+    from uniagent.grading.sandbox import GradingSandbox
+    from uniagent.harbor.reward import (
         ArtifactsNotPlaced,
         VerifierFailed,
         place_artifacts,
     )
-    from uniagent.grading.sandbox import GradingSandbox
 
     staged = tmp_path / "staged"
     (staged / "tmp" / "out").mkdir(parents=True)

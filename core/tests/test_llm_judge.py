@@ -21,7 +21,7 @@ from uniagent.resolver import resolve
 from uniagent.reward import RewardContext, RewardInfraError
 from uniagent.run.progress import Progress
 from uniagent.run.runner import run
-from uniagent.run.tasks import Task
+from uniagent.tasks import Task
 from uniagent.testing import Fail, Reply, ScriptedChatServer
 from uniagent.testing.scripted import ScriptedTokenModel, hermes_call
 

@@ -29,7 +29,7 @@ from uniagent.plugins import load_plugins, reset_plugins
 from uniagent.resolver import resolve
 from uniagent.run.progress import Progress
 from uniagent.run.runner import run
-from uniagent.run.tasks import Task
+from uniagent.tasks import Task
 from uniagent.testing.scripted import ScriptedTokenModel, hermes_call
 
 pytest.importorskip("mcp", reason="the core suite installs uniagent[mcp]")

@@ -24,7 +24,7 @@ from uniagent.rubric import Component, Rubric, aggregate
 from uniagent.run.progress import Progress
 from uniagent.run.runner import run
 from uniagent.run.summary import format_summary
-from uniagent.run.tasks import Task
+from uniagent.tasks import Task
 from uniagent.testing.scripted import ScriptedTokenModel, hermes_call
 from uniagent.view.rundir import RunFolder
 

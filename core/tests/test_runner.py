@@ -23,7 +23,7 @@ from uniagent.run.jobs import BackgroundCloser
 from uniagent.run.progress import Progress
 from uniagent.run.runner import ResultsFile, run
 from uniagent.run.summary import format_summary, pass_at_k, summarize
-from uniagent.run.tasks import Task
+from uniagent.tasks import Task
 from uniagent.testing.scripted import ScriptedTokenModel, hermes_call
 
 

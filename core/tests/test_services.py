@@ -19,13 +19,13 @@ from uniagent.plugins import load_plugins, reset_plugins
 from uniagent.resolver import resolve
 from uniagent.run.progress import Progress
 from uniagent.run.runner import run
-from uniagent.run.tasks import Task
 from uniagent.services import (
     ServiceStartError,
     ensure_services,
     running_services,
     stop_service,
 )
+from uniagent.tasks import Task
 from uniagent.testing.scripted import ScriptedTokenModel, hermes_call
 
 

@@ -10,6 +10,7 @@ complete and a failed build leaves nothing behind.
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import os
 import re
 import shutil
@@ -74,3 +75,17 @@ def named_lock(name: str) -> Iterator[None]:
     folder.mkdir(parents=True, exist_ok=True)
     with file_lock(folder / re.sub(r"[^A-Za-z0-9_.-]", "_", name)):
         yield
+
+
+def file_digest(path: Path) -> str:
+    """The SHA-256 of a file, read in chunks; of a folder, over its files' paths and bytes."""
+    digest = hashlib.sha256()
+    if path.is_dir():
+        for item in sorted(p for p in path.rglob("*") if p.is_file()):
+            name = item.relative_to(path).as_posix().encode()
+            digest.update(b"%d:%s:%s\n" % (len(name), name, file_digest(item).encode()))
+        return digest.hexdigest()
+    with path.open("rb") as handle:
+        for chunk in iter(lambda: handle.read(1 << 20), b""):
+            digest.update(chunk)
+    return digest.hexdigest()

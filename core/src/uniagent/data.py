@@ -25,7 +25,7 @@ from uniagent.errors import ConfigError
 from uniagent.harbor.folders import load_task_set
 from uniagent.harbor.images import ImageBuilder
 from uniagent.resolver import ResolvedAgent, resolve
-from uniagent.run.tasks import BadRow, Task
+from uniagent.tasks import BadRow, Task
 
 #: ``reward_model.style`` of prepared rows: the reward runs inside the agent loop.
 REWARD_STYLE = "uniagent"

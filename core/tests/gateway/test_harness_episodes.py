@@ -28,7 +28,7 @@ from uniagent.parsers.base import (
 from uniagent.rollout import RolloutCache
 from uniagent.run.progress import Progress
 from uniagent.run.runner import run
-from uniagent.run.tasks import Task
+from uniagent.tasks import Task
 from uniagent.testing.harness import tiny_config
 from uniagent.testing.scripted import ScriptedTokenModel, hermes_call
 

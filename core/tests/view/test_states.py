@@ -26,7 +26,7 @@ from uniagent.run.progress import EpisodeState, Progress
 from uniagent.run.results import ResultsFile
 from uniagent.run.retry import CircuitBreaker, RetryPolicy
 from uniagent.run.runner import run, run_jobs
-from uniagent.run.tasks import Task, load_tasks
+from uniagent.tasks import Task, load_tasks
 from uniagent.testing import Gate, Reply, ScriptedChatServer
 from uniagent.view.rundir import RunFolder
 

@@ -288,7 +288,7 @@ def _run_in_token_mode(config_path: str, tasks_path: str, base_url: str, out: st
     from uniagent.models import OpenAIChatModel
     from uniagent.run.progress import Progress
     from uniagent.run.runner import run_sync
-    from uniagent.run.tasks import load_tasks
+    from uniagent.tasks import load_tasks
     from uniagent.testing import load_qwen3_tokenizer
 
     config = AgentConfig.from_yaml(config_path)

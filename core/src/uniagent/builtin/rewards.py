@@ -9,7 +9,6 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from uniagent.builtin.harbor_reward import HarborRewardConfig, harbor_reward
 from uniagent.builtin.judge import JudgeSettings, llm_judge_reward
 from uniagent.grading.statuses import (
     keep_recorder,
@@ -17,6 +16,7 @@ from uniagent.grading.statuses import (
     read_status_records,
     status_recorder,
 )
+from uniagent.harbor.reward import HarborRewardConfig, harbor_reward
 from uniagent.hookspecs import hookimpl
 from uniagent.reward import RewardContext, RewardInfraError, RewardResult
 from uniagent.specs import RewardSpec

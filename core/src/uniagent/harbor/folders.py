@@ -16,19 +16,18 @@ from pathlib import Path
 from typing import Any
 
 from uniagent.errors import ConfigError
+from uniagent.harbor.paths import AGENT_DIRS, ARTIFACTS, SANDBOX_DIRS
 from uniagent.harbor.schema import (
     TaskToml,
     artifact_sources,
     load_task_toml,
+    unset_variables,
     unsupported,
     verifier_mode,
 )
-from uniagent.run.tasks import BadRow, Task
+from uniagent.tasks import BadRow, Task
 
 TASK_FILE = "task.toml"
-#: Where the sandbox keeps Harbor's fixed paths: the tests (copied in at grading
-#: time), the verifier's logs and the oracle's solution.
-SANDBOX_DIRS = ("/tests", "/logs", "/solution")
 #: Under bubblewrap the root is read-only and each process gets its own mounts, so the
 #: fixed paths are symlinks into the sandbox's private ``/tmp`` (made when first used).
 BWRAP_HOME = "/tmp/.harbor"
@@ -36,10 +35,6 @@ BWRAP_HOME = "/tmp/.harbor"
 #: Builds (or finds) the image of a task folder: ``(task_dir, config) -> image tag``; with a
 #: third argument, of that build context (``"tests"``: a separate verifier's image).
 ImageBuilder = Callable[..., str]
-#: Where the agent leaves files for a separate verifier (Harbor's convention).
-ARTIFACTS_DIR = "/logs/artifacts"
-#: The directories a Harbor environment has for the agent from the start.
-AGENT_DIRS = ("/logs", "/logs/agent", ARTIFACTS_DIR)
 
 
 def is_task_set(path: str | Path) -> bool:
@@ -74,6 +69,10 @@ def read_task(task_dir: Path) -> tuple[TaskToml, dict[str, Any]]:
         raise ConfigError("instruction.md is empty")
     if not (task_dir / "tests" / "test.sh").is_file():
         raise ConfigError("no tests/test.sh (the verifier)")
+    unset = unset_variables(config.verifier.env, "verifier.env")
+    unset += unset_variables(config.solution.env, "solution.env")
+    if unset:
+        raise ConfigError("; ".join(unset))
     env = config.environment
     dockerfile = task_dir / "environment" / "Dockerfile"
     verifier = config.verifier
@@ -99,10 +98,10 @@ def read_task(task_dir: Path) -> tuple[TaskToml, dict[str, Any]]:
         "resources": {"cpus": env.cpus, "memory_mb": env.memory_mb, "storage_mb": env.storage_mb},
         "metadata": dict(config.metadata),
         # A separate verifier: its own sandbox (the task row's verifier_env), given the
-        # agent's ARTIFACTS_DIR and artifacts; tests bundled in its image (set with the
+        # agent's ARTIFACTS and artifacts; tests bundled in its image (set with the
         # deployment: verifier_overrides) are not copied in.
         "verifier_mode": "separate" if separate else "shared",
-        "artifacts": [ARTIFACTS_DIR, *artifact_sources(config)] if separate else [],
+        "artifacts": [ARTIFACTS, *artifact_sources(config)] if separate else [],
         "verifier_bundled": False,
     }
     row = {"task_id": task_dir.name, "problem_statement": text, "instruction": text}
@@ -252,7 +251,7 @@ def load_task_set(
     exclude: frozenset[str] = frozenset(),
 ) -> tuple[list[Task], list[BadRow]]:
     """Tasks of a JSONL/Parquet file or a Harbor task folder, without the ``exclude`` ids."""
-    from uniagent.run.tasks import load_tasks
+    from uniagent.tasks import load_tasks
 
     if is_task_set(path):
         tasks, bad = load_harbor_tasks(path, deployment, build=build)

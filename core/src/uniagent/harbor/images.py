@@ -15,10 +15,9 @@ import shutil
 import subprocess
 from pathlib import Path
 
-from uniagent.cache import named_lock
+from uniagent.cache import file_digest, named_lock
 from uniagent.errors import ConfigError
 from uniagent.harbor.schema import TaskToml
-from uniagent.run.manifest import file_digest
 
 REPOSITORY = "localhost/uniagent-harbor"
 

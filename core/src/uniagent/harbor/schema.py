@@ -9,7 +9,9 @@ of run without it.
 
 from __future__ import annotations
 
+import os
 import re
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any, Literal
 
@@ -264,3 +266,34 @@ def load_task_toml(path: Path) -> TaskToml:
             for err in exc.errors()
         )
         raise ConfigError(f"{path}: {problems}") from None
+
+
+#: ``${VAR}`` and ``${VAR:-default}`` in the values of ``[verifier] env`` and ``[solution] env``.
+_VARIABLE = re.compile(r"\$\{([A-Za-z_][A-Za-z0-9_]*)(?::-([^}]*))?\}")
+
+
+def unset_variables(env: Mapping[str, Any], where: str) -> list[str]:
+    """``WHERE.KEY: ${NAME} is not set`` for each variable a value names that this process's
+    environment lacks and that has no default: a task that cannot run, said when the task
+    is loaded (before any sandbox starts)."""
+    return [
+        f"{where}.{key}: ${{{match.group(1)}}} is not set"
+        for key, value in env.items()
+        for match in _VARIABLE.finditer(str(value))
+        if match.group(2) is None and match.group(1) not in os.environ
+    ]
+
+
+def expand_variables(env: Mapping[str, Any], where: str) -> dict[str, str]:
+    """The values with their variables put in from this process's environment. They are
+    put in when the values are used, not when the task is loaded, so that a secret (an API
+    key for an LLM-judged verifier) is never written into a task row or a run's files.
+    Raises ``KeyError`` with :func:`unset_variables`' message for an unset one."""
+    problems = unset_variables(env, where)
+    if problems:
+        raise KeyError(problems[0])
+
+    def value(match: re.Match[str]) -> str:
+        return os.environ.get(match.group(1), match.group(2) or "")
+
+    return {key: _VARIABLE.sub(value, str(text)) for key, text in env.items()}

@@ -28,7 +28,7 @@ from uniagent.run.layout import LOG, RESULT, attempt_log, episode_path
 from uniagent.run.progress import EpisodeState, Progress
 from uniagent.run.results import is_infra_failure
 from uniagent.run.retry import cause_of
-from uniagent.run.tasks import Task
+from uniagent.tasks import Task
 
 
 @dataclass(frozen=True)

@@ -25,6 +25,7 @@ from pathlib import Path
 from typing import Any
 
 from uniagent import __version__, procfs
+from uniagent.cache import file_digest
 from uniagent.config import AgentConfig
 from uniagent.errors import ConfigError
 from uniagent.models.openai_chat import public_url
@@ -33,20 +34,6 @@ from uniagent.run.layout import MANIFEST
 FORMAT = 1
 #: What must be the same for a resume to continue a run.
 CHECKED = ("config", "model.spec", "tasks.sha256")
-
-
-def file_digest(path: Path) -> str:
-    """The SHA-256 of a file, read in chunks; of a folder, over its files' paths and bytes."""
-    digest = hashlib.sha256()
-    if path.is_dir():
-        for item in sorted(p for p in path.rglob("*") if p.is_file()):
-            name = item.relative_to(path).as_posix().encode()
-            digest.update(b"%d:%s:%s\n" % (len(name), name, file_digest(item).encode()))
-        return digest.hexdigest()
-    with path.open("rb") as handle:
-        for chunk in iter(lambda: handle.read(1 << 20), b""):
-            digest.update(chunk)
-    return digest.hexdigest()
 
 
 def public_model_spec(spec: str) -> str:

@@ -45,8 +45,8 @@ from uniagent.run.results import ResultsFile, done_keys, is_infra_failure, lates
 from uniagent.run.retry import CircuitBreaker, RetryPolicy, TamperAlarm, default_window
 from uniagent.run.shutdown import SignalGuard
 from uniagent.run.summary import resumed_wall_seconds, summarize
-from uniagent.run.tasks import BadRow, Task
 from uniagent.services import running_services
+from uniagent.tasks import BadRow, Task
 
 log = logging.getLogger(__name__)
 

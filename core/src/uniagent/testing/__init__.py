@@ -56,7 +56,7 @@ async def run_tasks(
     from uniagent.config import AgentConfig
     from uniagent.run.progress import Progress
     from uniagent.run.runner import run
-    from uniagent.run.tasks import Task
+    from uniagent.tasks import Task
 
     if not isinstance(config, AgentConfig):
         config = AgentConfig.from_dict(config)

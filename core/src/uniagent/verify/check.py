@@ -29,7 +29,7 @@ from uniagent.exit import ExitReason
 from uniagent.observer import NULL_OBSERVER, EpisodeObserver
 from uniagent.resolver import ResolvedAgent
 from uniagent.run.progress import Progress
-from uniagent.run.tasks import Task
+from uniagent.tasks import Task
 from uniagent.verify.oracle import oracle_of
 
 log = logging.getLogger(__name__)

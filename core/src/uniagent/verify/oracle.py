@@ -16,11 +16,12 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from uniagent.env.errors import EnvError
+from uniagent.harbor.paths import SOLUTION
+from uniagent.harbor.schema import expand_variables
 
 if TYPE_CHECKING:  # pragma: no cover
     from uniagent.env import AgentEnv
 
-SOLUTION = "/solution"
 #: Seconds an oracle may run when the task does not say.
 DEFAULT_TIMEOUT = 600.0
 
@@ -56,7 +57,11 @@ class Oracle:
         )
         if staged.exit_code != 0:
             raise OracleError(f"could not copy solution/ to {SOLUTION}: {staged.output[-300:]}")
-        exports = " ".join(shlex.quote(f"{k}={v}") for k, v in (self.env or {}).items())
+        try:
+            values = expand_variables(self.env or {}, "solution.env")
+        except KeyError as exc:
+            raise OracleError(str(exc.args[0])) from None
+        exports = " ".join(shlex.quote(f"{k}={v}") for k, v in values.items())
         command = f"env {exports} bash {SOLUTION}/{script.name}"
         done = await env.run_action(command, timeout=self.timeout)
         return {"oracle_exit_code": done.exit_code, "oracle_output": done.output[-1000:]}

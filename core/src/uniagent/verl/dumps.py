@@ -38,7 +38,7 @@ from uniagent.run.runner import (
     episode_payload,
     write_payload,
 )
-from uniagent.run.tasks import Task
+from uniagent.tasks import Task
 
 TRAJECTORY_DIR_KEY = "trajectory_dir"
 TRAJECTORY_RATE_KEY = "trajectory_rate"

@@ -21,7 +21,7 @@ import yaml
 
 from uniagent.config import deep_merge
 from uniagent.errors import ConfigError
-from uniagent.run.tasks import Task
+from uniagent.tasks import Task
 
 #: Constructor kwargs verl itself passes to every agent loop (not agent settings).
 VERL_KWARGS = frozenset({"name", "tools", "hf_model_type"})

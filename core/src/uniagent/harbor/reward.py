@@ -30,9 +30,7 @@ from __future__ import annotations
 import io
 import json
 import math
-import os
 import posixpath
-import re
 import shlex
 import tarfile
 import tempfile
@@ -43,19 +41,17 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field
 
 from uniagent.grading.sandbox import GradingReadError, GradingSandbox
+from uniagent.harbor.paths import ARTIFACTS, TESTS
+from uniagent.harbor.paths import VERIFIER_LOGS as LOGS
+from uniagent.harbor.schema import expand_variables
 from uniagent.reward import RewardContext, RewardInfraError, RewardResult
 
-TESTS = "/tests"
-LOGS = "/logs/verifier"
-#: Where the agent leaves files for a separate verifier.
-ARTIFACTS = "/logs/artifacts"
 #: The reward files, in the order they are read (the first present wins).
 REWARD_FILES = ("reward.txt", "reward.json", "rewards.json")
 #: Bytes of a reward file read at most.
 REWARD_BYTES = 1 << 20
 #: Exit status of the wrapper when the verifier's user cannot be taken.
 _NO_USER = 125
-_TEMPLATE = re.compile(r"\$\{([A-Za-z_][A-Za-z0-9_]*)(?::-([^}]*))?\}")
 
 
 class HarborRewardConfig(BaseModel):
@@ -88,20 +84,12 @@ def harbor_row(task: Mapping[str, Any]) -> Mapping[str, Any]:
 
 
 def resolve_env(env: Mapping[str, str], where: str) -> dict[str, str]:
-    """``${VAR}`` and ``${VAR:-default}`` in the values, from this process's environment."""
-    out = {}
-    for key, value in env.items():
-
-        def sub(match: re.Match[str], key: str = key) -> str:
-            name, default = match.group(1), match.group(2)
-            if name in os.environ:
-                return os.environ[name]
-            if default is not None:
-                return default
-            raise RewardInfraError(f"{where}.{key}: ${{{name}}} is not set")
-
-        out[key] = _TEMPLATE.sub(sub, str(value))
-    return out
+    """``${VAR}`` and ``${VAR:-default}`` in the values, from this process's environment
+    (checked when the task was loaded: unset now, it is infrastructure)."""
+    try:
+        return expand_variables(env, where)
+    except KeyError as exc:
+        raise RewardInfraError(str(exc.args[0])) from None
 
 
 def as_user(command: str, user: str | None) -> str:
