@@ -131,6 +131,24 @@ def test_harbor_sits_below_the_runner() -> None:
     assert sorted(graph["uniagent.harbor"] & above) == []
 
 
+@pytest.mark.parametrize(
+    "low",
+    ["uniagent.exit", "uniagent.protect", "uniagent.specs", "uniagent.agent_run", "uniagent.env",
+     "uniagent.grading"],
+)  # fmt: skip
+def test_the_lower_layers_import_nothing_above_them(low: str) -> None:
+    """The exit reasons, the protection rules, the plugin contract, the sandboxes and the
+    grader: their runtime imports stay among themselves (and the errors)."""
+    below = {
+        "uniagent.exit", "uniagent.errors", "uniagent.protect", "uniagent.specs",
+        "uniagent.agent_run", "uniagent.procfs", "uniagent.env", "uniagent.reward",
+        "uniagent.cache", "uniagent.grading",
+    }  # fmt: skip
+    graph = import_graph(packages=True)
+    assert low in graph
+    assert sorted(graph[low] - below) == []
+
+
 def test_the_cycle_check_finds_a_cycle() -> None:
     assert cycles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == [["a", "b", "c"]]
 

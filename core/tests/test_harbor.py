@@ -9,6 +9,7 @@ server plays the model: it runs one shell command, then calls ``done``.
 from __future__ import annotations
 
 import json
+import logging
 import os
 import shutil
 import types
@@ -350,6 +351,20 @@ def test_a_variable_reaches_the_verifier_and_no_file_of_the_run(
         if greeting.encode() in p.read_bytes()
         and p.name not in ("log.txt", "messages.json", "rollout.json")
     ]
+
+
+def test_tasks_with_the_same_overrides_resolve_the_config_once(
+    tools, tmp_path, state, caplog
+) -> None:
+    folder = tmp_path / "tasks"
+    for n in range(3):  # three tasks, one environment: the same overrides
+        shutil.copytree(GOOD / "hello-file", folder / f"hello-{n}")
+    caplog.set_level(logging.DEBUG, logger="uniagent.resolver")
+    status, results = run(tmp_path / "run", state, folder, "echo hello > hello.txt")
+    assert status == 0 and [r["reward"] for r in results] == [1.0] * 3
+    resolved = [r.getMessage() for r in caplog.records if r.name == "uniagent.resolver"]
+    assert len([m for m in resolved if not m.endswith("(overrides)")]) == 1, resolved
+    assert len([m for m in resolved if m.endswith("(overrides)")]) == 1, resolved
 
 
 def test_a_separate_verifier_sees_the_artifacts_and_nothing_else_of_the_agent(
