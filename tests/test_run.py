@@ -350,6 +350,23 @@ def ray_cluster() -> Iterator[tuple[str, dict[str, str]]]:
         yield f"127.0.0.1:{port}", ray_env
 
 
+def test_the_resolved_agent_goes_to_a_ray_actor_whole() -> None:
+    """A Ray run resolves its config once, in the driver: the actor receives the resolved
+    agent as Ray serialises it (cloudpickle), equal to the driver's, without the driver's
+    registry, and resolves a task's overrides with its own."""
+    from ray import cloudpickle
+
+    from uniagent import AgentConfig, resolve
+
+    agent = resolve(AgentConfig.from_yaml(CONFIG))
+    agent.for_task({"interaction": {"max_turns": 3}}, source="task a")
+    sent = cloudpickle.loads(cloudpickle.dumps(agent))
+    assert sent == agent and sent.registry is None and sent.agent.name == agent.agent.name
+    assert [t.name for t in sent.tools] == [t.name for t in agent.tools]
+    over = sent.for_task({"interaction": {"max_turns": 3}}, source="task a")
+    assert over.config.interaction.max_turns == 3 and over.registry is not None
+
+
 @RAY_GROUP
 def test_ray_run_gives_the_same_results_as_a_local_run(tasks, tmp_path, sandbox_tmp, ray_cluster):
     address, cluster_env = ray_cluster

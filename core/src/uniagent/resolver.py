@@ -91,6 +91,17 @@ class ResolvedAgent:
         default_factory=threading.Lock, compare=False, repr=False, init=False
     )
 
+    def __getstate__(self) -> dict[str, Any]:
+        """What a Ray actor receives: everything resolved, without this process's registry
+        (a plugin manager), its lock and its cache of resolved task overrides; the actor's
+        own registry resolves a task's overrides there."""
+        state = dict(self.__dict__)
+        state.update(registry=None, _per_task={}, _lock=None)
+        return state
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.__dict__.update(state, _lock=threading.Lock())
+
     def new_parser(self) -> ToolCallParser:
         """A fresh tool-call parser (parsers may keep per-episode state)."""
         return self.parser.factory()

@@ -21,11 +21,10 @@ from collections.abc import AsyncIterator, Callable, Mapping
 from pathlib import Path
 from typing import Any
 
-from uniagent.config import AgentConfig
 from uniagent.env.aio import wait_through_cancellation
 from uniagent.env.containers import RUN_ID_ENV
 from uniagent.errors import ConfigError, UniAgentError
-from uniagent.resolver import ResolvedAgent, resolve
+from uniagent.resolver import ResolvedAgent
 from uniagent.run.jobs import (
     Attempt,
     Job,
@@ -52,14 +51,14 @@ NAMESPACE = "uniagent"
 class EpisodeWorker:
     """Body of the Ray actor: builds its model once, runs episodes concurrently."""
 
-    def __init__(self, config: AgentConfig, model_factory: Callable[[], Any], run_id: str) -> None:
+    def __init__(self, agent: ResolvedAgent, model_factory: Callable[[], Any], run_id: str) -> None:
         from uniagent.env import use_pidfd_child_watcher
 
         use_pidfd_child_watcher()
         os.environ[RUN_ID_ENV] = run_id  # the actor's sandboxes carry the run's id
-        # The driver's resolved agent holds plugin functions and locks that do not pickle;
-        # its config (plain data) does: the actor's process resolves it once, here.
-        self.agent = resolve(config)
+        # The driver's resolved agent (resolved once, there; its plugins' functions pickle
+        # by reference, so the actor's node has the same plugins installed).
+        self.agent = agent
         # What dead owners left on this node (a killed predecessor's sandboxes): only
         # sandboxes whose owner process is gone are touched, as by `uniagent clean`.
         self.agent.cleanup_leftovers([])
@@ -141,7 +140,7 @@ async def ray_attempts(
             name=name, namespace=NAMESPACE, max_concurrency=per_worker + 1,
             runtime_env=runtime_env,
         )  # fmt: skip
-        return name, options.remote(agent.config, model_factory, run_id)
+        return name, options.remote(agent, model_factory, run_id)
 
     actors: list[Any] = []
     for _ in range(workers):
