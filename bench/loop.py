@@ -87,7 +87,7 @@ from uniagent.exit import ExitReason  # noqa: E402
 from uniagent.interaction.loop import AgentInteraction  # noqa: E402
 from uniagent.models.base import Generation  # noqa: E402
 from uniagent.parsers import HermesParser  # noqa: E402
-from uniagent.rollout import CHECK_ENV, RolloutCache  # noqa: E402
+from uniagent.rollout import CHECK_ENV, Rollout  # noqa: E402
 from uniagent.specs import ToolSpec  # noqa: E402
 from uniagent.testing.scripted import ScriptedTokenModel, hermes_call, logprob_for  # noqa: E402
 from uniagent.testing.tokenizers import load_qwen3_tokenizer  # noqa: E402
@@ -258,7 +258,7 @@ class MemoryEnv:
 class UniagentRun:
     total: float  # seconds: start_cache + run
     loop: float  # seconds: run only
-    cache: RolloutCache
+    cache: Rollout
 
 
 async def run_uniagent(tok: Any, conv: Conversation, env: Any) -> UniagentRun:
@@ -458,7 +458,7 @@ def ms_per_turn(samples: list[float], turns: int) -> float:
     return statistics.median(samples) / turns * 1e3
 
 
-def same_as_verl(cache: RolloutCache, output: Any) -> bool:
+def same_as_verl(cache: Rollout, output: Any) -> bool:
     ids = list(output.prompt_ids) + list(output.response_ids)
     return ids == cache.context_ids and list(output.response_mask) == cache.response_mask
 

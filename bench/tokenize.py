@@ -1,11 +1,11 @@
-"""Per-turn cost of RolloutCache.append_messages vs a full chat-template re-render.
+"""Per-turn cost of Rollout.append_messages vs a full chat-template re-render.
 
 Run: ``python bench/tokenize.py`` (add ``--turns 10,50,100,200 --repeats 5``).
 
 Builds one long tool-calling conversation with the real Qwen3 tokenizer (~150-token
 assistant turns, ~300-token tool outputs) and times, at the given turn numbers:
 
-- ``append_messages``: RolloutCache's incremental tokenization of one tool result;
+- ``append_messages``: Rollout's incremental tokenization of one tool result;
 - ``re-render``: ``apply_chat_template(all messages, tokenize=True)``, what a naive loop does;
 - ``verl``: verl 0.9.1's Continuous Token builder (``merge_context_tokens`` +
   ``align_response_metadata``, i.e. ``AgentLoopBase.ct_merge_context_msg``), when verl
@@ -128,7 +128,7 @@ def main() -> None:
         sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "core" / "src"))
     # Imported here, not at the top: this file must stay importable as a stand-in for
     # the stdlib `tokenize` without pulling in uniagent (see above).
-    from uniagent.rollout import RolloutCache
+    from uniagent.rollout import Rollout
     from uniagent.testing.tokenizers import load_qwen3_tokenizer
 
     points = sorted({int(x) for x in args.turns.split(",")})
@@ -156,7 +156,7 @@ def main() -> None:
             {"role": "system", "content": "You are a software engineer working in a sandbox."},
             {"role": "user", "content": "Fix the failing test. " + words(rng, 60)},
         ]
-        cache = RolloutCache.start(tok, messages, TOOLS)
+        cache = Rollout.start(tok, messages, TOOLS)
         v_ids = list(cache.prompt_ids)
         v_mask: list[int] = []
         v_lp: list[float] = []

@@ -205,6 +205,15 @@ def test_names_that_moved_to_uniagent_sandbox_still_work_with_a_warning() -> Non
         assert uniagent.get_tools() is uniagent.get_registry().tools()
 
 
+def test_the_rollouts_old_name_still_works_with_a_warning() -> None:
+    import uniagent.rollout
+    import uniagent.rollout.cache
+
+    for module in (uniagent.rollout, uniagent.rollout.cache):
+        with pytest.warns(DeprecationWarning, match=r"RolloutCache is deprecated.*Rollout"):
+            assert module.RolloutCache is uniagent.rollout.Rollout
+
+
 # -- one vocabulary: `settings`, with the old names deprecated for one minor version ----
 class Settings(BaseModel):
     level: int = 1

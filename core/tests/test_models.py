@@ -198,11 +198,11 @@ async def test_verl_model_failures_are_model_errors(
 
 
 async def test_verl_model_rejects_message_cache(tokenizer: Any) -> None:
-    from uniagent.rollout import RolloutCache
+    from uniagent.rollout import Rollout
 
     model = VerlServerModel(ScriptedTokenServer([]), tokenizer, {})
     with pytest.raises(ModelError, match="token-mode cache"):
-        await model.generate(RolloutCache.messages_only(MESSAGES))
+        await model.generate(Rollout.messages_only(MESSAGES))
 
 
 def test_each_model_gets_its_own_request_id(tokenizer: Any) -> None:

@@ -1,4 +1,4 @@
-"""RolloutCache: token-exact trajectories on the real Qwen3 and Llama 3.1 tokenizers."""
+"""Rollout: token-exact trajectories on the real Qwen3 and Llama 3.1 tokenizers."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ import pytest
 from uniagent.rollout import (
     MessageRollout,
     PromptTooLongError,
-    RolloutCache,
+    Rollout,
     RolloutError,
     TemplateAnalysisError,
     TokenRollout,
@@ -135,7 +135,7 @@ def test_template_without_end_of_turn_token_is_rejected(fresh_qwen3: Any) -> Non
         "{% if add_generation_prompt %}assistant: {% endif %}"
     )
     with pytest.raises(TemplateAnalysisError, match="special end-of-turn token") as info:
-        RolloutCache.start(fresh_qwen3, [{"role": "user", "content": "hi"}])
+        Rollout.start(fresh_qwen3, [{"role": "user", "content": "hi"}])
     assert "'\\n'" in str(info.value)  # says what it found instead
 
 
@@ -190,7 +190,7 @@ def test_tokenizer_without_template_is_rejected(fresh_qwen3: Any) -> None:
 @pytest.mark.parametrize("kw", [{}, {"enable_thinking": False}])
 def test_prompt_is_the_template_rendering(qwen3_tokenizer: Any, kw: dict[str, Any]) -> None:
     msgs = conversation(0, reasoning=False)
-    cache = RolloutCache.start(qwen3_tokenizer, msgs, TOOLS, **kw)
+    cache = Rollout.start(qwen3_tokenizer, msgs, TOOLS, **kw)
     expected = qwen3_tokenizer.apply_chat_template(
         msgs, tools=TOOLS, add_generation_prompt=True, tokenize=True, return_dict=False, **kw
     )
@@ -288,8 +288,8 @@ def test_several_tool_results_in_one_turn(qwen3_tokenizer: Any) -> None:
 def test_consecutive_append_messages_calls_are_merged(qwen3_tokenizer: Any) -> None:
     msgs = conversation(1, reasoning=True)
     tools_out = [{"role": "tool", "content": f"result {i}"} for i in range(3)]
-    one = RolloutCache.start(qwen3_tokenizer, msgs[:2], TOOLS)
-    many = RolloutCache.start(qwen3_tokenizer, msgs[:2], TOOLS)
+    one = Rollout.start(qwen3_tokenizer, msgs[:2], TOOLS)
+    many = Rollout.start(qwen3_tokenizer, msgs[:2], TOOLS)
     ids = template_generation_ids(qwen3_tokenizer, msgs[:2], msgs[2], TOOLS)
     for cache in (one, many):
         cache.append_generation(ids, [-0.5] * len(ids), message=msgs[2])
@@ -305,7 +305,7 @@ def test_consecutive_append_messages_calls_are_merged(qwen3_tokenizer: Any) -> N
 
 def test_messages_before_the_first_generation_extend_the_prompt(qwen3_tokenizer: Any) -> None:
     msgs = conversation(0, reasoning=False)
-    cache = RolloutCache.start(qwen3_tokenizer, msgs[:1], TOOLS)
+    cache = Rollout.start(qwen3_tokenizer, msgs[:1], TOOLS)
     cache.append_messages(msgs[1:])
     assert cache.prompt_ids == full_render_ids(qwen3_tokenizer, msgs)
     assert cache.response_ids == []
@@ -360,7 +360,7 @@ def test_continuing_an_open_turn(qwen3_tokenizer: Any) -> None:
     msgs = conversation(2, reasoning=True)
     history = msgs[:2]
     ids = template_generation_ids(qwen3_tokenizer, history, msgs[2], TOOLS)
-    cache = RolloutCache.start(qwen3_tokenizer, history, TOOLS)
+    cache = Rollout.start(qwen3_tokenizer, history, TOOLS)
     cache.append_generation(ids[:10], [-1.0] * 10)  # cut by length
     cache.append_generation(ids[10:], [-2.0] * (len(ids) - 10), message=msgs[2])  # continued
     assert cache.num_turns == 1
@@ -378,20 +378,20 @@ def test_open_turn_ids_are_the_open_turns_own_ids(qwen3_tokenizer: Any) -> None:
     msgs = conversation(2, reasoning=True)
     history = msgs[:2]
     ids = template_generation_ids(qwen3_tokenizer, history, msgs[2], TOOLS)
-    cache = RolloutCache.start(qwen3_tokenizer, history, TOOLS)
+    cache = Rollout.start(qwen3_tokenizer, history, TOOLS)
     assert cache.open_turn_ids == []
     cache.append_generation(ids[:7], [-1.0] * 7)
     assert cache.open_turn_ids == ids[:7]
     cache.append_generation(ids[7:12], [-1.0] * 5)  # continued, still open
     assert cache.open_turn_ids == ids[:12]
-    again = RolloutCache.from_dict(json.loads(json.dumps(cache.to_dict())), qwen3_tokenizer)
+    again = Rollout.from_dict(json.loads(json.dumps(cache.to_dict())), qwen3_tokenizer)
     assert again.open_turn_ids == ids[:12]
     cache.append_generation(ids[12:], [-1.0] * (len(ids) - 12))  # ends with <|im_end|>
     assert ids[-1] == IM_END
     assert cache.open_turn_ids == []  # closed: the next turn starts afresh
     cache.append_messages([msgs[3]])
     assert cache.open_turn_ids == []
-    cut = RolloutCache.start(qwen3_tokenizer, history, TOOLS)
+    cut = Rollout.start(qwen3_tokenizer, history, TOOLS)
     cut.append_generation(ids[:5], [-1.0] * 5)
     cut.append_messages([msgs[3]])  # the cache closes the open turn itself (mask 0)
     assert cut.open_turn_ids == []
@@ -410,7 +410,7 @@ def test_decoded_record_without_a_message(qwen3_tokenizer: Any) -> None:
 
 def test_record_updated_after_parsing(qwen3_tokenizer: Any) -> None:
     msgs = conversation(2, reasoning=True)
-    cache = RolloutCache.start(qwen3_tokenizer, msgs[:2], TOOLS)
+    cache = Rollout.start(qwen3_tokenizer, msgs[:2], TOOLS)
     ids = template_generation_ids(qwen3_tokenizer, msgs[:2], msgs[2], TOOLS)
     cache.append_generation(ids)  # the backend appends first; the loop parses later
     assert "<tool_call>" in cache.messages[-1]["content"]
@@ -451,7 +451,7 @@ def test_llama3_tool_conversation_is_exact(llama3_tokenizer: Any) -> None:
 
 def test_generation_after_a_closed_turn_needs_messages_first(qwen3_tokenizer: Any) -> None:
     msgs = conversation(1, reasoning=True)
-    cache = RolloutCache.start(qwen3_tokenizer, msgs[:2], TOOLS)
+    cache = Rollout.start(qwen3_tokenizer, msgs[:2], TOOLS)
     ids = template_generation_ids(qwen3_tokenizer, msgs[:2], msgs[2], TOOLS)
     cache.append_generation(ids)
     with pytest.raises(RolloutError, match="append_messages"):
@@ -459,20 +459,20 @@ def test_generation_after_a_closed_turn_needs_messages_first(qwen3_tokenizer: An
 
 
 def test_append_messages_rejects_assistant_messages(qwen3_tokenizer: Any) -> None:
-    cache = RolloutCache.start(qwen3_tokenizer, conversation(0, reasoning=False))
+    cache = Rollout.start(qwen3_tokenizer, conversation(0, reasoning=False))
     with pytest.raises(RolloutError, match="append_generation"):
         cache.append_messages([{"role": "assistant", "content": "hi"}])
 
 
 def test_logprobs_must_align_with_tokens(qwen3_tokenizer: Any) -> None:
-    cache = RolloutCache.start(qwen3_tokenizer, conversation(0, reasoning=False))
+    cache = Rollout.start(qwen3_tokenizer, conversation(0, reasoning=False))
     with pytest.raises(RolloutError, match="2 log-probs for 3"):
         cache.append_generation([1, 2, 3], [-0.1, -0.2])
 
 
 def test_start_needs_messages(qwen3_tokenizer: Any) -> None:
     with pytest.raises(RolloutError, match="at least one message"):
-        RolloutCache.start(qwen3_tokenizer, [])
+        Rollout.start(qwen3_tokenizer, [])
 
 
 # --------------------------------------------------------------------------- exactness check
@@ -482,7 +482,7 @@ def test_drift_is_reported(qwen3_tokenizer: Any) -> None:
     msgs = conversation(3, reasoning=True)
     wrong = [dict(m) for m in msgs]
     wrong[4] = {**wrong[4], "content": "Something the model never said."}
-    cache = RolloutCache.start(qwen3_tokenizer, msgs[:2], TOOLS)
+    cache = Rollout.start(qwen3_tokenizer, msgs[:2], TOOLS)
     history = msgs[:2]
     for k in (2, 4, 6):
         ids = template_generation_ids(qwen3_tokenizer, history, msgs[k], TOOLS)
@@ -500,7 +500,7 @@ def test_drift_is_reported(qwen3_tokenizer: Any) -> None:
 
 def test_changed_reasoning_is_drift_not_a_think_block(qwen3_tokenizer: Any) -> None:
     msgs = conversation(3, reasoning=True)
-    cache = RolloutCache.start(qwen3_tokenizer, msgs[:2], TOOLS)
+    cache = Rollout.start(qwen3_tokenizer, msgs[:2], TOOLS)
     ids = template_generation_ids(qwen3_tokenizer, msgs[:2], msgs[2], TOOLS)
     # The record claims other reasoning than the model produced; the template keeps
     # reasoning blocks here (only tool results follow), so this is real drift.
@@ -540,7 +540,7 @@ def test_prefix_violation_is_reported(qwen3_tokenizer: Any) -> None:
     # Corrupt a token that the model saw at its second call (in the first tool result).
     position = result.generations[1].start - 3 - len(snapshot["prompt_ids"])
     snapshot["response_ids"][position] += 1
-    report = RolloutCache.from_dict(snapshot, qwen3_tokenizer).check_exactness()
+    report = Rollout.from_dict(snapshot, qwen3_tokenizer).check_exactness()
     assert not report.prefix_ok
     assert report.prefix_violations == (1,)
     assert not report.ok
@@ -551,7 +551,7 @@ def test_debug_mode_checks_each_turn(
 ) -> None:
     monkeypatch.setenv("UNIAGENT_CHECK_EXACTNESS", "1")
     msgs = conversation(2, reasoning=True)
-    cache = RolloutCache.start(qwen3_tokenizer, msgs[:2], TOOLS)
+    cache = Rollout.start(qwen3_tokenizer, msgs[:2], TOOLS)
     assert cache.debug
     ids = template_generation_ids(qwen3_tokenizer, msgs[:2], msgs[2], TOOLS)
     cache.append_generation(ids, message=msgs[2])
@@ -564,7 +564,7 @@ def test_debug_mode_checks_each_turn(
     assert not cache.last_exactness_report.ok
     assert "drifted" in caplog.text
     monkeypatch.delenv("UNIAGENT_CHECK_EXACTNESS")
-    assert not RolloutCache.start(qwen3_tokenizer, msgs[:2]).debug
+    assert not Rollout.start(qwen3_tokenizer, msgs[:2]).debug
 
 
 # --------------------------------------------------------------------------- truncation
@@ -625,7 +625,7 @@ def test_to_dict_round_trip_is_exact(qwen3_tokenizer: Any) -> None:
     data = cache.to_dict()
     loaded = json.loads(json.dumps(data))
     assert loaded == data
-    again = RolloutCache.from_dict(loaded, qwen3_tokenizer)
+    again = Rollout.from_dict(loaded, qwen3_tokenizer)
     assert again.to_dict() == data
     for name in ("prompt_ids", "response_ids", "response_mask", "response_logprobs", "messages"):
         assert getattr(again, name) == getattr(cache, name), name
@@ -641,7 +641,7 @@ def test_to_dict_round_trip_is_exact(qwen3_tokenizer: Any) -> None:
 
 def test_from_dict_without_tokenizer_is_a_read_only_record(qwen3_tokenizer: Any) -> None:
     data = replay(qwen3_tokenizer, conversation(2, reasoning=True), TOOLS).cache.to_dict()
-    record = RolloutCache.from_dict(data)
+    record = Rollout.from_dict(data)
     assert record.to_dict() == data
     assert record.response_ids == data["response_ids"]
     with pytest.raises(RolloutError, match="needs a tokenizer"):
@@ -653,9 +653,9 @@ def test_from_dict_rejects_a_different_tokenizer(
 ) -> None:
     data = replay(qwen3_tokenizer, conversation(1, reasoning=True), TOOLS).cache.to_dict()
     with pytest.raises(RolloutError, match="wrong tokenizer"):
-        RolloutCache.from_dict(data, llama3_tokenizer)
+        Rollout.from_dict(data, llama3_tokenizer)
     with pytest.raises(RolloutError, match="not a uniagent.rollout"):
-        RolloutCache.from_dict({**data, "version": 99})
+        Rollout.from_dict({**data, "version": 99})
 
 
 # --------------------------------------------------------------------------- message mode
@@ -663,7 +663,7 @@ def test_from_dict_rejects_a_different_tokenizer(
 
 def test_message_only_mode(qwen3_tokenizer: Any) -> None:
     msgs = conversation(4, reasoning=True)
-    cache = RolloutCache.messages_only(msgs[:2], TOOLS)
+    cache = Rollout.messages_only(msgs[:2], TOOLS)
     assert cache.mode == "messages"
     for m in msgs[2:]:
         if m["role"] == "assistant":
@@ -677,7 +677,7 @@ def test_message_only_mode(qwen3_tokenizer: Any) -> None:
     with pytest.raises(RolloutError, match="mode='messages'"):
         cache.append_generation([1, 2])
     data = json.loads(json.dumps(cache.to_dict()))
-    assert RolloutCache.from_dict(data).to_dict() == cache.to_dict()
+    assert Rollout.from_dict(data).to_dict() == cache.to_dict()
 
     # Ids for the record, rendered on request.
     rendered = cache.render_tokens(qwen3_tokenizer)
@@ -692,11 +692,11 @@ def test_message_only_mode(qwen3_tokenizer: Any) -> None:
 
 def test_each_mode_is_its_own_kind_and_a_snapshot_comes_back_as_it(qwen3_tokenizer: Any) -> None:
     msgs = conversation(1, reasoning=False)
-    tokens = RolloutCache.start(qwen3_tokenizer, msgs[:2], TOOLS)
-    messages = RolloutCache.messages_only(msgs[:2], TOOLS)
+    tokens = Rollout.start(qwen3_tokenizer, msgs[:2], TOOLS)
+    messages = Rollout.messages_only(msgs[:2], TOOLS)
     assert type(tokens) is TokenRollout and type(messages) is MessageRollout
     for cache in (tokens, messages):
-        again = RolloutCache.from_dict(json.loads(json.dumps(cache.to_dict())), qwen3_tokenizer)
+        again = Rollout.from_dict(json.loads(json.dumps(cache.to_dict())), qwen3_tokenizer)
         assert type(again) is type(cache) and again.to_dict() == cache.to_dict()
 
     # A subclass without a mode of its own is not what from_dict builds for its parent's.
@@ -705,7 +705,7 @@ def test_each_mode_is_its_own_kind_and_a_snapshot_comes_back_as_it(qwen3_tokeniz
 
     traced = Traced.start(qwen3_tokenizer, msgs[:2], TOOLS)
     assert type(traced) is Traced
-    assert type(RolloutCache.from_dict(traced.to_dict())) is TokenRollout
+    assert type(Rollout.from_dict(traced.to_dict())) is TokenRollout
 
 
 def test_each_mode_answers_a_call_written_as_text_as_its_consumer_takes_it(
@@ -714,13 +714,13 @@ def test_each_mode_answers_a_call_written_as_text_as_its_consumer_takes_it(
     """A chat template renders ``role: tool`` after any call; a strict chat API does not."""
     msgs = conversation(1, reasoning=False)
     wrap = "<tool_response>\n{}\n</tool_response>".format
-    tokens = RolloutCache.start(qwen3_tokenizer, msgs[:2])
+    tokens = Rollout.start(qwen3_tokenizer, msgs[:2])
     assert tokens.answer_text_call("hi", "shell", None, wrap) == {
         "role": "tool",
         "content": "hi",
         "name": "shell",
     }
-    messages = RolloutCache.messages_only(msgs[:2])
+    messages = Rollout.messages_only(msgs[:2])
     assert messages.answer_text_call("hi", "shell", "c1", wrap) == {
         "role": "user",
         "content": "<tool_response>\nhi\n</tool_response>",
@@ -729,15 +729,15 @@ def test_each_mode_answers_a_call_written_as_text_as_its_consumer_takes_it(
 
 def test_a_messages_snapshot_that_holds_ids_is_refused() -> None:
     msgs = conversation(1, reasoning=False)
-    data = RolloutCache.messages_only(msgs[:2]).to_dict()
+    data = Rollout.messages_only(msgs[:2]).to_dict()
     with pytest.raises(RolloutError, match="'response_ids' is \\[5\\]"):
-        RolloutCache.from_dict({**data, "response_ids": [5]})
+        Rollout.from_dict({**data, "response_ids": [5]})
     with pytest.raises(RolloutError, match="'tokenizer'"):
-        RolloutCache.from_dict({**data, "tokenizer": "Qwen/Qwen3"})
+        Rollout.from_dict({**data, "tokenizer": "Qwen/Qwen3"})
 
 
 def test_token_mode_rejects_assistant_messages_without_ids(qwen3_tokenizer: Any) -> None:
-    cache = RolloutCache.start(qwen3_tokenizer, conversation(0, reasoning=False))
+    cache = Rollout.start(qwen3_tokenizer, conversation(0, reasoning=False))
     with pytest.raises(RolloutError, match="append_generation"):
         cache.append_assistant_message({"role": "assistant", "content": "hi"})
 

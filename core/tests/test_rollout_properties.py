@@ -1,4 +1,4 @@
-"""Property-based tests: RolloutCache invariants over random tool-calling conversations."""
+"""Property-based tests: Rollout invariants over random tool-calling conversations."""
 
 from __future__ import annotations
 

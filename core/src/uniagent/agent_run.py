@@ -33,7 +33,7 @@ if TYPE_CHECKING:  # pragma: no cover - imports for type checkers only
     from uniagent.interaction.metrics import EpisodeMetrics
     from uniagent.observer import EpisodeObserver
     from uniagent.resolver import ResolvedAgent
-    from uniagent.rollout import RolloutCache
+    from uniagent.rollout import Rollout
 
 
 @dataclass(frozen=True)
@@ -61,7 +61,7 @@ class AgentRun:
     :class:`~uniagent.interaction.metrics.EpisodeMetrics` that ``run`` was given."""
 
     exit_reason: ExitReason
-    cache: RolloutCache | None = None
+    cache: Rollout | None = None
     submission: str | None = None
     error: str | None = None
     #: What the record adds to some messages, by index (see ``InteractionResult.notes``).

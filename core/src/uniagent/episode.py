@@ -75,7 +75,7 @@ class EpisodeResult(InteractionResult):
         return [{**m, **self.notes.get(i, {})} for i, m in enumerate(messages)]
 
     def summary(self) -> dict[str, Any]:
-        """The JSON-ready result without the (large) rollout cache."""
+        """The JSON-ready result without the (large) rollout."""
         return {
             "exit_reason": self.exit_reason.value,
             "traj_masked": self.traj_masked,

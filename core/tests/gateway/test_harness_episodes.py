@@ -25,7 +25,7 @@ from uniagent.parsers.base import (
     format_error,
     validate_call,
 )
-from uniagent.rollout import RolloutCache
+from uniagent.rollout import Rollout
 from uniagent.run.progress import Progress
 from uniagent.run.runner import run
 from uniagent.tasks import Task
@@ -69,7 +69,7 @@ async def test_a_harness_solves_the_task_and_is_graded(tiny, qwen3_tokenizer, tm
     # The run's gateway keeps no finished session (a long run's memory stays flat).
     assert all(not server.gateway.sessions for _, server in gateways._running.values())
     # Readers of linear episodes load it as a token rollout: the tree's main branch.
-    cache = RolloutCache.from_dict(rollout, qwen3_tokenizer)
+    cache = Rollout.from_dict(rollout, qwen3_tokenizer)
     assert cache.prompt_ids == rollout["prompt_ids"] and cache.messages[-1]["role"] == "assistant"
     assert cache.check_exactness().ok
 
@@ -276,7 +276,7 @@ async def test_a_parser_of_a_plugin_serves_a_harness_through_the_gateway(
     reply = qwen3_tokenizer.encode(WRITE, add_special_tokens=False) + [rollout["eot_id"]]
     gen = [i for i, m in zip(rollout["response_ids"], rollout["response_mask"]) if m]
     assert gen[: len(reply)] == reply
-    assert RolloutCache.from_dict(rollout, qwen3_tokenizer).check_exactness().ok
+    assert Rollout.from_dict(rollout, qwen3_tokenizer).check_exactness().ok
 
 
 @pytest.mark.usefixtures("plugin_parsers")

@@ -25,7 +25,7 @@ from uniagent.models.guided import GuidedDecoding, ToolCallGuide, tool_call_gram
 from uniagent.models.hf import HFLocalModel, smollm2_gguf_path
 from uniagent.parsers import HermesParser, Qwen3CoderParser, ToolCallFormatError
 from uniagent.resolver import ResolvedAgent, resolve
-from uniagent.rollout import RolloutCache, analyse_chat_template
+from uniagent.rollout import Rollout, analyse_chat_template
 
 pytestmark = pytest.mark.slow  # a real model: its first load on a machine converts it (~30 s)
 
@@ -75,7 +75,7 @@ def guided(plain: HFLocalModel) -> HFLocalModel:
 
 def first_turn_cache(
     model: HFLocalModel, agent: ResolvedAgent, task: dict[str, Any], tools: list[Any]
-) -> RolloutCache:
+) -> Rollout:
     messages = first_messages(agent, task)
     if not model.renders_tools():
         describe_tools(messages, tool_instructions(tools, PARSER))

@@ -9,7 +9,7 @@ import pytest
 from uniagent.episode import EpisodeResult
 from uniagent.exit import ExitReason
 from uniagent.interaction.metrics import EpisodeMetrics
-from uniagent.rollout import RolloutCache
+from uniagent.rollout import Rollout
 from uniagent.verl.output import (
     EXTRA_FIELD_KEYS,
     UNIAGENT_FIELDS,
@@ -31,7 +31,7 @@ def episode(
     masked: bool = False,
 ) -> EpisodeResult:
     """A two-turn token-mode episode (or one that never generated)."""
-    cache = RolloutCache.start(tokenizer, PROMPT)
+    cache = Rollout.start(tokenizer, PROMPT)
     if generate:
         first = tokenizer.encode("Hello there", add_special_tokens=False) + [EOS]
         cache.append_generation(first, [-0.5] * len(first) if logprobs else None)

@@ -3,7 +3,7 @@
 verl's ``AgentLoopBase.ct_build_initial_tokens`` / ``ct_merge_assistant_token`` /
 ``ct_merge_context_msg`` (backed by ``verl.utils.tokenizer.continuous_token``) is driven
 the way verl's ToolAgentLoop drives it, on the same conversations and the same model
-outputs as RolloutCache. Ids, masks and log-probs must be identical; the one known
+outputs as Rollout. Ids, masks and log-probs must be identical; the one known
 difference (a generation cut before its end-of-turn token) is asserted and explained.
 
 Needs verl==0.9.1: run by the nox suite that installs it (the core suite leaves it out).
@@ -104,7 +104,7 @@ async def _verl_replay(
     hf_model_type: str,
     **kw: Any,
 ) -> tuple[list[int], list[int], list[float]]:
-    """Drive verl's builder like ToolAgentLoop, with the model outputs RolloutCache got."""
+    """Drive verl's builder like ToolAgentLoop, with the model outputs Rollout got."""
     loop = _make_loop(tokenizer, hf_model_type, **kw)
     messages = ours.cache.messages  # the same records (decoded for cut turns)
     first = next(i for i, m in enumerate(messages) if m["role"] == "assistant")
@@ -187,7 +187,7 @@ def test_qwen3_cut_generation_differs_by_the_missing_end_of_turn(
     at = gen.start + len(gen.ids)
     # Explained difference: verl's Qwen builder adds the boundary "\n" only when the
     # context ends with <|im_end|>, so after a cut it glues the next <|im_start|> straight
-    # onto the partial output. RolloutCache closes the turn with <|im_end|>"\n" (mask 0),
+    # onto the partial output. Rollout closes the turn with <|im_end|>"\n" (mask 0),
     # which is what the chat template renders for this conversation.
     assert cache.context_ids[at : at + 2] == [IM_END, NEWLINE]
     expected = cache.context_ids[:at] + cache.context_ids[at + 2 :]

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from uniagent.rollout import RolloutCache
+from uniagent.rollout import Rollout
 
 
 def records(run: Path) -> list[dict]:
@@ -186,7 +186,7 @@ def test_the_exactness_report_is_the_caches_own(viewer, token_run, qwen3_tokeniz
     key = "episodes/mean-empty/0"
     report = viewer.json("/api/runs/1/episode/exactness", key=key)
     rollout = json.loads((token_run / key / "rollout.json").read_text())
-    direct = RolloutCache.from_dict(rollout, qwen3_tokenizer).check_exactness()
+    direct = Rollout.from_dict(rollout, qwen3_tokenizer).check_exactness()
     assert report["available"] and report["ok"] == direct.ok is True
     assert report["prefix_ok"] and report["ids_match"] == direct.ids_match
     # The model thought before each call; Qwen3's template keeps those thoughts in a

@@ -47,7 +47,7 @@ from uniagent.exit import ExitReason
 from uniagent.interaction.metrics import EpisodeMetrics
 from uniagent.interaction.prompts import instruction_of
 from uniagent.resolver import ResolvedAgent
-from uniagent.rollout import RolloutCache
+from uniagent.rollout import Rollout
 from uniagent.specs import AgentLaunch
 
 #: Characters of the harness's output (and of each of its logs) kept in the episode log.
@@ -63,7 +63,7 @@ class HarnessRun:
     exit_reason: ExitReason
     tree: dict[str, Any] | None = None
     session: dict[str, Any] = field(default_factory=dict)
-    cache: RolloutCache | None = None
+    cache: Rollout | None = None
     submission: str | None = None
     error: str | None = None
     inexact_turns: int = 0
@@ -345,7 +345,7 @@ async def _log_files(
         logger.info("agent log %s:\n%s", where, text[-LOG_TAIL:])
 
 
-def main_branch(session: Any, tree: dict[str, Any]) -> RolloutCache | None:
+def main_branch(session: Any, tree: dict[str, Any]) -> Rollout | None:
     """The tree's last-served branch as a token rollout (what readers of a linear episode
     read); ``None`` before the first turn. Its messages are the branch's last request and
     the reply; its ids, mask and log-probs are the branch's, exactly."""
@@ -398,4 +398,4 @@ def main_branch(session: Any, tree: dict[str, Any]) -> RolloutCache | None:
             "turn_start": last.prompt_len,
         },
     }
-    return RolloutCache.from_dict(snapshot, session.tokenizer)
+    return Rollout.from_dict(snapshot, session.tokenizer)

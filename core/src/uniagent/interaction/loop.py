@@ -1,7 +1,7 @@
 """The ReAct loop: model → tool call → sandbox command → observation, until an exit.
 
 The loop does not know whether it is training or evaluating: the model backend
-decides what the rollout cache holds (token ids and log-probs, or messages).
+decides what the rollout holds (token ids and log-probs, or messages).
 """
 
 from __future__ import annotations
@@ -26,7 +26,7 @@ from uniagent.parsers import (
     ToolCallParser,
     tool_calls_from_openai,
 )
-from uniagent.rollout import RolloutCache
+from uniagent.rollout import Rollout
 from uniagent.rollout.cache import tool_message
 from uniagent.specs import ToolSpec
 
@@ -45,7 +45,7 @@ class InteractionResult:
     """
 
     exit_reason: ExitReason
-    cache: RolloutCache | None = None
+    cache: Rollout | None = None
     metrics: EpisodeMetrics = field(default_factory=EpisodeMetrics)
     submission: str | None = None
     error: str | None = None
@@ -117,9 +117,7 @@ class AgentInteraction:
         self.turn_scores: dict[int, float] = {}
         self._turn = 0
 
-    async def run(
-        self, cache: RolloutCache, metrics: EpisodeMetrics | None = None
-    ) -> InteractionResult:
+    async def run(self, cache: Rollout, metrics: EpisodeMetrics | None = None) -> InteractionResult:
         """Loop until a finishing tool, a limit or an unrecoverable error."""
         metrics = metrics or EpisodeMetrics()
         for _ in range(self.config.max_turns):
@@ -159,7 +157,7 @@ class AgentInteraction:
         return self._result(ExitReason.MAX_STEP_LIMIT, cache, metrics)
 
     def _result(
-        self, reason: ExitReason, cache: RolloutCache, metrics: EpisodeMetrics, **more: Any
+        self, reason: ExitReason, cache: Rollout, metrics: EpisodeMetrics, **more: Any
     ) -> InteractionResult:
         return InteractionResult(
             reason,
@@ -199,9 +197,7 @@ class AgentInteraction:
             response, self.parser, self.tools, max_calls=self.config.max_tool_calls_per_turn
         )
 
-    async def _act(
-        self, response: ModelTurn, metrics: EpisodeMetrics, cache: RolloutCache
-    ) -> _Turn:
+    async def _act(self, response: ModelTurn, metrics: EpisodeMetrics, cache: Rollout) -> _Turn:
         """Parse the model's calls and run them; errors the model can fix become messages."""
         answer = self._answerer(response, cache)
         try:
@@ -282,12 +278,12 @@ class AgentInteraction:
             turn.notes.append({TOOL_OUTPUT_OF: call.name} if carried else None)
         return turn
 
-    def _answerer(self, response: ModelTurn, cache: RolloutCache) -> _Answer:
+    def _answerer(self, response: ModelTurn, cache: Rollout) -> _Answer:
         """How this turn's tool results are sent back.
 
         Structured calls get ``role: tool`` answers with their ids. Calls written
         as text get what the rollout takes as their answer
-        (:meth:`~uniagent.rollout.RolloutCache.answer_text_call`), given the
+        (:meth:`~uniagent.rollout.Rollout.answer_text_call`), given the
         parser's response format.
         """
         if response.raw_tool_calls:

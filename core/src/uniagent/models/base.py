@@ -1,6 +1,6 @@
 """The chat-model protocol used by the interaction loop, its turn record and its errors.
 
-A backend owns the rollout cache's contents: :meth:`ChatModel.start_cache` builds
+A backend owns the rollout's contents: :meth:`ChatModel.start_cache` builds
 the cache (token mode for token servers, message mode for plain chat APIs) and
 :meth:`ChatModel.generate` appends the model's turn to it before returning one
 :class:`ModelTurn`, so token exactness is enforced in one place. Backends do not
@@ -25,7 +25,7 @@ from typing import Any, Literal, Protocol, runtime_checkable
 
 from uniagent.errors import UniAgentError
 from uniagent.parsers import ToolCallParser
-from uniagent.rollout import RolloutCache
+from uniagent.rollout import Rollout
 from uniagent.rollout.template import decode
 
 FinishReason = Literal["stop", "length", "tool_calls"]
@@ -54,7 +54,7 @@ class Usage:
 
 @dataclass
 class ModelTurn:
-    """One model turn, already appended to the rollout cache by the backend.
+    """One model turn, already appended to the rollout by the backend.
 
     ``text`` is what the model wrote (a chat API's message content; a token
     backend's decoded ids without the end-of-turn token); ``raw_tool_calls`` the
@@ -81,8 +81,8 @@ class ChatModel(Protocol):
         self,
         messages: Sequence[Mapping[str, Any]],
         tools: Sequence[Mapping[str, Any]] | None = None,
-    ) -> RolloutCache:
-        """A rollout cache for a new episode (``tools`` as OpenAI schemas)."""
+    ) -> Rollout:
+        """A rollout for a new episode (``tools`` as OpenAI schemas)."""
         ...
 
     def renders_tools(self) -> bool:
@@ -91,7 +91,7 @@ class ChatModel(Protocol):
 
     async def generate(
         self,
-        cache: RolloutCache,
+        cache: Rollout,
         *,
         stop: Sequence[str] = (),
         call_format: ToolCallParser | None = None,
@@ -157,9 +157,9 @@ class TokenChatModel(ABC):
         self,
         messages: Sequence[Mapping[str, Any]],
         tools: Sequence[Mapping[str, Any]] | None = None,
-    ) -> RolloutCache:
+    ) -> Rollout:
         """A token-mode cache rendered with this model's tokenizer and chat template."""
-        return RolloutCache.start(
+        return Rollout.start(
             self.tokenizer, messages, [dict(t) for t in tools or ()], **self.chat_template_kwargs
         )
 
@@ -186,7 +186,7 @@ class TokenChatModel(ABC):
             self._renders_tools = render([tool]) != render(None)
         return self._renders_tools
 
-    def remaining_tokens(self, cache: RolloutCache) -> int | None:
+    def remaining_tokens(self, cache: Rollout) -> int | None:
         """Tokens the next call may generate (None: unbounded)."""
         limits = []
         if self.max_model_len is not None:
@@ -200,7 +200,7 @@ class TokenChatModel(ABC):
 
     async def generate(
         self,
-        cache: RolloutCache,
+        cache: Rollout,
         *,
         stop: Sequence[str] = (),
         call_format: ToolCallParser | None = None,
@@ -254,7 +254,7 @@ class TokenChatModel(ABC):
         eos = getattr(self.tokenizer, "eos_token_id", None)
         return {eos} if isinstance(eos, int) else set()
 
-    def _limit_message(self, cache: RolloutCache) -> str:
+    def _limit_message(self, cache: Rollout) -> str:
         return (
             f"no room to generate: context {cache.context_length} tokens "
             f"(max_model_len={self.max_model_len}), response "

@@ -39,7 +39,7 @@ from uniagent.models.guided import (
 )
 from uniagent.models.stoppable import run_stoppable, stop_criteria
 from uniagent.parsers import ToolCallParser
-from uniagent.rollout import RolloutCache
+from uniagent.rollout import Rollout
 
 if TYPE_CHECKING:  # pragma: no cover - for type checkers only
     from _typeshed import SupportsKeysAndGetItem  # a mapping, or the config's SamplingConfig
@@ -392,7 +392,7 @@ class HFLocalModel(TokenChatModel):
 
     async def generate(
         self,
-        cache: RolloutCache,
+        cache: Rollout,
         *,
         stop: Sequence[str] = (),
         call_format: ToolCallParser | None = None,

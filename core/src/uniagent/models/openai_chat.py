@@ -2,7 +2,7 @@
 
 Two modes, chosen by whether a ``tokenizer`` is given:
 
-- **messages** (no tokenizer): the rollout cache records chat messages only; what
+- **messages** (no tokenizer): the rollout records chat messages only; what
   the server returns is recorded as the assistant message.
 - **tokens** (tokenizer given; vLLM): the cache is rendered locally with the same
   chat template, and every request asks for the generated token ids the vLLM way:
@@ -48,7 +48,7 @@ from uniagent.models.base import (
     Usage,
 )
 from uniagent.parsers import ToolCallParser
-from uniagent.rollout import RolloutCache
+from uniagent.rollout import Rollout
 
 log = logging.getLogger(__name__)
 
@@ -125,14 +125,12 @@ class OpenAIChatModel:
         self,
         messages: Sequence[Mapping[str, Any]],
         tools: Sequence[Mapping[str, Any]] | None = None,
-    ) -> RolloutCache:
+    ) -> Rollout:
         """A token-mode cache with a tokenizer, else a message-mode one."""
         schemas = [dict(t) for t in tools or ()]
         if self.token_mode:
-            return RolloutCache.start(
-                self.tokenizer, messages, schemas, **self.chat_template_kwargs
-            )
-        return RolloutCache.messages_only(messages, schemas, **self.chat_template_kwargs)
+            return Rollout.start(self.tokenizer, messages, schemas, **self.chat_template_kwargs)
+        return Rollout.messages_only(messages, schemas, **self.chat_template_kwargs)
 
     async def aclose(self) -> None:
         """Close the HTTP client."""
@@ -141,7 +139,7 @@ class OpenAIChatModel:
     # -- the call -----------------------------------------------------------------------
     async def generate(
         self,
-        cache: RolloutCache,
+        cache: Rollout,
         *,
         stop: Sequence[str] = (),
         call_format: ToolCallParser | None = None,
@@ -194,7 +192,7 @@ class OpenAIChatModel:
             cache.append_assistant_message(record)
         return turn
 
-    def _request(self, cache: RolloutCache, stop: Sequence[str], tokens: bool) -> dict[str, Any]:
+    def _request(self, cache: Rollout, stop: Sequence[str], tokens: bool) -> dict[str, Any]:
         keep = (_SEND_KEYS | {"reasoning_content"}) if tokens else _SEND_KEYS
         params = dict(self.sampling_params)
         extra = dict(self.extra_body)

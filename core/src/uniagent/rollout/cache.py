@@ -1,16 +1,16 @@
-"""RolloutCache: one episode's record, of one of two kinds (token ids, or messages only).
+"""Rollout: one episode's record, of one of two kinds (token ids, or messages only).
 
 - :class:`~uniagent.rollout.tokens.TokenRollout` (``mode == "tokens"``, built by
-  :meth:`RolloutCache.start`): the token-exact record a trainer needs, for a token
+  :meth:`Rollout.start`): the token-exact record a trainer needs, for a token
   server that returns ids and log-probs.
 - :class:`~uniagent.rollout.messages.MessageRollout` (``mode == "messages"``, built by
-  :meth:`RolloutCache.messages_only`): the chat messages only, for a chat API that
+  :meth:`Rollout.messages_only`): the chat messages only, for a chat API that
   returns text.
 
-What a caller needs whatever the kind is :class:`RolloutCache`'s small protocol: the
-conversation (:attr:`~RolloutCache.messages`), the environment's turns
-(:meth:`~RolloutCache.append_messages`), the answer to a tool call the model wrote as
-text (:meth:`~RolloutCache.answer_text_call`) and a snapshot (``to_dict``/``from_dict``).
+What a caller needs whatever the kind is :class:`Rollout`'s small protocol: the
+conversation (:attr:`~Rollout.messages`), the environment's turns
+(:meth:`~Rollout.append_messages`), the answer to a tool call the model wrote as
+text (:meth:`~Rollout.answer_text_call`) and a snapshot (``to_dict``/``from_dict``).
 The ids and what reads them are the token rollout's; any other rollout raises
 :class:`RolloutError` for them.
 """
@@ -43,7 +43,7 @@ _ENV_ROLES = frozenset({"tool", "user", "system"})
 
 
 class RolloutError(UniAgentError, ValueError):
-    """The rollout cache was used out of order or with inconsistent data."""
+    """The rollout was used out of order or with inconsistent data."""
 
 
 class PromptTooLongError(RolloutError):
@@ -77,7 +77,7 @@ def tool_message(content: str, name: str | None, call_id: str | None) -> Message
     return message
 
 
-class RolloutCache(ABC):
+class Rollout(ABC):
     """The record of one episode: its conversation, and for a token rollout its exact ids.
 
     Build one with :meth:`start` (a :class:`~uniagent.rollout.tokens.TokenRollout`)
@@ -87,14 +87,14 @@ class RolloutCache(ABC):
 
     #: ``"tokens"`` (ids from a token server) or ``"messages"`` (chat API, text only).
     mode: ClassVar[Mode]
-    _kinds: ClassVar[dict[str, type[RolloutCache]]] = {}
+    _kinds: ClassVar[dict[str, type[Rollout]]] = {}
 
     def __init_subclass__(cls, mode: Mode | None = None, **kwargs: Any) -> None:
         """A subclass given ``mode=`` is the kind :meth:`from_dict` builds for that mode."""
         super().__init_subclass__(**kwargs)
         if mode is not None:
             cls.mode = mode
-            RolloutCache._kinds[mode] = cls
+            Rollout._kinds[mode] = cls
 
     def __init__(
         self,
@@ -125,7 +125,7 @@ class RolloutCache(ABC):
         *,
         debug: bool | None = None,
         **chat_template_kwargs: Any,
-    ) -> RolloutCache:
+    ) -> Rollout:
         """A token rollout: the initial prompt rendered with the tokenizer's chat template.
 
         ``tools`` are OpenAI-style ``{"type": "function", "function": {...}}`` schemas;
@@ -133,7 +133,7 @@ class RolloutCache(ABC):
         ``debug`` (default: ``$UNIAGENT_CHECK_EXACTNESS``) re-checks exactness after
         every environment turn and logs a warning on drift.
         """
-        kind = RolloutCache._kinds["tokens"]
+        kind = Rollout._kinds["tokens"]
         return kind.start(tokenizer, messages, tools, debug=debug, **chat_template_kwargs)
 
     @classmethod
@@ -142,9 +142,9 @@ class RolloutCache(ABC):
         messages: Sequence[Mapping[str, Any]],
         tools: Sequence[ToolSchema] | None = None,
         **chat_template_kwargs: Any,
-    ) -> RolloutCache:
+    ) -> Rollout:
         """A rollout for chat APIs that return no token ids: messages are recorded only."""
-        kind = RolloutCache._kinds["messages"]
+        kind = Rollout._kinds["messages"]
         return kind.messages_only(messages, tools, **chat_template_kwargs)
 
     # ----------------------------------------------------------------- the conversation
@@ -296,13 +296,13 @@ class RolloutCache(ABC):
         """Cut to the trainer's lengths, keeping ids, mask and log-probs aligned; token only."""
         raise self._no_ids("truncated")
 
-    def render_tokens(self, tokenizer: Any) -> RolloutCache:
+    def render_tokens(self, tokenizer: Any) -> Rollout:
         """A token-mode copy of this rollout, ids rendered from the messages (for the record).
 
         Assistant turns are tokenized the way the template renders them (mask 1, no
         log-probs: they were not sampled from these ids); the rest as in token mode.
         """
-        cache = RolloutCache.start(
+        cache = Rollout.start(
             tokenizer,
             self._messages[: self._num_prompt_messages],
             self._tools,
@@ -347,7 +347,7 @@ class RolloutCache(ABC):
         }
 
     @classmethod
-    def from_dict(cls, data: Mapping[str, Any], tokenizer: Any = None) -> RolloutCache:
+    def from_dict(cls, data: Mapping[str, Any], tokenizer: Any = None) -> Rollout:
         """Rebuild a rollout from :meth:`to_dict`; pass ``tokenizer`` to keep appending."""
         if data.get("format") != FORMAT or data.get("version") != FORMAT_VERSION:
             raise RolloutError(
@@ -357,11 +357,11 @@ class RolloutCache(ABC):
         mode = data.get("mode")
         if mode not in ("tokens", "messages"):
             raise RolloutError(f"snapshot has an unknown mode {mode!r}")
-        return RolloutCache._kinds[mode]._from_snapshot(data, tokenizer)
+        return Rollout._kinds[mode]._from_snapshot(data, tokenizer)
 
     @classmethod
     @abstractmethod
-    def _from_snapshot(cls, data: Mapping[str, Any], tokenizer: Any) -> RolloutCache:
+    def _from_snapshot(cls, data: Mapping[str, Any], tokenizer: Any) -> Rollout:
         """This kind rebuilt from a checked snapshot of it."""
 
     def _restore(self, data: Mapping[str, Any]) -> None:
@@ -369,3 +369,23 @@ class RolloutCache(ABC):
         self._num_prompt_messages = int(data["num_prompt_messages"])
         self._num_turns = int(data["num_turns"])
         self._last = data["state"]["last"]
+
+
+def __getattr__(name: str) -> Any:
+    """``RolloutCache``: the old name of :class:`Rollout` (deprecated in 0.3, gone in 0.4)."""
+    if name == "RolloutCache":
+        return deprecated_rollout_cache(__name__)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
+def deprecated_rollout_cache(module: str) -> type[Rollout]:
+    """:class:`Rollout`, with the warning its old name gives."""
+    import warnings
+
+    warnings.warn(
+        f"{module}.RolloutCache is deprecated since uniagent 0.3 and goes in 0.4: it is "
+        "the episode's record, not a cache; use uniagent.rollout.Rollout",
+        DeprecationWarning,
+        stacklevel=3,
+    )
+    return Rollout

@@ -54,7 +54,7 @@ class Difference:
 
 @dataclass(frozen=True)
 class ExactnessReport:
-    """Result of :meth:`RolloutCache.check_exactness`.
+    """Result of :meth:`Rollout.check_exactness`.
 
     ``prefix_ok``: the context given to the model at every turn is a prefix of the final
     ids (``prefix_violations`` lists the turns where it is not). ``ids_match`` /

@@ -6,11 +6,11 @@ import copy
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
-from uniagent.rollout.cache import RolloutCache, RolloutError
+from uniagent.rollout.cache import Rollout, RolloutError
 from uniagent.rollout.template import Message, ToolSchema
 
 
-class MessageRollout(RolloutCache, mode="messages"):
+class MessageRollout(Rollout, mode="messages"):
     """The conversation of one episode as chat messages, without ids (``mode == "messages"``).
 
     Built by :meth:`messages_only`; :meth:`render_tokens` renders ids for the record.
@@ -75,7 +75,7 @@ class MessageRollout(RolloutCache, mode="messages"):
         return cache
 
     def __repr__(self) -> str:
-        return f"RolloutCache(mode='messages', messages={len(self._messages)})"
+        return f"Rollout(mode='messages', messages={len(self._messages)})"
 
 
 def _no_ids(last: str) -> dict[str, Any]:

@@ -12,7 +12,7 @@ from uniagent.rollout.cache import (
     CHECK_ENV,
     PromptTooLongError,
     PromptTruncation,
-    RolloutCache,
+    Rollout,
     RolloutError,
     TruncatedRollout,
     tool_message,
@@ -37,7 +37,7 @@ from uniagent.rollout.template import (
 logger = logging.getLogger(__name__)
 
 
-class TokenRollout(RolloutCache, mode="tokens"):
+class TokenRollout(Rollout, mode="tokens"):
     """Token-exact trajectory of one episode: prompt, model tokens, environment tokens.
 
     Built by :meth:`start` for a token server that returns ids and log-probs. The
@@ -490,6 +490,6 @@ class TokenRollout(RolloutCache, mode="tokens"):
 
     def __repr__(self) -> str:
         return (
-            f"RolloutCache(mode='tokens', prompt={self._prompt_len}, "
+            f"Rollout(mode='tokens', prompt={self._prompt_len}, "
             f"response={len(self._ids) - self._prompt_len}, turns={self._num_turns})"
         )

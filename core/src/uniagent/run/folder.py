@@ -110,7 +110,7 @@ def write_task_error(directory: Path, task_id: str, sample: int, error: str) -> 
 def write_episode(
     directory: Path, payload: Mapping[str, Any], extra: Mapping[str, Any]
 ) -> dict[str, Any]:
-    """Save an attempt's messages, rollout cache and result; return its results record."""
+    """Save an attempt's messages, rollout and result; return its results record."""
     directory.mkdir(parents=True, exist_ok=True)
     record = {**payload["record"], **extra, "episode_dir": str(directory)}
     # Compact: the C encoder (indentation would take the pure-Python one, ~10x the CPU).

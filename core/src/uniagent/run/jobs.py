@@ -100,7 +100,7 @@ def write_payload(
     log_text: str | None = None,
     extra: Mapping[str, Any] | None = None,
 ) -> dict[str, Any]:
-    """Save messages, rollout cache, log and result; return the results-file record."""
+    """Save messages, rollout, log and result; return the results-file record."""
     directory.mkdir(parents=True, exist_ok=True)
     if log_text is not None:
         (directory / LOG).write_text(log_text, encoding="utf-8")

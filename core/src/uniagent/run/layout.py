@@ -11,7 +11,7 @@
         log.txt                        the latest attempt's log, made when the attempt starts
         attempt-<n>.log                earlier attempts' logs
         messages.json                  the conversation (see docs/running.md)
-        rollout.json                   the rollout cache (token ids, mask, log-probs)
+        rollout.json                   the rollout (token ids, mask, log-probs)
         result.json                    the latest attempt's results record
         task_error.json                the task could not start (bad input), and why
 

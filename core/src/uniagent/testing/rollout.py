@@ -1,8 +1,8 @@
-"""Replay a conversation through a RolloutCache with the chat template as the model.
+"""Replay a conversation through a Rollout with the chat template as the model.
 
 A test double for a token server: each assistant message of the conversation is
 "generated" as the ids the template renders for it (what a model trained on that
-template emits). Use it to check the rollout cache on your own tokenizer::
+template emits). Use it to check the rollout on your own tokenizer::
 
     result = replay(tokenizer, messages, tools)
     assert_rollout_invariants(result)
@@ -15,7 +15,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from uniagent.rollout import RolloutCache
+from uniagent.rollout import Rollout
 from uniagent.testing.tokenizers import template_generation_ids
 
 #: An OpenAI tool schema for a bash tool, for test conversations.
@@ -47,7 +47,7 @@ class ReplayedCall:
 class ReplayResult:
     """The cache after the replay, plus what the double saw and produced (full copies)."""
 
-    cache: RolloutCache
+    cache: Rollout
     contexts: list[list[int]] = field(default_factory=list)
     generations: list[ReplayedCall] = field(default_factory=list)
 
@@ -62,7 +62,7 @@ def replay(
     pass_messages: bool = True,
     **chat_template_kwargs: Any,
 ) -> ReplayResult:
-    """Build a RolloutCache for ``messages``, generating assistant turns with the template.
+    """Build a Rollout for ``messages``, generating assistant turns with the template.
 
     ``cut`` maps an assistant-turn index to a number of tokens to drop from the end of
     that generation (``1`` drops just the end-of-turn token: a stop-string cut; more is a
@@ -73,7 +73,7 @@ def replay(
     msgs = [dict(m) for m in messages]
     first = next((i for i, m in enumerate(msgs) if m.get("role") == "assistant"), len(msgs))
     tool_list = [dict(t) for t in tools] if tools else None
-    cache = RolloutCache.start(tokenizer, msgs[:first], tool_list, **chat_template_kwargs)
+    cache = Rollout.start(tokenizer, msgs[:first], tool_list, **chat_template_kwargs)
     result = ReplayResult(cache=cache)
     cuts = dict(cut or {})
     history = msgs[:first]

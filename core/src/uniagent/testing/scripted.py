@@ -3,7 +3,7 @@
 It replays assistant texts (or asks a policy function for the next one) and
 returns them as token ids with deterministic log-probs, through the same
 :class:`~uniagent.models.base.TokenChatModel` path as the real verl and HF
-backends — so the rollout cache sees exactly what a real server would send.
+backends — so the rollout sees exactly what a real server would send.
 """
 
 from __future__ import annotations
@@ -15,10 +15,10 @@ from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
 from uniagent.models.base import Generation, ModelError, TokenChatModel
-from uniagent.rollout import RolloutCache
+from uniagent.rollout import Rollout
 
 #: A script item: assistant text, an exception to raise, or a policy called with the cache.
-Step = str | BaseException | Callable[[RolloutCache], "str | BaseException"]
+Step = str | BaseException | Callable[[Rollout], "str | BaseException"]
 
 
 def hermes_call(name: str, arguments: Mapping[str, Any] | None = None, thought: str = "") -> str:
@@ -45,7 +45,7 @@ class ScriptedTokenModel(TokenChatModel):
         tokenizer: Any,
         script: Iterable[Step] = (),
         *,
-        policy: Callable[[RolloutCache], str | BaseException] | None = None,
+        policy: Callable[[Rollout], str | BaseException] | None = None,
         end_of_turn: str = "<|im_end|>",
         **kwargs: Any,
     ) -> None:
@@ -55,10 +55,10 @@ class ScriptedTokenModel(TokenChatModel):
         self.eot_id = tokenizer.convert_tokens_to_ids(end_of_turn)
         self.calls: list[int] = []
         # Per asyncio task, so one model can serve concurrent episodes.
-        self._cache: contextvars.ContextVar[RolloutCache] = contextvars.ContextVar("cache")
+        self._cache: contextvars.ContextVar[Rollout] = contextvars.ContextVar("cache")
         self._generated = 0
 
-    async def generate(self, cache: RolloutCache, **kwargs: Any) -> Any:
+    async def generate(self, cache: Rollout, **kwargs: Any) -> Any:
         """Remember the cache being continued (for policies), then generate."""
         self._cache.set(cache)
         return await super().generate(cache, **kwargs)

@@ -16,10 +16,10 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 
-from uniagent.rollout.cache import RolloutCache
+from uniagent.rollout.cache import Rollout
 
 
-def turn_ends(cache: RolloutCache) -> list[int | None]:
+def turn_ends(cache: Rollout) -> list[int | None]:
     """Each model turn's last generated token, as a position in the response (``None``:
     the turn generated nothing the mask trains on)."""
     starts = list(cache.turn_context_lengths)
@@ -52,7 +52,7 @@ def credits(turn_scores: Mapping[int, float], turns: int, mode: str, gamma: floa
 
 
 def token_scores(
-    cache: RolloutCache,
+    cache: Rollout,
     turn_scores: Mapping[int, float],
     *,
     mode: str,

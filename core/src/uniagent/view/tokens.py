@@ -142,7 +142,7 @@ def gguf_source(name: str) -> tuple[str, dict[str, str]]:
 def token_page(
     rollout: dict[str, Any], decoder: TokenDecoder | None, *, offset: int, limit: int
 ) -> dict[str, Any]:
-    """One page of tokens of a ``RolloutCache.to_dict()`` snapshot, with the view's figures."""
+    """One page of tokens of a ``Rollout.to_dict()`` snapshot, with the view's figures."""
     mode = rollout.get("mode")
     prompt = [int(i) for i in rollout.get("prompt_ids") or []]
     response = [int(i) for i in rollout.get("response_ids") or []]
@@ -202,10 +202,10 @@ def token_page(
 
 
 def exactness(rollout: dict[str, Any], decoder: TokenDecoder) -> dict[str, Any]:
-    """``RolloutCache.check_exactness()`` of the snapshot, JSON-ready (a full re-render)."""
-    from uniagent.rollout import RolloutCache
+    """``Rollout.check_exactness()`` of the snapshot, JSON-ready (a full re-render)."""
+    from uniagent.rollout import Rollout
 
-    cache = RolloutCache.from_dict(rollout, decoder.tokenizer)
+    cache = Rollout.from_dict(rollout, decoder.tokenizer)
     report = cache.check_exactness()
     counts: dict[str, int] = {}
     for difference in report.differences:
