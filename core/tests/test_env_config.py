@@ -89,6 +89,26 @@ def test_deployments_have_the_protocols_members(cls: type) -> None:
         assert hasattr(Deployment, name)
 
 
+@pytest.mark.parametrize(
+    ("config", "new"),
+    [
+        ({"type": "host"}, "shell_start_timeout"),
+        ({"type": "local", "image": "python:3.11"}, "server_start_timeout"),
+        ({"type": "remote", "port": 8000, "auth_token": "t"}, "server_start_timeout"),
+    ],
+)
+def test_the_old_startup_timeout_key_still_works_with_a_warning(
+    builtins_only: None, config: dict, new: str
+) -> None:
+    with pytest.warns(FutureWarning, match=rf"env.deployment.startup_timeout .*\.{new}"):
+        old = get_registry().validate_deployment_config({**config, "startup_timeout": 7})
+    assert getattr(old, new) == 7
+    with pytest.raises(ConfigError, match=f"give `{new}`"):
+        get_registry().validate_deployment_config({**config, "startup_timeout": 7, new: 8})
+    with pytest.warns(FutureWarning, match=r"env.startup_timeout .* env.start_timeout"):
+        assert EnvConfig(startup_timeout=9).start_timeout == 9  # type: ignore[call-arg]
+
+
 def test_env_config_defaults_and_overrides() -> None:
     config = EnvConfig(env={"PAGER": "less", "FOO": "1"}, post_setup="cd /x")
     assert config.session_env()["PAGER"] == "less"

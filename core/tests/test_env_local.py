@@ -77,7 +77,7 @@ async def test_a_container_episode(engine: str, tmp_path: Path) -> None:
 
 async def test_a_missing_image_fails_to_start_with_the_reason(engine: str) -> None:
     config = {"type": "local", "image": "localhost/uniagent-no-such-image:1", "engine": engine,
-              "pull": "never", "retries": 1, "startup_timeout": 30}  # fmt: skip
+              "pull": "never", "retries": 1, "server_start_timeout": 30}  # fmt: skip
     with pytest.raises(EnvStartError) as info:
         await open_env(config).start()
     assert "2 tries" in str(info.value)

@@ -129,7 +129,7 @@ async def test_exit_is_terminal_not_alive(server: dict[str, Any]) -> None:
 
 
 async def test_a_wrong_token_is_a_start_error(server: dict[str, Any]) -> None:
-    config = {**server, "auth_token": "wrong", "startup_timeout": 2}
+    config = {**server, "auth_token": "wrong", "server_start_timeout": 2}
     with pytest.raises(EnvStartError, match="did not answer"):
         await open_env(config).start()
 
@@ -137,7 +137,7 @@ async def test_a_wrong_token_is_a_start_error(server: dict[str, Any]) -> None:
 async def test_start_waits_for_a_server_that_comes_up_later() -> None:
     port, token = free_port(), secrets.token_hex(8)
     deployment = RemoteDeployment(
-        RemoteDeploymentConfig(port=port, auth_token=token, startup_timeout=60)
+        RemoteDeploymentConfig(port=port, auth_token=token, server_start_timeout=60)
     )
     env = AgentEnv(deployment)
     starting = asyncio.ensure_future(env.start())

@@ -223,9 +223,9 @@ def make_grader(agent: ResolvedAgent, task: Mapping[str, Any]) -> EpisodeGrader 
         task=task,
         grade_in=reward.grade_in,
         integrity=reward.integrity,
-        fresh_env=agent.new_env,
+        open_fresh=agent.new_env,
         # the agent's deployment with the task's verifier overrides ({}: the same one)
-        verifier_env=None
+        open_verifier=None
         if verifier is None
         else agent.for_task(verifier, source="the task's verifier_env").new_env,
         session_env=agent.env.session_env(),

@@ -11,6 +11,7 @@ are what the built-in backends use: stopping every process but the runtime's own
 
 from __future__ import annotations
 
+from uniagent.env.config import renamed_keys
 from uniagent.env.errors import (
     ActionError,
     ActionSyntaxError,
@@ -85,5 +86,6 @@ __all__ = [
     "WriteFileResponse",
     "kill_all_but_ancestors",
     "make_runtime",
+    "renamed_keys",
     "retrying_runtime_class",
 ]

@@ -144,8 +144,8 @@ async def test_is_alive_follows_the_sandbox(fake_modal) -> None:
 async def test_failed_start_terminates_the_sandbox(fake_modal, monkeypatch) -> None:
     # The server never comes up: the command exits, the "container" stays (like `sleep`).
     monkeypatch.setattr(SwerexModalDeployment, "_start_swerex_cmd", lambda self, token: "sleep 600")
-    deployment = make_deployment(startup_timeout=1.5)
-    with pytest.raises(TimeoutError, match="startup_timeout"):
+    deployment = make_deployment(sandbox_start_timeout=1.5)
+    with pytest.raises(TimeoutError, match="sandbox_start_timeout"):
         await deployment.start()
     assert fake_modal.sandbox.terminate_calls == 1
     assert not fake_modal.sandbox.running

@@ -63,9 +63,9 @@ def test_config_defaults_follow_swerex() -> None:
     from swerex.deployment.config import ModalDeploymentConfig as Upstream
 
     ours, theirs = ModalDeploymentConfig(), Upstream()
+    assert ours.sandbox_start_timeout == theirs.startup_timeout  # renamed: what it times
     for name in (
         "image",
-        "startup_timeout",
         "runtime_timeout",
         "deployment_timeout",
         "modal_sandbox_kwargs",

@@ -168,15 +168,15 @@ class AgentEnv:
         self._scope = opened(self)  # so that an interrupted run can close it
         use_pidfd_child_watcher()  # no thread per subprocess on Python 3.11 (safe, idempotent)
         try:
-            await wait_for(self._start(), self.config.startup_timeout)
+            await wait_for(self._start(), self.config.start_timeout)
         except BaseException as exc:
             await self.close()
             if isinstance(exc, EnvStartError) or not isinstance(exc, Exception):
                 raise
             if isinstance(exc, asyncio.TimeoutError):
                 raise EnvStartError(
-                    f"the sandbox did not start within {self.config.startup_timeout:g} s "
-                    "(env startup_timeout); raise it, or check the deployment"
+                    f"the sandbox did not start within {self.config.start_timeout:g} s "
+                    "(env.start_timeout); raise it, or check the deployment"
                 ) from exc
             raise EnvStartError(
                 f"the sandbox failed to start: {type(exc).__name__}: {exc}"
@@ -185,7 +185,7 @@ class AgentEnv:
     async def _start(self) -> None:
         await self.deployment.start()
         await self.runtime.create_session(
-            CreateBashSessionRequest(session=SESSION, startup_timeout=self.config.startup_timeout)
+            CreateBashSessionRequest(session=SESSION, startup_timeout=self.config.start_timeout)
         )
         self._workdir = self.config.workdir or self.deployment.workdir
         self._tools_dir = self.config.tools_dir or self.deployment.tools_dir or DEFAULT_TOOLS_DIR
@@ -410,11 +410,9 @@ class AgentEnv:
         self._scope = opened(self)
         await wait_for(
             self.runtime.create_session(
-                CreateBashSessionRequest(
-                    session=SESSION, startup_timeout=self.config.startup_timeout
-                )
+                CreateBashSessionRequest(session=SESSION, startup_timeout=self.config.start_timeout)
             ),
-            self.config.startup_timeout,
+            self.config.start_timeout,
         )
         self._workdir = move(parent._workdir) if parent._workdir else None
         self._tools_dir = move(parent._tools_dir)

@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import warnings
+from collections.abc import Mapping
 from typing import Any
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 #: Environment of every session: no pagers or colours, nothing that waits for input.
 DEFAULT_ENV: dict[str, str] = {
@@ -27,6 +29,34 @@ DEFAULT_ENV: dict[str, str] = {
 DEFAULT_TOOLS_DIR = "/usr/local/uniagent/tools"
 
 
+def renamed_keys(
+    data: Any, renames: Mapping[str, str], where: str, *, kind: str | None = None
+) -> Any:
+    """``data`` (a config section's raw mapping) with each deprecated key of ``renames``
+    (old name -> new name) under its new name, with a ``FutureWarning`` (shown by default:
+    the user's config says it); both names given is an error. For a ``mode="before"``
+    model validator; ``kind``: a deployment config's ``type`` (data of another type is left
+    to its own model: a union tries every member)."""
+    if not isinstance(data, Mapping) or not any(old in data for old in renames):
+        return data
+    if kind is not None and data.get("type", kind) != kind:
+        return data
+    data = dict(data)
+    for old, new in renames.items():
+        if old not in data:
+            continue
+        if new in data:
+            raise ValueError(f"give `{new}` (`{old}` is its deprecated name), not both")
+        warnings.warn(
+            f"{where}.{old} is deprecated since uniagent 0.3 and goes in 0.4: rename it to "
+            f"{where}.{new}",
+            FutureWarning,
+            stacklevel=2,
+        )
+        data[new] = data.pop(old)
+    return data
+
+
 class EnvConfig(BaseModel):
     """The agent config's ``env`` section: the sandbox backend and the session's settings.
 
@@ -36,6 +66,11 @@ class EnvConfig(BaseModel):
     """
 
     model_config = ConfigDict(extra="forbid")
+
+    @model_validator(mode="before")
+    @classmethod
+    def _renamed(cls, data: Any) -> Any:
+        return renamed_keys(data, {"startup_timeout": "start_timeout"}, "env")
 
     deployment: dict[str, Any] = Field(
         default_factory=lambda: {"type": "host"},
@@ -65,7 +100,9 @@ class EnvConfig(BaseModel):
         30_000, ge=0, description="longer outputs keep their head and tail (0: no limit)"
     )
     action_timeout: float = Field(120.0, gt=0, description="run_action's default timeout (s)")
-    startup_timeout: float = Field(300.0, gt=0, description="seconds for the sandbox to start")
+    start_timeout: float = Field(
+        300.0, gt=0, description="seconds for the sandbox to start (its backend and its shell)"
+    )
     setup_timeout: float = Field(
         600.0, gt=0, description="seconds for each post_setup or tool install command"
     )

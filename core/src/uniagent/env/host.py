@@ -39,6 +39,7 @@ from uniagent.env.bwrap import (
     writable_places,
 )
 from uniagent.env.cgroups import SandboxCgroup
+from uniagent.env.config import renamed_keys
 from uniagent.env.errors import EnvError, EnvStartError
 from uniagent.env.host_runtime import HostRuntime
 
@@ -98,6 +99,12 @@ class HostDeploymentConfig(BaseModel):
 
     model_config = ConfigDict(extra="forbid")
 
+    @model_validator(mode="before")
+    @classmethod
+    def _renamed(cls, data: Any) -> Any:
+        renames = {"startup_timeout": "shell_start_timeout"}
+        return renamed_keys(data, renames, "env.deployment", kind="host")
+
     type: Literal["host"] = "host"
     isolation: Literal["auto", "bwrap", "none"] = Field(
         "auto",
@@ -153,7 +160,9 @@ class HostDeploymentConfig(BaseModel):
         "timeout and an interrupt brings the shell back; default: stdin /dev/null and output "
         "on a pipe (faster: a program that waits for input ends at once)",
     )
-    startup_timeout: float = Field(10.0, gt=0, description="seconds for bash to answer at start")
+    shell_start_timeout: float = Field(
+        10.0, gt=0, description="seconds for bash to answer at start"
+    )
     max_output_bytes: int = Field(
         16 * 1024 * 1024, ge=1024, description="bytes of one command's output kept (head and tail)"
     )

@@ -120,7 +120,7 @@ class HostRuntime:
             buffer_limit=self.config.max_output_bytes,
             pty=self.config.pty,
         )
-        timeout = max(request.startup_timeout, self.config.startup_timeout)
+        timeout = max(request.startup_timeout, self.config.shell_start_timeout)
         output = await session.start(timeout=timeout)
         self.sessions[name] = session
         for path in request.startup_source:

@@ -27,9 +27,10 @@ import uuid
 from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from uniagent.env.aio import wait_for
+from uniagent.env.config import renamed_keys
 from uniagent.env.containers import label_args, name_prefix
 from uniagent.env.errors import EnvError, EnvStartError
 from uniagent.env.host import SandboxLimits
@@ -66,6 +67,12 @@ class LocalDeploymentConfig(BaseModel):
 
     model_config = ConfigDict(extra="forbid")
 
+    @model_validator(mode="before")
+    @classmethod
+    def _renamed(cls, data: Any) -> Any:
+        renames = {"startup_timeout": "server_start_timeout"}
+        return renamed_keys(data, renames, "env.deployment", kind="local")
+
     type: Literal["local"] = "local"
     image: str = Field(description="container image; it must provide swerex-remote (or reach PyPI)")
     engine: Literal["auto", "docker", "podman"] = Field(
@@ -79,7 +86,7 @@ class LocalDeploymentConfig(BaseModel):
         "VMs and containers with lower limits)",
     )
     pull: Literal["never", "always", "missing"] = "missing"
-    startup_timeout: float = Field(
+    server_start_timeout: float = Field(
         180.0, gt=0, description="seconds for the server to answer, per try"
     )
     retries: int = Field(2, ge=0, description="further tries, each with a fresh port and name")
@@ -266,7 +273,7 @@ def _container_class() -> type:
             )
             await wait_until_alive(
                 self._runtime,
-                self._config.startup_timeout,
+                self._config.startup_timeout,  # SWE-ReX's field: our server_start_timeout
                 f"container {self._container_name} ({image})",
                 died=self._exit_reason,
             )
@@ -344,7 +351,7 @@ class LocalDeployment:
                 options=c,
                 image=c.image,
                 docker_args=run_args,
-                startup_timeout=c.startup_timeout,
+                startup_timeout=c.server_start_timeout,
                 pull=c.pull,
                 python_standalone_dir=c.python_standalone_dir,
                 platform=c.platform,

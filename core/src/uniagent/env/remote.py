@@ -22,8 +22,9 @@ import uuid
 from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, model_validator
 
+from uniagent.env.config import renamed_keys
 from uniagent.env.errors import EnvError, EnvStartError
 
 log = logging.getLogger(__name__)
@@ -40,13 +41,19 @@ class RemoteDeploymentConfig(BaseModel):
 
     model_config = ConfigDict(extra="forbid")
 
+    @model_validator(mode="before")
+    @classmethod
+    def _renamed(cls, data: Any) -> Any:
+        renames = {"startup_timeout": "server_start_timeout"}
+        return renamed_keys(data, renames, "env.deployment", kind="remote")
+
     type: Literal["remote"] = "remote"
     host: str = Field(
         "http://127.0.0.1", description="URL of the server (http:// is added if missing)"
     )
     port: int | None = Field(None, description="port, unless part of host")
     auth_token: str = Field("", description="the server's --auth-token")
-    startup_timeout: float = Field(
+    server_start_timeout: float = Field(
         60.0, gt=0, description="seconds to wait for the server to answer"
     )
     request_timeout: float = Field(
@@ -237,7 +244,7 @@ class RemoteDeployment:
         )
         where = self._runtime._api_url
         await wait_until_alive(
-            self._runtime, c.startup_timeout, f"the swerex-remote server at {where}"
+            self._runtime, c.server_start_timeout, f"the swerex-remote server at {where}"
         )
 
     async def stop(self) -> None:

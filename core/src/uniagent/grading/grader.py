@@ -28,7 +28,7 @@ import functools
 import logging
 import time
 import traceback
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -79,10 +79,12 @@ class GradingPlan:
     task: Mapping[str, Any]
     grade_in: str
     integrity: IntegritySettings
-    #: Starts a fresh, set-up sandbox for ``grade_in: fresh`` (tools not installed).
-    fresh_env: Any = None
-    #: Starts a sandbox of the task's verifier environment (``RewardContext.verifier``).
-    verifier_env: Any = None
+    #: Opens a new, unstarted sandbox of the task for ``grade_in: fresh`` and the
+    #: grader's controls (it is started and set up there; tools are not installed).
+    open_fresh: Callable[[], AgentEnv] | None = None
+    #: Opens a sandbox of the task's verifier environment (``RewardContext.verifier``).
+    open_verifier: Callable[[], AgentEnv] | None = None
+    #: The environment variables of the agent's session (``env.env``), for graders' shells.
     session_env: Mapping[str, str] = field(default_factory=dict)
 
 
@@ -132,10 +134,10 @@ class EpisodeGrader:
                 f"grade_in: fresh needs a git repository with a commit at "
                 f"{self.baseline.repo!r} (the agent's patch is taken against it)"
             )
-        if self.plan.grade_in == "fresh" and self.plan.fresh_env is not None:
+        if self.plan.grade_in == "fresh" and self.plan.open_fresh is not None:
             # Started now, while the agent works: grading does not wait for its start-up.
             # :meth:`close` stops it whatever becomes of the episode.
-            fresh = self.plan.fresh_env()
+            fresh = self.plan.open_fresh()
             self._ahead = (fresh, asyncio.ensure_future(fresh.start()))
         return self.baseline.report()
 
@@ -155,7 +157,8 @@ class EpisodeGrader:
                 return fresh
             except Exception as exc:  # start() closed it
                 log.info("the fresh sandbox started ahead failed (%s); starting another", exc)
-        fresh = self.plan.fresh_env()
+        assert self.plan.open_fresh is not None, "grade_in: fresh without a sandbox to open"
+        fresh = self.plan.open_fresh()
         await fresh.start()
         return fresh
 
@@ -387,7 +390,7 @@ class EpisodeGrader:
 
     def _control(self, env: AgentEnv | None, repo: str | None) -> Any:
         """``RewardContext.control``: a fresh sandbox of the task, untouched by the agent."""
-        if self.plan.fresh_env is None or env is None or self.baseline is None:
+        if self.plan.open_fresh is None or env is None or self.baseline is None:
             return None
 
         def starting(now: bool) -> None:  # a grading timeout while it starts is not the agent's
@@ -395,20 +398,20 @@ class EpisodeGrader:
 
         workdir = repo or self.baseline.repo
         return functools.partial(
-            control_sandbox, self.plan.fresh_env, self.plan.integrity, self.plan.session_env,
+            control_sandbox, self.plan.open_fresh, self.plan.integrity, self.plan.session_env,
             episode=env, workdir=workdir, starting=starting,
         )  # fmt: skip
 
     def _verifier(self, env: AgentEnv | None) -> Any:
         """``RewardContext.verifier``: a fresh sandbox of the task's verifier environment."""
-        if self.plan.verifier_env is None or env is None:
+        if self.plan.open_verifier is None or env is None:
             return None
 
         def starting(now: bool) -> None:  # as for the control: not the agent's time
             self._phase = "starting the fresh sandbox" if now else "the reward"
 
         return functools.partial(
-            control_sandbox, self.plan.verifier_env, self.plan.integrity, self.plan.session_env,
+            control_sandbox, self.plan.open_verifier, self.plan.integrity, self.plan.session_env,
             episode=env, workdir=None, starting=starting, what="verifier",
         )  # fmt: skip
 

@@ -21,7 +21,7 @@ failure the agent's: score 0, trained on, ``score_reason: verifier_failed`` with
 failures in ``error``. A failure or a timeout there too means the task's verifier is
 broken (or the machine too slow): infrastructure (``reward_error``, masked and
 retried), naming both. Without a control
-(a grader embedded without ``fresh_env``) the failure is masked, an opening the message
+(a grader embedded without ``open_fresh``) the failure is masked, an opening the message
 names.
 """
 

@@ -55,7 +55,7 @@ async def prepare_grader(
         task=task,
         grade_in=grade_in,
         integrity=IntegritySettings.model_validate(dict(integrity or {})),
-        fresh_env=fresh_env,
+        open_fresh=fresh_env,
         session_env=env.config.session_env(),
     )
     grader = EpisodeGrader(plan)

@@ -4,7 +4,9 @@ from __future__ import annotations
 
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+
+from uniagent.sandbox import renamed_keys
 
 #: ``modal.Sandbox.create`` arguments that SWE-ReX's ModalDeployment sets itself.
 RESERVED_SANDBOX_KWARGS: frozenset[str] = frozenset(
@@ -17,6 +19,12 @@ class ModalDeploymentConfig(BaseModel):
 
     model_config = ConfigDict(extra="forbid")
 
+    @model_validator(mode="before")
+    @classmethod
+    def _renamed(cls, data: Any) -> Any:
+        renames = {"startup_timeout": "sandbox_start_timeout"}
+        return renamed_keys(data, renames, "env.deployment", kind="modal")
+
     type: Literal["modal"] = "modal"
     image: str = Field(
         default="python:3.11",
@@ -26,7 +34,7 @@ class ModalDeploymentConfig(BaseModel):
             "an ECR image (contains 'amazonaws.com'), or the path of a Dockerfile on this machine."
         ),
     )
-    startup_timeout: float = Field(
+    sandbox_start_timeout: float = Field(
         default=180.0,
         gt=0,
         description=(

@@ -94,8 +94,8 @@ class PatchedModalDeployment(SwerexModalDeployment):
                     f"the swerex-remote server in Modal sandbox {self._sandbox_id()} did not "
                     f"answer within {timeout:.1f}s ({attempts} probes); last answer: "
                     f"{response.message}. "
-                    "Raise startup_timeout (image builds count against it), or check that the "
-                    "image can run swerex-remote (or has apt for install_pipx)."
+                    "Raise sandbox_start_timeout (image builds count against it), or check "
+                    "that the image can run swerex-remote (or has apt for install_pipx)."
                 )
             await asyncio.sleep(POLL_INTERVAL)
 
@@ -143,7 +143,7 @@ class ModalDeployment:
         return PatchedModalDeployment(
             logger=log,
             image=snapshot if snapshot is not None else self.config.image,
-            startup_timeout=self.config.startup_timeout,
+            startup_timeout=self.config.sandbox_start_timeout,
             runtime_timeout=self.config.runtime_timeout,
             deployment_timeout=self.config.deployment_timeout,
             modal_sandbox_kwargs=dict(self.config.modal_sandbox_kwargs),
