@@ -59,6 +59,7 @@ _EXPORTS: dict[str, str] = {
     # tool calls
     "ToolCall": "uniagent.parsers.base",
     "ToolCallParser": "uniagent.parsers.base",
+    "CallReader": "uniagent.parsers.base",
     "ToolCallFormatError": "uniagent.parsers.base",
     "ParseResult": "uniagent.parsers.base",
     "ErrorKind": "uniagent.parsers.base",
@@ -162,6 +163,7 @@ __all__ = [
     "AgentOutcome",
     "AgentRun",
     "AgentSpec",
+    "CallReader",
     "CommandTimeoutError",
     "ConfigError",
     "ContentRule",
@@ -291,6 +293,7 @@ if TYPE_CHECKING:  # pragma: no cover - what type checkers and IDEs see
     from uniagent.interaction.metrics import EpisodeMetrics
     from uniagent.judge import JudgeEndpoint, JudgeError, ask_judge
     from uniagent.parsers.base import (
+        CallReader,
         ErrorKind,
         ParseResult,
         ToolCall,

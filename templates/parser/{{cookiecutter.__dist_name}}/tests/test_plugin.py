@@ -5,6 +5,7 @@ from __future__ import annotations
 import pytest
 from pydantic import BaseModel, Field
 from uniagent import (
+    CallReader,
     ToolCall,
     ToolCallFormatError,
     ToolCallParser,
@@ -58,3 +59,14 @@ def test_bad_json_is_explained_to_the_model_with_an_example() -> None:
         get_parser(PARSER).parse("Action: greet\nAction Input: {who: world}", TOOLS)
     assert error.value.kind == "invalid_json"
     assert 'Action: greet\nAction Input: {"who": "..."}' in str(error.value)
+
+
+def test_the_gateway_reads_its_calls_for_a_harness() -> None:
+    """``read_calls``: a harness agent can use this format through uniagent's gateway."""
+    parser = get_parser(PARSER)
+    assert isinstance(parser, CallReader)
+    reply = 'Thought: say hi.\nAction: greet\nAction Input: {"who": "world"}'
+    assert parser.read_calls(reply, None) == ("Thought: say hi.", [("greet", {"who": "world"})])
+    with pytest.raises(ToolCallFormatError) as error:
+        parser.read_calls("Action: greet\nAction Input: [1]", None)
+    assert error.value.kind == "malformed"

@@ -5,6 +5,10 @@ sandbox as the agent, with a gateway session (base URL and key) as its model, an
 within its time limit. The gateway records every token the model generates, so the
 episode's trajectory is exact whatever the harness does. The example harness is the script
 in ``bin/``: it speaks OpenAI Chat Completions and runs the model's ``bash`` calls.
+
+An agent that is not a program in the sandbox (it calls the model itself, in this process)
+gives ``AgentSpec(runner=...)`` instead of ``install``/``wire``/``launch``: a callable that
+makes its ``uniagent.EpisodeAgent`` for each episode (see uniagent's docs/agents.md).
 """
 
 from __future__ import annotations
