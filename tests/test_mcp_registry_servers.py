@@ -67,11 +67,11 @@ def mean_empty(tasks: Path, out: Path, ro_binds: list[str]) -> Path:
     """The one swe_tiny task these runs use (its repository has a bug in ``stats.py``).
 
     Its sandbox also sees ``ro_binds`` (the server's install): the row's own ``ro_binds``
-    (its repository) replace the config's, as every list in ``tools_kwargs`` does.
+    (its repository) replace the config's, as every list in ``config_overrides`` does.
     """
     rows = [json.loads(line) for line in tasks.read_text().splitlines()]
     (row,) = [r for r in rows if r["instance_id"] == "mean-empty"]
-    row["tools_kwargs"]["env"]["deployment"]["ro_binds"] += ro_binds
+    row["config_overrides"]["env"]["deployment"]["ro_binds"] += ro_binds
     out.write_text(json.dumps(row) + "\n")
     return out
 

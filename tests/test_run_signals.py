@@ -211,7 +211,7 @@ def test_a_signal_in_any_phase_closes_everything_and_exits_128_plus_n(
         data = tmp_path / "held.jsonl"
         rows = [json.loads(line) for line in tasks.read_text().splitlines()]
         for row in rows:
-            env_settings = row["tools_kwargs"]["env"]
+            env_settings = row["config_overrides"]["env"]
             env_settings["post_setup"].insert(0, f"cat {sync / 'hold'} >/dev/null")
             env_settings["deployment"]["ro_binds"].append(str(sync))
         data.write_text("".join(json.dumps(row) + "\n" for row in rows))

@@ -265,7 +265,7 @@ def test_a_separate_verifier_gets_its_own_environment_and_the_artifacts() -> Non
     assert answer["harbor"]["verifier_mode"] == "separate"
     assert answer["harbor"]["artifacts"] == ["/logs/artifacts"]
     # No verifier image of its own: a new sandbox of the task's image, the tests copied in.
-    agent_image = answer["tools_kwargs"]["env"]["deployment"]["image"]
+    agent_image = answer["config_overrides"]["env"]["deployment"]["image"]
     assert answer["verifier_env"]["env"]["deployment"]["image"] == agent_image
     assert not answer["harbor"]["verifier_bundled"]
     # tests/Dockerfile: built with tests/ as its context, the tests bundled in it.

@@ -479,3 +479,17 @@ async def test_two_runs_in_one_process_close_only_their_own_sandboxes(
     for name in ("a", "b"):  # each run's sandboxes carry its own id, not the other's
         manifest = json.loads((tmp_path / name / "manifest.json").read_text())
         assert labels[name] == {manifest["run_id"]}
+
+
+def test_a_rows_config_overrides_and_verls_name_for_them() -> None:
+    from uniagent.errors import ConfigError
+
+    over = {"interaction": {"max_turns": 3}}
+    assert Task("a", {"config_overrides": over}).overrides() == over
+    assert Task("b", {"tools_kwargs": over}).overrides() == over  # verl's name
+    assert Task("c", {"extra_info": {"tools_kwargs": json.dumps(over)}}).overrides() == over
+    assert Task("d", {"problem": "x"}).overrides() == {}
+    with pytest.raises(ConfigError, match="task e: give config_overrides .* not both"):
+        Task("e", {"config_overrides": over, "tools_kwargs": over}).overrides()
+    with pytest.raises(ConfigError, match="task f: config_overrides must be a mapping"):
+        Task("f", {"config_overrides": [1]}).overrides()

@@ -4,7 +4,7 @@
     python examples/swe_tiny/make_tasks.py OUT_DIR
 
 writes OUT_DIR/repos/<task>/ (git repositories) and OUT_DIR/tasks.jsonl. Each
-task's sandbox clones its repository (per-task ``tools_kwargs``), and the
+task's sandbox clones its repository (per-task ``config_overrides``), and the
 ``command`` reward runs the task's tests in a clean grading shell: 1.0 when
 they pass. The configs protect ``tests/`` (``reward.integrity.protect_paths``):
 before grading, the grader puts the tests back as they were when the episode
@@ -198,7 +198,7 @@ def make(out: Path) -> Path:
                 "problem_statement": WORKFLOW.format(problem=problem),
                 "repo": str(repo),
                 "test_command": TEST_COMMAND,
-                "tools_kwargs": {
+                "config_overrides": {
                     "env": {
                         "post_setup": [f"git clone -q {repo} ."],
                         # Visible inside a bubblewrap sandbox (without isolation it is anyway).

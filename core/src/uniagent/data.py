@@ -3,7 +3,7 @@
 Each task becomes one row with the columns verl's ``RLHFDataset`` reads:
 
 - ``prompt``: the system prompt and the first user message, rendered from the agent
-  config's templates (with the task's own ``tools_kwargs`` overrides applied);
+  config's templates (with the task's own ``config_overrides`` applied);
 - ``agent_name``: the agent-loop YAML entry that runs the row (``uniagent``);
 - ``data_source`` and ``reward_model`` (``{"style": "uniagent", "ground_truth": ...}``);
 - ``extra_info``: ``index``, ``task_id``, ``tools_kwargs`` and ``task`` (the task row),
@@ -64,7 +64,7 @@ def prepare_row(
 ) -> dict[str, Any]:
     """One verl row for ``task`` (``agent`` supplies the prompt templates)."""
     overrides = task.overrides()
-    source = f"task {task.id}: tools_kwargs"
+    source = f"task {task.id}: config_overrides"
     try:
         messages = first_messages(agent.for_task(overrides, source=source), task.row)
     except ConfigError as exc:
@@ -154,7 +154,7 @@ def prepare(
     out = Path(out)
     if out.suffix != ".parquet":
         raise ConfigError(f"--out {out} must end in .parquet")
-    # Harbor tasks get the tools_kwargs that run them on the config's deployment.
+    # Harbor tasks get the config_overrides that run them on the config's deployment.
     deployment = dict(config.env.deployment) if config is not None else None
     build = ImageBuilder(deployment.get("engine", "auto")) if deployment else None
     tasks, bad = load_task_set(tasks_path, deployment, build=build)

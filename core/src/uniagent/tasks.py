@@ -2,9 +2,10 @@
 
 A row is a task (an object with an id and the fields the prompt template uses),
 or a row of a file ``uniagent data prepare`` wrote (verl's columns): then the task
-is the row's ``extra_info.task``, its id ``extra_info.task_id``, its overrides
-``extra_info.tools_kwargs`` and its first messages the ``prompt`` column, exactly
-what verl trains on.
+is the row's ``extra_info.task``, its id ``extra_info.task_id``, its overrides of the
+agent config ``extra_info.tools_kwargs`` (verl's name; a task row's own is
+``config_overrides``) and its first messages the ``prompt`` column, exactly what verl
+trains on.
 """
 
 from __future__ import annotations
@@ -18,6 +19,8 @@ from typing import Any
 from uniagent.errors import ConfigError
 
 ID_FIELDS = ("instance_id", "task_id", "id")
+#: Where a row keeps its overrides of the agent config (``uniagent run``'s name, verl's).
+OVERRIDE_KEYS = ("config_overrides", "tools_kwargs")
 
 
 @dataclass(frozen=True)
@@ -32,18 +35,30 @@ class Task:
     tools_kwargs: Mapping[str, Any] | None = None
 
     def overrides(self) -> dict[str, Any]:
-        """Per-task config overrides: ``tools_kwargs`` or verl's ``extra_info.tools_kwargs``."""
+        """The task's overrides of the agent config: the row's ``config_overrides``, or
+        ``tools_kwargs`` (verl's name for them, kept because verl's dataset reads it),
+        at the top level or in ``extra_info``; a row with both is refused."""
         if self.tools_kwargs is not None:
             return dict(self.tools_kwargs)
-        found = self.row.get("tools_kwargs")
         extra = self.row.get("extra_info")
-        if found is None and isinstance(extra, Mapping):
-            found = extra.get("tools_kwargs")
-        if isinstance(found, str):  # Parquet files often hold nested data as JSON text
-            found = json.loads(found) if found.strip() else None
-        if found is not None and not isinstance(found, Mapping):
-            raise ConfigError(f"task {self.id}: tools_kwargs must be a mapping, got {found!r}")
-        return dict(found or {})
+        found: dict[str, Any] = {}
+        for key in OVERRIDE_KEYS:
+            value = self.row.get(key)
+            if value is None and isinstance(extra, Mapping):
+                value = extra.get(key)
+            if isinstance(value, str):  # Parquet files often hold nested data as JSON text
+                value = json.loads(value) if value.strip() else None
+            if value is None:
+                continue
+            if not isinstance(value, Mapping):
+                raise ConfigError(f"task {self.id}: {key} must be a mapping, got {value!r}")
+            found[key] = value
+        if len(found) > 1:
+            raise ConfigError(
+                f"task {self.id}: give config_overrides (tools_kwargs is verl's name for "
+                "them), not both"
+            )
+        return dict(next(iter(found.values()), {}))
 
 
 @dataclass(frozen=True)

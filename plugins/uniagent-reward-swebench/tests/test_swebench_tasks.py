@@ -51,7 +51,8 @@ def test_every_verified_row_becomes_a_task_the_recipe_runs(
     reward_config = SweBenchRewardConfig.model_validate(config.reward.settings)
     for task, row in zip(tasks, rows, strict=True):
         source = f"task {task['instance_id']}"
-        agent = resolve(config.with_overrides(task["tools_kwargs"], source=source), source=source)
+        overrides = task["config_overrides"]
+        agent = resolve(config.with_overrides(overrides, source=source), source=source)
         image = agent.deployment_config.image  # type: ignore[attr-defined]
         assert image == expected_image(row["instance_id"]) == task["image"]
         assert "__" not in image and image.startswith("swebench/sweb.eval.x86_64.")

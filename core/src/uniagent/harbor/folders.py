@@ -4,7 +4,7 @@ A task folder holds ``task.toml``, ``instruction.md``, ``tests/test.sh``, an
 ``environment/Dockerfile`` or a prebuilt ``[environment] docker_image``, and optionally
 ``solution/solve.sh``. Each becomes one task row: its id is the folder's name, its
 ``problem_statement`` the instruction (the default ``instance_template`` shows it),
-``harbor`` what the ``harbor`` reward and ``uniagent verify`` need, and ``tools_kwargs``
+``harbor`` what the ``harbor`` reward and ``uniagent verify`` need, and ``config_overrides``
 point the deployment at the task's environment (see :func:`deployment_overrides`).
 A folder that is not a usable task is a bad row with the reason, like a bad JSONL line.
 """
@@ -56,7 +56,7 @@ def task_dirs(path: str | Path) -> list[Path]:
 
 
 def read_task(task_dir: Path) -> tuple[TaskToml, dict[str, Any]]:
-    """The parsed ``task.toml`` and the task row (without ``tools_kwargs``) of one folder."""
+    """The parsed ``task.toml`` and the task row (without ``config_overrides``) of one folder."""
     config = load_task_toml(task_dir / TASK_FILE)
     problems = unsupported(config, task_dir)
     if problems:
@@ -114,7 +114,7 @@ def deployment_overrides(
     deployment: Mapping[str, Any],
     build: ImageBuilder | None,
 ) -> dict[str, Any]:
-    """The ``tools_kwargs`` that run the task on the config's ``deployment``.
+    """The ``config_overrides`` that run the task on the config's ``deployment``.
 
     ``local``: the task's ``docker_image``, or its Dockerfile built by ``build``; its
     ``workdir``; ``no-network`` as ``--network none``. ``host``: bubblewrap only (the
@@ -220,7 +220,7 @@ def load_harbor_tasks(
     """The tasks of a Harbor task folder (or folder of them); unusable folders are bad rows.
 
     With ``deployment`` (the config's ``env.deployment``) each task gets the
-    ``tools_kwargs`` that run it there; without, none (``uniagent data prepare``).
+    ``config_overrides`` that run it there; without, none (``uniagent data prepare``).
     """
     dirs = task_dirs(path)
     if not dirs:
@@ -231,7 +231,7 @@ def load_harbor_tasks(
         try:
             config, row = read_task(task_dir)
             if deployment is not None:
-                row["tools_kwargs"] = deployment_overrides(config, task_dir, deployment, build)
+                row["config_overrides"] = deployment_overrides(config, task_dir, deployment, build)
                 if verifier_mode(config) == "separate":
                     overrides, bundled = verifier_overrides(config, task_dir, deployment, build)
                     row["verifier_env"] = overrides

@@ -100,7 +100,7 @@ async def attempt(
     if mode == "oracle" and oracle is None:
         raise ConfigError(f"task {task.id} has no oracle")
     try:
-        agent = agent.for_task(task.overrides(), source=f"task {task.id}: tools_kwargs")
+        agent = agent.for_task(task.overrides(), source=f"task {task.id}: config_overrides")
         grader = make_grader(agent, task.row)
         env = agent.new_env()
     except ConfigError as exc:

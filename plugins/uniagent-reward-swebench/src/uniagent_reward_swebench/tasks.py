@@ -2,7 +2,7 @@
 
 Each task keeps the SWE-bench columns the reward reads (``instance_id``, ``repo``,
 ``base_commit``, ``FAIL_TO_PASS``, ``PASS_TO_PASS``, ``test_patch``, ...) and the
-``problem_statement`` the prompt shows, and gets ``tools_kwargs`` that point the
+``problem_statement`` the prompt shows, and gets ``config_overrides`` that point the
 deployment at the instance's image (``swebench/sweb.eval.x86_64.<id>:latest``, with
 ``__`` spelled ``_1776_`` as on Docker Hub; swebench's own ``expected_image``).
 The gold ``patch`` is left out unless asked for: no prompt template can show the
@@ -50,7 +50,8 @@ SWE_BENCH_COLUMNS = (
 def swe_bench_task(
     row: Mapping[str, Any], *, namespace: str = "swebench", keep_gold_patch: bool = False
 ) -> dict[str, Any]:
-    """One ``uniagent run`` task from a SWE-bench row, its image set through ``tools_kwargs``."""
+    """One ``uniagent run`` task from a SWE-bench row, its image set through its
+    ``config_overrides``."""
     instance_id = row.get("instance_id")
     if not isinstance(instance_id, str) or not instance_id:
         raise TaskRowError(f"a SWE-bench row needs an instance_id (present: {', '.join(row)})")
@@ -61,7 +62,7 @@ def swe_bench_task(
     columns = (*SWE_BENCH_COLUMNS, "patch") if keep_gold_patch else SWE_BENCH_COLUMNS
     task = {c: _plain(row[c]) for c in columns if c in row and row[c] is not None}
     task["image"] = expected_image(instance_id, namespace)
-    task["tools_kwargs"] = {"env": {"deployment": {"image": task["image"]}}}
+    task["config_overrides"] = {"env": {"deployment": {"image": task["image"]}}}
     return task
 
 
