@@ -25,7 +25,7 @@ from uniagent.errors import UniAgentError
 from uniagent.gateway.backend import TokenBackend
 from uniagent.gateway.tree import Node, TrajectoryTree, Turn
 from uniagent.parsers import ToolCallParser
-from uniagent.parsers.base import CallReader, ToolCallFormatError
+from uniagent.parsers.base import ToolCallFormatError
 from uniagent.rollout.template import (
     analyse_chat_template,
     decode,
@@ -432,13 +432,16 @@ def extract_calls(
     The harness validates calls against its own tools; the gateway only reads them.
     Raises :class:`ToolCallFormatError` for a malformed block.
     """
-    if not isinstance(parser, CallReader):
+    # getattr, not isinstance(parser, CallReader): a protocol check costs microseconds
+    read_calls = getattr(parser, "read_calls", None)
+    if read_calls is None:
         raise GatewayError(
             f"tool parser {parser.name!r} cannot serve the gateway: it has no read_calls()",
             status=500,
             kind="api_error",
         )
-    return parser.read_calls(text, tools)
+    calls: tuple[str, list[tuple[str, dict[str, Any]]]] = read_calls(text, tools)
+    return calls
 
 
 def new_session_id() -> str:
