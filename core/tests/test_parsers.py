@@ -627,3 +627,17 @@ def test_fuzz_arbitrary_text(text: str) -> None:
     for parser in PARSERS:
         with contextlib.suppress(ToolCallFormatError):
             parser.parse(text, TOOLS)
+
+
+def test_qwen3_coder_values_too_deep_for_json_stay_text_for_the_gateway() -> None:
+    """A value the client's schema types is read as JSON; one nested past the JSON reader's
+    recursion limit (the policy's text) stays text instead of failing the request."""
+    deep = "[" * 100_000 + "]" * 100_000
+    text = (
+        "<tool_call>\n<function=f>\n<parameter=x>\n"
+        f"{deep}\n</parameter>\n<parameter=n>\n3\n</parameter>\n</function>\n</tool_call>"
+    )
+    props = {"x": {"type": "array"}, "n": {"type": "integer"}}
+    tools = [{"type": "function", "function": {"name": "f", "parameters": {"properties": props}}}]
+    content, calls = Qwen3CoderParser().read_calls(text, tools)
+    assert content == "" and calls == [("f", {"x": deep, "n": 3})]

@@ -69,7 +69,7 @@ class Qwen3CoderParser(TaggedToolCallParser):
         for key, value in arguments.items():
             kind = (props.get(key) or {}).get("type", "string")
             if isinstance(value, str) and kind != "string":
-                with contextlib.suppress(ValueError):  # strict JSON: no NaN or Infinity
+                with contextlib.suppress(ValueError, RecursionError):  # strict JSON, no NaN
                     value = json.loads(value, parse_constant=_no_constant)
             out[key] = value
         return out
