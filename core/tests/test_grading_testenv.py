@@ -78,7 +78,9 @@ def rewards(venv: Path) -> Iterator[None]:
         )
 
     async def run_python3(ctx: RewardContext[Any]) -> RewardResult:
-        done = await ctx.require_sandbox().run("python3 -c 'import sys'", timeout=60)
+        done = await ctx.require_sandbox().run(
+            "python3 -c 'import sys; print(sys.prefix)'", timeout=60
+        )
         return RewardResult(1.0 if done.exit_code == 0 else 0.0, {"output": done.output})
 
     def plain(task: Any, settings: Any) -> TestEnv:
@@ -339,36 +341,72 @@ async def test_a_fresh_sandbox_sharing_the_changed_environment_scores_zero(env, 
 PYENV_ROOT = Path(os.environ.get("PYENV_ROOT", Path.home() / ".pyenv"))
 
 
-@pytest.mark.skipif(
+needs_pyenv = pytest.mark.skipif(
     not (PYENV_ROOT / "libexec" / "pyenv").is_file()
     or len([v for v in (PYENV_ROOT / "versions").glob("3.*") if (v / "bin" / "python3").is_file()])
     < 2,
     reason="needs pyenv with two Python 3 versions (the CI machines have them)",
 )
+
+
+@needs_pyenv
 @pytest.mark.parametrize("switch", [False, True], ids=["kept", "switched"])
-async def test_a_pyenv_shim_is_followed_to_the_interpreter_pyenv_picks(env, switch):
-    # `python3` on the grading PATH is pyenv's shim (a bash script): the baseline follows it
-    # to the interpreter pyenv runs (not bash) and covers that interpreter's roots; a
-    # .python-version the agent writes in the repository switches it: tampering.
+async def test_a_pyenv_shim_is_pinned_to_the_interpreter_pyenv_picks_at_the_baseline(env, switch):
+    # `python3` on the grading PATH is pyenv's shim (a bash script that asks pyenv which
+    # interpreter to run, a dozen processes each time). The baseline asks pyenv once, in the
+    # repository, and puts that version's bin directory before the shims on the grading PATH:
+    # the toolchain and test-environment checks and the tests run that interpreter itself. A
+    # .python-version the agent writes later no longer picks the interpreter of the tests.
     versions = sorted(v for v in (PYENV_ROOT / "versions").glob("3.*")
                       if (v / "bin" / "python3").is_file())  # fmt: skip
     first, other = versions[0], versions[1]
-    path = f"{PYENV_ROOT / 'shims'}:/usr/bin:/bin"
+    shims = PYENV_ROOT / "shims"
+    path = f"{shims}:/usr/bin:/bin"
     integrity = {"grading_env": {"PATH": path, "PYENV_VERSION": ""}}
     await act(env, f"echo {first.name} > .python-version")  # the task's own pin
     grader = await prepare_grader(env, "python3", {}, integrity=integrity)
-    record = grader.baseline.test_env
+    baseline = grader.baseline
+    assert baseline.environment["PATH"] == f"{first / 'bin'}:{path}"
+    assert baseline.report()["pyenv"] == {"shims": str(shims), "bins": [str(first / "bin")]}
+    record = baseline.test_env
     assert record["bin:python3"] == str((first / "bin" / "python3").resolve()), record
     assert any(k.startswith(f"root:{first}/lib/python") for k in record), record
-    assert f"root:{PYENV_ROOT / 'shims' / 'python3'}" in record
-    assert f"root:{PYENV_ROOT / 'libexec'}" in record
+    assert not any(k.startswith(f"root:{PYENV_ROOT}/libexec") for k in record), record
     if switch:
         await act(env, f"echo {other.name} > .python-version")
     result = await grade(grader, env)
-    if switch:
-        assert result.score == 0.0 and "bin:python3" in changed(result), result.info
-    else:
-        assert result.score == 1.0 and changed(result) == set(), result.info
+    assert result.score == 1.0 and changed(result) == set(), result.info
+    assert result.info["output"].strip() == str(first), result.info
+    assert result.info["integrity"]["pyenv"]["bins"] == [str(first / "bin")]
+
+
+@needs_pyenv
+@pytest.mark.parametrize("version", ["3.0.404", "system"], ids=["not-installed", "system"])
+async def test_a_pyenv_shim_is_left_where_no_installed_version_can_be_pinned(env, version):
+    # A version that is not installed (pyenv would fail) or the system's interpreter (pyenv
+    # would search PATH without its shims): nothing is pinned, the shim is followed as before.
+    path = f"{PYENV_ROOT / 'shims'}:/usr/bin:/bin"
+    integrity = {"grading_env": {"PATH": path, "PYENV_VERSION": version}}
+    grader = await prepare_grader(env, "python3", {}, integrity=integrity)
+    assert grader.baseline.environment["PATH"] == path
+    assert grader.baseline.pyenv is None and "pyenv" not in grader.baseline.report()
+
+
+@needs_pyenv
+async def test_an_unpinned_shim_switched_by_the_agent_is_toolchain_tampering(env):
+    # The system's interpreter first: nothing to pin, the shim stays on the grading PATH and
+    # is followed to what pyenv picks; a .python-version the agent writes switches it.
+    other = sorted(v for v in (PYENV_ROOT / "versions").glob("3.*")
+                   if (v / "bin" / "python3").is_file())[0]  # fmt: skip
+    integrity = {"grading_env": {"PATH": f"{PYENV_ROOT / 'shims'}:/usr/bin:/bin"}}
+    await act(env, f"echo system:{other.name} > .python-version")
+    grader = await prepare_grader(env, "python3", {}, integrity=integrity)
+    assert grader.baseline.pyenv is None
+    record = grader.baseline.test_env
+    assert f"root:{PYENV_ROOT / 'libexec'}" in record, record
+    await act(env, f"echo {other.name} > .python-version")
+    result = await grade(grader, env)
+    assert result.score == 0.0 and "bin:python3" in changed(result), result.info
 
 
 def test_the_test_environment_of_an_eval_script():

@@ -32,13 +32,16 @@ async def control_sandbox(
     workdir: str | None,
     starting: Callable[[bool], None] = lambda _: None,
     what: str = "control",
+    baseline: integrity.Baseline | None = None,
 ) -> AsyncIterator[GradingSandbox]:
     """A grading sandbox in a new sandbox of ``new_env``; ``workdir`` is the episode's
     (``episode``'s work dir mapped to the new one's).
 
     ``starting(True)`` is called before the start and ``starting(False)`` once it
     started. A sandbox that does not start is infrastructure (:class:`RewardInfraError`);
-    ``what`` names it in the message. Without ``workdir``: the new sandbox's own.
+    ``what`` names it in the message. Without ``workdir``: the new sandbox's own. With the
+    episode's ``baseline``, its grading PATH has the baseline's pyenv pin (the interpreter
+    the episode's tests ran).
     """
     starting(True)
     try:
@@ -53,6 +56,8 @@ async def control_sandbox(
     try:
         try:
             environment = await integrity.environment_of(fresh, settings, session_env)
+            if baseline is not None:
+                environment = integrity.pinned_environment(environment, baseline)
             where = integrity.moved_repo(workdir, episode, fresh) if workdir else fresh.workdir
             sandbox = await GradingSandbox.open(fresh, environment, workdir=where)
         except Exception as exc:

@@ -303,8 +303,11 @@ class EpisodeGrader:
                 f"the fresh grading sandbox did not start: {type(exc).__name__}: {exc}"
             ) from exc
         try:
-            environment = await integrity.environment_of(
-                fresh, self.plan.integrity, self.plan.session_env, self.plan.spec.integrity
+            environment = integrity.pinned_environment(
+                await integrity.environment_of(
+                    fresh, self.plan.integrity, self.plan.session_env, self.plan.spec.integrity
+                ),
+                baseline,
             )
             repo = integrity.moved_repo(baseline.repo, episode, fresh)
             probe = await GradingSandbox.open(fresh, environment, workdir=repo)
@@ -399,7 +402,7 @@ class EpisodeGrader:
         workdir = repo or self.baseline.repo
         return functools.partial(
             control_sandbox, self.plan.open_fresh, self.plan.integrity, self.plan.session_env,
-            episode=env, workdir=workdir, starting=starting,
+            episode=env, workdir=workdir, starting=starting, baseline=self.baseline,
         )  # fmt: skip
 
     def _verifier(self, env: AgentEnv | None) -> Any:

@@ -81,6 +81,9 @@ class Baseline:
     outside_paths: tuple[str, ...] = ()
     outside: dict[str, Member] = field(default_factory=dict)
     outside_dirs: set[str] = field(default_factory=set)
+    #: The pyenv versions' ``bin`` directories put before pyenv's shims on the grading PATH
+    #: (``shims``, ``bins``; :func:`pin_pyenv`), or ``None``.
+    pyenv: dict[str, Any] | None = None
 
     def report(self) -> dict[str, Any]:
         """What the result records about the baseline."""
@@ -91,6 +94,7 @@ class Baseline:
             "toolchain_files": len(self.toolchain or {}),
             "test_env_roots": sum(1 for k in self.test_env or {} if k.startswith("root:")),
             "history_scrub": self.scrub,
+            **({"pyenv": self.pyenv} if self.pyenv else {}),
         }
 
 
@@ -168,6 +172,7 @@ async def capture(
                 f"the repository to grade, {repo!r}, does not exist in the sandbox; set the "
                 "reward's workdir (or reward.integrity.repo) to the checkout"
             )
+        pin_pyenv(baseline, sandbox, report)
         if scrub:
             baseline.scrub = {k: v for k, v in report.items() if k not in ("head", "tree", "epoch")}
             baseline.scrub["head_is_base"] = bool(baseline.scrub.get("head_is_base"))
@@ -213,6 +218,41 @@ async def environment_of(
         **settings.grading_env,
     }
     return grading_environment({**start_env, **session_env}, exclude_path=exclude, extra=extra)
+
+
+def pin_pyenv(baseline: Baseline, sandbox: GradingSandbox, report: Mapping[str, Any]) -> None:
+    """Put the ``bin`` directories of the pyenv versions the baseline found
+    (:data:`~uniagent.grading.scripts.PYENV_PIN`) before pyenv's shims on the grading PATH.
+
+    The tests and every grading step then run the interpreter pyenv picked in the repository
+    before the agent's first turn, without pyenv's shell scripts (a dozen processes for
+    every ``python3``): the agent's version files, ``PYENV_VERSION`` or edits to pyenv do
+    not choose it. A command none of the versions holds still goes through the shims.
+    """
+    shims, bins = str(report.get("pyenv_shims") or ""), str(report.get("pyenv_bins") or "")
+    pin = {"shims": shims, "bins": [d for d in bins.split(":") if d]}
+    path = _pinned_path(baseline.environment.get("PATH", ""), pin) if shims else None
+    if path is not None and pin["bins"]:
+        baseline.pyenv = pin
+        baseline.environment["PATH"] = sandbox.environment["PATH"] = path
+
+
+def pinned_environment(environment: dict[str, str], baseline: Baseline) -> dict[str, str]:
+    """``environment`` (a fresh sandbox's) with the baseline's pyenv pin on its PATH
+    (:func:`pin_pyenv`), where its PATH has the same shims."""
+    path = _pinned_path(environment.get("PATH", ""), baseline.pyenv) if baseline.pyenv else None
+    return environment if path is None else {**environment, "PATH": path}
+
+
+def _pinned_path(path: str, pin: Mapping[str, Any]) -> str | None:
+    """``path`` with ``pin``'s bin directories before its shims (``None``: no such shims)."""
+    entries = path.split(":")
+    normalized = [posixpath.normpath(e) if e else e for e in entries]
+    if posixpath.normpath(pin["shims"]) not in normalized:
+        return None
+    at = normalized.index(posixpath.normpath(pin["shims"]))
+    dirs = [d for d in pin["bins"] if d not in entries[:at]]
+    return ":".join([*entries[:at], *dirs, *entries[at:]])
 
 
 def moved_repo(repo: str, old: AgentEnv, new: AgentEnv) -> str:

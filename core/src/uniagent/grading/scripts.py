@@ -398,12 +398,50 @@ gitc apply --binary --whitespace=nowarn "$PATCH.diff" || exit 7
 exit 0
 """
 
+#: Where ``python3`` (or ``python``) on PATH is a pyenv shim: ``pyenv_shims=DIR`` (the shims'
+#: directory) and ``pyenv_bins=DIR:...``, the ``bin`` directories of the versions pyenv picks
+#: here (``pyenv version-name``: PYENV_VERSION, the version files from here up, the global
+#: one), in its order up to the first ``system``. Put before the shims on PATH they give every
+#: command they hold as ``pyenv which`` gives it (the first version that has it), and every
+#: other command still goes through the shims. Nothing when the versions are not all
+#: installed or pyenv is not there.
+PYENV_PIN = r"""
+pin_pyenv() {
+  local p start bin root names name dirs= list
+  if hash python3 2>/dev/null; then p=${BASH_CMDS[python3]}
+  elif hash python 2>/dev/null; then p=${BASH_CMDS[python]}
+  else return 0; fi
+  case "$p" in /*/*) ;; *) return 0 ;; esac
+  IFS= read -r -N 2048 start 2>/dev/null < "$p"
+  [[ $start =~ exec\ \"([^\"]*/libexec/pyenv)\"\ exec\  ]] || return 0
+  bin=${BASH_REMATCH[1]}
+  [[ $start =~ export\ PYENV_ROOT=\"([^\"]+)\" ]] || return 0
+  root=${BASH_REMATCH[1]}
+  [ -x "$bin" ] || return 0
+  names=$(PYENV_ROOT=$root "$bin" version-name 2>/dev/null) || return 0
+  IFS=: read -r -a list <<< "$names"
+  for name in "${list[@]}"; do
+    [ "$name" = system ] && break
+    case "$name" in ''|*/*|.|..) return 0 ;; esac
+    [ -d "$root/versions/$name/bin" ] || return 0
+    dirs=${dirs:+$dirs:}$root/versions/$name/bin
+  done
+  [ -n "$dirs" ] || return 0
+  echo "pyenv_shims=${p%/*}"
+  echo "pyenv_bins=$dirs"
+}
+"""
+
 #: Everything the baseline reads in one call: ``missing=1`` when $REPO is not there; the
 #: history scrub when $SCRUB is 1; ``head=`` and ``tree=`` (of $BASE, default HEAD); the
 #: sandbox's ``epoch=`` (seconds); the listing of the tree (``blob:list=``, as :data:`LIST`)
-#: and its ignored files (``blob:ignored=``, NUL-separated).
-PREPARE = r"""
+#: and its ignored files (``blob:ignored=``, NUL-separated); first, what :data:`PYENV_PIN`
+#: prints, asked in the repository.
+PREPARE = (
+    PYENV_PIN
+    + r"""
 cd "$REPO" 2>/dev/null || { echo "missing=1"; exit 0; }
+pin_pyenv
 if [ "$SCRUB" = 1 ]; then
   ( __SCRUB__ ) || exit $?
 fi
@@ -416,6 +454,7 @@ printf 'blob:ignored='
 echo
 exit 0
 """
+)
 
 #: The tree of $COMMIT (default HEAD), or nothing when there is none.
 TREE = r"""
