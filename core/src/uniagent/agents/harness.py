@@ -36,6 +36,7 @@ from uniagent.agents.install import (
     sandbox_problems,
 )
 from uniagent.env.agent_env import AgentEnv
+from uniagent.env.aio import wait_for
 from uniagent.env.errors import (
     ActionTimeoutError,
     EnvStartError,
@@ -326,7 +327,7 @@ async def _run_within(
     except Exception as exc:  # the action's own time-out still ends it
         logger.warning("could not end the agent's processes: %s", exc)
     try:
-        await asyncio.wait_for(run, KILL_GRACE)
+        await wait_for(run, KILL_GRACE)
     except Exception as exc:  # its shell was closed under it: expected
         logger.info("the ended harness's command: %s: %s", type(exc).__name__, exc)
     return None, why

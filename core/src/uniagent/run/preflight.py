@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 from typing import Any
 
+from uniagent.env.aio import wait_for
 from uniagent.errors import ConfigError, UniAgentError
 
 PROBE_TIMEOUT = 30.0
@@ -34,7 +35,7 @@ async def check_model(model: Any, *, timeout: float = PROBE_TIMEOUT) -> None:
 
     where = model.where  # no credentials in the message
     try:
-        await asyncio.wait_for(model.client.models.list(), timeout)
+        await wait_for(model.client.models.list(), timeout)
     except openai.AuthenticationError as exc:
         raise ConfigError(
             f"the model endpoint {where} refused the API key ({exc.status_code}: "
