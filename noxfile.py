@@ -156,6 +156,11 @@ def pytest(
     spread = ["-n", str(workers), "--dist", dist] if workers else []
     report = _files(session) / "junit.xml"
     check_cpu_torch(session)  # in every venv that runs tests
+    # One OpenMP thread for torch (and numpy's BLAS): the lanes and xdist workers already
+    # keep every core busy, and OpenMP's threads, each waiting at every operator's barrier
+    # for the others to be scheduled, made a SmolLM2 decoding step 20x slower (2 s against
+    # 0.1 s) on a loaded 2-core machine. Set OMP_NUM_THREADS to choose another count.
+    threads = {"OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS") or "1"}
     session.run(
         "python",
         "-m",
@@ -169,6 +174,7 @@ def pytest(
         f"--junitxml={report}",
         *spread,
         *session.posargs,
+        env=threads,
     )
 
 
