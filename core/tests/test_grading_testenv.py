@@ -362,12 +362,14 @@ async def test_a_pyenv_shim_is_pinned_to_the_interpreter_pyenv_picks_at_the_base
     first, other = versions[0], versions[1]
     shims = PYENV_ROOT / "shims"
     path = f"{shims}:/usr/bin:/bin"
-    integrity = {"grading_env": {"PATH": path, "PYENV_VERSION": ""}}
+    integrity = {"grading_env": {"PATH": path, "PYENV_VERSION": ""}, "scrub_history": True}
     await act(env, f"echo {first.name} > .python-version")  # the task's own pin
     grader = await prepare_grader(env, "python3", {}, integrity=integrity)
     baseline = grader.baseline
     assert baseline.environment["PATH"] == f"{first / 'bin'}:{path}"
     assert baseline.report()["pyenv"] == {"shims": str(shims), "bins": [str(first / "bin")]}
+    assert baseline.scrub is not None  # the same call's report: the pin is not the scrub's
+    assert not any(k.startswith("pyenv") for k in baseline.scrub), baseline.scrub
     record = baseline.test_env
     assert record["bin:python3"] == str((first / "bin" / "python3").resolve()), record
     assert any(k.startswith(f"root:{first}/lib/python") for k in record), record

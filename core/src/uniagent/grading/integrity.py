@@ -174,7 +174,11 @@ async def capture(
             )
         pin_pyenv(baseline, sandbox, report)
         if scrub:
-            baseline.scrub = {k: v for k, v in report.items() if k not in ("head", "tree", "epoch")}
+            baseline.scrub = {
+                k: v
+                for k, v in report.items()
+                if k not in ("head", "tree", "epoch") and not k.startswith("pyenv_")
+            }
             baseline.scrub["head_is_base"] = bool(baseline.scrub.get("head_is_base"))
         head = str(report.get("head", ""))
         baseline.base = workspace.base_commit or (
