@@ -1,4 +1,5 @@
-"""Every YAML block of the README, docs/ and the plugin READMEs is a config that works.
+"""Every YAML block of the README, docs/ and the plugin READMEs is a config that works;
+every sample ``task.toml`` of docs/ is one the Harbor loader reads.
 
 Each ```yaml block is validated against the installed plugins the way ``uniagent run``
 does (``AgentConfig`` then ``resolve``: every key, plugin name and plugin setting), or,
@@ -63,3 +64,34 @@ def test_yaml_block_validates_against_the_installed_plugins(where, body, skip):
         return
     assert isinstance(data, dict), f"{where}: a config block is a mapping"
     resolve(AgentConfig.from_dict(data, source=where), source=where)
+
+
+TASK_TOML = re.compile(r"```toml\n(?P<body>schema_version = .*?)```", re.S)
+
+
+def test_the_docs_sample_task_toml_is_read_with_every_key_it_shows(tmp_path: Path) -> None:
+    """docs/tasks.md's sample ``task.toml`` loads as written and with its commented keys on."""
+    from uniagent.harbor.schema import load_task_toml
+
+    text = (ROOT / "docs" / "tasks.md").read_text(encoding="utf-8")
+    samples = [m.group("body") for m in TASK_TOML.finditer(text)]
+    assert samples, "docs/tasks.md shows a sample task.toml"
+    for body in samples:
+        enabled = re.sub(r"(?m)^# (\w+ = )", r"\1", body)
+        assert enabled != body, "the sample shows optional keys commented out"
+        for n, variant in enumerate((body, enabled)):
+            path = tmp_path / f"task{n}.toml"
+            path.write_text(variant, encoding="utf-8")
+            config = load_task_toml(path)
+            assert config.verifier.timeout_sec == 120 and config.environment.workdir == "/app"
+        assert config.environment.docker_image and config.verifier.user == "tester"
+
+
+def test_the_readme_links_every_doc_and_lays_out_every_plugin() -> None:
+    readme = (ROOT / "README.md").read_text(encoding="utf-8")
+    unlinked = [p.name for p in sorted((ROOT / "docs").glob("*.md"))
+                if f"](docs/{p.name})" not in readme]  # fmt: skip
+    assert not unlinked, f"README.md links no docs/{unlinked}"
+    plugins = [p.name for p in sorted((ROOT / "plugins").iterdir()) if (p / "pyproject.toml").exists()]
+    missing = [name for name in plugins if f"plugins/{name}/" not in readme]
+    assert not missing, f"README.md's layout omits {missing}"
