@@ -315,6 +315,51 @@ def test_one_uniagent_run_resolves_its_config_once(done_tool, tmp_path, monkeypa
     assert len([m for m in resolved if m.endswith("(overrides)")]) == 1
 
 
+def test_a_row_and_the_config_may_both_use_the_deprecated_reward_config_key(
+    done_tool, tmp_path, monkeypatch
+):
+    """``reward.config`` (deprecated) in the config and in rows' overrides is one key:
+    every task runs, the row's settings merged into the config's, and the deprecation is
+    said once (the warnings' default filter, as ``uniagent run`` has it)."""
+    config = tmp_path / "agent.yaml"
+    config.write_text(json.dumps({
+        "tools": ["done"], "instance_template": "{q}",
+        "env": {"deployment": {"type": "host", "isolation": "none"}},
+        "reward": {"name": "command", "config": {"command": "test -z \"$X\"", "timeout": 60}},
+    }))  # fmt: skip
+    rows = [{"id": "plain", "q": "go"}]
+    rows += [
+        {"id": f"old-{i}", "q": "go", "config_overrides": {"reward": {"config": {"command": c}}}}
+        for i, c in enumerate(["true", "test 1 = 1"])
+    ]
+    rows += [
+        {"id": "new", "q": "go", "config_overrides": {"reward": {"settings": {"command": "true"}}}}
+    ]
+    rows += [
+        {"id": "fails", "q": "go", "config_overrides": {"reward": {"config": {"command": "false"}}}}
+    ]
+    data = tmp_path / "tasks.jsonl"
+    data.write_text("".join(json.dumps(row) + "\n" for row in rows))
+    monkeypatch.setenv("OPENAI_API_KEY", "test")
+    reply = Reply("Done.", tool_calls=[tool_call("done", {}, "call_done")])
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("default")
+        with ScriptedChatServer(default=lambda body: reply) as server:
+            status = cli([
+                "run", str(config), "--data", str(data), "--out", str(tmp_path / "out"),
+                "--model", f"openai:{server.base_url}#scripted",
+            ])  # fmt: skip
+    assert status == 0
+    lines = (tmp_path / "out" / "results.jsonl").read_text().splitlines()
+    results = {r["task_id"]: r for r in map(json.loads, lines)}
+    assert {k: (r["exit_reason"], r["reward"]) for k, r in results.items()} == {
+        "plain": ("finished", 1.0), "old-0": ("finished", 1.0), "old-1": ("finished", 1.0),
+        "new": ("finished", 1.0), "fails": ("finished", 0.0),
+    }  # fmt: skip
+    deprecated = [w for w in caught if "reward.config is deprecated" in str(w.message)]
+    assert len(deprecated) == 1, [str(w.message) for w in deprecated]
+
+
 async def test_prepare_grader_takes_the_old_config_keyword_with_a_warning() -> None:
     from uniagent.testing import prepare_grader
 

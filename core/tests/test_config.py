@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import sys
+import warnings
 
 import pytest
 
@@ -51,7 +52,7 @@ def core_only(monkeypatch):
 def test_unknown_plugin_names_list_what_is_installed():
     with pytest.raises(UnknownPluginNameError, match="tool_parser: .*installed tool parsers"):
         resolve(AgentConfig.from_dict({"tools": [], "tool_parser": "json_mode"}))
-    with pytest.raises(UnknownPluginNameError, match=r"tools\.0\.name: .*First-party plugins"):
+    with pytest.raises(UnknownPluginNameError, match=r"tools\.0\.name: .*uniagent-tools-swe"):
         resolve(AgentConfig.from_dict({**MINIMAL, "tools": ["str_replace_editor"]}))
     with pytest.raises(UnknownPluginNameError, match=r"reward\.name: .*Did you mean 'command'"):
         resolve(AgentConfig.from_dict({**MINIMAL, "reward": {"name": "comand"}}))
@@ -69,7 +70,7 @@ def test_deployment_is_checked_against_installed_backends():
     with pytest.raises(
         ConfigError,
         match=r"env\.deployment: .*installed deployments: host, local, remote\. "
-        r".*First-party plugins",
+        r"'modal' comes with uniagent-deploy-modal, ",
     ):
         resolve(AgentConfig.from_dict({**MINIMAL, "env": {"deployment": {"type": "modal"}}}))
     with pytest.raises(ConfigError, match=r"env\.deployment: .*nope: unknown key"):
@@ -120,6 +121,37 @@ def test_task_overrides_deep_merge_and_revalidate():
     assert config.interaction.max_turns == 5, "the original is unchanged"
     with pytest.raises(ConfigError, match=r"(?s)task 7:.*interaction\.max_turnz: unknown key"):
         config.with_overrides({"interaction": {"max_turnz": 1}}, source="task 7")
+
+
+@pytest.mark.parametrize("base_key", ["settings", "config"])
+@pytest.mark.parametrize("row_key", ["settings", "config"])
+def test_a_renamed_key_is_one_key_whichever_spelling_each_side_uses(base_key, row_key):
+    """reward.config (now settings) and env.startup_timeout (now start_timeout): a row's
+    override merges into the config's key under either spelling; an old spelling warns."""
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", FutureWarning)
+        config = AgentConfig.from_dict({
+            "reward": {"name": "command", base_key: {"command": "a", "timeout": 5}},
+            "env": {"startup_timeout" if base_key == "config" else "start_timeout": 7},
+        })  # fmt: skip
+    env_key = "startup_timeout" if row_key == "config" else "start_timeout"
+    override = {"reward": {row_key: {"command": "b"}}, "env": {env_key: 9}}
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        merged = config.with_overrides(override, source="task 1")
+    assert merged.reward is not None
+    assert merged.reward.settings == {"command": "b", "timeout": 5}, "merged, not replaced"
+    assert merged.env.start_timeout == 9
+    said = sorted(str(w.message).partition(" ")[0] for w in caught)
+    assert said == (["env.startup_timeout", "reward.config"] if row_key == "config" else [])
+    assert override == {"reward": {row_key: {"command": "b"}}, "env": {env_key: 9}}
+
+
+def test_both_spellings_in_one_override_are_refused_naming_the_task():
+    config = AgentConfig.from_dict({"reward": {"name": "command", "settings": {"command": "a"}}})
+    both = {"reward": {"config": {"command": "b"}, "settings": {"command": "c"}}}
+    with pytest.raises(ConfigError, match=r"(?s)task 3:.*reward: give `settings` .*not both"):
+        config.with_overrides(both, source="task 3")
 
 
 def test_yaml_errors_are_clear(tmp_path):

@@ -65,7 +65,7 @@ def test_unknown_types_name_the_installed_ones_and_where_to_look(builtins_only: 
         get_registry().validate_deployment_config({"type": "modal", "image": "x"})
     message = str(info.value)
     assert "host, local, remote" in message
-    assert "First-party plugins" in message
+    assert "'modal' comes with uniagent-deploy-modal, which" in message
 
 
 @pytest.mark.parametrize(

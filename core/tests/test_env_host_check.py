@@ -6,18 +6,26 @@ uid 65534, which cannot enter a 0700 directory of root (what ``mktemp -d`` makes
 
 from __future__ import annotations
 
+import json
 import os
+import shutil
+import subprocess
 import tempfile
+import types
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from pydantic import BaseModel
 
-from uniagent import open_env
+from uniagent import ToolSpec, hookimpl, open_env
 from uniagent.config import AgentConfig
 from uniagent.env import EnvStartError
 from uniagent.env.host import BWRAP_WORKDIR
 from uniagent.errors import ConfigError
+from uniagent.plugins import load_plugins, reset_plugins
 from uniagent.resolver import resolve
+from uniagent.testing import Reply, ScriptedChatServer, cli, tool_call
 
 
 @pytest.fixture
@@ -132,3 +140,110 @@ def test_without_isolation_nothing_is_refused():
         {"env": {"deployment": {"type": "host", "isolation": "none"},
                  "post_setup": ["mkdir -p /tmp/x"], "workdir": "/tmp/w"}}
     ))  # fmt: skip
+
+
+# -- grade_in: fresh without isolation ------------------------------------------------------
+
+
+class NoArgs(BaseModel):
+    pass
+
+
+@pytest.fixture
+def done_tool() -> Iterator[None]:
+    reset_plugins()
+
+    @hookimpl
+    def uniagent_tools() -> list[ToolSpec]:
+        done = ToolSpec(
+            name="done", description="Finish.", arguments=NoArgs, render=lambda a: "true",
+            ends_episode=True,
+        )  # fmt: skip
+        return [done]
+
+    load_plugins().register(types.SimpleNamespace(uniagent_tools=uniagent_tools), "test-tools")
+    yield
+    reset_plugins()
+
+
+def run_fixed_workdir(
+    tmp_path: Path, deployment: dict | None = None, **reward: object
+) -> tuple[int, Path]:
+    """``uniagent run`` of one task whose set-up clones a repository into a fixed
+    work dir (``env.workdir`` of a host sandbox without isolation, or ``deployment``'s);
+    the agent calls ``done``."""
+    source = tmp_path / "source"
+    source.mkdir()
+    git = ["git", "-C", str(source), "-c", "user.name=t", "-c", "user.email=t@t"]
+    (source / "a.txt").write_text("1\n")
+    for args in (["init", "-q"], ["add", "a.txt"], ["commit", "-q", "-m", "base"]):
+        subprocess.run([*git, *args], check=True)
+    config = tmp_path / "agent.yaml"
+    env = {"deployment": {"type": "host", "isolation": "none"}, "workdir": str(tmp_path / "w")}
+    if deployment is not None:
+        env = {"deployment": {"type": "host", **deployment}}
+    config.write_text(json.dumps({
+        "tools": ["done"], "instance_template": "{q}",
+        "env": {**env, "post_setup": [f"git clone -q {source} ."]},
+        "reward": {"name": "command", "settings": {"command": "test -f a.txt"}, **reward},
+    }))  # fmt: skip
+    data = tmp_path / "tasks.jsonl"
+    data.write_text(json.dumps({"id": "t1", "q": "go"}) + "\n")
+    reply = Reply("Done.", tool_calls=[tool_call("done", {}, "c1")])
+    out = tmp_path / "out"
+    with ScriptedChatServer(default=lambda body: reply) as server:
+        status = cli([
+            "run", str(config), "--data", str(data), "--out", str(out),
+            "--model", f"openai:{server.base_url}#scripted", "--retry-delay", "0",
+        ])  # fmt: skip
+    return status, out
+
+
+def test_a_fixed_workdir_without_isolation_and_a_fresh_grading_sandbox_is_refused(
+    done_tool, tmp_path, capsys, monkeypatch
+):
+    """Without isolation ``env.workdir`` is one host directory: a fresh grading sandbox
+    would start in the episode's own (``git clone ... .``: "already exists"), so every
+    episode would be masked. ``uniagent run`` refuses it before any sandbox starts."""
+    monkeypatch.setenv("OPENAI_API_KEY", "test")
+    status, out = run_fixed_workdir(tmp_path, grade_in="fresh")
+    err = capsys.readouterr().err
+    assert status == 2, err
+    assert "env.workdir" in err and "reward.grade_in: fresh" in err, err
+    assert "grade_in: episode" in err and "sandbox_workdir" in err, err
+    assert not (tmp_path / "w").exists(), "no sandbox started"
+    assert not (out / "results.jsonl").exists()
+
+
+def test_a_fixed_workdir_without_isolation_grades_in_the_episode(
+    done_tool, tmp_path, capsys, monkeypatch
+):
+    monkeypatch.setenv("OPENAI_API_KEY", "test")
+    status, out = run_fixed_workdir(tmp_path, grade_in="episode")
+    assert status == 0, capsys.readouterr().err
+    (result,) = [json.loads(line) for line in (out / "results.jsonl").read_text().splitlines()]
+    assert result["exit_reason"] == "finished" and result["reward"] == 1.0, result
+
+
+@pytest.mark.skipif(shutil.which("bwrap") is None, reason="needs bubblewrap")
+def test_the_bwrap_fix_it_names_grades_in_a_fresh_sandbox(done_tool, tmp_path, monkeypatch):
+    monkeypatch.setenv("OPENAI_API_KEY", "test")
+    deployment = {
+        "isolation": "bwrap", "sandbox_workdir": "/testbed", "ro_binds": [str(tmp_path / "source")],
+    }  # fmt: skip
+    status, out = run_fixed_workdir(tmp_path, deployment, grade_in="fresh")
+    (result,) = [json.loads(line) for line in (out / "results.jsonl").read_text().splitlines()]
+    assert status == 0 and result["reward"] == 1.0, result
+    assert result["reward_info"]["integrity"]["grade_in"] == "fresh", result
+
+
+def test_a_fixed_workdir_where_auto_falls_back_to_no_isolation_is_refused_per_task_too():
+    fresh = {"name": "command", "grade_in": "fresh", "settings": {"command": "true"}}
+    no_bwrap = {"type": "host", "isolation": "auto", "bwrap": "no-such-bwrap"}
+    with pytest.raises(ConfigError, match=r"env\.workdir: /testbed .*isolation: auto, and bwrap"):
+        resolve(AgentConfig.from_dict({"env": {"deployment": no_bwrap, "workdir": "/testbed"},
+                                       "reward": fresh}))  # fmt: skip
+    base = resolve(AgentConfig.from_dict({"env": {"deployment": no_bwrap}, "reward": fresh}))
+    with pytest.raises(ConfigError, match=r"task t1:\n  env\.workdir: /testbed is one directory"):
+        base.for_task({"env": {"workdir": "/testbed"}}, source="task t1")
+    base.for_task({"env": {"workdir": "repo"}}, source="task t2")  # under each sandbox's own

@@ -190,6 +190,23 @@ def test_load_plugins_env_selects_distributions(site, monkeypatch):
     assert external(load(site)) == {"fake-tools-b": "loaded"}
 
 
+def test_load_plugins_env_naming_nothing_installed_says_so(site, monkeypatch, caplog):
+    make_dist(site, "fake-tools-a", "fake_a", TOOL_MODULE.format(name="tool_a"))
+    make_dist(site, "fake-tools-b", "fake_b", TOOL_MODULE.format(name="tool_b"))
+    monkeypatch.setenv("UNIAGENT_LOAD_PLUGINS", "fake-tools-b,fake-tool-a,nothing-here")
+    with caplog.at_level("WARNING", logger="uniagent.plugins"):
+        assert external(load(site)) == {"fake-tools-b": "loaded"}
+    (warning,) = [
+        r.getMessage() for r in caplog.records if "UNIAGENT_LOAD_PLUGINS" in r.getMessage()
+    ]
+    assert "fake-tool-a, nothing-here: not installed" in warning
+    assert "installed plugins: fake-tools-a, fake-tools-b" in warning
+    assert "did you mean fake-tools-a" in warning.lower()
+    monkeypatch.setenv("UNIAGENT_STRICT_PLUGINS", "1")
+    with pytest.raises(PluginLoadError, match="UNIAGENT_LOAD_PLUGINS names fake-tool-a"):
+        load(site)
+
+
 def test_empty_load_plugins_env_loads_no_external_plugin_but_keeps_builtins(site, monkeypatch):
     make_dist(site, "fake-tools-a", "fake_a", TOOL_MODULE.format(name="tool_a"))
     monkeypatch.setenv("UNIAGENT_LOAD_PLUGINS", "")

@@ -75,7 +75,7 @@ def test_external_override_wins_whatever_the_registration_order():
         assert Registry(manager).tools()["grep"].distribution == "uniagent-tools-better"
 
 
-def test_unknown_name_lists_installed_suggests_a_close_one_and_names_no_plugin():
+def test_unknown_name_lists_installed_and_suggests_a_close_one():
     manager = PluginManager()
     manager.register(tools_plugin("grep", "ls"), "uniagent-tools-one")
     with pytest.raises(UnknownPluginNameError) as err:
@@ -83,8 +83,62 @@ def test_unknown_name_lists_installed_suggests_a_close_one_and_names_no_plugin()
     message = str(err.value)
     assert "grep, ls" in message
     assert "Did you mean 'grep'?" in message
-    # The core names no plugin: where to find one is the docs' job.
     assert "uniagent-tools" not in message and "First-party plugins" in message
+
+
+@pytest.mark.parametrize(
+    ("kind", "name", "distribution"),
+    [
+        ("rewards", "swe_bench", "uniagent-reward-swebench"),
+        ("deployments", "modal", "uniagent-deploy-modal"),
+        ("tools", "str_replace_editor", "uniagent-tools-swe"),
+        ("tools", "search", "uniagent-tools-search"),
+        ("agents", "claude-code", "uniagent-agents-cli"),
+    ],
+)
+def test_a_name_one_of_our_plugins_provides_names_the_distribution_to_install(
+    tmp_path, kind, name, distribution
+):
+    manager = PluginManager(search_path=[str(tmp_path)])  # nothing installed there
+    manager.load(entry_points=False)
+    with pytest.raises(UnknownPluginNameError) as err:
+        Registry(manager).get(kind)[name]
+    message = str(err.value)
+    assert f"{name!r} comes with {distribution}, which is not installed: " in message
+    assert message.endswith(f"pip install {distribution}")
+    assert "Did you mean" not in message, "no other backend/tool for ours"
+
+
+def test_a_deployment_type_of_ours_names_its_distribution_too(tmp_path):
+    manager = PluginManager(search_path=[str(tmp_path)])
+    manager.load(entry_points=False)
+    with pytest.raises(ConfigError) as err:
+        Registry(manager).validate_deployment_config({"type": "modal"})
+    assert "pip install uniagent-deploy-modal" in str(err.value)
+    assert "did you mean 'local'" not in str(err.value).lower()
+
+
+def test_a_provider_that_is_installed_but_not_loaded_says_why(tmp_path, monkeypatch):
+    info = tmp_path / "uniagent_deploy_modal-9.0.dist-info"
+    info.mkdir()
+    (info / "METADATA").write_text(
+        "Metadata-Version: 2.1\nName: uniagent-deploy-modal\nVersion: 9.0\n"
+    )
+    (info / "entry_points.txt").write_text("[uniagent]\nuniagent-deploy-modal = nowhere_xyz\n")
+    for env, why in [
+        ({"UNIAGENT_LOAD_PLUGINS": "x"}, "is installed but not loaded: UNIAGENT_LOAD_PLUGINS"),
+        ({"UNIAGENT_DISABLE_PLUGINS": "uniagent-deploy-modal"}, "is installed but blocked by"),
+        ({}, "failed to load (ModuleNotFoundError: No module named 'nowhere_xyz')"),
+    ]:
+        for var in ("UNIAGENT_LOAD_PLUGINS", "UNIAGENT_DISABLE_PLUGINS"):
+            monkeypatch.delenv(var, raising=False)
+        for var, value in env.items():
+            monkeypatch.setenv(var, value)
+        manager = PluginManager(search_path=[str(tmp_path)]).load()
+        with pytest.raises(UnknownPluginNameError) as err:
+            Registry(manager).deployments()["modal"]
+        assert f"'modal' comes with uniagent-deploy-modal, which {why}" in str(err.value)
+        assert "pip install" not in str(err.value)
 
 
 def test_unknown_name_without_known_provider_points_at_plugins_command():
@@ -148,15 +202,17 @@ def test_single_backend_union_still_checks_the_type():
         adapter.validate_python({"type": "beta", "image": "x"})
 
 
-def test_missing_modal_plugin_error_names_installed_types_and_where_to_look():
+def test_an_unknown_deployment_type_names_installed_types_and_where_to_look():
     manager = PluginManager()
     manager.register(deployments_plugin(AlphaConfig, BetaConfig), "uniagent-deploy-ab")
     registry = Registry(manager)
     with pytest.raises(ConfigError) as err:
-        registry.validate_deployment_config({"type": "modal"})
+        registry.validate_deployment_config({"type": "gke"})
     assert "alpha, beta" in str(err.value)
     assert "First-party plugins" in str(err.value)
     with pytest.raises(ValidationError, match="First-party plugins"):
+        registry.deployment_config_adapter().validate_python({"type": "gke"})
+    with pytest.raises(ValidationError, match="'modal' comes with uniagent-deploy-modal, which"):
         registry.deployment_config_adapter().validate_python({"type": "modal"})
 
 

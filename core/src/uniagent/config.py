@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import copy
 import difflib
-import warnings
 from collections.abc import ItemsView, KeysView, Mapping
 from pathlib import Path
 from typing import Any, Literal
@@ -32,7 +31,7 @@ from pydantic import (
 )
 from pydantic_core import InitErrorDetails, PydanticCustomError
 
-from uniagent.env.config import EnvConfig
+from uniagent.env.config import RENAMED_KEYS, EnvConfig, section_renamed
 from uniagent.errors import ConfigError
 from uniagent.exit import DEFAULT_EXIT_POLICY, ExitReason, Treatment
 from uniagent.mcp.config import McpServerConfig
@@ -178,18 +177,7 @@ class RewardConfig(_Strict):
     @classmethod
     def _deprecated_config_key(cls, data: Any) -> Any:
         # ``reward.config`` was the settings' name until 0.2; taken, with a warning, until 0.4.
-        if isinstance(data, Mapping) and "config" in data:
-            data = dict(data)
-            if "settings" in data:
-                raise ValueError("give `settings` (`config` is its deprecated name), not both")
-            warnings.warn(
-                "reward.config is deprecated since uniagent 0.3 and goes in 0.4: "
-                "rename it to reward.settings",
-                FutureWarning,
-                stacklevel=2,
-            )
-            data["settings"] = data.pop("config")
-        return data
+        return section_renamed(data, "reward")
 
     @model_validator(mode="after")
     def _one_reward_or_rubric(self) -> RewardConfig:
@@ -410,10 +398,21 @@ class AgentConfig(_Strict):
     def with_overrides(
         self, overrides: Mapping[str, Any] | None, *, source: str = "overrides"
     ) -> AgentConfig:
-        """A copy with ``overrides`` deep-merged in (e.g. a task's ``tools_kwargs``)."""
+        """A copy with ``overrides`` deep-merged in (e.g. a task's ``tools_kwargs``).
+
+        A renamed key (``reward.config``, now ``settings``) is one key with its new name,
+        whichever spelling the config and the override use: the override's is renamed
+        before the merge (with the deprecation warning), as the config's was when it loaded.
+        """
         if not overrides:
             return self
-        merged = deep_merge(self.model_dump(mode="python", exclude_unset=False), overrides)
+        renamed = dict(overrides)
+        for section in RENAMED_KEYS.keys() & renamed.keys():
+            try:
+                renamed[section] = section_renamed(renamed[section], section)
+            except ValueError as exc:
+                raise ConfigError(f"invalid {source}:\n  {section}: {exc}") from None
+        merged = deep_merge(self.model_dump(mode="python", exclude_unset=False), renamed)
         return type(self).from_dict(merged, source=source)
 
 

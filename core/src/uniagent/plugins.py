@@ -4,7 +4,8 @@ Built-in plugins ship inside the core and register through the same hooks as
 external ones. Environment variables:
 
 - ``UNIAGENT_LOAD_PLUGINS``: comma list of distributions to load; set but empty
-  loads no external plugin.
+  loads no external plugin. A name no installed distribution has is a warning naming
+  the installed ones (fatal under ``UNIAGENT_STRICT_PLUGINS=1``).
 - ``UNIAGENT_DISABLE_PLUGINS``: comma list of distributions to block.
 - ``UNIAGENT_STRICT_PLUGINS=1``: a plugin that fails to load is fatal.
 """
@@ -101,6 +102,8 @@ class PluginManager:
         self.hook_manager.add_hookspecs(hookspecs)
         self.plugins: dict[str, PluginInfo] = {}
         self._loaded = False
+        #: Whether :meth:`load` looked at the entry points (a manager built by hand does not).
+        self._entry_points_loaded = False
         self._lock = threading.RLock()
 
     # -- registration -------------------------------------------------------
@@ -200,9 +203,12 @@ class PluginManager:
     def _load_entry_points(self) -> None:
         selected = _env_list("UNIAGENT_LOAD_PLUGINS")
         disabled = set(_env_list("UNIAGENT_DISABLE_PLUGINS") or [])
+        self._entry_points_loaded = True
         seen: set[tuple[str, str]] = set()
+        names: dict[str, str] = {}  # every installed plugin's distribution, by its normal name
         for ep, dist_name, version in _iter_entry_points(self.search_path):
             norm = normalize_name(dist_name)
+            names.setdefault(norm, dist_name)
             if (norm, ep.value) in seen:  # the same entry point seen twice (editable installs)
                 continue
             seen.add((norm, ep.value))
@@ -226,6 +232,60 @@ class PluginManager:
                     dist_name,
                 )
             self._register_entry_point(ep, dist_name, version)
+        unmatched = [name for name in selected or () if name not in names]
+        if unmatched:
+            self._unmatched_selection(unmatched, sorted(names.values(), key=normalize_name))
+
+    @staticmethod
+    def _unmatched_selection(unmatched: list[str], installed: list[str]) -> None:
+        """``UNIAGENT_LOAD_PLUGINS`` names distributions that are not installed plugins: a
+        warning naming them and the installed ones (fatal when strict), not silence."""
+        message = (
+            f"UNIAGENT_LOAD_PLUGINS names {', '.join(unmatched)}: not installed (no "
+            f"`{ENTRY_POINT_GROUP}` entry point); installed plugins: "
+            f"{', '.join(installed) or 'none'}"
+        )
+        close = [
+            match
+            for name in unmatched
+            for match in difflib.get_close_matches(name, [normalize_name(i) for i in installed], 1)
+        ]
+        if close:
+            message += f"; did you mean {', '.join(dict.fromkeys(close))}?"
+        if _strict():
+            raise PluginLoadError(message)
+        log.warning("%s", message)
+
+    def installed_version(self, distribution: str) -> str | None:
+        """The version of ``distribution`` installed where this manager looks, or None."""
+        norm = normalize_name(distribution)
+        path = self.search_path
+        for dist in metadata.distributions(path=path) if path else metadata.distributions():
+            if normalize_name(dist.metadata["Name"] or "") == norm:
+                return dist.version
+        return None
+
+    def absence(self, distribution: str) -> str:
+        """Why ``distribution``'s records are not here, as a clause: not installed (and the
+        command that installs it), failed, blocked, or not selected."""
+        norm = normalize_name(distribution)
+        info = next(
+            (i for i in self.plugins.values() if normalize_name(i.distribution) == norm), None
+        )
+        if info is not None and info.status == "failed":
+            return f"which failed to load ({info.error}); `uniagent plugins` shows it"
+        if info is not None and info.status == "blocked":
+            return "which is installed but blocked by UNIAGENT_DISABLE_PLUGINS"
+        if info is not None:
+            return (
+                f"which is loaded (version {info.version}) but does not provide it: "
+                f"pip install -U {distribution}"
+            )
+        if self.installed_version(distribution) is None:
+            return f"which is not installed: pip install {distribution}"
+        if self._entry_points_loaded:
+            return "which is installed but not loaded: UNIAGENT_LOAD_PLUGINS does not name it"
+        return "which is installed but not registered with this plugin manager"
 
     def _register_entry_point(
         self, ep: metadata.EntryPoint, dist_name: str, version: str | None

@@ -43,19 +43,47 @@ class PluginOverrideWarning(UserWarning):
     """An external plugin replaced a built-in record of the same name."""
 
 
+#: What our plugin distributions (``plugins/*`` in uniagent's repository) provide, by kind:
+#: a config naming one of these without it gets the distribution to install. The core never
+#: imports them; ``tests/test_first_party_plugins.py`` checks this table against their
+#: registrations (and docs/plugins.md's table against this one).
+FIRST_PARTY_PLUGINS: dict[str, dict[Kind, tuple[str, ...]]] = {
+    "uniagent-agents-cli": {"agents": ("claude-code", "codex", "mini-swe-agent", "openhands")},
+    "uniagent-deploy-modal": {"deployments": ("modal",)},
+    "uniagent-reward-swebench": {"rewards": ("r2e_gym", "swe_bench", "swe_rebench")},
+    "uniagent-tools-search": {
+        "tools": ("fetch_document", "search", "search_arxiv"),
+        "rewards": ("search_qa",),
+        "services": ("search",),
+    },
+    "uniagent-tools-swe": {"tools": ("execute_bash", "finish", "str_replace_editor", "submit")},
+}
+
+
+def first_party_provider(kind: Kind, name: str) -> str | None:
+    """The distribution of ours (:data:`FIRST_PARTY_PLUGINS`) that provides ``name``."""
+    return next(
+        (dist for dist, kinds in FIRST_PARTY_PLUGINS.items() if name in kinds.get(kind, ())),
+        None,
+    )
+
+
 class Records(Mapping[str, R], Generic[R]):
     """A read-only name → record mapping whose misses explain what is installed."""
 
-    def __init__(self, kind: Kind, records: dict[str, R]) -> None:
+    def __init__(
+        self, kind: Kind, records: dict[str, R], manager: PluginManager | None = None
+    ) -> None:
         self.kind = kind
         self._records: dict[str, R] = records
+        self._manager = manager
 
     def __getitem__(self, name: str) -> R:
         try:
             return self._records[name]
         except KeyError:
             raise UnknownPluginNameError(
-                unknown_name_message(self.kind, name, self._records)
+                unknown_name_message(self.kind, name, self._records, self._manager)
             ) from None
 
     def __contains__(self, name: object) -> bool:
@@ -71,11 +99,19 @@ class Records(Mapping[str, R], Generic[R]):
         return f"Records({self.kind!r}, {sorted(self._records)!r})"
 
 
-def unknown_name_message(kind: Kind, name: str, installed: Mapping[str, Any]) -> str:
-    """Explain an unknown name: a close installed one, what is installed, where to look."""
+def unknown_name_message(
+    kind: Kind, name: str, installed: Mapping[str, Any], manager: PluginManager | None = None
+) -> str:
+    """Explain an unknown name: what is installed, then the distribution of ours that
+    provides it and why it is not here (``manager``: where it looked; default: this
+    process's ``sys.path``), or a close installed name and where to look."""
     what = _SINGULAR[kind]
     listing = ", ".join(sorted(installed)) or "none"
     message = f"unknown {what} {name!r}; installed {kind.replace('_', ' ')}: {listing}."
+    provider = first_party_provider(kind, name)
+    if provider is not None:
+        why = (manager or PluginManager()).absence(provider)
+        return f"{message} {name!r} comes with {provider}, {why}"
     close = difflib.get_close_matches(name, list(installed), n=1)
     if close:
         message += f" Did you mean {close[0]!r}?"
@@ -97,7 +133,7 @@ class Registry:
         """All records of one kind; conflicts raise, built-in overrides warn."""
         with self._lock:
             if kind not in self._cache:
-                self._cache[kind] = Records(kind, self._collect(kind))
+                self._cache[kind] = Records(kind, self._collect(kind), self.manager)
             return self._cache[kind]
 
     def _collect(self, kind: Kind) -> dict[str, Any]:
@@ -189,7 +225,9 @@ class Registry:
                         + ", ".join(sorted(installed))
                     )
                 if kind not in installed:
-                    raise ValueError(unknown_name_message("deployments", str(kind), installed))
+                    raise ValueError(
+                        unknown_name_message("deployments", str(kind), installed, self.manager)
+                    )
             return data
 
         return TypeAdapter(Annotated[union, BeforeValidator(known_type)])

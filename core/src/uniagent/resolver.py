@@ -192,6 +192,8 @@ def _resolve(
     reward = None
     if config.reward is not None:
         reward = _reward(registry, config.reward, source)
+        if reward.grade_in == "fresh":
+            _fresh_sandbox_apart(config, deployment_config, source)
     services = tuple(
         (
             spec := _lookup(registry.services(), name, f"services.{name}", source),
@@ -265,6 +267,34 @@ def _reward(registry: Registry, config: RewardConfig, source: str) -> ResolvedRe
     spec = rubric_spec(rubric)
     grade_in = config.grade_in or spec.integrity.grade_in
     return ResolvedReward(spec, rubric, grade_in, config.integrity)
+
+
+def _fresh_sandbox_apart(config: AgentConfig, deployment: BaseModel, source: str) -> None:
+    """``grade_in: fresh`` starts a second sandbox of the episode's config: refused where
+    that one would work in the episode's own directory (a host sandbox without isolation
+    and a fixed ``env.workdir``): its set-up would meet the episode's files, every episode
+    an ``env_error``. A directory of its own would not do: the tests and set-up commands of
+    a task that fixes its work dir may name that path."""
+    from uniagent.env.host import HostDeploymentConfig
+    from uniagent.env.host_check import shared_workdir
+
+    if not isinstance(deployment, HostDeploymentConfig):
+        return
+    workdir = shared_workdir(deployment, config.env)
+    if workdir is None:
+        return
+    defaulted = config.reward is not None and config.reward.grade_in is None
+    default = " (the reward's default)" if defaulted else ""
+    isolation = "none" if deployment.isolation == "none" else "auto, and bwrap does not work here"
+    raise ConfigError(
+        f"invalid {source}:\n  env.workdir: {workdir} is one directory of this machine for "
+        f"every sandbox (isolation: {isolation}), and reward.grade_in: fresh"
+        f"{default} grades in a second sandbox that would start there, in the episode's own "
+        "directory, so every episode would fail; set reward.grade_in: episode, or drop "
+        "env.workdir (each sandbox then works in a directory of its own), "
+        f"or use isolation: bwrap with sandbox_workdir: {workdir} in place of env.workdir "
+        "(each sandbox then sees its own directory at that path)"
+    )
 
 
 def _component(registry: Registry, name: str, path: str, source: str) -> RewardSpec[Any]:

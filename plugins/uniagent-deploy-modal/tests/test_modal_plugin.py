@@ -38,7 +38,8 @@ def test_config_validates_when_the_plugin_is_installed() -> None:
 def test_config_is_unknown_without_the_plugin(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("UNIAGENT_DISABLE_PLUGINS", DIST)
     reset_plugins()
-    with pytest.raises(ConfigError, match=r"unknown deployment 'modal'.*First-party plugins"):
+    blocked = r"unknown deployment 'modal'.*uniagent-deploy-modal, which is installed but blocked"
+    with pytest.raises(ConfigError, match=blocked):
         get_registry().validate_deployment_config({"type": "modal", "image": "python:3.12-slim"})
 
 

@@ -57,6 +57,22 @@ def renamed_keys(
     return data
 
 
+#: The agent config's sections' renamed keys (section -> old name -> new name), taken with a
+#: warning until 0.4; a backend's renamed deployment keys are its config model's.
+RENAMED_KEYS: dict[str, dict[str, str]] = {
+    "env": {"startup_timeout": "start_timeout"},
+    "reward": {"config": "settings"},
+}
+
+
+def section_renamed(data: Any, section: str) -> Any:
+    """``data`` (the raw mapping of the agent config's ``section``, or a task's override of
+    it) with its renamed keys under their new names (:func:`renamed_keys`). The one place
+    that warns of them: Python's default filter says each once a process, however many
+    tasks' overrides use one too."""
+    return renamed_keys(data, RENAMED_KEYS[section], section)
+
+
 class EnvConfig(BaseModel):
     """The agent config's ``env`` section: the sandbox backend and the session's settings.
 
@@ -70,7 +86,7 @@ class EnvConfig(BaseModel):
     @model_validator(mode="before")
     @classmethod
     def _renamed(cls, data: Any) -> Any:
-        return renamed_keys(data, {"startup_timeout": "start_timeout"}, "env")
+        return section_renamed(data, "env")
 
     deployment: dict[str, Any] = Field(
         default_factory=lambda: {"type": "host"},

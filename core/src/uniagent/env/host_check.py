@@ -112,6 +112,18 @@ def check_host_config(config: HostDeploymentConfig, env: Any) -> list[str]:
     return problems
 
 
+def shared_workdir(config: HostDeploymentConfig, env: Any) -> str | None:
+    """The one host directory every sandbox of ``config`` works in: ``env.workdir`` when it
+    is an absolute path and the sandbox is the host (``isolation: none``, or ``auto`` where
+    bubblewrap does not work). ``None`` when each sandbox works in a directory of its own."""
+    workdir = getattr(env, "workdir", None)
+    if not workdir or not posixpath.isabs(workdir) or config.isolation == "bwrap":
+        return None
+    if config.isolation == "auto" and bwrap_problem(config.bwrap, sandbox_uid(config)) is None:
+        return None  # bwrap: the path is inside each sandbox's own mount table
+    return str(workdir)
+
+
 # -- bind sources -------------------------------------------------------------------------
 def _bwrap_sources(args: Sequence[str]) -> Iterator[tuple[int, str]]:
     """(index, host path) of each source bwrap opens in ``args``."""
