@@ -98,6 +98,43 @@ def test_the_token_view_shows_whose_tokens_and_their_log_probs(viewer, page, scr
     expect(page.locator("#prompt-tokens .tok.k-prompt").first).to_contain_text("<|im_start|>")
 
 
+TOKENS_API = "**/episode/tokens?*"
+
+
+def test_the_token_view_says_it_is_loading_until_its_tokens_arrive(viewer, page):
+    # The first request loads the tokenizer on the server (seconds): the browser holds
+    # every tokens request here until the test has seen the loading sign.
+    held, released = [], []
+
+    def hold(route):
+        if released:
+            route.continue_()
+        else:
+            held.append(route)
+
+    page.route(TOKENS_API, hold)
+    page.goto(episode_url(viewer, 1, "episodes/mean-empty/0", "tokens"))
+    loading = page.locator("#tokens-loading")
+    expect(loading).to_be_visible()
+    expect(loading).to_contain_text("Loading the tokens")
+    assert page.locator("#token-view").count() == 0
+
+    released.append(True)
+    while held:
+        held.pop().continue_()
+    expect(page.locator("#token-stream .tok.k-model").first).to_be_visible()
+    expect(loading).to_have_count(0)
+
+
+def test_opening_an_episode_starts_loading_its_tokens_in_the_background(viewer, page):
+    # So the tokenizer is loaded by the time the Tokens tab is clicked.
+    with page.expect_request(TOKENS_API) as request:
+        page.goto(episode_url(viewer, 1, "episodes/mean-empty/0"))
+    assert "limit=1" in request.value.url
+    expect(page.locator("#conversation .msg-assistant").first).to_be_visible()
+    assert page.locator("#tab-tokens").get_attribute("aria-selected") == "false"
+
+
 def test_swe_test_statuses_are_listed_as_passing_and_failing(
     viewer_of, messages_run, tmp_path, page, screenshot
 ):
@@ -125,6 +162,41 @@ def test_swe_test_statuses_are_listed_as_passing_and_failing(
     expect(tests).to_contain_text("PASS_TO_PASS 1/2 passing")
     expect(page.locator("#reward-info tr.warn")).to_contain_text("status_mismatches")
     screenshot("tests-status", docs=False)
+
+
+def test_the_result_tab_shows_missing_values_as_dashes_never_as_null(
+    viewer_of, messages_run, tmp_path, page
+):
+    run = tmp_path / "run"
+    shutil.copytree(messages_run, run)
+    result = run / "episodes" / "mean-empty" / "0" / "result.json"
+    record = json.loads(result.read_text())
+    record.update(
+        reward=None, exit_reason=None, submission=None, error=None, metrics=None,
+        reward_info=None, integrity={"history_scrub": {"removed": 2, "head": None}},
+        turn_scores={"0": None, "1": 0.5},
+    )  # fmt: skip
+    result.write_text(json.dumps(record))
+    # A folder the run started but never finished: no result at all (an interrupted row;
+    # without the manifest, the episode folders are the plan).
+    (run / "manifest.json").unlink()
+    (run / "episodes" / "extra-task" / "0").mkdir(parents=True)
+    viewer = viewer_of(str(run))
+
+    page.goto(episode_url(viewer, 0, "episodes/mean-empty/0", "result"))
+    body = page.locator("#tab-body")
+    expect(page.locator("#reward-info")).to_contain_text("no other details")
+    expect(body).to_contain_text("turn 1: –, turn 2: 0.5")
+    expect(page.locator("#integrity")).to_contain_text('{"removed":2}')
+    assert "null" not in body.inner_text()
+
+    page.goto(episode_url(viewer, 0, "episodes/mean-empty/1", "result"))  # a full result
+    expect(page.locator("#reward-info")).to_contain_text("Ran 2 tests")
+    assert "null" not in body.inner_text()
+
+    page.goto(episode_url(viewer, 0, "episodes/extra-task/0", "result"))
+    expect(page.locator("#episode-head .badge-status-interrupted")).to_be_visible()
+    expect(body).to_have_text("No result: the run stopped before this episode finished.")
 
 
 def test_a_tampering_report_names_the_protected_file_the_agent_changed(viewer, page, screenshot):

@@ -4,7 +4,7 @@ import {
   statusBadge, tamperBadge, textBlock,
 } from "./dom.js";
 import { replaceParams } from "./router.js";
-import { renderTokens } from "./tokens.js";
+import { renderTokens, warmTokens } from "./tokens.js";
 
 const TABS = [
   ["conversation", "Conversation"],
@@ -83,6 +83,7 @@ export async function renderEpisode(main, runId, params) {
 
   drawHead();
   drawTabs();
+  if (tab !== "tokens") warmTokens(runId, key);
   await show();
   document.title = `${data.row.task_id} #${data.row.sample ?? ""} · ${data.run.name} · uniagent view`;
   return {
@@ -196,11 +197,13 @@ function editDiff(oldStr, newStr) {
 function result(body, data) {
   const rec = data.record;
   if (!rec) {
-    body.append(h("p", { class: "card muted" }, "No result yet: the episode has not finished."));
+    body.append(h("p", { class: "card muted" }, NO_RESULT[data.row.status] || NO_RESULT.finished));
     return null;
   }
   const submission = rec.submission;
-  body.append(
+  // add, not body.append: the sections a record lacks (rubric, tools) are null, which
+  // Element.append would show as the text "null".
+  add(body,
     h("section", { class: "card" }, h("h3", {}, "Outcome"),
       h("div", { class: "facts" },
         fact("reward", rewardCell(rec.reward)),
@@ -220,6 +223,15 @@ function result(body, data) {
   return null;
 }
 
+// Why an episode has no result, by its status.
+const NO_RESULT = {
+  queued: "No result yet: the episode has not started.",
+  running: "No result yet: the episode has not finished.",
+  interrupted: "No result: the run stopped before this episode finished.",
+  failed: "No result: the episode failed before it saved one (its error is above, its log in the Log tab).",
+  finished: "No result: this episode saved none (no result.json, no line in the results file).",
+};
+
 // The tools the model saw: name, where it came from (a plugin, or an MCP server), parameters.
 function toolList(tools) {
   if (!Array.isArray(tools) || !tools.length) return null;
@@ -238,7 +250,7 @@ function toolList(tools) {
 function turnScores(scores) {
   if (!scores || typeof scores !== "object" || !Object.keys(scores).length) return null;
   const text = Object.entries(scores).sort((a, b) => Number(a[0]) - Number(b[0]))
-    .map(([turn, score]) => `turn ${Number(turn) + 1}: ${score}`).join(", ");
+    .map(([turn, score]) => `turn ${Number(turn) + 1}: ${score ?? "–"}`).join(", ");
   return fact("turn scores", text);
 }
 
@@ -278,7 +290,7 @@ function integrity(report) {
     report.toolchain_files !== undefined ? fact("toolchain files", num(report.toolchain_files)) : null,
     report.base_commit ? fact("base commit", String(report.base_commit).slice(0, 12), "mono") : null,
     Array.isArray(report.patch_files) ? fact("files in the patch", report.patch_files.length ? report.patch_files.join(", ") : "none", "mono") : null,
-    fact("history scrub", report.history_scrub ? JSON.stringify(report.history_scrub) : "–")));
+    fact("history scrub", report.history_scrub ? JSON.stringify(withoutNulls(report.history_scrub)) : "–")));
   if (tampered === null) {
     parts.push(h("p", { class: "muted small" }, "Baseline only: the episode was not graded."));
   } else if (!tampered.length) {
@@ -292,6 +304,12 @@ function integrity(report) {
         h("td", { class: "small" }, t.scores === false ? `noted, not scored${t.detail ? ": " + t.detail : ""}` : String(t.detail || "")))))));
   }
   return h("div", {}, parts);
+}
+
+// An object's fields that hold a value (null ones say nothing).
+function withoutNulls(value) {
+  if (!value || typeof value !== "object" || Array.isArray(value)) return value;
+  return Object.fromEntries(Object.entries(value).filter(([, v]) => v !== null && v !== undefined));
 }
 
 // Shown elsewhere on the tab: the test lists above, the integrity report, the forced score.

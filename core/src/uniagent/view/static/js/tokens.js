@@ -1,6 +1,6 @@
 // The token view: every token of the rollout, coloured by whose it is (prompt, model,
 // environment) or by the model's log-prob, with model-call boundaries and the exactness report.
-import { add, api, badge, clear, h, num } from "./dom.js";
+import { api, badge, clear, h, num } from "./dom.js";
 
 const KIND = ["prompt", "model", "env"];
 const KIND_LABEL = { prompt: "prompt", model: "model (mask 1)", env: "environment (mask 0)" };
@@ -10,9 +10,15 @@ export async function renderTokens(body, runId, key, branch = null) {
   const url = `/api/runs/${runId}/episode/tokens`;
   // A harness episode's tree: one branch at a time (null: the main one, as saved).
   const on = branch === null ? {} : { branch };
+  // The server's first tokens request loads the tokenizer (seconds, tens on a busy machine).
+  const loading = h("section", { class: "card", id: "tokens-loading", role: "status" },
+    h("p", { class: "muted" }, h("span", { class: "spinner", "aria-hidden": "true" }),
+      "Loading the tokens… the first time, the viewer loads the tokenizer, which can take a while."));
+  body.append(loading);
   const first = await api(url, { key, ...on, offset: 0, limit: 1 });
+  if (!loading.isConnected) return null; // another tab was opened meanwhile
   if (!first.available) {
-    body.append(h("section", { class: "card", id: "tokens" }, h("p", { class: "muted" }, first.reason)));
+    loading.replaceWith(h("section", { class: "card", id: "tokens" }, h("p", { class: "muted" }, first.reason)));
     return null;
   }
   const view = h("div", { class: "token-view colour-mask", id: "token-view" });
@@ -50,7 +56,7 @@ export async function renderTokens(body, runId, key, branch = null) {
     stats(first),
     first.tokenizer_note ? h("p", { class: "note" }, first.tokenizer_note) : null,
     report, controls, scale, view);
-  add(body, section);
+  loading.replaceWith(section);
 
   function toggle(value, label, on) {
     return h("button", {
@@ -95,6 +101,12 @@ export async function renderTokens(body, runId, key, branch = null) {
   hover(view);
   loadExactness(report, runId, key, first);
   return null;
+}
+
+// Asks for an episode's first token in the background, so that its tokenizer is loaded on
+// the server by the time the Tokens tab is opened.
+export function warmTokens(runId, key) {
+  api(`/api/runs/${runId}/episode/tokens`, { key, offset: 0, limit: 1 }).catch(() => {});
 }
 
 function token(page, i, special) {
