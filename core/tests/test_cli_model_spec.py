@@ -102,6 +102,41 @@ def test_a_home_relative_hf_path_is_the_same_for_the_check_and_the_loader(tmp_pa
         check_spec("hf:~/missing", None)
 
 
+@pytest.mark.parametrize("options", ["guided=tool_call", "guided=tool_call&thought=200"])
+def test_a_harness_agent_with_a_guided_hf_model_exits_2_before_any_model_loads(
+    tiny, tmp_path, capsys, options
+):
+    # Before: accepted, then every attempt ran ~5 minutes and ended model_error ("no guided
+    # turn was opened"): the gateway serves a harness's requests, never a guided turn.
+    from uniagent.testing import cli
+
+    (tmp_path / "agent.yaml").write_text(
+        "agent: {name: tiny}\nenv: {deployment: {type: host, network: true}}\n"
+    )
+    tasks = tmp_path / "tasks.jsonl"
+    tasks.write_text('{"instance_id": "t1", "problem_statement": "x"}\n')
+    model_dir = tmp_path / "model"
+    model_dir.mkdir()  # empty: loading a tokenizer or a model from it would fail otherwise
+    status = cli([
+        "run", str(tmp_path / "agent.yaml"), "--data", str(tasks),
+        "--model", f"hf:{model_dir}?{options}", "--out", str(tmp_path / "out"),
+    ])  # fmt: skip
+    err = capsys.readouterr().err
+    assert status == 2, err
+    lines = err.strip().splitlines()
+    assert len(lines) == 1, err
+    assert lines[0].startswith(f"uniagent: error: model spec 'hf:{model_dir}?{options}': "), err
+    assert "agent 'tiny' is a harness" in lines[0] and "drop ?guided=" in lines[0], err
+    assert not (tmp_path / "out").exists()  # no run folder, no model, no episode
+    # The same model without guided decoding passes this check (and fails later, on loading
+    # the empty folder: the check above came first).
+    status = cli([
+        "run", str(tmp_path / "agent.yaml"), "--data", str(tasks),
+        "--model", f"hf:{model_dir}", "--out", str(tmp_path / "out"),
+    ])  # fmt: skip
+    assert "is a harness" not in capsys.readouterr().err
+
+
 # -- hub ids: known names, the local cache, then the Hub (a local stand-in on 127.0.0.1) ------
 class Hub:
     """The Hub's model-info API (``GET /api/models/ORG/NAME``) for the models it holds."""
@@ -186,6 +221,8 @@ def test_a_hub_id_that_cannot_load_is_one_line(tmp_path, hub, where, offline, me
     assert message in lines[0]
     if where == "closed":
         assert "cannot be reached" in lines[0]
+        # Before: the hint was printed as `hf download {repo_id}`, the name left out.
+        assert "(`hf download someorg/no-such-model`)" in lines[0], lines[0]
     assert not (tmp_path / "out").exists()
 
 

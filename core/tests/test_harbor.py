@@ -634,6 +634,29 @@ def test_data_prepare_reads_harbor_folders(tools, tmp_path, state) -> None:
     assert "--symlink" in rows[0]["extra_info"]["tools_kwargs"]
 
 
+def mixed_folder(tmp_path: Path) -> Path:
+    """A task set of one sound task and one that cannot run (task-declared MCP servers)."""
+    data = tmp_path / "mixed"
+    shutil.copytree(GOOD / "hello-file", data / "hello-file")
+    shutil.copytree(DATA / "unsupported" / "mcp-server", data / "mcp-server")
+    return data
+
+
+def test_data_prepare_names_the_task_folders_it_skips_and_exits_2(
+    tools, tmp_path, state, capsys
+) -> None:
+    """As ``uniagent run`` and ``uniagent verify`` do over the same folder: the sound tasks
+    are written, the broken ones named, and the status says the set is not whole."""
+    pq = pytest.importorskip("pyarrow.parquet")
+    out = tmp_path / "train.parquet"
+    config = write_config(tmp_path, state)
+    data = mixed_folder(tmp_path)
+    assert cli(["data", "prepare", str(data), "--out", str(out), "--config", str(config)]) == 2
+    err = capsys.readouterr().err
+    assert "mcp-server: environment.mcp_servers" in err and "hello-file" not in err
+    assert [r["extra_info"]["task_id"] for r in pq.read_table(out).to_pylist()] == ["hello-file"]
+
+
 # -- uniagent verify ------------------------------------------------------------------------
 
 
@@ -676,6 +699,72 @@ def test_verify_finds_broken_and_flaky_tasks_and_run_excludes_them(tools, tmp_pa
     _, results = run(tmp_path / "run", state, DATA / "broken", "echo hello > hello.txt",
                      "--exclude", str(exclude))  # fmt: skip
     assert [(r["task_id"], r["reward"]) for r in results] == [("sound", 1.0)]
+
+
+def test_verify_counts_the_task_folders_it_skipped_in_its_summary(
+    tools, tmp_path, state, capsys
+) -> None:
+    status, found = verify(tmp_path, state, mixed_folder(tmp_path))
+    out = capsys.readouterr().out
+    assert status == 2 and set(found) == {"hello-file"}
+    assert "2 tasks: 1 ok, 1 skipped" in out
+    assert "skipped: mcp-server: environment.mcp_servers" in out
+    summary = json.loads((tmp_path / "verify" / "summary.json").read_text())
+    assert summary["statuses"] == {"ok": 1, "skipped": 1}
+    assert "mcp-server" in summary["skipped_rows"][0]["reason"]
+
+
+EXCLUDED = ["named-rewards", "prebuilt-image", "verifier-timeout"]
+
+
+def exclude_file(tmp_path: Path) -> Path:
+    """Three tasks of ``good``, and an id of no task there (a typo)."""
+    return write_lines(tmp_path / "skip.txt", [*EXCLUDED, "helo-file  # a typo"])
+
+
+def test_run_records_what_exclude_skipped_and_warns_of_ids_of_no_task(
+    tools, tmp_path, state, capsys
+) -> None:
+    exclude = exclude_file(tmp_path)
+    status, results = run(
+        tmp_path, state, GOOD, "echo hello > hello.txt", "--exclude", str(exclude)
+    )
+    printed = capsys.readouterr()
+    assert status == 0 and [r["task_id"] for r in results] == ["hello-file"]
+    record = {"file": str(exclude), "tasks": EXCLUDED, "unmatched": ["helo-file"]}
+    assert json.loads((tmp_path / "out" / "manifest.json").read_text())["exclude"] == record
+    assert json.loads((tmp_path / "out" / "summary.json").read_text())["excluded"] == record
+    assert f"excluded by {exclude}: 3 tasks" in printed.out
+    assert "exclude ids that match no task: helo-file" in printed.out
+    assert f"--exclude {exclude}: 1 id matches no task of the task set: helo-file" in printed.err
+
+
+def test_verify_records_what_exclude_skipped_and_warns_of_ids_of_no_task(
+    tools, tmp_path, state, capsys
+) -> None:
+    exclude = exclude_file(tmp_path)
+    status, found = verify(tmp_path, state, GOOD, "--exclude", str(exclude))
+    printed = capsys.readouterr()
+    assert status == 0 and set(found) == {"hello-file"}
+    summary = json.loads((tmp_path / "verify" / "summary.json").read_text())
+    assert summary["excluded"] == {
+        "file": str(exclude),
+        "tasks": EXCLUDED,
+        "unmatched": ["helo-file"],
+    }
+    assert f"excluded by {exclude}: 3 tasks" in printed.out
+    assert f"--exclude {exclude}: 1 id matches no task of the task set: helo-file" in printed.err
+    assert "exclude ids that match no task: helo-file" in printed.out
+
+
+def test_an_excluded_task_folder_that_cannot_run_is_excluded_not_skipped(
+    tools, tmp_path, state, capsys
+) -> None:
+    exclude = write_lines(tmp_path / "skip.txt", ["mcp-server"])
+    status, found = verify(tmp_path, state, mixed_folder(tmp_path), "--exclude", str(exclude))
+    assert status == 0 and set(found) == {"hello-file"}
+    summary = json.loads((tmp_path / "verify" / "summary.json").read_text())
+    assert summary["excluded"]["tasks"] == ["mcp-server"] and summary["skipped_rows"] == []
 
 
 # -- the local backend (podman or docker) ------------------------------------------------------
@@ -811,6 +900,46 @@ def test_verify_applies_a_rows_gold_patch_as_its_oracle(tools, tmp_path) -> None
     # No oracle, and a test that passes whatever: the baseline passes.
     assert found["no-patch"]["status"] == "passing_baseline"
     assert status == 1
+
+
+def test_rows_without_the_field_the_reward_needs_stop_run_and_verify_before_any_episode(
+    tools, tmp_path, capsys
+) -> None:
+    """The ``command`` reward reads each row's ``test_command``: rows without one are named
+    (ids and field) and nothing starts, instead of episodes whose grading fails as
+    infrastructure, retried and left for the next run to fail again."""
+    rows = [
+        {"id": "has-test", "problem_statement": "fix it", "test_command": "true"},
+        {"id": "no-test-1", "problem_statement": "fix it"},
+        {"id": "no-test-2", "problem_statement": "fix it", "test_command": ""},
+    ]
+    data = write_lines(tmp_path / "rows.jsonl", [json.dumps(r) for r in rows])
+    config = tmp_path / "rows.yaml"
+    config.write_text(json.dumps({
+        "tools": ["shell", "done"], "env": {"deployment": BWRAP}, "reward": {"name": "command"},
+    }))  # fmt: skip
+    with ScriptedChatServer(default=agent_running("true")) as server:
+        status = cli([
+            "run", str(config), "--data", str(data), "--out", str(tmp_path / "out"),
+            "--model", f"openai:{server.base_url}#scripted",
+        ])  # fmt: skip
+        assert server.requests == [], "no episode started"
+    error = capsys.readouterr().err
+    assert status == 2, error
+    assert "'test_command'" in error and "no-test-1, no-test-2" in error
+    assert "has-test" not in error and "reward.settings" in error
+    assert not (tmp_path / "out" / "results.jsonl").exists()
+    status = cli(["verify", str(config), "--data", str(data), "--out", str(tmp_path / "v")])
+    error = capsys.readouterr().err
+    assert status == 2 and "'test_command'" in error and "no-test-1, no-test-2" in error
+    assert not (tmp_path / "v" / "verify.jsonl").exists()
+    # The reward's own command needs no field of the rows.
+    config.write_text(json.dumps({
+        "tools": ["shell", "done"], "env": {"deployment": BWRAP},
+        "reward": {"name": "command", "settings": {"command": "true"}},
+    }))  # fmt: skip
+    status, found = verify_with(tmp_path / "v2", config, data)
+    assert set(found) == {"has-test", "no-test-1", "no-test-2"}
 
 
 def test_the_example_config_reads() -> None:

@@ -21,6 +21,7 @@ from uniagent.plugins import load_plugins, reset_plugins
 from uniagent.resolver import resolve
 from uniagent.reward import RewardContext, RewardResult
 from uniagent.rubric import Component, Rubric, aggregate
+from uniagent.run.preflight import check_task_fields
 from uniagent.run.progress import Progress
 from uniagent.run.runner import run
 from uniagent.run.summary import format_summary
@@ -260,6 +261,24 @@ def test_a_bad_rubric_is_refused_at_resolve_time(
 ) -> None:
     with pytest.raises(error, match=message.replace(".", r"\.")):
         resolve(config(reward), source="agent.yaml")
+
+
+def test_a_rubric_needs_the_task_fields_of_its_components_before_any_episode() -> None:
+    """A component ``command`` without its own command reads each task's ``test_command``:
+    tasks without it are refused by name, unless their own overrides give the command."""
+    reward = {"rubric": [*RUBRIC["rubric"], {"name": "command", "label": "tests"}]}
+    own = {"reward": {"rubric": [{"name": "command", "settings": {"command": "true"}}]}}
+    tasks = [
+        Task("with", {"q": "x", "test_command": "true"}),
+        Task("without", {"q": "x"}),
+        Task("overridden", {"q": "x", "config_overrides": own}),
+    ]
+    agent = resolve(config(reward), source="agent.yaml")
+    with pytest.raises(
+        ConfigError, match=r"'test_command' field, which 1 task\(s\) lack: without\."
+    ):
+        check_task_fields(agent, tasks)
+    check_task_fields(resolve(config(RUBRIC), source="agent.yaml"), tasks)  # none needed
 
 
 async def test_turn_scores_of_a_rubric_are_its_weighted_sum_in_results(

@@ -493,3 +493,30 @@ def test_a_rows_config_overrides_and_verls_name_for_them() -> None:
         Task("e", {"config_overrides": over, "tools_kwargs": over}).overrides()
     with pytest.raises(ConfigError, match="task f: config_overrides must be a mapping"):
         Task("f", {"config_overrides": [1]}).overrides()
+
+
+@pytest.mark.parametrize("live", [False, True], ids=["plain", "live view"])
+def test_the_first_signal_is_said_at_once_before_the_run_stops(capsys, live) -> None:
+    """Before: nothing until the run had stopped, which waits for an in-process model's next
+    token (a minute with a large model on a CPU). On a terminal the line goes above the live
+    view (a plain print there would be drawn over)."""
+    import signal
+
+    from uniagent.run.shutdown import Interrupted, SignalGuard
+
+    stream = io.StringIO()
+    progress = Progress(stream, live=live)
+    said_before_cancelled: list[str] = []
+
+    async def main() -> None:
+        signal.raise_signal(signal.SIGINT)  # the handler runs now; the cancellation comes next
+        said_before_cancelled.append(stream.getvalue() + capsys.readouterr().err)
+        await asyncio.Event().wait()
+
+    with SignalGuard() as guard, pytest.raises(Interrupted, match="interrupted by SIGINT"):
+        guard.run(main, progress=progress)
+    assert said_before_cancelled == [
+        "uniagent: stopping (SIGINT): cancelling the running episodes and closing their "
+        "sandboxes; signal twice more to exit at once\n"
+    ]
+    assert bool(stream.getvalue()) is live  # through the progress view only when it is live

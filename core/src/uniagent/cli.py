@@ -6,7 +6,7 @@ import argparse
 import importlib.util
 import json
 import sys
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any, NoReturn
 
 from uniagent import __version__
@@ -175,12 +175,16 @@ def cmd_plugins(args: argparse.Namespace) -> int:
     return 1 if report["errors"] else 0
 
 
-def model_info(spec: str, api_key_env: str | None) -> dict[str, Any]:
-    """What the manifest records of the model: its spec without credentials, the key's source."""
+def model_info(specs: str | list[str], api_key_env: str | None) -> dict[str, Any]:
+    """What the manifest records of the model: its spec without credentials (the first
+    server's, and every server's under ``servers`` when there are several), the key's source."""
     from uniagent.run.manifest import public_model_spec
 
-    info: dict[str, Any] = {"spec": public_model_spec(spec)}
-    if spec.startswith("openai:"):
+    specs = [specs] if isinstance(specs, str) else specs
+    info: dict[str, Any] = {"spec": public_model_spec(specs[0])}
+    if len(specs) > 1:
+        info["servers"] = [public_model_spec(spec) for spec in specs]
+    if specs[0].startswith("openai:"):
         info["api_key_env"] = api_key_env or "OPENAI_API_KEY"
     return info
 
@@ -207,8 +211,10 @@ def _run(args: argparse.Namespace) -> int:
     import functools
     from pathlib import Path
 
+    from uniagent.agents.gateways import check_harness_spec
     from uniagent.config import AgentConfig
     from uniagent.models import check_spec, from_spec
+    from uniagent.models.spec import pool_from_specs, read_model_specs
     from uniagent.resolver import resolve
     from uniagent.run.layout import RESULTS, SUMMARY
     from uniagent.run.options import RunOptions
@@ -220,8 +226,13 @@ def _run(args: argparse.Namespace) -> int:
     # Resolved once, here, and handed down: any typo exits 2 before a sandbox starts.
     agent = resolve(config, source=args.config)
     # The model spec as text (options, paths, fit with the parser): exit 2 before anything.
-    check_spec(args.model, agent.new_parser(), sampling=config.sampling)
-    check_api_key_env(args.model, args.api_key_env)
+    specs = read_model_specs(args.model)  # one, or several servers of one model
+    for spec in specs:
+        if agent.agent.is_harness:  # served by the gateway: no guided decoding
+            check_harness_spec(spec, agent.agent.name)
+        check_spec(spec, agent.new_parser(), sampling=config.sampling)
+        check_api_key_env(spec, args.api_key_env)
+    tasks, bad_rows, exclusion = load_run_tasks(args, config)
     run_options = RunOptions(
         concurrency=args.concurrency,
         n=args.n,
@@ -231,17 +242,23 @@ def _run(args: argparse.Namespace) -> int:
         breaker=args.breaker,
         keep_failures=args.keep_failures,
         force_resume=args.force_resume,
-        model_info=model_info(args.model, args.api_key_env),
+        model_info=model_info(specs, args.api_key_env),
         tasks_path=Path(args.data),
         config_path=str(args.config),
         ray_address=args.ray,
         ray_workers=args.workers,
+        exclude=exclusion,
     )
-    tasks, bad_rows = load_run_tasks(args, config)
     options: dict[str, Any] = {"sampling_params": dict(config.sampling)}
     if args.api_key_env:
         options["api_key_env"] = args.api_key_env
-    factory = functools.partial(from_spec, args.model, **options)
+    if agent.agent.is_harness:  # behind the gateway: an openai: server continues token ids
+        options["token_backend"] = True
+    factory: Callable[[], Any]
+    if len(specs) == 1:
+        factory = functools.partial(from_spec, specs[0], **options)
+    else:  # each episode placed on one server (uniagent.models.pool)
+        factory = functools.partial(pool_from_specs, specs, **options)
     out = Path(args.out)
     progress = Progress.for_stream(verbose=args.verbose)
     summary = run_sync(agent, tasks, bad_rows, factory, out, run_options, progress=progress)
@@ -254,15 +271,18 @@ def _run(args: argparse.Namespace) -> int:
     return status
 
 
-def load_run_tasks(args: argparse.Namespace, config: Any) -> tuple[list[Any], list[Any]]:
-    """The tasks of ``--data`` (a task file or Harbor task folders) less ``--exclude``."""
-    from uniagent.harbor.folders import load_task_set, read_exclude
+def load_run_tasks(args: argparse.Namespace, config: Any) -> tuple[list[Any], list[Any], Any]:
+    """The tasks of ``--data`` (a task file or Harbor task folders) less ``--exclude``, the
+    bad rows, and what ``--exclude`` took out (None without it; its unknown ids said)."""
+    from uniagent.harbor.folders import exclude_tasks, load_task_set
     from uniagent.harbor.images import ImageBuilder
 
     deployment = dict(config.env.deployment)
     build = ImageBuilder(deployment.get("engine", "auto"), from_image=args.from_image)
-    exclude = read_exclude(args.exclude) if args.exclude else frozenset()
-    return load_task_set(args.data, deployment, build=build, exclude=exclude)
+    tasks, bad = load_task_set(args.data, deployment, build=build)
+    if not args.exclude:
+        return tasks, bad, None
+    return exclude_tasks(args.exclude, tasks, bad)
 
 
 def add_task_options(parser: Any) -> None:
@@ -271,7 +291,8 @@ def add_task_options(parser: Any) -> None:
         "--exclude",
         metavar="FILE",
         default=None,
-        help="skip the task ids listed in FILE, one a line (what uniagent verify writes)",
+        help="skip the task ids listed in FILE, one a line (what uniagent verify writes); "
+        "the summary records them, and warns of ids that match no task",
     )
     parser.add_argument(
         "--from-image",
@@ -297,9 +318,11 @@ def cmd_verify(args: argparse.Namespace) -> int:
     agent = resolve(config, source=args.config)
     if config.reward is None:
         raise ConfigError(f"{args.config}: uniagent verify needs a reward (reward: {{name: ...}})")
-    tasks, bad_rows = load_run_tasks(args, config)
+    tasks, bad_rows, exclusion = load_run_tasks(args, config)
     for bad in bad_rows:
         print(f"uniagent: task {bad.line} skipped: {bad.reason}", file=sys.stderr)
+    if exclusion is not None and exclusion.warning():
+        print(f"uniagent: warning: {exclusion.warning()}", file=sys.stderr)
     if args.limit is not None:
         tasks = tasks[: args.limit]
     progress = Progress.for_stream(verbose=False)
@@ -313,10 +336,17 @@ def cmd_verify(args: argparse.Namespace) -> int:
         )
     )
     exclude = write_report(
-        verdicts, Path(args.out), Path(args.write_exclude) if args.write_exclude else None
+        verdicts,
+        Path(args.out),
+        Path(args.write_exclude) if args.write_exclude else None,
+        skipped=bad_rows,
+        exclusion=exclusion,
     )
-    print(format_verdicts(verdicts))
-    print(f"records: {Path(args.out) / 'verify.jsonl'}; exclude list: {exclude}")
+    print(format_verdicts(verdicts, skipped=bad_rows, exclusion=exclusion))
+    print(
+        f"records: {Path(args.out) / 'verify.jsonl'}; summary: {Path(args.out) / 'summary.json'}; "
+        f"exclude list: {exclude}"
+    )
     if bad_rows:
         return 2
     return 1 if any(v.status in EXCLUDED for v in verdicts) else 0
@@ -333,7 +363,8 @@ def add_verify_parser(sub: Any) -> None:
         "between runs (flaky) are reported and written to an exclude list for "
         "`uniagent run --exclude`. See docs/tasks.md.",
         epilog="exit status: 0 every task is sound (or has no oracle); 1 some are broken or "
-        "flaky; 2 bad input (config, task set, task folders skipped).",
+        "flaky; 2 bad input (config, task set, task folders skipped, task rows without a "
+        "field the reward needs).",
     )
     verify.add_argument("config", help="agent config YAML (its env and reward)")
     verify.add_argument(
@@ -423,9 +454,11 @@ def cmd_data_prepare(args: argparse.Namespace) -> int:
         limit=args.limit,
     )
     for bad in report.bad_rows:
-        print(f"skipped line {bad.line}: {bad.reason}", file=sys.stderr)
-    print(f"wrote {report.rows} rows to {report.out}")
-    return 0
+        print(f"uniagent: task {bad.line} skipped: {bad.reason}", file=sys.stderr)
+    skipped = f"; skipped {len(report.bad_rows)} task rows" if report.bad_rows else ""
+    print(f"wrote {report.rows} rows to {report.out}{skipped}")
+    # As `uniagent run` and `uniagent verify`: a task set with unusable rows is bad input.
+    return 2 if report.bad_rows else 0
 
 
 def cmd_clean(args: argparse.Namespace) -> int:
@@ -456,6 +489,9 @@ def add_data_parser(sub: Any) -> None:
         description="Turn tasks (.jsonl or .parquet) into verl's Parquet columns: prompt "
         "(system + first user message from the agent config's templates), agent_name, "
         "data_source, reward_model, extra_info (index, task_id, tools_kwargs, task) and index.",
+        epilog="exit status: 0 every task was written; 2 bad input (config, task set), or "
+        "task rows or Harbor task folders skipped (named on stderr; the others are written), "
+        "as for uniagent run and uniagent verify.",
     )
     prepare.add_argument("tasks", help="tasks: .jsonl, .parquet, or Harbor task folder(s)")
     prepare.add_argument("--out", required=True, help="output file (.parquet)")
@@ -527,7 +563,8 @@ def build_parser() -> argparse.ArgumentParser:
         epilog="exit status: 0 every episode ended with a policy outcome; 1 infrastructure "
         "failures remain, or the run stopped (model endpoint down, circuit breaker); 2 bad "
         "input (config, task file, option values, an output folder in use or holding another "
-        "run), or task rows skipped; 130 / 143 interrupted by SIGINT / SIGTERM (sandboxes "
+        "run, task rows without a field the reward needs), or task rows skipped;"
+        " 130 / 143 interrupted by SIGINT / SIGTERM (sandboxes "
         "closed; run again to resume). See docs/running.md. "
         "A vLLM server returns tool calls only when started with --enable-auto-tool-choice "
         "--tool-call-parser P, P the format of the config's tool_parser (hermes for Qwen3, "
@@ -542,13 +579,16 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument(
         "--model",
         required=True,
+        action="append",
         metavar="SPEC",
         help="hf:PATH (in-process transformers: a model folder, hub id ORG/NAME or .gguf file; "
         "hf:smollm2 is the bundled SmolLM2-135M test model; add ?guided=tool_call to make "
         "every turn a valid tool call, &thought=N for the longest thought before it) or "
         "openai:BASE_URL#MODEL (any OpenAI-compatible server, e.g. "
         "openai:http://127.0.0.1:8000/v1#Qwen/Qwen3-8B; add ?tokenizer=PATH_OR_ID to record "
-        "token ids and log-probs from vLLM)",
+        "token ids and log-probs from vLLM; a harness agent sends it token ids). Several "
+        "--model openai: servers of one model (or @FILE, one spec a line): each episode is "
+        "placed on one, least-loaded first; one that fails is taken out until it answers again",
     )
     run.add_argument("--out", required=True, help="output directory (results, episodes, summary)")
     run.add_argument(

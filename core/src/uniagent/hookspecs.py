@@ -113,7 +113,7 @@ def uniagent_rewards() -> Iterable[RewardSpec]:
     .. versionchanged:: 0.2 rewards get a grading ``sandbox``, never the agent's session;
        ``RewardSpec.uses_sandbox`` and ``integrity``.
     .. versionchanged:: 0.3 ``RewardSpec.settings`` and ``RewardContext.settings``
-       (``config``, their old name, is deprecated until 0.4).
+       (``config``, their old name, is deprecated until 0.4); ``RewardSpec.task_fields``.
     """
     raise NotImplementedError  # a specification: plugins implement it
 

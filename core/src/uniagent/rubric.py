@@ -140,7 +140,17 @@ def rubric_spec(rubric: Rubric) -> RewardSpec[Rubric]:
         description="a rubric of " + ", ".join(c.key for c in rubric.components),
         uses_sandbox=bool(specs),
         integrity=_integrity(specs),
+        task_fields=_task_fields,
     )
+
+
+def _task_fields(rubric: Rubric) -> list[str]:
+    """The task fields every component needs, each once."""
+    fields: list[str] = []
+    for c in rubric.components:
+        needed = c.spec.task_fields(c.settings) if c.spec.task_fields is not None else ()
+        fields += [f for f in needed if f not in fields]
+    return fields
 
 
 def _integrity(components: Sequence[Component]) -> IntegrityDefaults:

@@ -233,7 +233,9 @@ class RewardSpec(_SettingsRecord, Generic[S]):
     baseline). ``integrity`` gives the reward's defaults for what the grader
     protects (history scrub, protect and content rules, and a ``workspace``
     function naming each task's repository, base commit and benchmark-owned
-    files); see docs/rewards.md.
+    files); see docs/rewards.md. ``task_fields(settings)`` optionally names the task
+    fields the reward cannot grade without (given its settings): ``uniagent run`` and
+    ``uniagent verify`` refuse a task set whose rows lack one, before any episode starts.
     """
 
     fn: Callable[[RewardContext[S]], Awaitable[RewardResult | float]] = field(compare=False)
@@ -244,6 +246,9 @@ class RewardSpec(_SettingsRecord, Generic[S]):
     #: In a rubric, whether this reward may run at the same time as the other rewards that
     #: allow it (it only reads the sandbox, or writes only under its own scratch paths).
     concurrent: bool = False
+    #: The task fields this reward needs with these settings (a row without one, or with
+    #: it null or empty, cannot be graded); ``None``: not declared, nothing is checked.
+    task_fields: Callable[[S], Iterable[str]] | None = field(default=None, compare=False)
     #: Deprecated name of ``settings`` (until 0.4).
     config: type[S] | None = field(default=None, repr=False, compare=False)
 

@@ -63,10 +63,12 @@ class Task:
 
 @dataclass(frozen=True)
 class BadRow:
-    """A row that cannot run, with the reason (reported, then skipped)."""
+    """A row that cannot run, with the reason (reported, then skipped); ``task_id`` where
+    the row's id is known (a Harbor task folder's name), so an exclude list can name it."""
 
     line: int
     reason: str
+    task_id: str | None = None
 
 
 def load_tasks(path: str | Path) -> tuple[list[Task], list[BadRow]]:

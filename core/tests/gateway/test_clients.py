@@ -282,3 +282,61 @@ def test_a_gateway_served_to_a_network_refuses_clients_outside_it(served, backen
         )
         assert reply.choices[0].message.content == "Hello."
     assert session.model_seconds > 0 and session.state()["turns"] == 1
+
+
+#: A reply far longer than the requests below allow.
+LONG = "One, two, three, four, five, six, seven, eight, nine, ten, eleven, twelve."
+
+
+def cut_replies(base: str, stream: bool, limit: int) -> dict[str, Any]:
+    """How each wire format ends a reply generated up to ``limit`` tokens."""
+    chat = openai.OpenAI(base_url=base + "/v1", api_key="unused", max_retries=0)
+    claude = anthropic.Anthropic(base_url=base, api_key="unused", max_retries=0)
+    hi: Any = [{"role": "user", "content": "Count."}]
+    if stream:
+        chunks = chat.chat.completions.create(model="m", messages=hi, max_tokens=limit, stream=True)
+        finish = [c.choices[0].finish_reason for c in chunks if c.choices][-1]
+        with claude.messages.stream(model="m", max_tokens=limit, messages=hi) as events:
+            stop = events.get_final_message().stop_reason
+        sse = chat.responses.create(
+            model="m", input=hi, max_output_tokens=limit, store=False, stream=True
+        )
+        ends = [e for e in sse if e.type in ("response.completed", "response.incomplete")]
+        assert len(ends) == 1
+        response = ends[0].response
+    else:
+        reply = chat.chat.completions.create(model="m", messages=hi, max_tokens=limit)
+        finish = reply.choices[0].finish_reason
+        stop = claude.messages.create(model="m", max_tokens=limit, messages=hi).stop_reason
+        response = chat.responses.create(model="m", input=hi, max_output_tokens=limit, store=False)
+    details = response.incomplete_details
+    return {
+        "chat": finish,
+        "messages": stop,
+        "responses": (response.status, details.reason if details else None),
+    }
+
+
+@pytest.mark.parametrize("stream", [False, True], ids=["plain", "stream"])
+def test_a_reply_cut_at_max_tokens_says_so_in_every_wire_format(tokenizer, stream) -> None:
+    """A token model's reply that reached the request's limit without ending its turn is a
+    length stop, told as each API tells it, also when the model leaves its finish reason to
+    be inferred (as the built-in loop infers it). Before: "stop", "end_turn", "completed"."""
+    from uniagent.gateway import Gateway, TokenModelBackend
+    from uniagent.gateway.server import start
+    from uniagent.testing.scripted import ScriptedTokenModel
+
+    model = ScriptedTokenModel(tokenizer, [LONG] * 3 + ["Done."] * 3)
+    with start(Gateway(TokenModelBackend(model))) as served:
+        session = served.gateway.open_session()
+        cut = cut_replies(served.base_url(session), stream, limit=4)
+        assert cut == {
+            "chat": "length",
+            "messages": "max_tokens",
+            "responses": ("incomplete", "max_output_tokens"),
+        }
+        # A turn that ends (its end-of-turn token) exactly at the limit is not cut.
+        ended = cut_replies(
+            served.base_url(session), stream, limit=len(model.tokenizer.encode("Done.")) + 1
+        )
+        assert ended == {"chat": "stop", "messages": "end_turn", "responses": ("completed", None)}

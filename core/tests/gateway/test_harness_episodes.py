@@ -4,6 +4,7 @@ is infrastructure, and its tree is saved in rollout.json (with every branch)."""
 
 from __future__ import annotations
 
+import asyncio
 import io
 import json
 import re
@@ -74,6 +75,33 @@ async def test_a_harness_solves_the_task_and_is_graded(tiny, qwen3_tokenizer, tm
     assert cache.check_exactness().ok
 
 
+class SlowModel(ScriptedTokenModel):
+    """A scripted model that spends at least :data:`GENERATION` seconds on each reply."""
+
+    async def _generate(self, prompt_ids: list[int], max_tokens: int | None) -> Any:
+        await asyncio.sleep(GENERATION)
+        return await super()._generate(prompt_ids, max_tokens)
+
+
+GENERATION = 0.5
+
+
+async def test_a_harness_episode_reports_the_time_spent_in_the_model(
+    tiny, qwen3_tokenizer, tmp_path
+) -> None:
+    """The gateway's time waiting for the model is the episode's model time (the results and
+    the summary), as the built-in loop's time in ``generate`` is; not the harness's own."""
+    model = SlowModel(qwen3_tokenizer, [WRITE, "Done."])
+    done = await _run(tiny_config(), model, tmp_path / "out")
+    metrics = done["result"]["metrics"]
+    assert done["result"]["exit_reason"] == "finished", done["log"][-2000:]
+    assert metrics["model_seconds"] >= 2 * GENERATION  # two replies, each at least that long
+    summary = json.loads((tmp_path / "out" / "summary.json").read_text())
+    assert summary["time_seconds"]["model_seconds"] == pytest.approx(
+        metrics["model_seconds"], abs=1e-3
+    )
+
+
 async def test_a_harness_exiting_non_zero_is_the_policys_outcome(
     tiny, qwen3_tokenizer, tmp_path
 ) -> None:
@@ -135,6 +163,19 @@ async def test_a_harness_that_starts_over_saves_every_branch(tiny, qwen3_tokeniz
 async def test_a_model_the_gateway_cannot_serve_is_refused_before_any_episode(tiny, tmp_path):
     with pytest.raises(ConfigError, match="agent 'tiny' is a harness: it needs a token model"):
         await _run(tiny_config(), object(), tmp_path / "out")
+    assert not (tmp_path / "out" / "episodes").exists()
+
+
+async def test_a_guided_model_is_refused_for_a_harness_before_any_episode(
+    tiny, qwen3_tokenizer, tmp_path
+) -> None:
+    # The gateway hands a harness's requests to the model as prompt ids: no guided turn is
+    # ever opened, so every attempt would end model_error (uniagent run refuses the spec).
+    from uniagent.models.hf import HFLocalModel
+
+    model = HFLocalModel(object(), qwen3_tokenizer, guided="tool_call")  # never generates
+    with pytest.raises(ConfigError, match=r"agent 'tiny' is a harness.*guided decoding"):
+        await _run(tiny_config(), model, tmp_path / "out")
     assert not (tmp_path / "out" / "episodes").exists()
 
 

@@ -116,6 +116,21 @@ async def test_length_cut_and_budget(model: HFLocalModel) -> None:
         await limited.generate(cache)
 
 
+async def test_the_backend_reports_where_a_generation_stopped(model: HFLocalModel) -> None:
+    # The gateway serves a harness from the backend's own report (TokenModelBackend calls
+    # _generate): a reply cut at max_tokens said "stop" before, so the harness was told its
+    # reply was complete.
+    from uniagent.gateway.backend import TokenModelBackend
+
+    prompt = model.start_cache([{"role": "user", "content": "Tell me a long story."}]).prompt_ids
+    cut = await model._generate(prompt, 3)
+    assert len(cut.token_ids) == 3 and cut.finish_reason == "length"
+    served = await TokenModelBackend(model).generate(prompt, max_tokens=3)
+    assert served.token_ids == cut.token_ids and served.finish_reason == "length"
+    ended = await model._generate(model.start_cache(SHORT).prompt_ids, 24)
+    assert ended.token_ids[-1] in model.stop_token_ids() and ended.finish_reason == "stop"
+
+
 async def test_sampling_extra_body_goes_to_generate(model: HFLocalModel) -> None:
     # The config's sampling.extra_body holds transformers generate() options: banning the
     # tokens of "4" changes the greedy answer to "What is 2+2?".

@@ -6,9 +6,11 @@ lines and exit status come out (docs/running.md, "Stopping"), never a traceback.
 
 A probe plugin (an installed-looking distribution on ``PYTHONPATH``, loaded through the
 ``uniagent`` entry points like any plugin) is the test's eyes and hands inside the run:
-it prints a line when ``transformers``' ``generate()`` starts, and its service, stopped
-when the run closes, prints how many threads are still generating and then holds the
-closing until the test writes to a FIFO. Every step waits for a line, never for time.
+it prints a line when ``transformers``' ``generate()`` starts, holds that generation until
+the run tells it to stop (then prints a line and lets it end at its next token), and its
+service, stopped when the run closes, prints how many threads are still generating and
+then holds the closing until the test writes to a FIFO. Every step waits for a line,
+never for time.
 """
 
 from __future__ import annotations
@@ -50,6 +52,10 @@ def _watch(frame, event, arg):
         threading.setprofile(None)
         sys.setprofile(None)
         print("probe: generate() started", file=sys.stderr, flush=True)
+        while frame.f_code.co_name != "_generate_sync":
+            frame = frame.f_back
+        frame.f_locals["stop"].wait()  # the run's cancellation reached the generation
+        print("probe: generation told to stop", file=sys.stderr, flush=True)
 
 
 threading.setprofile(_watch)  # threads started from now on: the model's worker threads
@@ -106,8 +112,8 @@ class Run:
             self._queue.put(line.rstrip("\n"))
         self._queue.put(None)
 
-    def wait_for(self, prefix: str) -> str:
-        """The first line (from now on) that starts with ``prefix``."""
+    def wait_for(self, prefix: str | tuple[str, ...]) -> str:
+        """The first line (from now on) that starts with ``prefix`` (or one of them)."""
         while True:
             line = self._queue.get(timeout=LINE_TIMEOUT)
             if line is None:
@@ -160,6 +166,10 @@ def setup(tmp_path: Path) -> tuple[list[str], dict[str, str], Path]:
     return argv, env, fifo
 
 
+STOPPING = (
+    "uniagent: stopping (SIGINT): cancelling the running episodes and closing their sandboxes; "
+    "signal twice more to exit at once"
+)
 STILL_CLOSING = (
     "uniagent: still closing sandboxes; signal again to exit now and leave them to `uniagent clean`"
 )
@@ -210,3 +220,25 @@ def test_ctrl_c_once_twice_three_times(
         assert done.returncode == 0, done.stdout + done.stderr
         assert not [p for p in root.glob("uniagent-*-*") if p.is_dir()], done.stdout
         assert f"{root}/uniagent-" not in Path("/proc/mounts").read_text(), done.stdout
+
+
+def test_the_first_signal_is_answered_at_once(setup: tuple[list[str], dict[str, str], Path]):
+    """Before: nothing was printed until the generation had stopped and every sandbox was
+    closed (up to a minute with a larger model: a token, or a long prompt's first one)."""
+    argv, env, fifo = setup
+    run = Run(argv, env)
+    try:
+        run.wait_for("probe: generate() started")  # held there until the run stops it
+        run.interrupt()
+        first = run.wait_for(("uniagent: stopping", "probe: generation told to stop"))
+        assert first == STOPPING, "\n".join(run.lines)  # said before the generation ended
+        run.wait_for("probe: closing;")
+        fifo.write_text("go\n")
+        status = run.finish()
+    finally:
+        if run.proc.poll() is None:
+            run.proc.kill()
+            run.proc.wait()
+    output = "\n".join(run.lines)
+    assert status == 130, output
+    assert run.lines.count(STOPPING) == 1 and run.lines[-1] == INTERRUPTED, output

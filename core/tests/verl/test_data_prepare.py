@@ -44,15 +44,17 @@ TASKS = [
 
 
 @pytest.fixture
-def prepared(tmp_path: Path) -> Path:
-    """The three tasks (plus one bad row) prepared through the CLI."""
+def prepared(tmp_path: Path, capsys: pytest.CaptureFixture) -> Path:
+    """The three tasks (plus one bad row: written without it, status 2) prepared through
+    the CLI."""
     tasks = tmp_path / "tasks.jsonl"
     lines = [json.dumps(t) for t in TASKS] + ['{"problem_statement": "no id"}']
     tasks.write_text("\n".join(lines) + "\n")
     config = tmp_path / "agent.yaml"
     config.write_text(yaml.safe_dump(AGENT))
     out = tmp_path / "data" / "train.parquet"
-    assert main(["data", "prepare", str(tasks), "--out", str(out), "--config", str(config)]) == 0
+    assert main(["data", "prepare", str(tasks), "--out", str(out), "--config", str(config)]) == 2
+    assert "task 4 skipped: no id" in capsys.readouterr().err
     return out
 
 

@@ -15,6 +15,7 @@ from typing import Any
 
 from uniagent.errors import ConfigError
 from uniagent.models.base import TokenChatModel
+from uniagent.models.spec import GUIDED_REASON
 from uniagent.specs import ParserSpec
 
 _lock = threading.Lock()
@@ -24,14 +25,30 @@ _running: dict[tuple[int, str], tuple[Any, Any]] = {}
 _bridged: dict[tuple[int, str, str], Any] = {}
 
 
+#: Why a model with guided decoding cannot serve a harness (nor ``uniagent gateway``).
+
+
+def check_harness_spec(spec: str, agent: str) -> None:
+    """A :class:`ConfigError` for a ``--model`` spec the gateway cannot serve to harness
+    ``agent``, from its text alone (before anything loads)."""
+    from uniagent.models.spec import is_guided
+
+    if is_guided(spec):
+        raise ConfigError(f"model spec {spec!r}: agent {agent!r} is a harness: {GUIDED_REASON}")
+
+
 def require_token_model(model: Any, agent: str) -> None:
     """A :class:`ConfigError` unless the gateway can serve ``model`` to harness ``agent``."""
     if not isinstance(model, TokenChatModel):
         raise ConfigError(
             f"agent {agent!r} is a harness: it needs a token model behind the gateway (hf:, "
-            f"or verl's server), not {type(model).__name__}, since the gateway records the "
-            "token ids the model generates (an openai: server returns messages)"
+            f"a served model's token ids: ServedTokenModel, or verl's server), not "
+            f"{type(model).__name__}, since the gateway records the token ids the model "
+            "generates (OpenAIChatModel sends chat messages; from_spec('openai:...', "
+            "token_backend=True) makes the token backend)"
         )
+    if getattr(model, "guided", None) is not None:
+        raise ConfigError(f"agent {agent!r} is a harness: {GUIDED_REASON}")
 
 
 def gateway_for(model: Any, parser: ParserSpec | str) -> Any:

@@ -69,6 +69,8 @@ class HarnessRun:
     error: str | None = None
     inexact_turns: int = 0
     turns: int = 0
+    #: Seconds the gateway waited for the model (overlapping requests counted once).
+    model_seconds: float = 0.0
 
 
 class HarnessAgent:
@@ -105,7 +107,9 @@ class HarnessAgent:
         run = await run_harness(
             context.agent, env, self.instruction, context.model, self.folder, context.logger
         )
-        metrics.env_seconds = time.perf_counter() - began
+        # The model's time is the gateway's; the rest of the run is the harness's own.
+        metrics.model_seconds = run.model_seconds
+        metrics.env_seconds = max(0.0, time.perf_counter() - began - run.model_seconds)
         metrics.turns, metrics.inexact_turns = run.turns, run.inexact_turns
         return AgentRun(
             exit_reason=run.exit_reason,
@@ -286,6 +290,7 @@ async def run_harness(
         error=error,
         inexact_turns=sum(1 for t in turns if t.get("exact") is False),
         turns=len(turns),
+        model_seconds=session.model_seconds,
     )
 
 

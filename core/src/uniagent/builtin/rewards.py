@@ -40,6 +40,11 @@ class CommandRewardConfig(BaseModel):
     )
 
 
+def command_task_fields(settings: CommandRewardConfig) -> tuple[str, ...]:
+    """The task field holding the command, unless the settings give the command."""
+    return () if settings.command else (settings.task_field,)
+
+
 async def command_reward(ctx: RewardContext[CommandRewardConfig]) -> RewardResult:
     """Run the test command in a clean grading shell in the repository; 1.0 if it exits 0."""
     config = ctx.settings
@@ -103,6 +108,7 @@ def uniagent_rewards() -> Iterator[RewardSpec]:
         settings=CommandRewardConfig,
         description="1.0 when a test command (from the config or the task) exits 0 in a clean "
         "grading shell",
+        task_fields=command_task_fields,
     )
     yield RewardSpec(
         name="harbor",

@@ -9,6 +9,7 @@ wraps the token models ``uniagent run`` builds (``hf:`` in process, verl's serve
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 from collections import deque
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
@@ -21,7 +22,7 @@ from uniagent.models.base import (
     TokenChatModel,
     cut_at_stop,
 )
-from uniagent.rollout.template import decode
+from uniagent.rollout.template import analyse_chat_template, decode
 
 __all__ = ["Generation", "ScriptedBackend", "TokenBackend", "TokenModelBackend"]
 
@@ -57,6 +58,7 @@ class TokenModelBackend:
             )
         self.model = model
         self.tokenizer = model.tokenizer
+        self._ends: set[int] | None = None
         try:
             self.loop: asyncio.AbstractEventLoop | None = asyncio.get_running_loop()
         except RuntimeError:
@@ -77,13 +79,30 @@ class TokenModelBackend:
                     f"model's context of {context} (max_model_len)"
                 )
             limits.append(context - len(prompt_ids))
-        call = self.model._generate(list(prompt_ids), min(limits) if limits else None)
+        limit = min(limits) if limits else None
+        call = self.model._generate(list(prompt_ids), limit)
         home = self.loop
         if home is not None and home is not asyncio.get_running_loop() and home.is_running():
             out = await asyncio.wrap_future(asyncio.run_coroutine_threadsafe(call, home))
         else:
             out = await call
+        # Left to be inferred (as TokenChatModel.generate does): the limit cut the reply
+        # unless its last token ends the turn.
+        if (
+            out.finish_reason is None
+            and limit is not None
+            and len(out.token_ids) >= limit
+            and out.token_ids[-1] not in self._turn_ends()
+        ):
+            out = dataclasses.replace(out, finish_reason="length")
         return cut_at_stop(self.tokenizer, out, stop) if stop else out
+
+    def _turn_ends(self) -> set[int]:
+        """Ids that end a turn: the model's stop ids and the chat template's end of turn."""
+        if self._ends is None:
+            analysis = analyse_chat_template(self.tokenizer, **self.model.chat_template_kwargs)
+            self._ends = {*self.model._stop_ids(), analysis.eot_id}
+        return self._ends
 
 
 #: A script step: the reply text, an exception to raise, or a function of the decoded prompt.

@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import json
 import threading
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -24,6 +25,7 @@ def cmd_gateway(args: argparse.Namespace) -> int:
         ) from None
     kwargs = _json_arg(args.chat_template_kwargs, "--chat-template-kwargs")
     backend: TokenBackend
+    session_backend: Callable[[], TokenBackend] | None = None
     if args.scripted:
         if not args.tokenizer:
             raise ConfigError("--scripted needs --tokenizer PATH (the chat template to render)")
@@ -32,28 +34,34 @@ def cmd_gateway(args: argparse.Namespace) -> int:
         replies = _json_arg(Path(args.scripted).read_text(), "--scripted")
         if not isinstance(replies, list) or not all(isinstance(r, str) for r in replies):
             raise ConfigError("--scripted must name a JSON file holding an array of reply texts")
-        backend = ScriptedBackend(
-            AutoTokenizer.from_pretrained(args.tokenizer),
-            replies[:-1],
-            default=replies[-1] if replies else None,
-        )
-    elif args.model:
-        if not args.model.startswith("hf:"):
-            raise ConfigError(
-                f"--model {args.model!r}: the gateway needs a backend that continues token ids "
-                "(hf:PATH); openai: servers are sent chat messages, not ids"
-            )
-        from uniagent.models.spec import from_spec
+        tokenizer = AutoTokenizer.from_pretrained(args.tokenizer)
 
-        backend = TokenModelBackend(from_spec(args.model))  # type: ignore[arg-type]
+        def fresh_script() -> TokenBackend:  # each session replays the script from the start
+            return ScriptedBackend(
+                tokenizer, replies[:-1], default=replies[-1] if replies else None
+            )
+
+        backend, session_backend = fresh_script(), fresh_script
+    elif args.model:
+        from uniagent.models.spec import GUIDED_REASON, check_spec, from_spec, is_guided
+
+        if is_guided(args.model):  # refused before the model loads
+            raise ConfigError(f"--model {args.model!r}: {GUIDED_REASON}")
+        check_spec(args.model, None)
+        model = from_spec(args.model, token_backend=True)
+        backend = TokenModelBackend(model)  # type: ignore[arg-type]
     else:
-        raise ConfigError("give --model hf:PATH or --scripted REPLIES.json --tokenizer PATH")
+        raise ConfigError(
+            "give --model hf:PATH or openai:BASE_URL#MODEL?tokenizer=PATH, or --scripted "
+            "REPLIES.json --tokenizer PATH"
+        )
     gateway = Gateway(
         backend,
         parser=args.parser,
         chat_template_kwargs=kwargs,
         exactness=args.exactness,
         open_sessions=True,
+        session_backend=session_backend,
     )
     running = start(gateway, host=args.host, port=args.port)
     print(
@@ -86,8 +94,17 @@ def add_gateway_parser(sub: Any) -> None:
         "in front of a token backend; each session records every token as a trajectory tree. "
         "Needs pip install 'uniagent[gateway]'. See docs/gateway.md.",
     )
-    p.add_argument("--model", help="token backend: hf:PATH")
-    p.add_argument("--scripted", metavar="JSON", help="replay reply texts (the last repeats)")
+    p.add_argument(
+        "--model",
+        help="token backend: hf:PATH (in process; not ?guided=) or "
+        "openai:BASE_URL#MODEL?tokenizer=PATH (a server that continues token ids and returns "
+        "them: vLLM)",
+    )
+    p.add_argument(
+        "--scripted",
+        metavar="JSON",
+        help="replay a JSON array of reply texts: each session from the first, the last repeats",
+    )
     p.add_argument("--tokenizer", metavar="PATH", help="tokenizer folder (with --scripted)")
     p.add_argument(
         "--parser",

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any
 
 from uniagent.errors import UnknownPluginNameError
@@ -22,7 +22,11 @@ class Gateway:
         chat_template_kwargs: Mapping[str, Any] | None = None,
         exactness: Exactness = "on_close",
         open_sessions: bool = False,
+        session_backend: Callable[[], TokenBackend] | None = None,
     ) -> None:
+        """``session_backend``: a fresh backend for each session opened without one (the
+        CLI's ``--scripted``: every session replays the script from its first reply);
+        without it, those sessions share ``backend``."""
         if isinstance(parser, str):  # an installed parser, the built-ins' or a plugin's
             from uniagent.registry import get_parser
 
@@ -37,6 +41,7 @@ class Gateway:
         self.exactness: Exactness = exactness
         #: Whether ``POST /sessions`` may open sessions over HTTP (the CLI's mode).
         self.open_sessions = open_sessions
+        self.session_backend = session_backend
         self.sessions: dict[str, Session] = {}
         self._by_key: dict[str, Session] = {}
 
@@ -48,10 +53,12 @@ class Gateway:
         session_id = session_id or new_session_id()
         if session_id in self.sessions:
             raise GatewayError(f"session {session_id!r} exists", status=409)
+        if backend is None:
+            backend = self.session_backend() if self.session_backend else self.backend
         session = Session(
             session_id,
             new_key(),
-            backend or self.backend,
+            backend,
             self.parser,
             self.chat_template_kwargs,
             self.exactness,

@@ -11,7 +11,8 @@ A folder that is not a usable task is a bad row with the reason, like a bad JSON
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -237,7 +238,7 @@ def load_harbor_tasks(
                     row["verifier_env"] = overrides
                     row["harbor"]["verifier_bundled"] = bundled
         except ConfigError as exc:
-            bad.append(BadRow(number, f"{task_dir.name}: {exc}"))
+            bad.append(BadRow(number, f"{task_dir.name}: {exc}", task_dir.name))
             continue
         tasks.append(Task(row["task_id"], row))
     return tasks, bad
@@ -248,16 +249,13 @@ def load_task_set(
     deployment: Mapping[str, Any] | None = None,
     *,
     build: ImageBuilder | None = None,
-    exclude: frozenset[str] = frozenset(),
 ) -> tuple[list[Task], list[BadRow]]:
-    """Tasks of a JSONL/Parquet file or a Harbor task folder, without the ``exclude`` ids."""
+    """Tasks of a JSONL/Parquet file or a Harbor task folder (see :func:`exclude_tasks`)."""
     from uniagent.tasks import load_tasks
 
     if is_task_set(path):
-        tasks, bad = load_harbor_tasks(path, deployment, build=build)
-    else:
-        tasks, bad = load_tasks(path)
-    return [t for t in tasks if t.id not in exclude], bad
+        return load_harbor_tasks(path, deployment, build=build)
+    return load_tasks(path)
 
 
 def read_exclude(path: str | Path) -> frozenset[str]:
@@ -268,3 +266,43 @@ def read_exclude(path: str | Path) -> frozenset[str]:
         raise ConfigError(f"--exclude {path}: cannot read it: {exc}") from None
     ids = (line.split("#", 1)[0].strip() for line in text.splitlines())
     return frozenset(i for i in ids if i)
+
+
+@dataclass(frozen=True)
+class Exclusion:
+    """What ``--exclude FILE`` took out of a task set: the ids of its tasks (in the set's
+    order) and the ids of the file that name none of them (a typo, another set's task)."""
+
+    file: str
+    tasks: tuple[str, ...]
+    unmatched: tuple[str, ...]
+
+    def to_json(self) -> dict[str, Any]:
+        """What the run's manifest and summary (and ``uniagent verify``'s summary) record."""
+        return {"file": self.file, "tasks": list(self.tasks), "unmatched": list(self.unmatched)}
+
+    def warning(self) -> str | None:
+        """The line that says which ids matched no task, or None when every id did."""
+        if not self.unmatched:
+            return None
+        n = len(self.unmatched)
+        return (
+            f"--exclude {self.file}: {n} {'id matches' if n == 1 else 'ids match'} no task of "
+            f"the task set: {', '.join(self.unmatched)}"
+        )
+
+
+def exclude_tasks(
+    path: str | Path, tasks: Sequence[Task], bad: Sequence[BadRow]
+) -> tuple[list[Task], list[BadRow], Exclusion]:
+    """``tasks`` and ``bad`` without the ids of the exclude file ``path`` (a bad row whose
+    task id it names is excluded too, not reported), and what was taken out."""
+    ids = read_exclude(path)
+    known = [t.id for t in tasks] + [b.task_id for b in bad if b.task_id is not None]
+    exclusion = Exclusion(
+        str(path),
+        tuple(dict.fromkeys(i for i in known if i in ids)),
+        tuple(sorted(ids - set(known))),
+    )
+    kept = [t for t in tasks if t.id not in ids]
+    return kept, [b for b in bad if b.task_id not in ids], exclusion

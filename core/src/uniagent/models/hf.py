@@ -22,6 +22,7 @@ from typing import TYPE_CHECKING, Any
 from uniagent.errors import ConfigError
 from uniagent.models.base import (
     ContextLimitError,
+    FinishReason,
     Generation,
     ModelError,
     ModelTurn,
@@ -203,7 +204,7 @@ def check_hub_id(repo_id: str, where: str) -> None:
         reason = " ".join(str(exc).split())[:200] or type(exc).__name__
         raise ConfigError(
             f"{missing}, and the Hub ({constants.ENDPOINT}) cannot be reached ({reason}); "
-            "download it where there is a network (`hf download {repo_id}`) or give a local path"
+            f"download it where there is a network (`hf download {repo_id}`) or give a local path"
         ) from None
 
 
@@ -494,14 +495,18 @@ class HFLocalModel(TokenChatModel):
             if token in stops:
                 new = new[: i + 1]
                 break
+        # Said here, not left to be inferred: the gateway passes it on to a harness.
+        cut = len(new) >= limit and not (new and new[-1] in stops)
+        finish: FinishReason = "length" if cut else "stop"
         if turn is not None:
             # The distribution sampled from is the masked one: record its log-probs.
-            return Generation(token_ids=new, logprobs=guided_logprobs(out.logits, new, turn.masks))
+            logprobs = guided_logprobs(out.logits, new, turn.masks)
+            return Generation(token_ids=new, logprobs=logprobs, finish_reason=finish)
         logprobs = [
             float(torch.log_softmax(step[0].float(), dim=-1)[token])
             for step, token in zip(out.logits, new, strict=False)
         ]
-        return Generation(token_ids=new, logprobs=logprobs)
+        return Generation(token_ids=new, logprobs=logprobs, finish_reason=finish)
 
 
 def _transformers() -> Any:

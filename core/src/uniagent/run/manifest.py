@@ -4,9 +4,11 @@ Written when a run starts in a folder and updated at every resume. It holds the
 run's id (sandboxes carry it), this invocation's pid, its start time and every
 planned job (``uniagent view`` reads them), the resolved agent config, the model (its spec
 without credentials and where its API key came from, never the key), the
-versions of Python, uniagent and every installed plugin, and the task file's
-path and SHA-256. A resume whose config, model or task file differ is refused
-unless ``--force-resume`` (the change is then recorded under ``changes``).
+versions of Python, uniagent and every installed plugin, the task file's
+path and SHA-256, and what ``--exclude`` took out of it (``exclude``: the file, the
+ids of its tasks skipped, the ids that matched no task). A resume whose config, model
+or task file differ is refused unless ``--force-resume`` (the change is then recorded
+under ``changes``).
 """
 
 from __future__ import annotations
@@ -83,11 +85,13 @@ def build(
     tasks: Sequence[Any] = (),
     n: int,
     jobs: Sequence[tuple[str, int]],
+    exclude: Mapping[str, Any] | None = None,
 ) -> dict[str, Any]:
     """A manifest for a run starting now (``run_id`` None: a new id).
 
     The task file's digest is of its bytes; without a file (tasks given in-process),
-    of the tasks' ids and rows.
+    of the tasks' ids and rows. ``exclude`` (what ``--exclude`` took out) is recorded
+    when given.
     """
     task_info: dict[str, str | None]
     if tasks_path is not None:
@@ -95,7 +99,7 @@ def build(
     else:
         rows = json.dumps([[t.id, t.row] for t in tasks], sort_keys=True, default=str)
         task_info = {"path": None, "sha256": hashlib.sha256(rows.encode()).hexdigest()}
-    return {
+    manifest = {
         "format": FORMAT,
         "run_id": run_id or uuid.uuid4().hex[:12],
         "started_at": _now(),
@@ -117,6 +121,9 @@ def build(
         "host": socket.gethostname(),
         "argv": public_argv([Path(sys.argv[0]).name, *sys.argv[1:]]),
     }
+    if exclude is not None:
+        manifest["exclude"] = dict(exclude)
+    return manifest
 
 
 def pid_start(pid: int) -> int | None:

@@ -5,9 +5,12 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from uniagent.errors import ConfigError
+
+if TYPE_CHECKING:  # pragma: no cover
+    from uniagent.harbor.folders import Exclusion
 
 
 @dataclass(frozen=True)
@@ -17,7 +20,8 @@ class RunOptions:
     ``concurrency`` ``None`` takes the agent config's; ``breaker`` ``None`` a window
     that grows with the concurrency; ``model_info`` is what the manifest records of
     the model (its spec, never a key); ``ray_address`` runs the episodes on a Ray
-    cluster (``ray_workers`` actors).
+    cluster (``ray_workers`` actors); ``exclude`` is what ``--exclude`` took out of the
+    task set (recorded in the manifest and the summary; its unknown ids are warned of).
     """
 
     concurrency: int | None = None
@@ -33,6 +37,7 @@ class RunOptions:
     config_path: str | None = None
     ray_address: str | None = None
     ray_workers: int | None = None
+    exclude: Exclusion | None = None
 
     def __post_init__(self) -> None:
         if self.n < 1:

@@ -1,14 +1,18 @@
-"""Checks before the first sandbox starts: can the model endpoint be used at all?
+"""Checks before the first sandbox starts: can the model endpoint be used at all, can
+the reward grade every task?
 
 An endpoint that is down or refuses the API key would fail every episode, each
 after its sandbox has started; one request first (``GET /models``) tells at
 once. A server without that route (404, 405), or a key that may chat but not list
-models (403), passes: the episodes will tell.
+models (403), passes: the episodes will tell. A task row without a field the reward
+declares it needs (``RewardSpec.task_fields``) would run its whole episode and then
+fail grading as infrastructure, again at every retry: it is refused first.
 """
 
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Iterable
 from typing import Any
 
 from uniagent.env.aio import wait_for
@@ -92,3 +96,40 @@ def grading_warnings(agent: Any) -> list[str]:
         "can leave the sandbox's cgroup and rewrite what the grader reads while it grades); "
         "use isolation: bwrap or a container for training (see docs/rewards.md)"
     ]
+
+
+#: Task ids a message names before it says how many more there are.
+NAMED = 10
+
+
+def check_task_fields(agent: Any, tasks: Iterable[Any]) -> None:
+    """Raise :class:`ConfigError` naming the tasks whose rows lack a field the reward needs
+    (absent, null or empty); a task's own reward overrides (``config_overrides``) count."""
+    lacking: dict[tuple[str, str], list[str]] = {}
+    for task in tasks:
+        reward = agent.reward
+        try:
+            overrides = task.overrides()
+            if "reward" in overrides:  # only then can the task's reward differ from the config's
+                source = f"task {task.id}: config_overrides"
+                reward = agent.for_task(overrides, source=source).reward
+        except ConfigError:
+            continue  # overrides that do not resolve: the task's own error, when it runs
+        if reward is None or reward.spec.task_fields is None:
+            continue
+        for name in reward.spec.task_fields(reward.settings):
+            if task.row.get(name) in (None, ""):
+                lacking.setdefault((reward.spec.name, name), []).append(task.id)
+    if not lacking:
+        return
+    lines = []
+    for (reward_name, name), ids in lacking.items():
+        more = f" and {len(ids) - NAMED} more" if len(ids) > NAMED else ""
+        lines.append(
+            f"the reward {reward_name!r} grades with each task's {name!r} field, which "
+            f"{len(ids)} task(s) lack: {', '.join(ids[:NAMED])}{more}"
+        )
+    raise ConfigError(
+        "; ".join(lines) + ". Give those rows the field, or change reward.settings "
+        "(docs/rewards.md); no episode was started"
+    )

@@ -167,6 +167,10 @@ class Progress:
         """A message that is not about one episode."""
         self._line(f"warning: {message}")
 
+    def say(self, text: str) -> None:
+        """A line as it is (on a terminal: above the live view)."""
+        self._line(text)
+
     def log_handler(self, job: Any) -> logging.Handler | None:
         """With ``verbose``, a handler streaming an episode's log lines here."""
         if not self.verbose:

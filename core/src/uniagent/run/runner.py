@@ -39,7 +39,7 @@ from uniagent.run.jobs import (
 )
 from uniagent.run.layout import MANIFEST, RESULTS, SUMMARY, safe_name
 from uniagent.run.options import RunOptions
-from uniagent.run.preflight import check_model, grading_warnings
+from uniagent.run.preflight import check_model, check_task_fields, grading_warnings
 from uniagent.run.progress import Progress
 from uniagent.run.results import ResultsFile, done_keys, is_infra_failure, latest
 from uniagent.run.retry import CircuitBreaker, RetryPolicy, TamperAlarm, default_window
@@ -194,7 +194,8 @@ async def run(
     starts); the run's options are ``options``, or :class:`RunOptions` built from
     ``option_values`` (``run(agent, ..., n=2, limit=4)``).
 
-    Raises :class:`ConfigError` for bad input (before any sandbox starts),
+    Raises :class:`ConfigError` for bad input (before any sandbox starts: a task row
+    without a field the reward needs too),
     :class:`uniagent.run.preflight.EndpointError` when the model endpoint cannot be
     used. The summary's ``status`` is ``complete``, ``infrastructure_failures``
     (some remain), ``stopped`` (the circuit breaker tripped: ``stopped`` says why)
@@ -205,6 +206,8 @@ async def run(
     options = options if options is not None else RunOptions(**option_values)
     if isinstance(agent, AgentConfig):
         agent = resolve(agent)  # every name and setting checked before any sandbox starts
+    # Rows the reward cannot grade: refused now, not after their episodes ran.
+    check_task_fields(agent, tasks[: options.limit] if options.limit is not None else tasks)
     lock = FolderLock(out)
     lock.acquire()
     try:
@@ -247,6 +250,8 @@ async def _run_locked(
     run_id = run_manifest["run_id"]
     for row in bad_rows:
         progress.warn(f"skipping task file line {row.line}: {row.reason}")
+    if options.exclude is not None and options.exclude.warning():
+        progress.warn(str(options.exclude.warning()))
     for warning in grading_warnings(agent):
         progress.warn(warning)
     rerun = sum(1 for job in jobs if job.key in records)
@@ -307,6 +312,8 @@ async def _run_locked(
             await close_open_envs()  # whatever cancelled the episodes, none of the run's stays
             progress.end(final=status != "interrupted")
             summary = _summary(results, keys, n, started, bad_rows, progress, status, stopped)
+            if options.exclude is not None:
+                summary["excluded"] = options.exclude.to_json()
             # Summed over the runs in this folder; a resume with nothing to run adds nothing.
             this_run = summary["wall_seconds"] if jobs else 0.0
             summary["wall_seconds"] = resumed_wall_seconds(out / SUMMARY, this_run)
@@ -335,6 +342,7 @@ def _manifest(
     new = manifests.build(
         run_id=None, config=agent.config, config_path=options.config_path, model=model_info,
         tasks_path=options.tasks_path, tasks=tasks, n=options.n, jobs=jobs,
+        exclude=options.exclude.to_json() if options.exclude is not None else None,
     )  # fmt: skip
     if old is not None:
         new = manifests.resume(old, new, force=options.force_resume)

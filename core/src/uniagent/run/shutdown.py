@@ -12,7 +12,9 @@ the summary written and printed). The first signal
 - during the event loop's own shutdown: waits for it to finish;
 
 and then the command exits with 128 + the signal number after one line
-(:class:`Interrupted`). A second signal says that sandboxes are still closing;
+(:class:`Interrupted`). A first signal that does not stop the command at once
+says so at once (``uniagent: stopping``), even while an in-process model is in
+the middle of a token. A second signal says that sandboxes are still closing;
 a third exits at once and leaves them to ``uniagent clean`` (and to the next
 run in the same folder, which removes them at start).
 """
@@ -63,7 +65,8 @@ class SignalGuard:
     ) -> None:
         self.signum: int | None = None
         self.count = 0
-        self.say = say or (lambda text: print(text, file=sys.stderr, flush=True))
+        #: Prints a line (default: to stderr, above the run's live view when it has one).
+        self.say = say or self._print
         #: Where the command is: ``loading``, ``running`` or ``finished`` (for the message).
         self.phase = "loading"
         #: Counts episodes for the message (a :class:`~uniagent.run.progress.Progress`).
@@ -145,12 +148,15 @@ class SignalGuard:
         if self.count == 1:
             self.signum = signum
             task, loop = self._task, self._loop
-            if task is not None and loop is not None and not task.done():
-                # Thread-safe, and wakes the loop out of its selector.
-                loop.call_soon_threadsafe(task.cancel)
+            if task is None or loop is None or task.done():
+                if not self._defer:
+                    raise self.interrupted()  # says it all, at once
+                self._stopping(signum)
                 return
-            if not self._defer:
-                raise self.interrupted()
+            # Said now: the clean-up may wait for a generation's next token, or longer.
+            self._stopping(signum)
+            # Thread-safe, and wakes the loop out of its selector.
+            loop.call_soon_threadsafe(task.cancel)
         elif self.count == 2:
             self.say(
                 "uniagent: still closing sandboxes; signal again to exit now and leave "
@@ -158,6 +164,24 @@ class SignalGuard:
             )
         else:
             os._exit(128 + (self.signum or signum))
+
+    def _stopping(self, signum: int) -> None:
+        text = (
+            f"uniagent: stopping ({signal.Signals(signum).name}): cancelling the running "
+            "episodes and closing their sandboxes; signal twice more to exit at once"
+        )
+        try:
+            self.say(text)
+        except RuntimeError:  # the signal came inside a write to the same stream
+            if self._loop is not None and not self._loop.is_closed():
+                self._loop.call_soon_threadsafe(self.say, text)
+
+    def _print(self, text: str) -> None:
+        progress = self.progress
+        if progress is not None and getattr(progress, "live", False):
+            progress.say(text)  # above the live view, which would draw over a plain line
+        else:
+            print(text, file=sys.stderr, flush=True)
 
     def interrupted(self) -> Interrupted:
         """The :class:`Interrupted` error for the signal received, saying what was done."""

@@ -126,6 +126,18 @@ def _mean(values: Iterable[float]) -> float | None:
     return sum(values) / len(values) if values else None
 
 
+def exclusion_lines(excluded: Mapping[str, Any] | None) -> list[str]:
+    """What a summary says of ``--exclude`` (its record, :meth:`Exclusion.to_json`)."""
+    if not excluded:
+        return []
+    tasks, unmatched = excluded.get("tasks") or [], excluded.get("unmatched") or []
+    plural = "" if len(tasks) == 1 else "s"
+    lines = [f"excluded by {excluded.get('file')}: {len(tasks)} task{plural}"]
+    if unmatched:
+        lines.append(f"exclude ids that match no task: {', '.join(unmatched)}")
+    return lines
+
+
 def format_summary(summary: Mapping[str, Any]) -> str:
     """A human-readable block for the end of a run."""
     mean = summary["mean_reward"]
@@ -153,8 +165,15 @@ def format_summary(summary: Mapping[str, Any]) -> str:
         + ", ".join(f"{k.removesuffix('_seconds')}={v:.1f}" for k, v in times.items())
         + f"; wall {summary['wall_seconds']:.1f}"
     )
+    for name, share in (summary.get("servers") or {}).items():
+        lines.append(
+            f"model server {name}: {share['episodes']} episodes, "
+            f"{share['generated_tokens']} generated tokens, "
+            f"{share['failed_attempts']} attempts lost (retried)"
+        )
     if summary.get("skipped_rows"):
         lines.append(f"skipped task rows: {len(summary['skipped_rows'])}")
+    lines += exclusion_lines(summary.get("excluded"))
     if summary.get("failed_tasks"):
         lines.append(f"tasks that could not start: {len(summary['failed_tasks'])}")
     integrity = summary.get("integrity") or {}

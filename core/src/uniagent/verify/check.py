@@ -28,6 +28,7 @@ from uniagent.errors import ConfigError
 from uniagent.exit import ExitReason
 from uniagent.observer import NULL_OBSERVER, EpisodeObserver
 from uniagent.resolver import ResolvedAgent
+from uniagent.run.preflight import check_task_fields
 from uniagent.run.progress import Progress
 from uniagent.tasks import Task
 from uniagent.verify.oracle import oracle_of
@@ -175,8 +176,10 @@ async def verify_tasks(
     """Each task's verdict from ``k`` oracle and ``k`` baseline attempts.
 
     Each task's attempts run one after the other (oracle, baseline, oracle, ...);
-    ``concurrency`` tasks at once.
+    ``concurrency`` tasks at once. Raises :class:`ConfigError` before any attempt when a
+    task's row lacks a field the reward needs.
     """
+    check_task_fields(agent, tasks)
     gate = asyncio.Semaphore(concurrency)
     has = {t.id: oracle_of(t.row) is not None for t in tasks}
     if progress is not None:
