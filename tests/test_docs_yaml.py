@@ -92,6 +92,7 @@ def test_the_readme_links_every_doc_and_lays_out_every_plugin() -> None:
     unlinked = [p.name for p in sorted((ROOT / "docs").glob("*.md"))
                 if f"](docs/{p.name})" not in readme]  # fmt: skip
     assert not unlinked, f"README.md links no docs/{unlinked}"
-    plugins = [p.name for p in sorted((ROOT / "plugins").iterdir()) if (p / "pyproject.toml").exists()]
+    plugins = [p.name for p in sorted((ROOT / "plugins").iterdir())
+               if (p / "pyproject.toml").exists()]  # fmt: skip
     missing = [name for name in plugins if f"plugins/{name}/" not in readme]
     assert not missing, f"README.md's layout omits {missing}"

@@ -71,3 +71,30 @@ def tiny(
     load_plugins().register(types.SimpleNamespace(uniagent_agents=uniagent_agents), "test-agents")
     yield spec
     reset_plugins()
+
+
+@pytest.fixture
+def done_tool() -> Iterator[None]:
+    """A tool ``done`` (no arguments; it ends the episode) registered as a plugin, for runs
+    whose scripted model calls it once; the plugins are reset after."""
+    from pydantic import BaseModel
+
+    from uniagent import ToolSpec, hookimpl
+    from uniagent.plugins import load_plugins, reset_plugins
+
+    class NoArgs(BaseModel):
+        pass
+
+    done = ToolSpec(
+        name="done", description="Finish.", arguments=NoArgs, render=lambda a: "echo ok",
+        ends_episode=True,
+    )  # fmt: skip
+    reset_plugins()
+
+    @hookimpl
+    def uniagent_tools() -> list[ToolSpec]:
+        return [done]
+
+    load_plugins().register(types.SimpleNamespace(uniagent_tools=uniagent_tools), "test-tools")
+    yield
+    reset_plugins()

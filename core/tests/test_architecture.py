@@ -7,7 +7,6 @@ import json
 import logging
 import subprocess
 import sys
-import types
 import warnings
 from pathlib import Path
 
@@ -15,8 +14,7 @@ import pytest
 from pydantic import BaseModel
 
 import uniagent
-from uniagent import AgentConfig, RewardSpec, ServiceSpec, ToolSpec, hookimpl
-from uniagent.plugins import load_plugins, reset_plugins
+from uniagent import AgentConfig, RewardSpec, ServiceSpec
 from uniagent.testing import Reply, ScriptedChatServer, cli, tool_call
 
 SRC = Path(uniagent.__file__).resolve().parents[1]
@@ -267,24 +265,7 @@ async def test_open_env_is_the_front_doors_and_agentenv_from_config_forwards_to_
         uniagent.open_env({"type": "nope"})
 
 
-# -- resolve once --------------------------------------------------------------------
-DONE = ToolSpec(
-    name="done", description="Finish.", arguments=Settings, render=lambda a: "echo ok",
-    ends_episode=True,
-)  # fmt: skip
-
-
-@pytest.fixture
-def done_tool():
-    reset_plugins()
-
-    @hookimpl
-    def uniagent_tools():
-        return [DONE]
-
-    load_plugins().register(types.SimpleNamespace(uniagent_tools=uniagent_tools), "test-tools")
-    yield
-    reset_plugins()
+# -- resolve once (the `done` tool: conftest's done_tool) ----------------------------
 
 
 def test_one_uniagent_run_resolves_its_config_once(done_tool, tmp_path, monkeypatch, caplog):

@@ -11,19 +11,15 @@ import os
 import shutil
 import subprocess
 import tempfile
-import types
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from pydantic import BaseModel
 
-from uniagent import ToolSpec, hookimpl, open_env
+from uniagent import open_env
 from uniagent.config import AgentConfig
 from uniagent.env import EnvStartError
 from uniagent.env.host import BWRAP_WORKDIR
 from uniagent.errors import ConfigError
-from uniagent.plugins import load_plugins, reset_plugins
 from uniagent.resolver import resolve
 from uniagent.testing import Reply, ScriptedChatServer, cli, tool_call
 
@@ -143,27 +139,6 @@ def test_without_isolation_nothing_is_refused():
 
 
 # -- grade_in: fresh without isolation ------------------------------------------------------
-
-
-class NoArgs(BaseModel):
-    pass
-
-
-@pytest.fixture
-def done_tool() -> Iterator[None]:
-    reset_plugins()
-
-    @hookimpl
-    def uniagent_tools() -> list[ToolSpec]:
-        done = ToolSpec(
-            name="done", description="Finish.", arguments=NoArgs, render=lambda a: "true",
-            ends_episode=True,
-        )  # fmt: skip
-        return [done]
-
-    load_plugins().register(types.SimpleNamespace(uniagent_tools=uniagent_tools), "test-tools")
-    yield
-    reset_plugins()
 
 
 def run_fixed_workdir(

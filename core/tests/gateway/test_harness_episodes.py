@@ -146,6 +146,24 @@ async def test_the_backend_failing_under_a_harness_is_infrastructure(
     assert "the server went away" in result["error"]
 
 
+async def test_a_harness_whose_model_failed_is_ended_at_once_not_left_to_retry(
+    tiny, qwen3_tokenizer, tmp_path
+) -> None:
+    """Once the token backend failed under it the episode is infrastructure whatever the
+    harness does next: a harness whose client retries (for ever, here) is ended then, not at
+    its time-out, and the episode is ``model_error`` (retried by the run)."""
+    model = ScriptedTokenModel(qwen3_tokenizer, [ModelError("the server went away")])
+    done = await _run(tiny_config({"retry_errors": True, "timeout": 900}), model, tmp_path / "out")
+    result = done["result"]
+    assert result["exit_reason"] == "model_error" and result["outcome"] == "infrastructure"
+    assert "the server went away" in result["error"]
+    assert (
+        "the token backend failed under the harness: the server went away: ending the agent's "
+        "session and its processes"
+    ) in done["log"]
+    assert "ran past" not in done["log"]
+
+
 async def test_a_harness_that_starts_over_saves_every_branch(tiny, qwen3_tokenizer, tmp_path):
     model = ScriptedTokenModel(qwen3_tokenizer, [WRITE, "Done.", "Done again."])
     done = await _run(tiny_config({"restarts": 1}), model, tmp_path / "out")

@@ -217,6 +217,34 @@ def test_the_summary_of_a_run_with_nothing_finished_yet_is_empty_not_an_error():
     assert summary["status"]["queued"] == 1 and summary["time_seconds"]["model_seconds"] == 0.0
 
 
+def test_the_summary_of_a_run_on_several_model_servers_shows_each_ones_share():
+    """The viewer's summary counts episodes, tokens and lost attempts per model server,
+    as ``uniagent run``'s summary does (``summarize`` over the same records)."""
+    from uniagent.run.summary import summarize
+    from uniagent.view.index import stats
+    from uniagent.view.row import row_from_record
+
+    a, b = "http://10.0.0.1:8000/v1", "http://10.0.0.2:8000/v1"
+    records = [
+        {"task_id": "t0", "sample": 0, "exit_reason": "finished", "reward": 1.0,
+         "model_server": {"name": b, "generated_tokens": 30},
+         "previous_attempts": [{"attempt": 1, "exit_reason": "model_error", "model_server": a}]},
+        {"task_id": "t1", "sample": 0, "exit_reason": "finished", "reward": 0.0,
+         "model_server": {"name": a, "generated_tokens": 12}},
+    ]  # fmt: skip
+    rows = [row_from_record(r, f"episodes/{i}", i, None) for i, r in enumerate(records)]
+    viewed = stats(rows, n=1)["servers"]
+    assert (
+        viewed
+        == summarize(records, n=1, wall_seconds=0.0)["servers"]
+        == {
+            a: {"episodes": 1, "generated_tokens": 12, "failed_attempts": 1},
+            b: {"episodes": 1, "generated_tokens": 30, "failed_attempts": 0},
+        }
+    )
+    assert rows[0].to_json()["model_server"] == b
+
+
 def append_record(run: Path, record: dict) -> None:
     with (run / "results.jsonl").open("a") as handle:
         handle.write(json.dumps(record) + "\n")

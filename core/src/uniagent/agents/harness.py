@@ -236,11 +236,7 @@ async def run_harness(
         logger.info("agent %s: %s", spec.name, command.command[:500])
         # A subshell: the harness's variables and directory never stay in the agent's session.
         action = f"(export {line}; {command.command})"
-        obs, ended_by = None, None
-        if limit is None:
-            obs = await env.run_action(action, timeout=command.timeout)
-        else:
-            obs, ended_by = await _run_within(env, action, command.timeout, limit, session, logger)
+        obs, ended_by = await _run_within(env, action, command.timeout, limit, session, logger)
         if obs is not None:
             logger.info("agent %s exited %s; its output:\n%s", spec.name, obs.exit_code,
                         obs.output[-LOG_TAIL:])  # fmt: skip
@@ -298,32 +294,49 @@ async def _run_within(
     env: AgentEnv,
     action: str,
     timeout: float,
-    limit: float,
+    limit: float | None,
     session: Any,
     logger: logging.Logger,
 ) -> tuple[Any, str | None]:
     """Run ``action`` with a limit on the harness's own time: the run's time less the time
     it waited for the model (``session.waited()``, the gateway's). Past ``limit`` (or
-    ``timeout`` of wall time, its own setting) the agent's session and every process in
-    it are ended, as before grading. The observation (``None`` when it was ended), and why
-    it was ended (``None``: it ended by itself)."""
+    ``timeout`` of wall time, its own setting), or once the token backend failed under it
+    (the episode is infrastructure then, whatever the harness does next: its own retries
+    would only wait on a model that is gone), the agent's session and every process in it
+    are ended, as before grading. The observation (``None`` when it was ended), and why it
+    was ended (``None``: it ended by itself)."""
     began = time.perf_counter()
     run = asyncio.ensure_future(env.run_action(action, timeout=timeout + KILL_GRACE))
+    loop = asyncio.get_running_loop()
+    failed = asyncio.Event()
+    stop_listening = session.on_backend_failure(
+        lambda _reason: loop.call_soon_threadsafe(failed.set)
+    )
     why = None
-    while not run.done():
-        now = time.perf_counter() - began
-        own = now - session.waited()
-        if now >= timeout:
-            why = f"the harness ran past its {timeout:g} s"
-        elif own >= limit:
-            why = (
-                f"the harness ran past the task's time limit ({limit:g} s of its own time; "
-                f"{session.waited():.1f} s waiting for the model not counted)"
-            )
-        if why is not None:
-            break
-        # At least this long before either limit can be reached (model time only adds).
-        await asyncio.wait({run}, timeout=max(min(timeout - now, limit - own), 0.05))
+    try:
+        while not run.done():
+            now = time.perf_counter() - began
+            own = now - session.waited()
+            if session.backend_errors:
+                why = f"the token backend failed under the harness: {session.backend_errors[0]}"
+            elif now >= timeout:
+                why = f"the harness ran past its {timeout:g} s"
+            elif limit is not None and own >= limit:
+                why = (
+                    f"the harness ran past the task's time limit ({limit:g} s of its own "
+                    f"time; {session.waited():.1f} s waiting for the model not counted)"
+                )
+            if why is not None:
+                break
+            # At least this long before either limit can be reached (model time only
+            # adds), or until the backend fails.
+            left = timeout - now if limit is None else min(timeout - now, limit - own)
+            failure = asyncio.ensure_future(failed.wait())
+            await asyncio.wait({run, failure}, timeout=max(left, 0.05),
+                               return_when=asyncio.FIRST_COMPLETED)  # fmt: skip
+            failure.cancel()
+    finally:
+        stop_listening()
     if why is None:
         return await run, None
     logger.info("%s: ending the agent's session and its processes", why)

@@ -68,7 +68,7 @@ def create_app(gateway: Gateway, *, model_name: str = "uniagent-gateway") -> Sta
                 full = GatewayError(f"context length exceeded: {exc}", param="messages")
                 return JSONResponse(wire.error(full), status_code=400)
             except ModelError as exc:
-                session.backend_errors.append(str(exc))  # the episode masks it: infrastructure
+                session.backend_failed(str(exc))  # the episode masks it: infrastructure
                 failed = GatewayError(
                     f"the token backend failed: {exc}", status=502, kind="api_error"
                 )

@@ -132,6 +132,7 @@ class Session:
         self.undelivered: list[dict[str, Any]] = []
         #: Why the token backend failed on a request (infrastructure, not the harness's).
         self.backend_errors: list[str] = []
+        self._failure_listeners: list[Callable[[str], None]] = []
         #: Requests refused because the prompt left no room in the model's context.
         self.limit_errors: list[str] = []
         #: Seconds during which at least one request waited for the token backend (the
@@ -145,6 +146,19 @@ class Session:
         self._turn_of: dict[int, Turn] = {}  # id(end node) + prompt key -> turn (identical)
         #: The last recorded turn's end node and its context ids (what a harness extends next).
         self._last_context: tuple[Node, list[int], list[int]] | None = None
+
+    def backend_failed(self, reason: str) -> None:
+        """Record a failure of the token backend and tell whoever listens (the harness's
+        runner ends a harness whose model failed: its episode is infrastructure already)."""
+        self.backend_errors.append(reason)
+        for listener in list(self._failure_listeners):
+            listener(reason)
+
+    def on_backend_failure(self, listener: Callable[[str], None]) -> Callable[[], None]:
+        """Call ``listener(reason)`` on each backend failure (from the gateway's thread);
+        returns the function that stops it."""
+        self._failure_listeners.append(listener)
+        return lambda: self._failure_listeners.remove(listener)
 
     def waited(self) -> float:
         """Seconds waited for the model so far, a wait in progress included."""
@@ -252,6 +266,7 @@ class Session:
             source=source,
             finish_reason=finish,
             parse_error=problem,
+            server=out.extra.get("server"),
             messages=messages,
             tools=request.tools,
         )
@@ -359,6 +374,11 @@ class Session:
         if prompt_ids is None:
             prompt_ids = self.tree.context_ids(end)[: turn.prompt_len]
         turn.exact = fresh == prompt_ids
+        served = (turn.server or {}).get("prompt_ids_differ")
+        if turn.exact and served:  # the server did not generate from the ids it was sent
+            turn.exact = False
+            turn.drift = {"server_prompt": served}
+            return
         if turn.exact:
             turn.drift = None
             return

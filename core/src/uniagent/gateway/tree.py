@@ -34,6 +34,9 @@ class Turn:
     exact: bool | None = None
     drift: dict[str, Any] | None = None
     parse_error: str | None = None
+    #: What a served backend reported that disagrees with our ids or our tokenizer
+    #: (:class:`~uniagent.models.served.ServedTokenModel`); None when nothing did.
+    server: dict[str, Any] | None = None
     messages: list[dict[str, Any]] = field(default_factory=list, repr=False)
     tools: list[dict[str, Any]] | None = field(default=None, repr=False)
 

@@ -20,6 +20,7 @@ from uniagent.models.base import (
 )
 from uniagent.models.hf import HFLocalModel, smollm2_gguf_path
 from uniagent.models.openai_chat import OpenAIChatModel
+from uniagent.models.served import ServedTokenModel
 from uniagent.models.spec import SPEC_FORMS, check_spec, from_spec
 from uniagent.models.verl_server import VerlServerModel
 
@@ -33,6 +34,7 @@ __all__ = [
     "ModelError",
     "ModelTurn",
     "OpenAIChatModel",
+    "ServedTokenModel",
     "TokenChatModel",
     "Usage",
     "VerlServerModel",

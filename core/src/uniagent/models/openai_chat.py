@@ -101,6 +101,9 @@ class OpenAIChatModel:
         self.max_model_len = max_model_len
         self.send_tools = send_tools
         self.extra_body = dict(extra_body or {})
+        #: Tokens generated through this object (the server's usage; a pool's per-episode
+        #: copy counts its own).
+        self.generated_tokens = 0
         #: Awaited between retries (tests replace it to record the delays).
         self.sleep: Callable[[float], Any] = asyncio.sleep
         self._openai = _import_openai()
@@ -169,6 +172,7 @@ class OpenAIChatModel:
             usage=_usage(data.get("usage")),
         )
         token_ids, logprobs = _generated_tokens(choice)
+        self.generated_tokens += turn.usage.completion_tokens or len(token_ids or ())
         if token_mode:
             if not token_ids:
                 raise ModelError(
@@ -229,7 +233,9 @@ class OpenAIChatModel:
             request["extra_body"] = extra
         return request
 
-    async def _create(self, request: dict[str, Any]) -> dict[str, Any]:
+    async def _create(
+        self, request: dict[str, Any], path: str = "/chat/completions"
+    ) -> dict[str, Any]:
         openai = self._openai
         # The request is plain JSON already: posted as it is, it skips the SDK's typed
         # transform of every message (most of the client's CPU per turn) and the parse
@@ -239,7 +245,7 @@ class OpenAIChatModel:
         attempt = 0
         while True:
             try:
-                raw = await self.client.post("/chat/completions", body=body, cast_to=bytes)
+                raw = await self.client.post(path, body=body, cast_to=bytes)
                 try:
                     return cast(dict[str, Any], json.loads(raw))
                 except ValueError:

@@ -182,6 +182,10 @@ def pool_from_specs(
         )
     name = names.pop()
     tokenizer = _load_tokenizer(name, specs[0]) if name else None
+    # One retry on the same server: past it the pool takes the server out and the run
+    # retries the episode on another (the client's four retries would wait 15 s on a
+    # server that is gone).
+    kwargs.setdefault("max_retries", 1)
     models: list[Any] = []
     for base_url, model, _ in parsed:
         if token_backend:

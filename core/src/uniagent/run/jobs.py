@@ -21,6 +21,8 @@ from uniagent.env import AgentEnv
 from uniagent.episode import Closer, EpisodeResult, run_episode
 from uniagent.exit import ExitReason
 from uniagent.interaction.metrics import EpisodeMetrics
+from uniagent.models.base import ModelError
+from uniagent.models.pool import ModelPool
 from uniagent.observer import EpisodeObserver
 from uniagent.resolver import ResolvedAgent
 from uniagent.run.folder import write_episode
@@ -129,6 +131,10 @@ async def execute_job(
         source = f"task {job.task.id}"
         agent = base.for_task(job.task.overrides(), source=source)
         logger.info("task %s sample %d: start", job.task.id, job.sample)
+        if isinstance(model, ModelPool):
+            return await _on_a_server(
+                model, agent, job, logger=logger, observer=observer, closer=closer
+            )
         result = await run_episode(
             agent,
             job.task.row,
@@ -145,6 +151,34 @@ async def execute_job(
             if item is not None:
                 logger.removeHandler(item)
         handler.close()
+
+
+async def _on_a_server(
+    pool: ModelPool, agent: ResolvedAgent, job: Job, *, logger: logging.Logger, **kwargs: Any
+) -> dict[str, Any]:
+    """One attempt on the server the pool places it on (:mod:`uniagent.models.pool`); its
+    ``model_error`` takes that server out. The record names the server and its tokens."""
+    try:
+        async with pool.lease() as (server, served):
+            logger.info("model server: %s", server.name)
+            result = await run_episode(
+                agent, job.task.row, served, messages=job.task.messages, logger=logger, **kwargs
+            )
+            if result.exit_reason is ExitReason.MODEL_ERROR:
+                pool.failed(server, result.error or "model_error")
+    except ModelError as exc:  # every server out: infrastructure, retried by the run
+        logger.error("no model server: %s", exc)
+        failed = EpisodeResult(
+            ExitReason.MODEL_ERROR, traj_masked=True, metrics=EpisodeMetrics(), error=str(exc)
+        )
+        return episode_payload(job, failed)
+    logger.info("finished: %s reward=%s", result.exit_reason.value, result.reward)
+    payload = episode_payload(job, result)
+    payload["record"]["model_server"] = {
+        "name": server.name,
+        "generated_tokens": served.generated_tokens,
+    }
+    return payload
 
 
 def attempt_extra(
@@ -165,6 +199,11 @@ def attempt_extra(
                 "exit_reason": before.get("exit_reason"),
                 "cause": cause_of(before) if before.get("error") else None,
                 "log": attempt_log(before.get("attempt", attempt - 1)),
+                **(
+                    {"model_server": before["model_server"]["name"]}
+                    if before.get("model_server")
+                    else {}
+                ),
             },
         ]
     return {

@@ -32,7 +32,15 @@ async def check_model(model: Any, *, timeout: float = PROBE_TIMEOUT) -> None:
     :class:`ConfigError` when it refuses the credentials (401).
     """
     from uniagent.models.openai_chat import OpenAIChatModel
+    from uniagent.models.pool import ModelPool
+    from uniagent.models.served import ServedTokenModel
 
+    if isinstance(model, ModelPool):  # every server answers at the start
+        for server in model.servers:
+            await check_model(server.model, timeout=timeout)
+        return
+    if isinstance(model, ServedTokenModel):  # a harness's served model: the same endpoint
+        model = model.chat
     if not isinstance(model, OpenAIChatModel):
         return
     import openai

@@ -25,6 +25,7 @@ from uniagent.env.aio import wait_through_cancellation
 from uniagent.env.containers import RUN_ID
 from uniagent.env.open_envs import close_open_envs, env_scope
 from uniagent.errors import ConfigError, UniAgentError
+from uniagent.models.pool import ModelPool
 from uniagent.resolver import ResolvedAgent, resolve
 from uniagent.run import manifest as manifests
 from uniagent.run.folder import FolderLock, start_attempt, write_json, write_task_error
@@ -262,7 +263,8 @@ async def _run_locked(
         if not options.ray_address:
             model = build_model(model_factory, str(model_info.get("spec")))
             if agent.agent.is_harness:  # the gateway serves token models only: said now
-                require_token_model(model, agent.agent.name)
+                for one in model.models if isinstance(model, ModelPool) else [model]:
+                    require_token_model(one, agent.agent.name)
             if jobs:
                 await check_model(model)
         # Written once the model is known to load: a typo in --model leaves no manifest.

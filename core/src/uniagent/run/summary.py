@@ -56,6 +56,9 @@ def summarize(
     if components:
         summary["reward_components"] = components
     summary["integrity"] = integrity_summary(records)
+    servers = server_shares(records)
+    if servers:
+        summary["servers"] = servers
     if n > 1:
         summary["pass_at_k"] = {
             f"pass@{k}": _mean(
@@ -66,6 +69,27 @@ def summarize(
             for k in sorted({1, n} | ({5} if n >= 5 else set()))
         }
     return summary
+
+
+def server_shares(records: Iterable[Mapping[str, Any]]) -> dict[str, dict[str, int]]:
+    """Per model server of a run with several (``model_server`` in the records): the
+    episodes that ended there, their generated tokens, and the earlier attempts that failed
+    there (a server taken out shows its lost attempts even when all were retried elsewhere)."""
+    shares: dict[str, dict[str, int]] = {}
+
+    def share(name: str) -> dict[str, int]:
+        return shares.setdefault(name, {"episodes": 0, "generated_tokens": 0, "failed_attempts": 0})
+
+    for r in records:
+        server = r.get("model_server")
+        if server:
+            mine = share(server["name"])
+            mine["episodes"] += 1
+            mine["generated_tokens"] += int(server.get("generated_tokens") or 0)
+        for before in r.get("previous_attempts") or ():
+            if before.get("model_server"):
+                share(before["model_server"])["failed_attempts"] += 1
+    return dict(sorted(shares.items()))
 
 
 def reward_components(records: Iterable[Mapping[str, Any]]) -> dict[str, float]:

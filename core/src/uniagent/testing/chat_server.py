@@ -115,7 +115,8 @@ def shell_policy(
 
 
 class ScriptedChatServer:
-    """``/v1/chat/completions`` and ``/v1/models`` on 127.0.0.1, answering from a script."""
+    """``/v1/chat/completions``, ``/v1/completions`` (token prompts, vLLM's token ids)
+    and ``/v1/models`` on 127.0.0.1, answering from a script."""
 
     def __init__(
         self,
@@ -126,11 +127,14 @@ class ScriptedChatServer:
         model: str = "test-model",
         api_key: str | None = None,
         models_status: int = 200,
+        max_model_len: int | None = None,
     ) -> None:
         self.tokenizer = tokenizer
         self.api_key = api_key
         #: What ``GET /models`` answers: 200 with the model, or this error status.
         self.models_status = models_status
+        #: The context length ``GET /models`` lists with the model (as vLLM does), if any.
+        self.max_model_len = max_model_len
         self.default = default
         self.model = model
         self.requests: list[dict[str, Any]] = []
@@ -239,6 +243,46 @@ class ScriptedChatServer:
         }
         return result
 
+    def text_completion(self, body: dict[str, Any], reply: Reply) -> dict[str, Any]:
+        """vLLM's ``/completions`` JSON for ``reply``: a prompt of token ids continued by
+        ``reply.token_ids`` (the reply's ``content`` is the text the server decoded)."""
+        prompt = body.get("prompt")
+        if not (isinstance(prompt, list) and all(isinstance(i, int) for i in prompt)):
+            raise ValueError("this server continues token prompts only (a list of ids)")
+        ids = reply.token_ids
+        if ids is None:
+            raise ValueError("a /completions reply needs token_ids")
+        lps = reply.logprobs if reply.logprobs is not None else [0.0] * len(ids)
+        choice: dict[str, Any] = {
+            "index": 0,
+            "text": reply.content or "",
+            "finish_reason": reply.finish_reason or "stop",
+        }
+        if body.get("logprobs") is not None:
+            as_ids = bool(body.get("return_tokens_as_token_ids"))
+            choice["logprobs"] = {
+                "tokens": [self._token_text(t, as_ids) for t in ids],
+                "token_logprobs": list(lps),
+                "top_logprobs": None,
+                "text_offset": [0] * len(ids),
+            }
+        if body.get("return_token_ids"):
+            choice["token_ids"] = list(ids)
+            choice["prompt_token_ids"] = list(prompt)
+        return {
+            "id": f"cmpl-{len(self.requests)}",
+            "object": "text_completion",
+            "created": int(time.time()),
+            "model": body.get("model", self.model),
+            "choices": [choice],
+            "usage": reply.usage
+            or {
+                "prompt_tokens": len(prompt),
+                "completion_tokens": len(ids),
+                "total_tokens": len(prompt) + len(ids),
+            },
+        }
+
     def _token_text(self, token_id: int, as_ids: bool) -> str:
         if as_ids or self.tokenizer is None:
             return f"token_id:{token_id}"
@@ -299,7 +343,10 @@ class _Handler(BaseHTTPRequestHandler):
             if status != 200:
                 self._send(status, _error(status, "listing models is not allowed"))
                 return
-            data = {"object": "list", "data": [{"id": self.owner.model, "object": "model"}]}
+            entry: dict[str, Any] = {"id": self.owner.model, "object": "model"}
+            if self.owner.max_model_len is not None:
+                entry["max_model_len"] = self.owner.max_model_len
+            data = {"object": "list", "data": [entry]}
             self._send(200, data)
         else:
             self._send(404, _error(404, f"no route {self.path}"))
@@ -309,7 +356,9 @@ class _Handler(BaseHTTPRequestHandler):
             return
         length = int(self.headers.get("Content-Length") or 0)
         raw = self.rfile.read(length)
-        if not self.path.rstrip("/").endswith("/chat/completions"):
+        route = self.path.rstrip("/")
+        chat = route.endswith("/chat/completions")
+        if not chat and not route.endswith("/completions"):
             self._send(404, _error(404, f"no route {self.path}"))
             return
         try:
@@ -322,7 +371,7 @@ class _Handler(BaseHTTPRequestHandler):
             self._send(item.status, _error(item.status, item.message, item.code), item.headers)
             return
         try:
-            data = self.owner.completion(body, item)
+            data = (self.owner.completion if chat else self.owner.text_completion)(body, item)
         except Exception as exc:
             self._send(500, _error(500, f"ScriptedChatServer failed: {exc!r}"))
             return

@@ -32,7 +32,14 @@ def conversation(messages):
         try:
             reply = json.load(urllib.request.urlopen(req))["choices"][0]["message"]
         except urllib.error.HTTPError as exc:
-            print("gateway said", exc.code, exc.read().decode()); sys.exit(3)
+            print("gateway said", exc.code, exc.read().decode())
+            if os.environ["RETRY_ERRORS"] == "1":  # as litellm's clients do: for ever here
+                while True:
+                    try:
+                        urllib.request.urlopen(req)
+                    except urllib.error.HTTPError:
+                        pass
+            sys.exit(3)
         messages.append(reply)
         if not reply.get("tool_calls"):
             return messages
@@ -62,6 +69,8 @@ class TinySettings(BaseModel):
     restarts: int = 0
     fork: bool = False
     timeout: float = 120.0
+    #: Ask again, for ever, when the gateway answers an error (a harness's client retries).
+    retry_errors: bool = False
 
 
 def tiny_spec(path: Path) -> AgentSpec[TinySettings]:
@@ -78,6 +87,7 @@ def tiny_spec(path: Path) -> AgentSpec[TinySettings]:
                 "STEPS": str(settings.steps),
                 "RESTARTS": str(settings.restarts),
                 "FORK": "1" if settings.fork else "0",
+                "RETRY_ERRORS": "1" if settings.retry_errors else "0",
             },
             timeout=settings.timeout,
         )

@@ -51,6 +51,11 @@ class Row:
     attempt: int | None = None  # the attempt the result is of (a retry or resume: > 1)
     #: A rubric's scores: every component's and every metric's, by key ({} for one reward).
     reward_components: dict[str, float] = field(default_factory=dict)
+    #: A run with several model servers: the one this episode ran on, its generated tokens,
+    #: and the servers of its earlier attempts that were lost there (retried).
+    model_server: str | None = None
+    generated_tokens: int | None = None
+    lost_on: tuple[str, ...] = ()
 
     @property
     def total_seconds(self) -> float | None:
@@ -81,7 +86,13 @@ class Row:
             "tampered": self.tampered,
             "attempt": self.attempt,
             "reward_components": self.reward_components,
+            "model_server": self.model_server,
         }
+
+    def server_record(self) -> dict[str, Any]:
+        """``model_server`` as the results record has it."""
+        server = {"name": self.model_server, "generated_tokens": self.generated_tokens}
+        return {"model_server": server}
 
     def as_record(self) -> dict[str, Any]:
         """The fields :func:`uniagent.run.summary.summarize` reads."""
@@ -94,6 +105,8 @@ class Row:
             "metrics": {**metrics, "tool_calls": self.tool_calls},
             "reward_info": {"rubric": {k: {"score": v} for k, v in self.reward_components.items()}},
             "integrity_flags": self.integrity,
+            **(self.server_record() if self.model_server else {}),
+            "previous_attempts": [{"model_server": name} for name in self.lost_on],
         }
 
 
@@ -105,6 +118,7 @@ def row_from_record(record: dict[str, Any], key: str, order: int, offset: int | 
     error = as_str(record.get("error"))
     info = as_mapping(record.get("reward_info"))
     tampered = as_mapping(info.get("integrity")).get("tampered")
+    server = as_mapping(record.get("model_server"))
     return Row(
         key=key,
         task_id=str(record.get("task_id", key)),
@@ -130,6 +144,13 @@ def row_from_record(record: dict[str, Any], key: str, order: int, offset: int | 
         offset=offset,
         attempt=as_int(record.get("attempt")),
         reward_components=component_scores(info),
+        model_server=as_str(server.get("name")),
+        generated_tokens=as_int(server.get("generated_tokens")),
+        lost_on=tuple(
+            name
+            for before in record.get("previous_attempts") or ()
+            if isinstance(before, dict) and (name := as_str(before.get("model_server")))
+        ),
     )
 
 

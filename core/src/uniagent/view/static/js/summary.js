@@ -40,6 +40,7 @@ export async function renderSummary(main, runId) {
         panel("Where the time went", timeBreakdown(s), "time-chart"),
         panel("Status", bars(status, (k) => `bar-st-${k}`), "status-chart"),
         panel("Probing the grader", probing(s), "integrity-chart"),
+        s.servers ? panel("Model servers", servers(s.servers), "server-chart") : null,
       ),
     );
     const errors = s.errors || {};
@@ -135,4 +136,14 @@ function probing(s) {
     h("h4", {}, "Tampering episodes over the run"),
     columns(over, "episodes", () => "fill-zero"),
     ...perClass);
+}
+
+// A run with several model servers: episodes that ended on each (bars), with their
+// generated tokens and the attempts lost there (retried elsewhere).
+function servers(shares) {
+  const entries = Object.entries(shares).map(([name, v]) => [name, v.episodes]);
+  return h("div", {},
+    bars(entries, () => "bar-tool"),
+    h("p", { class: "muted small" }, Object.entries(shares).map(([name, v]) =>
+      `${name}: ${num(v.generated_tokens)} tokens, ${num(v.failed_attempts)} attempts lost`).join(" · ")));
 }
