@@ -202,10 +202,11 @@ def test_task_toml_is_read_strictly(tmp_path: Path) -> None:
 
 def test_the_loader_makes_one_task_per_folder() -> None:
     tasks, bad = load_harbor_tasks(GOOD, BWRAP)
-    assert not bad
-    assert [t.id for t in tasks] == [
-        "hello-file", "named-rewards", "prebuilt-image", "verifier-timeout"
-    ]  # fmt: skip
+    # On the host a prebuilt image is an environment it does not have: refused by name.
+    [(prebuilt, why)] = [(b.task_id, b.reason) for b in bad]
+    assert prebuilt == "prebuilt-image" and "environment.docker_image" in why
+    assert "env.deployment.type: local" in why
+    assert [t.id for t in tasks] == ["hello-file", "named-rewards", "verifier-timeout"]
     hello = tasks[0].row
     text = (GOOD / "hello-file" / "instruction.md").read_text()
     assert hello["problem_statement"] == text
@@ -216,13 +217,74 @@ def test_the_loader_makes_one_task_per_folder() -> None:
     assert args[:3] == ["--symlink", "/tmp/.harbor/tests", "/tests"]
     # [agent] timeout_sec is the agent's time limit; a task without one has none.
     assert tasks[0].overrides()["interaction"] == {"time_limit": 300.0}
-    assert "interaction" not in tasks[2].overrides()
+    assert "interaction" not in tasks[1].overrides()
+    # The environment's work dir: the sandbox's own directory, seen at /app.
+    assert tasks[0].overrides()["env"]["deployment"]["sandbox_workdir"] == "/app"
     # One folder is a task set of one.
     one, _ = load_harbor_tasks(GOOD / "hello-file", BWRAP)
     assert [t.id for t in one] == ["hello-file"]
     # The host backend without bubblewrap cannot give each sandbox its own /tests.
     _, bad = load_harbor_tasks(GOOD, {"type": "host", "isolation": "none"})
     assert len(bad) == 4 and "isolation: bwrap" in bad[0].reason
+
+
+def host_task(tmp_path: Path, dockerfile: str, name: str = "hello-file") -> Path:
+    """A copy of ``hello-file`` whose environment/Dockerfile is ``dockerfile``."""
+    task = tmp_path / "tasks" / name
+    shutil.copytree(GOOD / "hello-file", task)
+    (task / "environment" / "Dockerfile").write_text(dockerfile)
+    toml = task / "task.toml"
+    toml.write_text(toml.read_text().replace('workdir = "/app"\n', ""))
+    return task
+
+
+def test_the_host_reproduces_workdir_and_env_and_refuses_what_it_would_have_to_build(
+    tmp_path,
+) -> None:
+    from uniagent.harbor.hostenv import host_environment
+
+    def host(dockerfile: str) -> dict[str, Any]:
+        task = host_task(tmp_path / str(len(list(tmp_path.iterdir()))), dockerfile)
+        return host_environment(load_task_toml(task / "task.toml"), task)
+
+    assert host("FROM debian:bookworm-slim\n") == {}
+    assert host(
+        "# syntax=docker/dockerfile:1\nARG V=1\nFROM debian\nLABEL a=b\nWORKDIR /srv\n"
+        'WORKDIR app\nENV A=1 B="two words" \\\n    C=3\nENV OLD the rest\nCMD ["sh"]\n'
+    ) == {"workdir": "/srv/app", "env": {"A": "1", "B": "two words", "C": "3", "OLD": "the rest"}}
+    for line, bad in [
+        (3, "FROM debian\nWORKDIR /app\nRUN apt-get update && \\\n  apt-get install -y git\n"),
+        (2, "FROM debian\nCOPY data /app/data\n"),
+        (2, "FROM debian\nUSER nobody\n"),
+        (2, 'FROM debian\nENTRYPOINT ["/start.sh"]\n'),
+        (3, "FROM debian\nARG WHERE=/app\nWORKDIR $WHERE\n"),
+    ]:
+        with pytest.raises(ConfigError, match=rf"environment/Dockerfile line {line}: \w+") as e:
+            host(bad)
+        assert "env.deployment.type: local" in str(e.value)
+
+
+def test_a_harbor_task_runs_on_the_host_in_its_work_dir_with_its_variables_or_not_at_all(
+    tools, tmp_path, state
+) -> None:
+    """WORKDIR and ENV are what the agent's commands see; a task whose Dockerfile builds
+    something is refused by run and verify before any sandbox starts (status 2), never run
+    and graded without its environment."""
+    data = tmp_path / "tasks"
+    host_task(tmp_path, "FROM debian:bookworm-slim\nWORKDIR /app\nENV GREETING=hello\n")
+    status, [result] = run(
+        tmp_path / "ok", state, data, 'pwd > /state/where && echo "$GREETING" > hello.txt'
+    )
+    assert status == 0 and result["reward"] == 1.0
+    assert (state / "where").read_text().strip() == "/app"
+    host_task(tmp_path, "FROM debian:bookworm-slim\nRUN echo hello > /app/hello.txt\n", "built")
+    status, results = run(tmp_path / "refused", state, data, "echo hello > hello.txt")
+    assert status == 2 and [r["task_id"] for r in results] == ["hello-file"]
+    summary = json.loads((tmp_path / "refused" / "out" / "summary.json").read_text())
+    [skipped] = summary["skipped_rows"]
+    assert "built: environment/Dockerfile line 2: RUN" in skipped["reason"]
+    status, found = verify(tmp_path, state, data)
+    assert status == 2 and set(found) == {"hello-file"}
 
 
 def test_the_local_backend_gets_the_image_and_workdir() -> None:
@@ -277,10 +339,13 @@ def test_a_separate_verifier_gets_its_own_environment_and_the_artifacts() -> Non
     }
     assert verifier["workdir"] == "/app" and image["harbor"]["verifier_bundled"]
     assert ("verifier-image", "tests") in built
-    # On the host: the same deployment again (no images there), the tests copied in.
-    tasks, _ = load_harbor_tasks(DATA / "separate", BWRAP)
-    assert [t.row["verifier_env"] for t in tasks] == [{}, {}]
+    # On the host: the same deployment again (no images there), the tests copied in; a
+    # verifier whose tests/Dockerfile builds an environment of its own is refused.
+    tasks, bad = load_harbor_tasks(DATA / "separate", BWRAP)
+    assert [t.row["verifier_env"] for t in tasks] == [{}]
     assert not any(t.row["harbor"]["verifier_bundled"] for t in tasks)
+    [refused] = bad
+    assert refused.task_id == "verifier-image" and "tests/Dockerfile line 4: RUN" in refused.reason
     # Without a deployment (data prepare without a config): no verifier sandbox.
     tasks, _ = load_harbor_tasks(DATA / "separate")
     assert all("verifier_env" not in t.row for t in tasks)
@@ -623,11 +688,20 @@ def test_a_symlink_loop_where_the_tests_go_is_the_agents_not_infrastructure(
     assert result["reward_info"]["score_reason"] == "tampered"
 
 
+def host_good(tmp_path: Path) -> Path:
+    """The good tasks that run on the host (not the one in a prebuilt image)."""
+    data = tmp_path / "good"
+    for task in ("hello-file", "named-rewards", "verifier-timeout"):
+        shutil.copytree(GOOD / task, data / task)
+    return data
+
+
 def test_data_prepare_reads_harbor_folders(tools, tmp_path, state) -> None:
     pq = pytest.importorskip("pyarrow.parquet")
     out = tmp_path / "train.parquet"
     config = write_config(tmp_path, state)
-    assert cli(["data", "prepare", str(GOOD), "--out", str(out), "--config", str(config)]) == 0
+    good = host_good(tmp_path)
+    assert cli(["data", "prepare", str(good), "--out", str(out), "--config", str(config)]) == 0
     rows = pq.read_table(out).to_pylist()
     assert [r["extra_info"]["task_id"] for r in rows][:2] == ["hello-file", "named-rewards"]
     assert rows[0]["prompt"][-1]["content"].startswith("Write the word `hello`")
@@ -666,11 +740,10 @@ def verify(tmp_path: Path, state: Path, data: Path, *args: str) -> tuple[int, di
 
 
 def test_every_oracle_scores_1_and_every_baseline_0(tools, tmp_path, state) -> None:
-    status, found = verify(tmp_path, state, GOOD)
+    status, found = verify(tmp_path, state, host_good(tmp_path))
     assert status == 0
     assert {t: (r["status"], r["oracle"], r["baseline"]) for t, r in found.items()} == {
-        t: ("ok", [1.0], [0.0])
-        for t in ("hello-file", "named-rewards", "prebuilt-image", "verifier-timeout")
+        t: ("ok", [1.0], [0.0]) for t in ("hello-file", "named-rewards", "verifier-timeout")
     }
     assert read_exclude(tmp_path / "verify" / "exclude.txt") == frozenset()
 

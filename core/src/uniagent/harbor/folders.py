@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from uniagent.errors import ConfigError
+from uniagent.harbor.hostenv import check_host_verifier, host_environment
 from uniagent.harbor.paths import AGENT_DIRS, ARTIFACTS, SANDBOX_DIRS
 from uniagent.harbor.schema import (
     TaskToml,
@@ -120,7 +121,9 @@ def deployment_overrides(
     ``local``: the task's ``docker_image``, or its Dockerfile built by ``build``; its
     ``workdir``; ``no-network`` as ``--network none``. ``host``: bubblewrap only (the
     task writes ``/tests``, ``/logs`` and ``/solution``: symlinks into the sandbox's own
-    ``/tmp``), no image. Any other backend: the prebuilt ``docker_image``.
+    ``/tmp``), no image: the Dockerfile's ``WORKDIR`` and ``ENV`` reproduced, anything it
+    would build refused (:mod:`uniagent.harbor.hostenv`). Any other backend: the prebuilt
+    ``docker_image``.
     """
     kind = deployment.get("type", "host")
     env = config.environment
@@ -137,7 +140,15 @@ def deployment_overrides(
         # and a separate verifier's artifacts (the verifier's own dirs are made at grading)
         for inside in AGENT_DIRS:
             args += ["--dir", f"{BWRAP_HOME}{inside}"]
-        return {"env": {"deployment": {"bwrap_args": args}}, **time_limit(config)}
+        # The environment as far as the host reproduces it faithfully; else refused.
+        host = host_environment(config, task_dir)
+        sandbox: dict[str, Any] = {"bwrap_args": args}
+        if "workdir" in host:
+            sandbox["sandbox_workdir"] = host["workdir"]
+        env_overrides: dict[str, Any] = {"deployment": sandbox}
+        if "env" in host:
+            env_overrides["env"] = host["env"]
+        return {"env": env_overrides, **time_limit(config)}
     if kind == "local":
         if env.docker_image:
             image = env.docker_image
@@ -181,6 +192,7 @@ def verifier_overrides(
     """
     kind = deployment.get("type", "host")
     if kind == "host":
+        check_host_verifier(config, task_dir)
         return {}, False
     own = config.verifier.environment
     bundled = True
@@ -292,13 +304,27 @@ class Exclusion:
         )
 
 
+def _in_set_order(tasks: Sequence[Task], bad: Sequence[BadRow]) -> list[str]:
+    """The ids of ``tasks`` and of the named bad rows in the set's order: a Harbor folder
+    that could not load is a bad row whose line is its place among the set's folders."""
+    named = {b.line: b.task_id for b in bad if b.task_id is not None}
+    order: list[str] = []
+    rest = iter(t.id for t in tasks)
+    for place in range(1, len(tasks) + len(named) + 1):
+        if place in named:
+            order.append(named.pop(place))
+        elif (task_id := next(rest, None)) is not None:
+            order.append(task_id)
+    return order + list(rest) + list(named.values())
+
+
 def exclude_tasks(
     path: str | Path, tasks: Sequence[Task], bad: Sequence[BadRow]
 ) -> tuple[list[Task], list[BadRow], Exclusion]:
     """``tasks`` and ``bad`` without the ids of the exclude file ``path`` (a bad row whose
     task id it names is excluded too, not reported), and what was taken out."""
     ids = read_exclude(path)
-    known = [t.id for t in tasks] + [b.task_id for b in bad if b.task_id is not None]
+    known = _in_set_order(tasks, bad)
     exclusion = Exclusion(
         str(path),
         tuple(dict.fromkeys(i for i in known if i in ids)),
