@@ -144,6 +144,25 @@ class ScriptedChatServer:
         self._server: ThreadingHTTPServer | None = None
         self._thread: threading.Thread | None = None
 
+    @classmethod
+    def completing(
+        cls, tokenizer: Any, texts: Iterable[str], *, end_of_turn: str = "<|im_end|>"
+    ) -> ScriptedChatServer:
+        """A server continuing token prompts (``/v1/completions``, vLLM's ids) with
+        ``texts`` in order, each as the ids ``tokenizer`` gives it plus ``end_of_turn``:
+        what a served model behind the gateway (a harness's) is scripted with."""
+        eot = int(tokenizer.convert_tokens_to_ids(end_of_turn))
+        replies = deque(texts)
+
+        def next_reply(body: dict[str, Any]) -> Reply | Fail:
+            if not replies:
+                return Fail(500, "ScriptedChatServer: the script is exhausted")
+            text = replies.popleft()
+            ids = [*tokenizer.encode(text, add_special_tokens=False), eot]
+            return Reply(text, token_ids=ids, logprobs=[-0.01] * len(ids))
+
+        return cls(default=next_reply, tokenizer=tokenizer)
+
     # -- lifecycle ----------------------------------------------------------------------
     def start(self) -> ScriptedChatServer:
         """Bind a free port and serve in a daemon thread."""
