@@ -104,6 +104,30 @@ async def test_second_turn_continues_the_context(model: HFLocalModel) -> None:
     assert report.prefix_ok and report.ok, report.summary()
 
 
+async def test_the_next_turn_computes_only_its_new_tokens(model: HFLocalModel) -> None:
+    """A turn whose prompt extends the last one's context continues from that turn's KV
+    cache (the prompt, the reply but its last token): only the new tokens are computed,
+    and the reply is the one a full recompute gives."""
+    question = [{"role": "user", "content": "Is the sky blue? Answer yes or no."}]
+    cache = model.start_cache(SHORT)
+    await model.generate(cache)
+    first = len(cache.context_ids)
+    cache.append_messages(question)
+    before = model.prefixes.reused_tokens
+    await model.generate(cache)
+    assert model.prefixes.reused_tokens - before == first - 1
+    fresh = HFLocalModel(model.model, model.tokenizer, sampling_params={"max_tokens": 24})
+    fresh.prefixes.enabled = False
+    again = fresh.start_cache(SHORT)
+    await fresh.generate(again)
+    again.append_messages(question)
+    await fresh.generate(again)
+    assert fresh.prefixes.reused_tokens == 0
+    assert again.response_ids == cache.response_ids
+    for ours, full in zip(cache.response_logprobs, again.response_logprobs, strict=True):
+        assert math.isclose(ours, full, abs_tol=LOGPROB_TOL)
+
+
 async def test_length_cut_and_budget(model: HFLocalModel) -> None:
     limited = HFLocalModel(
         model.model, model.tokenizer, sampling_params={"max_tokens": 3}, response_length=10

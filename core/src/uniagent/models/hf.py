@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import contextvars
 import difflib
+import functools
 import importlib.metadata as metadata
 import importlib.util
 import os
@@ -332,6 +333,9 @@ class HFLocalModel(TokenChatModel):
         # One guide per end-of-turn token (the template's; in practice one per model).
         self._guides: dict[int, ToolCallGuide] = {}
         self._guides_lock = threading.Lock()
+        #: The KV caches of the last generations: a prompt that extends one (an episode's
+        #: next turn) continues from it instead of computing its whole context again.
+        self.prefixes = PrefixCaches()
 
     @classmethod
     def from_spec(cls, spec: str, **kwargs: Any) -> HFLocalModel:
@@ -485,12 +489,24 @@ class HFLocalModel(TokenChatModel):
             kwargs.update(do_sample=False, temperature=None, top_p=None, top_k=None)
         if params.get("seed") is not None:
             torch.manual_seed(int(params["seed"]))
+        reuse = self.prefixes.enabled and _single_sequence(kwargs)
+        name = _cache_argument()
+        if reuse:
+            past, reused = self.prefixes.take(prompt_ids)
+            kwargs[name] = (
+                past if past is not None else _transformers().DynamicCache(config=model.config)
+            )
+            self.prefixes.reused_tokens += reused
         input_ids = torch.tensor([prompt_ids], device=self.device)
         with torch.no_grad():
             out = model.generate(
                 input_ids=input_ids, attention_mask=torch.ones_like(input_ids), **kwargs
             )
         new = out.sequences[0, len(prompt_ids) :].tolist()
+        kept = getattr(out, name, None) if reuse else None
+        if kept is not None:
+            covered = kept.get_seq_length()
+            self.prefixes.put(out.sequences[0, :covered].tolist(), kept)
         for i, token in enumerate(new):  # batch of one: nothing after the first stop token
             if token in stops:
                 new = new[: i + 1]
@@ -507,6 +523,75 @@ class HFLocalModel(TokenChatModel):
             for step, token in zip(out.logits, new, strict=False)
         ]
         return Generation(token_ids=new, logprobs=logprobs, finish_reason=finish)
+
+
+class PrefixCaches:
+    """The KV caches of the last ``size`` generations, by the token ids they hold.
+
+    An episode's next turn extends the last one's context (its prompt, the reply, the
+    observations): :meth:`take` hands over the cache whose ids are the longest prefix of
+    the new prompt, cut to one token short of it (``generate`` computes at least the last
+    prompt token), so only the new tokens are computed. A cache is taken out while it is
+    extended, so concurrent generations never share one; the oldest are dropped.
+    ``UNIAGENT_HF_PREFIX_CACHE=0`` turns it off. The reused positions' keys and values are
+    the ones computed for the same ids before: log-probs may differ from a recompute of
+    the whole context by float rounding only (as a server's prefix cache does).
+    """
+
+    def __init__(self, size: int = 8) -> None:
+        self.size = size
+        self.enabled = os.environ.get("UNIAGENT_HF_PREFIX_CACHE", "1") != "0"
+        #: Prompt tokens not computed again, over every generation (a measure of the saving).
+        self.reused_tokens = 0
+        self._items: list[tuple[list[int], Any]] = []
+        self._lock = threading.Lock()
+
+    def take(self, prompt_ids: list[int]) -> tuple[Any, int]:
+        """The cache to continue ``prompt_ids`` from and how many of its tokens it holds
+        (``(None, 0)``: none fits)."""
+        with self._lock:
+            best, at = None, -1
+            for i, (ids, _) in enumerate(self._items):
+                fits = len(ids) < len(prompt_ids) and prompt_ids[: len(ids)] == ids
+                if fits and (best is None or len(ids) > len(best[0])):
+                    best, at = self._items[i], i
+            if best is None:
+                return None, 0
+            del self._items[at]
+        ids, cache = best
+        return cache, len(ids)
+
+    def put(self, ids: list[int], cache: Any) -> None:
+        """Keep ``cache`` (holding ``ids``) for a prompt that extends them."""
+        if not ids:
+            return
+        with self._lock:
+            self._items.append((ids, cache))
+            del self._items[: max(0, len(self._items) - self.size)]
+
+
+@functools.cache
+def _cache_argument() -> str:
+    """What ``generate`` and its output call the KV cache: ``cache`` (transformers >= 5.25;
+    the old name warns there), before it ``past_key_values``."""
+    from transformers.generation.utils import GenerateDecoderOnlyOutput
+
+    fields = getattr(GenerateDecoderOnlyOutput, "__dataclass_fields__", {})
+    return "cache" if "cache" in fields else "past_key_values"
+
+
+def _single_sequence(kwargs: Mapping[str, Any]) -> bool:
+    """Whether ``generate`` makes one sequence with a cache of its own kind (no beams, no
+    several returns, no cache options of the caller's)."""
+    return (
+        int(kwargs.get("num_beams") or 1) == 1
+        and int(kwargs.get("num_return_sequences") or 1) == 1
+        and kwargs.get("use_cache", True) is not False
+        and "past_key_values" not in kwargs
+        and "cache" not in kwargs
+        and "cache_implementation" not in kwargs
+        and "assistant_model" not in kwargs
+    )
 
 
 def _transformers() -> Any:
