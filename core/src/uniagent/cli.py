@@ -223,6 +223,7 @@ def _run(args: argparse.Namespace) -> int:
     from uniagent.run.summary import format_summary
 
     config = AgentConfig.from_yaml(args.config)
+    config = with_agent(config, args.agent, args.config)
     # Resolved once, here, and handed down: any typo exits 2 before a sandbox starts.
     agent = resolve(config, source=args.config)
     # The model spec as text (options, paths, fit with the parser): exit 2 before anything.
@@ -269,6 +270,18 @@ def _run(args: argparse.Namespace) -> int:
         print(f"uniagent: {summary['stopped']}", file=sys.stderr)
     sys.stdout.flush()  # inside the guard: a signal while the output blocks is handled
     return status
+
+
+def with_agent(config: Any, agent: str | None, source: str) -> Any:
+    """``config`` with ``--agent NAME`` as its agent: the config's own settings kept when it
+    names the same agent, else none (they belong to another agent)."""
+    if agent is None or agent == config.agent.name:
+        return config
+    from uniagent.config import AgentConfig
+
+    data = config.model_dump(mode="python")
+    data["agent"] = {"name": agent}
+    return AgentConfig.from_dict(data, source=f"{source} with --agent {agent}")
 
 
 def load_run_tasks(args: argparse.Namespace, config: Any) -> tuple[list[Any], list[Any], Any]:
@@ -626,6 +639,15 @@ def build_parser() -> argparse.ArgumentParser:
         "--force-resume",
         action="store_true",
         help="resume although the config, model or task file differ from the folder's manifest",
+    )
+    run.add_argument(
+        "--agent",
+        metavar="NAME",
+        default=None,
+        help="the agent, in place of the config's agent.name: react (the built-in loop) or a "
+        "harness (mini-swe-agent, claude-code, codex, openhands with uniagent-agents-cli; "
+        "`uniagent plugins` lists them); the config's agent.settings are dropped when it "
+        "names another agent",
     )
     run.add_argument(
         "--api-key-env",

@@ -161,13 +161,12 @@ async def test_the_gateway_records_the_servers_ids_and_marks_a_turn_it_did_not_s
 def test_a_harness_runs_on_a_served_model_through_uniagent_run(
     tiny, qwen3_tokenizer, tmp_path: Path
 ) -> None:
-    """``uniagent run`` with a harness and ``--model openai:...``: each gateway turn is one
+    """``uniagent run --agent tiny --model openai:...``: each gateway turn is one
     token-prompt request; the episode is graded and its tree is exact, with the server's ids."""
     write = reply(qwen3_tokenizer, hermes_call("bash", {"command": "echo hello > out.txt"}))
     done = reply(qwen3_tokenizer, "Done.")
     config = tmp_path / "agent.yaml"
-    config.write_text(
-        "agent: {name: tiny}\n"
+    config.write_text(  # the agent comes from --agent
         "env: {deployment: {type: host, isolation: bwrap, network: true}}\n"
         "reward: {name: command, settings: {command: 'grep -qx hello out.txt'}}\n"
     )
@@ -176,7 +175,7 @@ def test_a_harness_runs_on_a_served_model_through_uniagent_run(
     out = tmp_path / "out"
     with ScriptedChatServer([write, done]) as server:
         status = cli(["run", str(config), "--data", str(tasks), "--model", spec(server),
-                      "--out", str(out), "--retries", "0"])  # fmt: skip
+                      "--agent", "tiny", "--out", str(out), "--retries", "0"])  # fmt: skip
     episode = out / "episodes" / "t" / "0"
     result = json.loads((episode / "result.json").read_text())
     assert status == 0, (episode / "log.txt").read_text()[-2000:]
@@ -188,6 +187,8 @@ def test_a_harness_runs_on_a_served_model_through_uniagent_run(
     assert completions[1]["prompt"][: len(first)] == first
     rollout = json.loads((episode / "rollout.json").read_text())
     assert all(t["exact"] for t in rollout["tree"]["turns"])
+    manifest = json.loads((out / "manifest.json").read_text())
+    assert manifest["config"]["agent"] == {"name": "tiny", "settings": {}}
     generated = [i for i, m in zip(rollout["response_ids"], rollout["response_mask"]) if m]
     assert generated == write.token_ids + done.token_ids
 
