@@ -325,7 +325,7 @@ def cmd_verify(args: argparse.Namespace) -> int:
     from uniagent.resolver import resolve
     from uniagent.run.progress import Progress
     from uniagent.verify.check import EXCLUDED, verify_tasks
-    from uniagent.verify.report import format_verdicts, write_report
+    from uniagent.verify.report import RECORDS, SUMMARY, format_verdicts, write_report
 
     config = AgentConfig.from_yaml(args.config)
     agent = resolve(config, source=args.config)
@@ -357,7 +357,7 @@ def cmd_verify(args: argparse.Namespace) -> int:
     )
     print(format_verdicts(verdicts, skipped=bad_rows, exclusion=exclusion))
     print(
-        f"records: {Path(args.out) / 'verify.jsonl'}; summary: {Path(args.out) / 'summary.json'}; "
+        f"records: {Path(args.out) / RECORDS}; summary: {Path(args.out) / SUMMARY}; "
         f"exclude list: {exclude}"
     )
     if bad_rows:

@@ -9,6 +9,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from uniagent.run.layout import SUMMARY
 from uniagent.run.summary import exclusion_lines
 from uniagent.tasks import BadRow
 from uniagent.verify.check import EXCLUDED, Verdict
@@ -17,7 +18,6 @@ if TYPE_CHECKING:  # pragma: no cover
     from uniagent.harbor.folders import Exclusion
 
 RECORDS = "verify.jsonl"
-SUMMARY = "summary.json"
 EXCLUDE = "exclude.txt"
 #: The status a skipped task row (not a task: it could not be loaded) is counted under.
 SKIPPED = "skipped"
