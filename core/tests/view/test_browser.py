@@ -240,6 +240,26 @@ def test_the_summary_draws_its_charts(viewer, page, screenshot):
     screenshot("summary")
 
 
+def test_the_summary_shows_each_model_servers_share(messages_run, viewer_of, page, tmp_path):
+    """A run on several model servers (``--model A --model B``): the summary's panel has a
+    bar per server, with its tokens and the attempts lost there."""
+    run = tmp_path / "run"
+    shutil.copytree(messages_run, run)
+    a, b = "http://10.0.0.1:8000/v1", "http://10.0.0.2:8000/v1"
+    records = [json.loads(line) for line in (run / "results.jsonl").read_text().splitlines()]
+    for i, record in enumerate(records):
+        record["model_server"] = {"name": a if i % 3 else b, "generated_tokens": 10}
+    records[0]["previous_attempts"] = [{"attempt": 1, "exit_reason": "model_error",
+                                        "model_server": a}]  # fmt: skip
+    (run / "results.jsonl").write_text("".join(json.dumps(r) + "\n" for r in records))
+    viewer = viewer_of(str(run))
+    page.goto(viewer.url + "#/r/0/summary")
+    chart = page.locator("#server-chart")
+    expect(chart.locator(".hbar")).to_have_count(2)
+    expect(chart).to_contain_text(f"{a}: 80 tokens, 1 attempts lost")
+    expect(chart).to_contain_text(f"{b}: 40 tokens, 0 attempts lost")
+
+
 def test_compare_two_runs_task_by_task(viewer, page, screenshot):
     page.goto(viewer.url + "#/compare?a=0&b=1")
     rows = page.locator("#compare-table tbody tr")
