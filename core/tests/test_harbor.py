@@ -258,10 +258,13 @@ def test_the_host_reproduces_workdir_and_env_and_refuses_what_it_would_have_to_b
         (2, "FROM debian\nUSER nobody\n"),
         (2, 'FROM debian\nENTRYPOINT ["/start.sh"]\n'),
         (3, "FROM debian\nARG WHERE=/app\nWORKDIR $WHERE\n"),
+        (2, "FROM debian\nENV PATH=/opt/bin:/usr/bin\n"),
     ]:
         with pytest.raises(ConfigError, match=rf"environment/Dockerfile line {line}: \w+") as e:
             host(bad)
         assert "env.deployment.type: local" in str(e.value)
+    with pytest.raises(ConfigError, match="work dir /tmp/app is in /tmp"):
+        host("FROM debian\nWORKDIR /tmp/app\n")
 
 
 def test_a_harbor_task_runs_on_the_host_in_its_work_dir_with_its_variables_or_not_at_all(

@@ -63,7 +63,7 @@ async def test_prompt_ids_go_out_and_the_generated_ids_come_back_as_they_are(
     assert sent["top_k"] == 5 and server.requests[2]["max_tokens"] == 3
 
 
-async def test_a_turn_without_a_limit_asks_for_the_room_left_in_the_servers_context(
+async def test_a_turn_asks_for_at_most_the_room_left_in_the_servers_context(
     qwen3_tokenizer,
 ) -> None:
     """The completions API generates 16 tokens unless told: a turn without ``max_tokens``
@@ -74,6 +74,10 @@ async def test_a_turn_without_a_limit_asks_for_the_room_left_in_the_servers_cont
         await model._generate(prompt, None)
         assert server.requests[-1]["max_tokens"] == 100 - len(prompt)
         assert model.max_model_len == 100
+        # A harness's max_tokens larger than the room left (Claude Code asks for 32,000) is
+        # cut to it: a server would refuse it (400), an infrastructure failure to us.
+        await model._generate(prompt, 32_000)
+        assert server.requests[-1]["max_tokens"] == 100 - len(prompt)
         with pytest.raises(ContextLimitError, match="no room to generate"):
             await model._generate(list(range(100)), None)
         await model.aclose()
@@ -109,10 +113,12 @@ async def test_what_the_server_reports_against_our_ids_and_tokenizer_is_recorded
 
 
 def test_ids_come_from_token_ids_or_token_id_strings_and_none_is_not_a_reply() -> None:
-    assert completion_tokens({"token_ids": [5, 6], "logprobs": {"token_logprobs": [-1, None]}}) == (
+    assert completion_tokens({"token_ids": [5, 6], "logprobs": {"token_logprobs": [-1, -2]}}) == (
         [5, 6],
-        [-1.0, 0.0],
+        [-1.0, -2.0],
     )
+    with pytest.raises(ModelError, match="no log-prob for a generated token"):
+        completion_tokens({"token_ids": [5, 6], "logprobs": {"token_logprobs": [-1, None]}})
     tokens = {"tokens": ["token_id:7", "token_id:8"], "token_logprobs": [-0.5, -0.25]}
     assert completion_tokens({"logprobs": tokens}) == ([7, 8], [-0.5, -0.25])
     assert completion_tokens({"text": "plain", "logprobs": {"tokens": ["pl", "ain"]}}) == (

@@ -152,7 +152,8 @@ class Session:
         runner ends a harness whose model failed: its episode is infrastructure already)."""
         self.backend_errors.append(reason)
         for listener in list(self._failure_listeners):
-            listener(reason)
+            with contextlib.suppress(RuntimeError):  # its episode's loop is gone
+                listener(reason)
 
     def on_backend_failure(self, listener: Callable[[str], None]) -> Callable[[], None]:
         """Call ``listener(reason)`` on each backend failure (from the gateway's thread);

@@ -16,6 +16,7 @@ when it loads (a bad row, with what to use instead), never run and graded withou
 
 from __future__ import annotations
 
+import posixpath
 import re
 import shlex
 from pathlib import Path, PurePosixPath
@@ -31,6 +32,10 @@ WITHOUT_EFFECT = frozenset(
     {"ARG", "LABEL", "MAINTAINER", "CMD", "EXPOSE", "STOPSIGNAL", "HEALTHCHECK", "SHELL"}
 )
 LOCAL = "run it with env.deployment.type: local (podman or docker), which builds it"
+#: Variables the host sandbox sets itself: a task's own would hide its tools.
+SANDBOX_OWN = frozenset({"PATH", "HOME"})
+#: Where a task's work dir cannot be on the host: the sandbox's own mounts.
+SYSTEM_DIRS = frozenset({"tmp", "proc", "dev", "sys", "run"})
 
 
 def instructions(dockerfile: Path) -> list[tuple[int, str, str]]:
@@ -88,12 +93,25 @@ def host_environment(config: TaskToml, task_dir: Path) -> dict[str, Any]:
                 path = PurePosixPath(args.strip("\"'"))
                 workdir = path if path.is_absolute() else (workdir or PurePosixPath("/")) / path
             else:
-                variables.update(_env_pairs(args, where))
+                pairs = _env_pairs(args, where)
+                clash = sorted(pairs.keys() & SANDBOX_OWN)
+                if clash:
+                    raise ConfigError(
+                        f"{where} sets {', '.join(clash)}, which the host sandbox sets itself "
+                        f"(its tools and home); {LOCAL}"
+                    )
+                variables.update(pairs)
     if config.environment.workdir:
         workdir = PurePosixPath(config.environment.workdir)
     out: dict[str, Any] = {}
     if workdir is not None and str(workdir) != "/":
-        out["workdir"] = str(workdir)
+        normal = PurePosixPath(posixpath.normpath(str(workdir)))
+        if normal.parts[1:2] and normal.parts[1] in SYSTEM_DIRS:
+            raise ConfigError(
+                f"the task's work dir {workdir} is in /{normal.parts[1]}, which the host "
+                f"sandbox keeps for itself; {LOCAL}"
+            )
+        out["workdir"] = str(normal)
     if variables:
         out["env"] = variables
     return out
@@ -121,8 +139,8 @@ def _env_pairs(args: str, where: str) -> dict[str, str]:
 def check_host_verifier(config: TaskToml, task_dir: Path) -> None:
     """A separate verifier on the host runs in a new sandbox of the task's environment
     (:func:`host_environment`), the tests copied in: refused when the verifier declares an
-    environment of its own that differs from it (a ``docker_image``, or a
-    ``tests/Dockerfile`` that builds or sets anything the task's does not)."""
+    environment of its own (a ``docker_image``, or a ``tests/Dockerfile`` with anything but
+    ``FROM``, the task's ``WORKDIR`` and instructions without effect)."""
     own = config.verifier.environment
     if own is not None and own.docker_image:
         raise ConfigError(

@@ -489,13 +489,11 @@ class HFLocalModel(TokenChatModel):
             kwargs.update(do_sample=False, temperature=None, top_p=None, top_k=None)
         if params.get("seed") is not None:
             torch.manual_seed(int(params["seed"]))
-        reuse = self.prefixes.enabled and _single_sequence(kwargs)
+        reuse = self.prefixes.enabled and _single_sequence(kwargs, model)
         name = _cache_argument()
         if reuse:
             past, reused = self.prefixes.take(prompt_ids)
-            kwargs[name] = (
-                past if past is not None else _transformers().DynamicCache(config=model.config)
-            )
+            kwargs[name] = past if past is not None else _new_cache(model)
             self.prefixes.reused_tokens += reused
         input_ids = torch.tensor([prompt_ids], device=self.device)
         with torch.no_grad():
@@ -529,17 +527,21 @@ class PrefixCaches:
     """The KV caches of the last ``size`` generations, by the token ids they hold.
 
     An episode's next turn extends the last one's context (its prompt, the reply, the
-    observations): :meth:`take` hands over the cache whose ids are the longest prefix of
-    the new prompt, cut to one token short of it (``generate`` computes at least the last
-    prompt token), so only the new tokens are computed. A cache is taken out while it is
-    extended, so concurrent generations never share one; the oldest are dropped.
-    ``UNIAGENT_HF_PREFIX_CACHE=0`` turns it off. The reused positions' keys and values are
-    the ones computed for the same ids before: log-probs may differ from a recompute of
-    the whole context by float rounding only (as a server's prefix cache does).
+    observations): :meth:`take` hands over the cache whose ids are the longest strict prefix
+    of the new prompt (``generate`` computes at least its last token), so only the new
+    tokens are computed. A cache is taken out while it is extended, so concurrent
+    generations never share one; the oldest are dropped past ``size`` caches or
+    ``tokens`` tokens in all. ``UNIAGENT_HF_PREFIX_CACHE=0`` turns it off. The reused
+    positions' keys and values are the ones computed for the same ids before: logits
+    differ from a recompute of the whole context by float rounding, which can change a
+    sampled (rarely a greedy) token, as a server's prefix cache can.
     """
 
-    def __init__(self, size: int = 8) -> None:
+    def __init__(self, size: int = 8, tokens: int | None = None) -> None:
         self.size = size
+        #: The most tokens kept over all caches (their memory grows with it; for an 8B model
+        #: about 128 KiB a token): the oldest go first.
+        self.tokens = tokens or int(os.environ.get("UNIAGENT_HF_PREFIX_CACHE_TOKENS") or 65536)
         self.enabled = os.environ.get("UNIAGENT_HF_PREFIX_CACHE", "1") != "0"
         #: Prompt tokens not computed again, over every generation (a measure of the saving).
         self.reused_tokens = 0
@@ -565,9 +567,13 @@ class PrefixCaches:
         """Keep ``cache`` (holding ``ids``) for a prompt that extends them."""
         if not ids:
             return
+        if len(ids) > self.tokens:
+            return
         with self._lock:
             self._items.append((ids, cache))
             del self._items[: max(0, len(self._items) - self.size)]
+            while sum(len(i) for i, _ in self._items) > self.tokens:
+                del self._items[0]
 
 
 @functools.cache
@@ -580,9 +586,21 @@ def _cache_argument() -> str:
     return "cache" if "cache" in fields else "past_key_values"
 
 
-def _single_sequence(kwargs: Mapping[str, Any]) -> bool:
-    """Whether ``generate`` makes one sequence with a cache of its own kind (no beams, no
-    several returns, no cache options of the caller's)."""
+def _new_cache(model: Any) -> Any:
+    """An empty ``DynamicCache`` for ``model`` (its signature changed in transformers 4.56)."""
+    cache_class = _transformers().DynamicCache
+    try:
+        return cache_class(config=model.config)
+    except TypeError:
+        return cache_class()
+
+
+def _single_sequence(kwargs: Mapping[str, Any], model: Any) -> bool:
+    """Whether ``generate`` makes one sequence with a plain dynamic cache (no beams, no
+    several returns, no cache options of the caller's or of the model's own config)."""
+    config = getattr(model, "generation_config", None)
+    if getattr(config, "cache_implementation", None):
+        return False
     return (
         int(kwargs.get("num_beams") or 1) == 1
         and int(kwargs.get("num_return_sequences") or 1) == 1

@@ -76,7 +76,8 @@ class ServedTokenModel(TokenChatModel):
         self.model, self.where = model, self.chat.where
         #: Tokens generated through this object (a pool's per-episode copy counts its own).
         self.generated_tokens = 0
-        self._asked = self._warned = False
+        #: Shared with this model's copies (a pool's episodes): the server's context length.
+        self._shared: dict[str, Any] = {"asked": False, "warned": False, "length": None}
 
     async def aclose(self) -> None:
         """Close the HTTP client."""
@@ -102,37 +103,45 @@ class ServedTokenModel(TokenChatModel):
 
     async def context_length(self) -> int | None:
         """The server's context length for this model (``max_model_len`` unless given:
-        vLLM lists it with its models), asked once; None when the server does not say."""
-        if self.max_model_len is None and not self._asked:
-            self._asked = True
-            try:
-                listed = await self.chat.client.models.list()
-            except Exception as exc:  # the turn itself will report a server that is down
-                log.debug("%s: no model list: %s", self.where, exc)
-                return None
-            for entry in getattr(listed, "data", None) or ():
-                extra = getattr(entry, "model_extra", None) or {}
-                if getattr(entry, "id", None) == self.model and extra.get("max_model_len"):
-                    self.max_model_len = int(extra["max_model_len"])
+        vLLM lists it with its models), asked once for this model and its copies (a pool's
+        episodes share the answer); None when the server does not say."""
+        if self.max_model_len is None:
+            shared = self._shared
+            if not shared["asked"]:
+                shared["asked"] = True
+                try:
+                    listed = await self.chat.client.models.list()
+                except Exception as exc:  # the turn itself reports a server that is down
+                    log.debug("%s: no model list: %s", self.where, exc)
+                    shared["asked"] = False  # asked again next turn
+                    return None
+                for entry in getattr(listed, "data", None) or ():
+                    extra = getattr(entry, "model_extra", None) or {}
+                    if getattr(entry, "id", None) == self.model and extra.get("max_model_len"):
+                        shared["length"] = int(extra["max_model_len"])
+            self.max_model_len = shared.get("length")
         return self.max_model_len
 
     async def _generate(self, prompt_ids: list[int], max_tokens: int | None) -> Generation:
-        if max_tokens is None:  # the completions API's default is 16 tokens: ask for the room
-            context = await self.context_length()
-            if context is not None:
-                if len(prompt_ids) >= context:
-                    raise ContextLimitError(
-                        f"the prompt is {len(prompt_ids)} tokens: no room to generate in the "
-                        f"server's context of {context} ({self.where})"
-                    )
-                max_tokens = context - len(prompt_ids)
-            elif not self._warned:
-                self._warned = True
-                log.warning(
-                    "%s does not list its context length: turns without max_tokens get the "
-                    "server's default; set sampling.max_tokens",
-                    self.where,
+        # Every request fits the server's context: a harness's max_tokens (Claude Code asks
+        # for 32,000) is cut to the room left, and a prompt with no room left is the
+        # policy's (token_limit) here, never a 400 from the server counted as its failure.
+        context = await self.context_length()
+        if context is not None:
+            room = context - len(prompt_ids)
+            if room <= 0:
+                raise ContextLimitError(
+                    f"the prompt is {len(prompt_ids)} tokens: no room to generate in the "
+                    f"server's context of {context} ({self.where})"
                 )
+            max_tokens = room if max_tokens is None else min(max_tokens, room)
+        elif max_tokens is None and not self._shared["warned"]:
+            self._shared["warned"] = True
+            log.warning(
+                "%s does not list its context length: turns without max_tokens get the "
+                "server's default (16 tokens for the completions API); set sampling.max_tokens",
+                self.where,
+            )
         data = await self.chat._create(self.request(prompt_ids, max_tokens), "/completions")
         try:
             choice = data["choices"][0]
@@ -197,7 +206,9 @@ def completion_tokens(choice: Mapping[str, Any]) -> tuple[list[int] | None, list
             ids = None
     if ids is None:
         return None, None
-    logprobs = [float(x) if x is not None else 0.0 for x in raw] if raw is not None else None
+    if raw is not None and any(x is None for x in raw):
+        raise ModelError("the server returned no log-prob for a generated token")
+    logprobs = [float(x) for x in raw] if raw is not None else None
     if logprobs is not None and len(logprobs) != len(ids):
         raise ModelError(
             f"the server returned {len(logprobs)} log-probs for {len(ids)} generated ids"

@@ -17,6 +17,7 @@ eager (compiling costs minutes a start), with its internal queue on loopback.
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import os
@@ -153,13 +154,18 @@ class VllmServer:
                 argv, env=env, stdout=out, stderr=subprocess.STDOUT, start_new_session=True
             )
         deadline = time.monotonic() + self.start_timeout
-        while not self._answers():
-            if self.process.poll() is not None:
-                raise VllmError(f"vLLM exited with {self.process.returncode}: {self._tail()}")
-            if time.monotonic() > deadline:
-                self.stop()
-                raise VllmError(f"vLLM did not answer in {self.start_timeout:g} s: {self._tail()}")
-            time.sleep(1.0)  # polling the server's readiness (its start is minutes)
+        try:
+            while not self._answers():
+                if self.process.poll() is not None:
+                    code = self.process.returncode
+                    raise VllmError(f"vLLM exited with {code}: {self._tail()}")
+                if time.monotonic() > deadline:
+                    seconds = f"{self.start_timeout:g}"
+                    raise VllmError(f"vLLM did not answer in {seconds} s: {self._tail()}")
+                time.sleep(1.0)  # polling the server's readiness (its start is minutes)
+        except BaseException:  # interrupted too: no server (or engine) left behind
+            self.stop()
+            raise
         return self
 
     def _answers(self) -> bool:
@@ -178,16 +184,20 @@ class VllmServer:
     def stop(self) -> None:
         """Stop the server's process group (TERM, then KILL after 30 s)."""
         process, self.process = self.process, None
-        if process is None or process.poll() is not None:
+        if process is None:
             return
         try:
-            os.killpg(process.pid, signal.SIGTERM)
-            process.wait(timeout=30)
+            if process.poll() is None:
+                os.killpg(process.pid, signal.SIGTERM)
+                process.wait(timeout=30)
         except subprocess.TimeoutExpired:
-            os.killpg(process.pid, signal.SIGKILL)
-            process.wait()
-        except ProcessLookupError:
             pass
+        except ProcessLookupError:
+            return
+        # Its engine runs in processes of its own in the group: none may outlive it.
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(process.pid, signal.SIGKILL)
+        process.wait()
 
     def __enter__(self) -> VllmServer:
         return self.start()
