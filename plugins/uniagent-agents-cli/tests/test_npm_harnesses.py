@@ -13,9 +13,13 @@ from typing import Any
 import pytest
 from conftest import check_solved, harness_config, run_one
 
-from uniagent.models import from_spec
-from uniagent.testing import ScriptedChatServer, ScriptedTokenModel, hermes_call
-from uniagent.testing.tokenizers import qwen3_tokenizer_path
+from uniagent.testing import (
+    ScriptedChatServer,
+    ScriptedTokenModel,
+    hermes_call,
+    qwen3_tokenizer_path,
+    served_token_model,
+)
 
 
 @pytest.fixture(params=["in-process", "served"])
@@ -28,8 +32,7 @@ def scripted(request: pytest.FixtureRequest, qwen3_tokenizer: Any) -> Any:
             yield ScriptedTokenModel(qwen3_tokenizer, script)
             return
         with ScriptedChatServer.completing(qwen3_tokenizer, script) as server:
-            spec = f"openai:{server.base_url}#m?tokenizer={qwen3_tokenizer_path()}"
-            yield from_spec(spec, token_backend=True)
+            yield served_token_model(server.base_url, qwen3_tokenizer_path())
             assert server.requests and all("prompt" in r for r in server.requests)
 
     return model

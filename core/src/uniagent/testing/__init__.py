@@ -32,7 +32,19 @@ from uniagent.testing.datasets import swe_bench_verified_rows
 from uniagent.testing.grading import MAKE_PREFIX, grade, prepare_grader
 from uniagent.testing.images import TEST_IMAGE, engine_with_test_image
 from uniagent.testing.scripted import ScriptedTokenModel, hermes_call, logprob_for
-from uniagent.testing.tokenizers import load_llama3_tokenizer, load_qwen3_tokenizer
+from uniagent.testing.tokenizers import (
+    load_llama3_tokenizer,
+    load_qwen3_tokenizer,
+    qwen3_tokenizer_path,
+)
+
+
+def served_token_model(base_url: str, tokenizer: str | Path, model: str = "m") -> Any:
+    """What a harness agent gets for ``--model openai:BASE_URL#MODEL?tokenizer=PATH``: the
+    server's ``/v1/completions`` continuing prompt ids (``ServedTokenModel``)."""
+    from uniagent.models.spec import from_spec
+
+    return from_spec(f"openai:{base_url}#{model}?tokenizer={tokenizer}", token_backend=True)
 
 
 def cli(argv: Sequence[str]) -> int:
@@ -112,8 +124,10 @@ __all__ = [
     "load_qwen3_tokenizer",
     "logprob_for",
     "prepare_grader",
+    "qwen3_tokenizer_path",
     "run_harbor_tasks",
     "run_tasks",
+    "served_token_model",
     "swe_bench_verified_rows",
     "tool_call",
 ]
