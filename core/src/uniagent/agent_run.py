@@ -71,6 +71,20 @@ class AgentRun:
     tree: Mapping[str, Any] | None = None
     #: The tools of MCP servers the agent had, by name: their server (``mcp:NAME``).
     tool_servers: Mapping[str, str] = field(default_factory=dict)
+    #: A tree rollout's leaves (``interaction.branching``), the root's own branch first;
+    #: each has its ``branch``, ``env`` (its sandbox: the episode's own for the first, a fork
+    #: for the others, which the episode grades and closes) and ``metrics``. ``None``: one
+    #: branch.
+    leaves: list[AgentRun] | None = None
+    branch: tuple[int, ...] = ()
+    env: AgentEnv | None = None
+    metrics: EpisodeMetrics | None = None
+    #: Where the tree split: ``{"turn", "leaf", "width", "why"}`` per branch point.
+    splits: list[dict[str, Any]] = field(default_factory=list)
+    #: The parent shell's background jobs a fork did not carry (a leaf's, from its fork).
+    lost_processes: tuple[str, ...] = ()
+    #: Where the root sandbox's directories are in this leaf's (a fork without bubblewrap).
+    moved: Mapping[str, str] = field(default_factory=dict)
 
 
 class EpisodeAgent(Protocol):

@@ -52,6 +52,43 @@ class _Strict(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
 
+class BranchingConfig(_Strict):
+    """Tree rollouts of the built-in loop: where an episode forks its sandbox and continues
+    several ways (docs/training.md, "Tree rollouts")."""
+
+    at_turns: list[StrictInt] = Field(
+        default_factory=list,
+        description="model turns (from 1) at which every branch reaching them splits into "
+        "`width` continuations, each sampling that turn anew from the same state",
+    )
+    entropy_above: float | None = Field(
+        None,
+        gt=0,
+        description="also split at a turn whose sampled tokens' mean surprisal (-log-prob, "
+        "nats) is above this (the model was uncertain); null: only at_turns",
+    )
+    width: int = Field(2, ge=2, le=64, description="continuations at a branch point (k)")
+    max_leaves: int = Field(
+        8,
+        ge=1,
+        le=1024,
+        description="at most this many leaves per task (a split that would "
+        "pass it makes only the branches that fit, or none)",
+    )
+
+    @field_validator("at_turns")
+    @classmethod
+    def _turns(cls, value: list[int]) -> list[int]:
+        if any(t < 1 for t in value):
+            raise ValueError("turns count from 1")
+        return sorted(set(value))
+
+    @property
+    def enabled(self) -> bool:
+        """Whether any episode can branch."""
+        return bool(self.at_turns) or self.entropy_above is not None
+
+
 class InteractionConfig(_Strict):
     """Limits of the ReAct loop."""
 
@@ -73,6 +110,11 @@ class InteractionConfig(_Strict):
         None,
         ge=1,
         description="consecutive unparsable turns before format_error ends (None: never)",
+    )
+    branching: BranchingConfig | None = Field(
+        None,
+        description="tree rollouts: fork the sandbox mid-episode and continue several ways "
+        "(built-in loop only; a backend that can fork)",
     )
 
 

@@ -8,6 +8,8 @@ exactly one exit reason. The agent, the built-in loop or a harness, is an
 
 from __future__ import annotations
 
+import asyncio
+import copy
 import logging
 import time
 import traceback
@@ -15,11 +17,12 @@ from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from uniagent.agent_run import EpisodeAgent, EpisodeContext
+from uniagent.agent_run import AgentRun, EpisodeAgent, EpisodeContext
 from uniagent.config import AgentConfig
 from uniagent.env import AgentEnv
 from uniagent.errors import ConfigError
 from uniagent.exit import ExitReason
+from uniagent.gateway.tree import TrajectoryTree
 from uniagent.grading.grader import EpisodeGrader, GradingPlan
 from uniagent.interaction.loop import InteractionResult
 from uniagent.interaction.metrics import EpisodeMetrics
@@ -30,6 +33,7 @@ from uniagent.interaction.prompts import (  # noqa: F401
     first_messages,
     system_prompt,
 )
+from uniagent.interaction.tree import leaf_name
 from uniagent.models.base import ChatModel
 from uniagent.observer import NULL_OBSERVER, EpisodeObserver
 from uniagent.resolver import ResolvedAgent
@@ -63,6 +67,20 @@ class EpisodeResult(InteractionResult):
     tree: Mapping[str, Any] | None = None
     #: The MCP servers' tools the agent had, by name: their server (``mcp:NAME``).
     tool_servers: Mapping[str, str] = field(default_factory=dict)
+    #: A tree rollout's (``interaction.branching``): every leaf's own result, this one's
+    #: branch first (``None``: one branch); ``tree`` then holds the whole tree.
+    leaves: list[EpisodeResult] | None = None
+    #: This leaf's branch path (one number per branch point it passed; empty: no split).
+    branch: tuple[int, ...] = ()
+    #: The branch points (``{"turn", "leaf", "width", "why"}``), on the root's result.
+    splits: list[dict[str, Any]] = field(default_factory=list)
+    #: The parent shell's background jobs a fork did not carry (a forked leaf's).
+    lost_processes: tuple[str, ...] = ()
+
+    @property
+    def leaf(self) -> str | None:
+        """This leaf's name (``"0.2"``), or ``None`` outside a tree rollout."""
+        return leaf_name(self.branch) if self.branch else None
 
     def saved_messages(self) -> list[dict[str, Any]]:
         """The conversation as ``messages.json`` holds it: the messages, and on an assistant
@@ -87,6 +105,8 @@ class EpisodeResult(InteractionResult):
             "metrics": self.metrics.to_dict(),
             "integrity": dict(self.integrity),
             "tool_servers": dict(self.tool_servers),
+            **({"leaf": self.leaf, "branch": list(self.branch)} if self.branch else {}),
+            **({"lost_processes": list(self.lost_processes)} if self.lost_processes else {}),
         }
 
 
@@ -156,26 +176,117 @@ async def _run_episode(
     try:
         observer.phase("agent")
         run = await runner.run(env, metrics)
-        inexact = metrics.inexact_turns > 0 and config.inexact_treatment() == "mask"
-        result = EpisodeResult(
-            exit_reason=run.exit_reason,
-            traj_masked=config.treatment(run.exit_reason) == "mask" or inexact,
-            metrics=metrics,
-            cache=run.cache,
-            submission=run.submission,
-            error=run.error,
-            integrity=integrity,
-            notes=run.notes,
-            turn_scores=dict(run.turn_scores),
-            tree=run.tree,
-            tool_servers=dict(run.tool_servers),
-        )
+        if run.leaves is not None:
+            return await _conclude_tree(
+                config, grader, env, run, integrity, logger, observer, closer
+            )
+        result = _result_of(config, run, metrics, integrity)
         return await _conclude(config, grader, env, result, logger, observer)
     except Exception as exc:
         logger.exception("episode failed")
         return failed(config, ExitReason.UNKNOWN_ERROR, metrics, exc)
     finally:
         await _close(env, closer, observer)
+
+
+def _result_of(
+    config: AgentConfig, run: AgentRun, metrics: EpisodeMetrics, integrity: Mapping[str, Any]
+) -> EpisodeResult:
+    inexact = metrics.inexact_turns > 0 and config.inexact_treatment() == "mask"
+    return EpisodeResult(
+        exit_reason=run.exit_reason,
+        traj_masked=config.treatment(run.exit_reason) == "mask" or inexact,
+        metrics=metrics,
+        cache=run.cache,
+        submission=run.submission,
+        error=run.error,
+        integrity=integrity,
+        notes=run.notes,
+        turn_scores=dict(run.turn_scores),
+        tree=run.tree,
+        tool_servers=dict(run.tool_servers),
+        branch=run.branch,
+        lost_processes=run.lost_processes,
+    )
+
+
+async def _conclude_tree(
+    config: AgentConfig,
+    grader: EpisodeGrader | None,
+    env: AgentEnv,
+    run: AgentRun,
+    integrity: Mapping[str, Any],
+    logger: logging.Logger,
+    observer: EpisodeObserver,
+    closer: Closer | None,
+) -> EpisodeResult:
+    """A tree rollout's end: every leaf graded in its own sandbox, each fork's with the
+    root's baseline (:meth:`EpisodeGrader.for_fork`), then closed; the episode's result is
+    its root branch's, with every leaf's result (``leaves``) and the tree (``tree``)."""
+    assert run.leaves is not None
+
+    async def conclude(leaf: AgentRun) -> EpisodeResult:
+        own = leaf.env is None or leaf.env is env
+        sandbox = env if leaf.env is None else leaf.env
+        metrics = leaf.metrics or EpisodeMetrics()
+        leaf_grader = grader if own or grader is None else grader.for_fork(leaf.moved)
+        try:
+            result = _result_of(config, leaf, metrics, integrity)
+            return await _conclude(config, leaf_grader, sandbox, result, logger, observer)
+        except Exception as exc:
+            logger.exception("leaf %s failed", leaf_name(leaf.branch))
+            result = failed(config, ExitReason.UNKNOWN_ERROR, metrics, exc)
+            result.branch = leaf.branch
+            return result
+        finally:
+            if not own:
+                if leaf_grader is not None and leaf_grader is not grader:
+                    await leaf_grader.close()
+                await _close(sandbox, closer, observer)
+
+    leaves = list(await asyncio.gather(*(conclude(leaf) for leaf in run.leaves)))
+    root = copy.copy(leaves[0])
+    root.leaves = leaves
+    root.splits = list(run.splits)
+    root.tree = tree_record(leaves, run.splits)
+    return root
+
+
+def tree_record(
+    leaves: Sequence[EpisodeResult], splits: Sequence[Mapping[str, Any]]
+) -> dict[str, Any]:
+    """A tree rollout's record: the leaves' token runs as one trajectory tree (the
+    gateway's format, ``uniagent.trajectory_tree/1``: shared prefixes are shared nodes),
+    plus ``leaves`` (per leaf: its node, name, branch path, reward, exit reason, masking)
+    and ``splits`` (the branch points). A message-mode rollout has no token runs: its
+    ``nodes`` are empty and each leaf's ``node`` is ``None``."""
+    tree = TrajectoryTree()
+    rows: list[dict[str, Any]] = []
+    for leaf in leaves:
+        node_id = None
+        cache = leaf.cache
+        if cache is not None and cache.mode == "tokens" and cache.prompt_ids:
+            prompt, mask = cache.prompt_ids, cache.response_mask
+            logprobs = cache.response_logprobs if cache.has_logprobs else [0.0] * len(mask)
+            node = tree.insert(
+                [*prompt, *cache.response_ids],
+                [0] * len(prompt) + list(mask),
+                [0.0] * len(prompt) + list(logprobs),
+            )
+            node_id = node.id
+        rows.append({
+            "leaf": leaf_name(leaf.branch),
+            "branch": list(leaf.branch),
+            "node": node_id,
+            "exit_reason": leaf.exit_reason.value,
+            "traj_masked": leaf.traj_masked,
+            "reward": leaf.reward,
+            "turns": leaf.metrics.turns,
+        })  # fmt: skip
+    record = tree.to_dict()
+    record["leaves"] = rows
+    record["splits"] = [dict(s) for s in splits]
+    return record
 
 
 def runner_of(spec: AgentSpec[Any]) -> Callable[[EpisodeContext], EpisodeAgent]:

@@ -208,6 +208,7 @@ def _resolve(
             f"is the gateway: tool parser {parser.name!r} cannot serve it (it has no "
             "read_calls())"
         )
+    _check_branching(config, agent, deployment, deployment_config, source)
     return ResolvedAgent(
         agent=agent,
         agent_settings=agent_settings,
@@ -223,6 +224,32 @@ def _resolve(
         source=source,
         registry=registry,
     )
+
+
+def _check_branching(
+    config: AgentConfig, agent: Any, deployment: Any, deployment_config: Any, source: str
+) -> None:
+    """Tree rollouts need the built-in loop and a sandbox backend that forks."""
+    branching = config.interaction.branching
+    if branching is None or not branching.enabled:
+        return
+    where = f"invalid {source}:\n  interaction.branching"
+    if agent.is_harness or not getattr(agent.runner, "runs_branching", False):
+        raise ConfigError(
+            f"{where}: tree rollouts run in the built-in loop (agent `react`), not in agent "
+            f"{agent.name!r}"
+        )
+    if not deployment.can_fork:
+        raise ConfigError(
+            f"{where}: the {deployment.name!r} sandbox backend cannot fork its sandboxes "
+            "(`uniagent plugins --json` shows can_fork); use one that can (host, local, modal)"
+        )
+    if getattr(deployment_config, "binds", None):
+        raise ConfigError(
+            f"{where}: env.deployment.binds are shared by a sandbox and its forks (each "
+            "leaf would see the others' writes there); use ro_binds, or copy what the "
+            "agent writes into the work dir"
+        )
 
 
 def _with_mcp_sockets(config: AgentConfig, deployment_config: Any, source: str) -> Any:

@@ -18,6 +18,11 @@ def react_agent(context: EpisodeContext) -> EpisodeAgent:
     return ReactAgent(context)
 
 
+#: It runs ``interaction.branching`` (tree rollouts); the resolver refuses branching for a
+#: runner that does not say so.
+react_agent.runs_branching = True  # type: ignore[attr-defined]
+
+
 #: The built-in loop: the configured tools, parser and interaction limits, called directly.
 REACT: AgentSpec[None] = AgentSpec(
     name="react",

@@ -141,6 +141,18 @@ class EpisodeGrader:
             self._ahead = (fresh, asyncio.ensure_future(fresh.start()))
         return self.baseline.report()
 
+    def for_fork(self, moved: Mapping[str, str]) -> EpisodeGrader:
+        """A grader for a fork of the episode's sandbox (a tree rollout's leaf), graded on
+        its own: the same plan, and the baseline taken at the root before the agent's first
+        command (a fork's own state is the agent's doing, never a baseline), its paths moved
+        where the fork has them (``moved``: the root's directory -> the fork's)."""
+        twin = EpisodeGrader(self.plan)
+        twin.prepare_seconds = self.prepare_seconds
+        if self.baseline is not None:
+            twin.baseline = integrity.forked_baseline(self.baseline, moved)
+            twin.workspace = integrity.forked_baseline(self.workspace, moved)
+        return twin
+
     async def fresh_started(self) -> None:
         """Wait until the fresh sandbox started ahead is up (or has failed): what the agent's
         working time hides (benchmarks and tests stand in for it with this)."""

@@ -12,14 +12,15 @@ from the snapshot. The agent's patch (taken, split, scanned, applied) is in
 from __future__ import annotations
 
 import base64
+import copy
 import io
 import logging
 import posixpath
 import re
 import tarfile
 from collections.abc import Awaitable, Callable, Mapping
-from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from dataclasses import dataclass, field, fields, is_dataclass
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from uniagent.env.errors import EnvError
 from uniagent.grading import scripts
@@ -278,6 +279,46 @@ def moved_path(path: str, old: AgentEnv, new: AgentEnv) -> str:
     if own in ("", "/") or not (path + "/").startswith(own + "/"):
         return path
     return posixpath.normpath(posixpath.join(there, posixpath.relpath(path, own)))
+
+
+def forked_baseline(baseline: _T, moved: Mapping[str, str]) -> _T:
+    """``baseline`` (or a :class:`Workspace`) for a fork of its sandbox (a tree rollout's
+    leaf) whose directories are elsewhere: ``moved`` maps the sandbox's root to the fork's
+    (none with bubblewrap, whose sandboxes see the same paths). Every absolute path at or
+    below a moved root, in any field (the repository, the grading environment, the test
+    environment, the outside paths...), is moved; digests, contents and repository-relative
+    paths are not paths of the host and stay as they are."""
+    if not moved:
+        return baseline
+    roots = sorted(((old.rstrip("/"), new.rstrip("/")) for old, new in moved.items()),
+                   key=lambda pair: -len(pair[0]))  # fmt: skip
+
+    def path(text: str) -> str:
+        for old, new in roots:
+            if text == old or text.startswith(old + "/"):
+                return new + text[len(old) :]
+        return text
+
+    def move(value: Any) -> Any:
+        if isinstance(value, str):  # a path, a PATH-like list, a "root:/x" key
+            return ":".join(path(part) for part in value.split(":"))
+        if isinstance(value, Member):  # bytes and a link's target as the copy holds them
+            return value
+        if isinstance(value, dict):
+            return {move(k): move(v) for k, v in value.items()}
+        if isinstance(value, list | tuple | set | frozenset):
+            return type(value)(move(v) for v in value)
+        if is_dataclass(value) and not isinstance(value, type):
+            twin = copy.copy(value)
+            for item in fields(value):
+                object.__setattr__(twin, item.name, move(getattr(value, item.name)))
+            return twin
+        return value  # bytes, numbers, compiled rules (repository-relative patterns)
+
+    return move(baseline)
+
+
+_T = TypeVar("_T")
 
 
 async def tree_of(sandbox: GradingSandbox, repo: str, commit: str = "HEAD") -> str | None:

@@ -3,17 +3,20 @@ configured tools and parser in the agent's sandbox, the model called directly.""
 
 from __future__ import annotations
 
+from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 
 from uniagent.agent_run import AgentRun, EpisodeContext
 from uniagent.env.errors import EnvStartError
-from uniagent.interaction.loop import AgentInteraction
+from uniagent.interaction.loop import AgentInteraction, InteractionResult
 from uniagent.interaction.prompts import describe_tools, first_messages, tool_instructions
+from uniagent.interaction.tree import TreeRollout
 
 if TYPE_CHECKING:  # pragma: no cover - imports for type checkers only
     from uniagent.env.agent_env import AgentEnv
     from uniagent.interaction.metrics import EpisodeMetrics
     from uniagent.resolver import ResolvedAgent
+    from uniagent.rollout import Rollout
 
 
 class ReactAgent:
@@ -58,20 +61,39 @@ class ReactAgent:
             logger=context.logger,
             observer=context.observer,
         )
-        outcome = await interaction.run(cache, metrics)
-        return AgentRun(
-            exit_reason=outcome.exit_reason,
-            cache=cache,
-            submission=outcome.submission,
-            error=outcome.error,
-            notes=outcome.notes,
-            turn_scores=dict(outcome.turn_scores),
-            tool_servers={  # the MCP tools' (uniagent.mcp.tools.McpToolSpec.server)
-                t.name: f"mcp:{server}"
-                for t in tools
-                if isinstance(server := getattr(t, "server", None), str)
-            },
-        )
+        servers = {  # the MCP tools' (uniagent.mcp.tools.McpToolSpec.server)
+            t.name: f"mcp:{server}"
+            for t in tools
+            if isinstance(server := getattr(t, "server", None), str)
+        }
+        branching = context.agent.config.interaction.branching
+        if branching is None or not branching.enabled:
+            outcome = await interaction.run(cache, metrics)
+            return _agent_run(outcome, cache, servers)
+        tree = TreeRollout(branching, context.logger)
+        leaves = await tree.run(interaction, env, cache, metrics)
+        runs = []
+        for leaf in leaves:
+            assert leaf.outcome is not None
+            run = _agent_run(leaf.outcome, leaf.cache, servers)
+            run.branch, run.env, run.metrics = leaf.branch, leaf.env, leaf.metrics
+            run.lost_processes, run.moved = leaf.lost_processes, leaf.moved
+            runs.append(run)
+        # The episode's own run is its root branch's, with every leaf's.
+        splits = [s.to_dict() for s in tree.splits]
+        return replace(runs[0], leaves=runs, env=env, metrics=metrics, splits=splits)
+
+
+def _agent_run(outcome: InteractionResult, cache: Rollout, servers: dict[str, str]) -> AgentRun:
+    return AgentRun(
+        exit_reason=outcome.exit_reason,
+        cache=cache,
+        submission=outcome.submission,
+        error=outcome.error,
+        notes=outcome.notes,
+        turn_scores=dict(outcome.turn_scores),
+        tool_servers=servers,
+    )
 
 
 async def _mcp_tools(agent: ResolvedAgent, env: AgentEnv, tools: list[Any]) -> list[Any]:

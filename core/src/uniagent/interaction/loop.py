@@ -6,12 +6,13 @@ decides what the rollout holds (token ids and log-probs, or messages).
 
 from __future__ import annotations
 
+import copy
 import json
 import logging
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Self
 
 from uniagent.config import InteractionConfig
 from uniagent.env.errors import ActionError, ActionTimeoutError
@@ -108,7 +109,7 @@ class AgentInteraction:
         self.tools_by_name = {t.name: t for t in self.tools}
         self.parser = parser
         self.config = config
-        self.log = logger or log
+        self.log: logging.Logger | logging.LoggerAdapter[Any] = logger or log
         self.timeout_left = config.timeout_budget
         #: Seconds of command time left under ``time_limit`` (None: no limit).
         self.time_left = config.time_limit
@@ -116,11 +117,25 @@ class AgentInteraction:
         self.notes: dict[int, dict[str, Any]] = {}
         self.turn_scores: dict[int, float] = {}
         self._turn = 0
+        #: A tree rollout's (:class:`uniagent.interaction.tree.TreeRollout`): asked before
+        #: each turn whether it may split there, and after the turn's generation whether it
+        #: does (None: one branch).
+        self.brancher: Any = None
+
+    def clone(self, env: Any, logger: logging.Logger | logging.LoggerAdapter[Any]) -> Self:
+        """This loop's state (budgets, counters, notes, scores) on another sandbox: a
+        branch of a tree rollout continues from here with it."""
+        twin = copy.copy(self)
+        twin.env, twin.log = env, logger
+        twin.notes = copy.deepcopy(self.notes)
+        twin.turn_scores = dict(self.turn_scores)
+        return twin
 
     async def run(self, cache: Rollout, metrics: EpisodeMetrics | None = None) -> InteractionResult:
         """Loop until a finishing tool, a limit or an unrecoverable error."""
         metrics = metrics or EpisodeMetrics()
-        for _ in range(self.config.max_turns):
+        while metrics.turns < self.config.max_turns:
+            point = None if self.brancher is None else self.brancher.before(self, cache, metrics)
             metrics.turns += 1
             self._turn = metrics.turns
             self.observer.turn(metrics.turns)
@@ -141,6 +156,8 @@ class AgentInteraction:
                 self.log.info("turn %d: model %.2f s", metrics.turns, elapsed)
             if response.prompt_exact is False:
                 metrics.inexact_turns += 1
+            if point is not None:  # other branches start here (not an error of this one)
+                await self.brancher.split(point, cache)
 
             turn = await self._act(response, metrics, cache)
             if turn.note is not None and cache.messages:

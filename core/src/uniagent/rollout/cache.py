@@ -325,6 +325,16 @@ class Rollout(ABC):
             cache.append_messages(pending)
         return cache
 
+    def branch(self) -> Rollout:
+        """An independent copy to continue another way (a tree rollout's branch): the same
+        conversation, ids, mask and log-probs so far; what is appended to one is not in the
+        other. The tokenizer and the template analysis are shared (they are read-only)."""
+        twin = copy.copy(self)
+        for name, value in vars(self).items():
+            if isinstance(value, list | dict):
+                setattr(twin, name, copy.deepcopy(value))
+        return twin
+
     # ----------------------------------------------------------------- serialization
 
     @abstractmethod

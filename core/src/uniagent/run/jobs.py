@@ -28,7 +28,7 @@ from uniagent.resolver import ResolvedAgent
 from uniagent.run.folder import write_episode
 from uniagent.run.layout import LOG, RESULT, attempt_log, episode_path
 from uniagent.run.progress import EpisodeState, Progress
-from uniagent.run.results import is_infra_failure
+from uniagent.run.results import LEAF_ROWS, is_infra_failure
 from uniagent.run.retry import cause_of
 from uniagent.tasks import Task
 
@@ -70,8 +70,14 @@ def episode_logger(path: Path, name: str) -> tuple[logging.Logger, logging.Handl
 
 def episode_payload(job: Job, result: EpisodeResult) -> dict[str, Any]:
     """What an episode leaves behind, JSON-ready (it may cross processes under Ray)."""
+    record = {"task_id": job.task.id, "sample": job.sample, **result.summary()}
+    if result.leaves is not None:  # a tree rollout: the results file gets a row per leaf
+        record[LEAF_ROWS] = [
+            {"task_id": job.task.id, "sample": job.sample, **leaf.summary()}
+            for leaf in result.leaves
+        ]
     return {
-        "record": {"task_id": job.task.id, "sample": job.sample, **result.summary()},
+        "record": record,
         "messages": result.saved_messages(),
         "rollout": rollout_payload(result),
     }

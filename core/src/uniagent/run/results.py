@@ -32,19 +32,62 @@ INFRA_REASONS = frozenset(
 
 Key = tuple[str, int]
 
+#: A tree rollout's record (``interaction.branching``) holds its leaves' rows under this
+#: key; the results file gets one line per leaf (``leaf``, ``leaf_index``, ``leaves``), and
+#: :func:`latest` puts an attempt's lines together again.
+LEAF_ROWS = "leaf_rows"
+#: What a leaf's line takes from its episode's record (where and how it ran).
+_SHARED = (
+    "episode_dir",
+    "attempt",
+    "previous_attempts",
+    "outcome",
+    "timings",
+    "wall_seconds",
+    "log",
+    "model_server",
+)
+
 
 def is_infra_failure(record: Mapping[str, Any]) -> bool:
-    """Whether an episode record ended for the infrastructure's reasons."""
-    return record.get("exit_reason") in INFRA_REASONS
+    """Whether an episode record ended for the infrastructure's reasons (a tree rollout's:
+    any of its leaves; the whole tree is run again, so that a task's leaves are one try's)."""
+    if record.get("exit_reason") in INFRA_REASONS:
+        return True
+    return any(r.get("exit_reason") in INFRA_REASONS for r in record.get(LEAF_ROWS) or ())
+
+
+def lines_of(record: Mapping[str, Any]) -> list[dict[str, Any]]:
+    """The results-file lines of one record: itself, or a tree rollout's leaf rows."""
+    leaves = record.get(LEAF_ROWS)
+    if not leaves:
+        return [dict(record)]
+    shared = {k: record[k] for k in _SHARED if k in record}
+    return [
+        {**row, **shared, "leaf_index": i, "leaves": len(leaves)} for i, row in enumerate(leaves)
+    ]
+
+
+def episodes_of(records: Iterable[Mapping[str, Any]]) -> list[dict[str, Any]]:
+    """One row per episode, a tree rollout's leaves each counted as one (the summary's)."""
+    return [row for record in records for row in lines_of(record)]
 
 
 def latest(records: Iterable[Mapping[str, Any]]) -> dict[Key, dict[str, Any]]:
-    """The latest record of each (task, sample), in first-seen order."""
+    """The latest record of each (task, sample), in first-seen order. A tree rollout's
+    lines come back as one record: its first leaf's, the rows under :data:`LEAF_ROWS`."""
     found: dict[Key, dict[str, Any]] = {}
     for record in records:
         key = (record["task_id"], record["sample"])
+        index = record.get("leaf_index")
+        group = found.get(key)
+        if isinstance(index, int) and index > 0 and group is not None and LEAF_ROWS in group:
+            group[LEAF_ROWS].append(dict(record))  # the same attempt's next leaf
+            continue
         found.pop(key, None)
         found[key] = dict(record)
+        if index == 0:
+            found[key][LEAF_ROWS] = [dict(record)]
     return found
 
 
@@ -83,8 +126,10 @@ class ResultsFile:
             self.path.write_bytes(data[: data.rfind(b"\n") + 1])
 
     def append(self, record: Mapping[str, Any]) -> None:
-        """Append one line and make it durable before returning (thread-safe)."""
+        """Append its line (a tree rollout's: one per leaf, in one write) and make it
+        durable before returning (thread-safe)."""
+        text = "".join(json.dumps(line, ensure_ascii=False) + "\n" for line in lines_of(record))
         with self._lock, self.path.open("a", encoding="utf-8") as handle:
-            handle.write(json.dumps(record, ensure_ascii=False) + "\n")
+            handle.write(text)
             handle.flush()
             os.fsync(handle.fileno())

@@ -11,7 +11,7 @@ from typing import Any
 
 from uniagent.protect.report import CLASSES, KINDS, integrity_flags
 from uniagent.rubric import component_scores
-from uniagent.run.results import is_infra_failure
+from uniagent.run.results import episodes_of, is_infra_failure
 
 TIME_KEYS = ("setup_seconds", "model_seconds", "env_seconds", "reward_seconds")
 
@@ -26,8 +26,9 @@ def pass_at_k(n: int, c: int, k: int) -> float:
 def summarize(
     records: Iterable[Mapping[str, Any]], *, n: int, wall_seconds: float
 ) -> dict[str, Any]:
-    """The run summary written to ``summary.json`` and printed at the end."""
-    records = list(records)
+    """The run summary written to ``summary.json`` and printed at the end (a tree
+    rollout's leaves each count as an episode, and as a try in pass@k)."""
+    records = episodes_of(records)
     rewards = [r["reward"] for r in records if r.get("reward") is not None]
     by_task: dict[str, list[Mapping[str, Any]]] = defaultdict(list)
     for r in records:
@@ -59,7 +60,9 @@ def summarize(
     servers = server_shares(records)
     if servers:
         summary["servers"] = servers
-    if n > 1:
+    tries = max((len(eps) for eps in by_task.values()), default=0)
+    if max(n, tries) > 1:
+        n = max(n, tries)
         summary["pass_at_k"] = {
             f"pass@{k}": _mean(
                 pass_at_k(len(eps), sum(1 for e in eps if (e.get("reward") or 0) >= 1.0), k)

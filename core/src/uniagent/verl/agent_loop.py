@@ -27,6 +27,7 @@ from verl.experimental.agent_loop.agent_loop import (
 
 from uniagent.config import AgentConfig
 from uniagent.episode import EpisodeResult, first_messages, run_episode
+from uniagent.errors import ConfigError
 from uniagent.exit import ExitReason
 from uniagent.interaction.metrics import EpisodeMetrics
 from uniagent.models import VerlServerModel
@@ -100,6 +101,13 @@ class UniAgentLoop(AgentLoopBase):
         self.tree = TreeSettings.pop_from(kwargs, source=f"agent loop {self.loop_name!r}")
         self.agent = self._base_agent(kwargs)
         self.agent_config = self.agent.config
+        branching = self.agent_config.interaction.branching
+        if branching is not None and branching.enabled:
+            # Each leaf has its own reward; samples carrying the root's would train wrongly.
+            raise ConfigError(
+                f"agent loop {self.loop_name!r}: interaction.branching (tree rollouts) is not "
+                "trained through verl yet; run them with `uniagent run`"
+            )
 
     def _base_agent(self, loop_kwargs: Mapping[str, Any]) -> ResolvedAgent:
         """The resolved base agent, once per worker process for identical YAML entries

@@ -1,0 +1,196 @@
+"""Tree rollouts (``interaction.branching``): an episode forks its sandbox mid-way and goes on
+several ways; every leaf is graded in its own sandbox with the root's baseline.
+
+Real parts: the tiny example task set (git repositories, unittest tests, the ``command``
+reward with its integrity checks), real host sandboxes (none and bubblewrap) and their
+forks, the real Qwen3 tokenizer; the policy is scripted.
+"""
+
+from __future__ import annotations
+
+import io
+import itertools
+import json
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from uniagent.config import AgentConfig
+from uniagent.errors import ConfigError
+from uniagent.rollout import Rollout
+from uniagent.run.progress import Progress
+from uniagent.run.runner import run
+from uniagent.tasks import load_tasks
+from uniagent.testing.scripted import ScriptedTokenModel, hermes_call
+
+ROOT = Path(__file__).resolve().parents[2]
+EXAMPLE = ROOT / "examples" / "swe_tiny"
+NEEDS_BWRAP = pytest.mark.skipif(shutil.which("bwrap") is None, reason="needs bubblewrap")
+ISOLATIONS = ["none", pytest.param("bwrap", marks=NEEDS_BWRAP)]
+TEST = "python3 -m unittest discover -s tests"
+FIX = "sed -i 's|/ len(values)$|/ len(values) if values else 0.0|' stats.py"
+WRONG = "sed -i 's|len(values)|(len(values) + 1)|' stats.py"
+TAMPER = "printf 'import unittest\\n' > tests/test_stats.py"
+
+
+@pytest.fixture(scope="module")
+def tasks(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    out = tmp_path_factory.mktemp("swe_tiny")
+    subprocess.run(
+        [sys.executable, str(EXAMPLE / "make_tasks.py"), str(out)], check=True, capture_output=True
+    )
+    return out / "tasks.jsonl"
+
+
+def config(isolation: str, **branching: Any) -> AgentConfig:
+    data = yaml.safe_load((EXAMPLE / "config.yaml").read_text())
+    data["env"]["deployment"]["isolation"] = isolation
+    data["interaction"]["branching"] = branching or {"at_turns": [2], "width": 4}
+    return AgentConfig.from_dict(data)
+
+
+def turn_of(cache: Rollout) -> int:
+    """The model turn about to be generated (from 1)."""
+    return cache.num_turns + 1
+
+
+def policy(second_turns: list[str]) -> Any:
+    """Turn 1 reads the code; turn 2 runs the next of ``second_turns`` (each branch samples
+    its own: the order they are generated in does not change which ones there are);
+    turn 3 runs the tests, turn 4 submits."""
+    pending = iter(second_turns)
+
+    def reply(cache: Rollout) -> str:
+        turn = turn_of(cache)
+        if turn == 1:
+            return hermes_call("execute_bash", {"command": "cat stats.py"}, "Let me look.")
+        if turn == 2:
+            return hermes_call("execute_bash", {"command": next(pending)})
+        if turn == 3:
+            return hermes_call("execute_bash", {"command": TEST})
+        return hermes_call("submit")
+
+    return reply
+
+
+async def run_tree(
+    tasks_file: Path, agent: AgentConfig, second_turns: list[str], out: Path, qwen3_tokenizer: Any
+) -> tuple[dict[str, Any], list[dict[str, Any]], ScriptedTokenModel]:
+    tasks, bad = load_tasks(tasks_file)
+    mean = [t for t in tasks if t.id == "mean-empty"]
+    model = ScriptedTokenModel(qwen3_tokenizer, policy=policy(second_turns))
+    summary = await run(
+        agent, mean, bad, lambda: model, out, progress=Progress(io.StringIO(), live=False)
+    )
+    rows = [json.loads(line) for line in (out / "results.jsonl").read_text().splitlines()]
+    return summary, rows, model
+
+
+@pytest.mark.parametrize("isolation", ISOLATIONS)
+async def test_a_tree_of_four_leaves_each_graded_in_its_own_sandbox(
+    isolation: str, tasks: Path, qwen3_tokenizer: Any, tmp_path: Path
+) -> None:
+    summary, rows, _ = await run_tree(
+        tasks,
+        config(isolation),
+        [FIX, WRONG, FIX + " # again", WRONG + " # again"],
+        tmp_path / "out",
+        qwen3_tokenizer,
+    )
+    assert sorted(r["leaf"] for r in rows) == ["0", "1", "2", "3"]
+    assert all(r["exit_reason"] == "finished" for r in rows), rows
+    assert sorted(r["reward"] for r in rows) == [0.0, 0.0, 1.0, 1.0], rows
+    assert summary["episodes"] == 4 and summary["mean_reward"] == 0.5
+
+    rollout = json.loads(
+        (tmp_path / "out" / "episodes" / "mean-empty" / "0" / "rollout.json").read_text()
+    )
+    tree = rollout["tree"]
+    assert [s["turn"] for s in tree["splits"]] == [2] and tree["splits"][0]["width"] == 4
+    leaves = {leaf["leaf"]: leaf for leaf in tree["leaves"]}
+    assert sorted(leaves) == ["0", "1", "2", "3"]
+    assert sorted(leaf["reward"] for leaf in leaves.values()) == [0.0, 0.0, 1.0, 1.0]
+    # One shared prefix (the prompt, turn 1 and its output), then four branches whose
+    # turn-2 tokens differ: every leaf's path starts with the same node.
+    assert tree["branches"] == 4
+    nodes = {n["id"]: n for n in tree["nodes"]}
+    tops = [n for n in nodes.values() if n["parent"] == 0]
+    assert len(tops) == 1
+    top = tops[0]
+    runs = [k for k, _ in itertools.groupby(top["mask"])]
+    assert runs[:3] == [0, 1, 0], "the prompt, turn 1's generation, its tool output"
+    for leaf in leaves.values():
+        node = nodes[leaf["node"]]
+        while node["parent"] != 0:
+            node = nodes[node["parent"]]
+        assert node is top
+
+
+async def test_a_leaf_that_tampers_scores_zero_and_its_siblings_keep_theirs(
+    tasks: Path, qwen3_tokenizer: Any, tmp_path: Path
+) -> None:
+    isolation = "bwrap" if shutil.which("bwrap") else "none"
+    _, rows, _ = await run_tree(
+        tasks, config(isolation), [FIX, TAMPER + " && " + FIX, FIX, WRONG],
+        tmp_path / "out", qwen3_tokenizer,
+    )  # fmt: skip
+    by_reward = sorted((r["reward"], r["reward_info"].get("score_reason", "")) for r in rows)
+    assert by_reward == [(0.0, ""), (0.0, "tampered"), (1.0, ""), (1.0, "")], rows
+
+
+def test_branching_needs_a_backend_that_forks() -> None:
+    data = yaml.safe_load((EXAMPLE / "config.yaml").read_text())
+    data["env"]["deployment"] = {"type": "remote", "host": "http://127.0.0.1:1"}
+    data["interaction"]["branching"] = {"at_turns": [2]}
+    from uniagent.resolver import resolve
+
+    with pytest.raises(ConfigError, match="fork"):
+        resolve(AgentConfig.from_dict(data))
+
+
+def test_branching_is_refused_for_a_harness_and_its_settings_are_checked() -> None:
+    from uniagent.resolver import resolve
+
+    data = yaml.safe_load((EXAMPLE / "config.yaml").read_text())
+    data["interaction"]["branching"] = {"at_turns": [2]}
+    data["agent"] = {"name": "mini-swe-agent"}
+    data["env"]["deployment"]["network"] = True
+    with pytest.raises(ConfigError, match="built-in loop"):
+        resolve(AgentConfig.from_dict(data))
+    for bad, message in [
+        ({"at_turns": [0]}, "turns count from 1"),
+        ({"width": 1}, "greater than or equal to 2"),
+        ({"at_turns": [2], "depth": 3}, "interaction.branching.depth"),
+    ]:
+        data = yaml.safe_load((EXAMPLE / "config.yaml").read_text())
+        data["interaction"]["branching"] = bad
+        with pytest.raises(ConfigError, match=message):
+            AgentConfig.from_dict(data)
+
+
+def test_a_trees_lines_are_one_record_again_and_a_retry_replaces_them_all(tmp_path: Path) -> None:
+    from uniagent.run.results import ResultsFile, is_infra_failure, latest
+
+    def tree(rewards: list[float | None], reasons: list[str]) -> dict[str, Any]:
+        rows = [
+            {"task_id": "t", "sample": 0, "leaf": str(i), "reward": r, "exit_reason": e}
+            for i, (r, e) in enumerate(zip(rewards, reasons, strict=True))
+        ]
+        return {**rows[0], "leaf_rows": rows, "attempt": 1, "episode_dir": "x"}
+
+    results = ResultsFile(tmp_path / "results.jsonl")
+    failed = tree([1.0, None, 0.0], ["finished", "reward_error", "finished"])
+    assert is_infra_failure(failed), "one leaf's infrastructure failure runs the tree again"
+    results.append(failed)
+    results.append({"task_id": "u", "sample": 0, "reward": 1.0, "exit_reason": "finished"})
+    results.append(tree([1.0, 0.0], ["finished", "finished"]))
+    lines = results.load()
+    assert len(lines) == 6 and all(line["episode_dir"] == "x" for line in lines[:3])
+    found = latest(lines)
+    assert [r["leaf"] for r in found[("t", 0)]["leaf_rows"]] == ["0", "1"]
+    assert not is_infra_failure(found[("t", 0)]) and "leaf_rows" not in found[("u", 0)]
