@@ -21,7 +21,9 @@ import pytest
 import yaml
 
 from uniagent.config import AgentConfig
+from uniagent.episode import EpisodeResult, run_episode
 from uniagent.errors import ConfigError
+from uniagent.resolver import resolve
 from uniagent.rollout import Rollout
 from uniagent.run.progress import Progress
 from uniagent.run.runner import run
@@ -147,15 +149,11 @@ def test_branching_needs_a_backend_that_forks() -> None:
     data = yaml.safe_load((EXAMPLE / "config.yaml").read_text())
     data["env"]["deployment"] = {"type": "remote", "host": "http://127.0.0.1:1"}
     data["interaction"]["branching"] = {"at_turns": [2]}
-    from uniagent.resolver import resolve
-
     with pytest.raises(ConfigError, match="fork"):
         resolve(AgentConfig.from_dict(data))
 
 
 def test_branching_is_refused_for_a_harness_and_its_settings_are_checked() -> None:
-    from uniagent.resolver import resolve
-
     data = yaml.safe_load((EXAMPLE / "config.yaml").read_text())
     data["interaction"]["branching"] = {"at_turns": [2]}
     data["agent"] = {"name": "mini-swe-agent"}
@@ -194,3 +192,76 @@ def test_a_trees_lines_are_one_record_again_and_a_retry_replaces_them_all(tmp_pa
     found = latest(lines)
     assert [r["leaf"] for r in found[("t", 0)]["leaf_rows"]] == ["0", "1"]
     assert not is_infra_failure(found[("t", 0)]) and "leaf_rows" not in found[("u", 0)]
+
+
+async def episode(
+    tasks_file: Path, agent_config: AgentConfig, model: ScriptedTokenModel
+) -> EpisodeResult:
+    """One tree rollout of the mean-empty task through ``run_episode``."""
+    loaded, _ = load_tasks(tasks_file)
+    task = next(t for t in loaded if t.id == "mean-empty")
+    agent = resolve(agent_config).for_task(task.overrides(), source="test")
+    return await run_episode(agent, task.row, model)
+
+
+@pytest.mark.parametrize("isolation", ISOLATIONS)
+async def test_every_leaf_is_token_exact_and_shares_the_prefix_ids(
+    isolation: str, tasks: Path, qwen3_tokenizer: Any
+) -> None:
+    model = ScriptedTokenModel(
+        qwen3_tokenizer, policy=policy([FIX, WRONG, FIX + " #", WRONG + " #"])
+    )
+    result = await episode(tasks, config(isolation), model)
+    assert result.leaves is not None and len(result.leaves) == 4
+    prefix = None
+    for leaf in result.leaves:
+        assert leaf.cache is not None
+        report = leaf.cache.check_exactness()
+        assert report.ok, (leaf.leaf, report.summary())  # prefix invariant, no drift
+        # Everything before turn 2's generation is the same ids in every leaf.
+        turn2 = leaf.cache.turn_context_lengths[1]
+        ids = [*leaf.cache.prompt_ids, *leaf.cache.response_ids][:turn2]
+        assert prefix is None or ids == prefix
+        prefix = ids
+        assert leaf.metrics.turns == 4 and leaf.exit_reason.value == "finished"
+    assert sorted(leaf.reward or 0.0 for leaf in result.leaves) == [0.0, 0.0, 1.0, 1.0]
+
+
+async def test_an_uncertain_turn_splits_and_the_leaf_budget_holds(
+    tasks: Path, qwen3_tokenizer: Any
+) -> None:
+    # The scripted log-probs are -0.01 to -0.97 per token: a mean surprisal of about 0.5,
+    # so every turn is "uncertain" at 0.1 and none at 5.
+    calm = config("none", entropy_above=5.0)
+    model = ScriptedTokenModel(qwen3_tokenizer, policy=policy([FIX]))
+    result = await episode(tasks, calm, model)
+    assert result.leaves is not None and len(result.leaves) == 1 and not result.splits
+    unsure = config("none", entropy_above=0.1, width=2, max_leaves=3)
+    model = ScriptedTokenModel(qwen3_tokenizer, policy=policy([FIX, WRONG, FIX, WRONG]))
+    result = await episode(tasks, unsure, model)
+    assert result.leaves is not None and len(result.leaves) == 3  # max_leaves
+    # Turn 1 splits the root in two; the new branch samples turn 1 anew (no split there
+    # again); the one of the two that reaches turn 2 first takes the last leaf.
+    assert [s["turn"] for s in result.splits] == [1, 2]
+    assert all("surprisal" in s["why"] for s in result.splits)
+    names = sorted(leaf.leaf or "" for leaf in result.leaves)
+    assert names in (["0.0", "0.1", "1"], ["0", "1.0", "1.1"]), names
+
+
+@pytest.mark.parametrize("isolation", ISOLATIONS)
+async def test_leaves_graded_in_fresh_sandboxes(
+    isolation: str, tasks: Path, qwen3_tokenizer: Any
+) -> None:
+    agent_config = config(isolation)
+    data = agent_config.model_dump(exclude_unset=True)
+    data["reward"]["grade_in"] = "fresh"
+    model = ScriptedTokenModel(
+        qwen3_tokenizer, policy=policy([FIX, TAMPER + " && " + FIX, WRONG, FIX + " #"])
+    )
+    result = await episode(tasks, AgentConfig.from_dict(data), model)
+    assert result.leaves is not None
+    graded = sorted(
+        (leaf.reward, leaf.reward_info.get("score_reason", "")) for leaf in result.leaves
+    )
+    assert graded == [(0.0, ""), (0.0, "tampered"), (1.0, ""), (1.0, "")], graded
+    assert all(leaf.reward_info["integrity"]["grade_in"] == "fresh" for leaf in result.leaves)
