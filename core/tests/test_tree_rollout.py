@@ -265,3 +265,44 @@ async def test_leaves_graded_in_fresh_sandboxes(
     )
     assert graded == [(0.0, ""), (0.0, "tampered"), (1.0, ""), (1.0, "")], graded
     assert all(leaf.reward_info["integrity"]["grade_in"] == "fresh" for leaf in result.leaves)
+
+
+#: A container image with what the tiny tasks need (Debian's Python and git), built offline
+#: once per machine (the integrity tests use the same one).
+GRADING_IMAGE = "localhost/uniagent-integrity:bookworm"
+GRADING_PACKAGES = ("python3", "python3-venv", "python3-pytest", "git")
+
+
+@pytest.mark.parametrize("grade_in", ["episode", "fresh"])
+async def test_a_tree_in_podman_containers(
+    grade_in: str, tasks: Path, qwen3_tokenizer: Any, tmp_path: Path
+) -> None:
+    """The same tree on the ``local`` backend: each fork a commit of the container and a
+    new container from it; each leaf graded in its own container (or a fresh one)."""
+    from uniagent.testing.images import engine_with_test_image
+
+    engine = engine_with_test_image(GRADING_IMAGE, packages=GRADING_PACKAGES)
+    repos = str(tasks.parent / "repos")
+    rows = [json.loads(line) for line in tasks.read_text().splitlines()]
+    for row in rows:  # the repository comes in through a volume, not a host bind
+        del row["config_overrides"]["env"]["deployment"]
+    moved = tmp_path / "tasks.jsonl"
+    moved.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    data = config("none").model_dump(exclude_unset=True)
+    data["env"]["workdir"] = "/testbed"
+    data["env"]["deployment"] = {
+        "type": "local", "image": GRADING_IMAGE, "engine": engine, "pull": "never",
+        "run_args": ["-v", f"{repos}:{repos}:ro"],
+    }  # fmt: skip
+    data["reward"]["grade_in"] = grade_in
+    model = ScriptedTokenModel(
+        qwen3_tokenizer, policy=policy([FIX, TAMPER + " && " + FIX, WRONG, FIX + " #"])
+    )
+    result = await episode(moved, AgentConfig.from_dict(data), model)
+    assert result.leaves is not None and len(result.leaves) == 4
+    graded = sorted(
+        (leaf.reward, leaf.reward_info.get("score_reason", "")) for leaf in result.leaves
+    )
+    assert graded == [(0.0, ""), (0.0, "tampered"), (1.0, ""), (1.0, "")], graded
+    for leaf in result.leaves:
+        assert leaf.cache is not None and leaf.cache.check_exactness().ok
