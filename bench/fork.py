@@ -56,15 +56,29 @@ def size(text: str) -> int:
     return int(text)
 
 
-async def prepared(isolation: str, base: Path, repo: Path, changed: int) -> AgentEnv:
-    """A started sandbox with ``repo`` in its work dir and ``changed`` bytes written."""
-    env = await open_env(
-        {"type": "host", "isolation": isolation, "base_dir": str(base)}
-    ).__aenter__()
+async def prepared(isolation: str, base: Path, repo: Path, changed: int) -> list[AgentEnv]:
+    """A started sandbox with ``repo`` in its work dir and ``changed`` bytes written (the
+    first of the list; the rest are closed after it). ``layered``: bubblewrap, the sandbox
+    layered (``AgentEnv.layered()``) after the repository is in and before the writes, as a
+    tree rollout does before the agent's first command."""
+    bwrap = "bwrap" if isolation == "layered" else isolation
+    env = await open_env({"type": "host", "isolation": bwrap, "base_dir": str(base)}).__aenter__()
     root = env.deployment.root
     await asyncio.to_thread(shutil.copytree, repo, root / "work", symlinks=True, dirs_exist_ok=True)
-    await write(env, changed)
-    return env
+    envs = [env]
+    if isolation == "layered":
+        layered = await env.layered()
+        if layered is None:
+            await env.close()
+            raise SystemExit("layered: this machine cannot layer sandboxes (bwrap and root)")
+        envs.insert(0, layered)
+    await write(envs[0], changed)
+    return envs
+
+
+async def close(envs: list[AgentEnv]) -> None:
+    for env in envs:
+        await env.close()
 
 
 async def write(env: AgentEnv, changed: int) -> None:
@@ -81,7 +95,8 @@ def stats(samples: list[float]) -> tuple[float, float]:
 async def measure(
     isolation: str, base: Path, repo: Path, changed: int, forks: int
 ) -> dict[str, Any]:
-    parent = await prepared(isolation, base, repo, changed)
+    envs = await prepared(isolation, base, repo, changed)
+    parent = envs[0]
     try:
         fork_ms, replay_ms = [], []
         for _ in range(forks):
@@ -94,9 +109,9 @@ async def measure(
             started = time.perf_counter()
             fresh = await prepared(isolation, base, repo, changed)
             replay_ms.append((time.perf_counter() - started) * 1000)
-            await fresh.close()
+            await close(fresh)
     finally:
-        await parent.close()
+        await close(envs)
     fork_median, fork_p95 = stats(fork_ms)
     replay_median, _ = stats(replay_ms)
     return {
@@ -109,7 +124,11 @@ async def measure(
 
 async def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--isolation", default="none,bwrap", help="comma list: none, bwrap")
+    parser.add_argument(
+        "--isolation",
+        default="none,bwrap,layered",
+        help="comma list: none, bwrap, layered (bwrap, AgentEnv.layered() before the writes)",
+    )
     parser.add_argument("--repo-size", default="10:1,6000:3000", help="FILES:COMMITS, comma list")
     parser.add_argument(
         "--changed", default="0,1M", help="bytes written before the fork, comma list"
@@ -135,7 +154,7 @@ async def main() -> None:
                             "changed": changed}  # fmt: skip
                     rows.append(row)
                     print(
-                        f"{isolation:5}  {files:>5} files ({git_mb:5.1f} MB .git)  "
+                        f"{isolation:7}  {files:>5} files ({git_mb:5.1f} MB .git)  "
                         f"changed {changed / 1e6:7.1f} MB  fork {row['fork_median']:8.1f} ms "
                         f"(p95 {row['fork_p95']:8.1f})  new + replay {row['replay_median']:8.1f} ms"
                         f"  x{row['ratio']:5.1f}",

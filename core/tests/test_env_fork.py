@@ -19,7 +19,16 @@ from uniagent.env import AgentEnv, EnvError, TerminalNotAliveError
 from uniagent.registry import get_registry
 
 NEEDS_BWRAP = pytest.mark.skipif(shutil.which("bwrap") is None, reason="needs bubblewrap")
-ISOLATIONS = ["none", pytest.param("bwrap", marks=NEEDS_BWRAP)]
+#: Layered sandboxes (``AgentEnv.layered()``: an overlay work dir) need overlay mounts.
+NEEDS_LAYERS = pytest.mark.skipif(
+    shutil.which("bwrap") is None or os.geteuid() != 0,
+    reason="layered sandboxes need bubblewrap and overlay mounts (root)",
+)
+ISOLATIONS = [
+    "none",
+    pytest.param("bwrap", marks=NEEDS_BWRAP),
+    pytest.param("layered", marks=NEEDS_LAYERS),
+]
 
 #: The state the parent's shell is in when it forks (files, cwd, exports, umask).
 SETUP = (
@@ -42,11 +51,22 @@ STATE = (
 
 @pytest_asyncio.fixture(params=ISOLATIONS)
 async def parent(request: pytest.FixtureRequest, tmp_path: Path) -> AsyncIterator[AgentEnv]:
+    """A started sandbox (``layered``: a bubblewrap sandbox's layered copy, its forks copy
+    only what was written on top of the layers)."""
     base = tmp_path / "episodes"
-    deployment = {"type": "host", "isolation": request.param, "base_dir": str(base)}
+    isolation = "bwrap" if request.param == "layered" else request.param
+    deployment = {"type": "host", "isolation": isolation, "base_dir": str(base)}
     async with open_env(deployment) as env:
-        yield env
+        if request.param != "layered":
+            yield env
+        else:
+            await env.communicate("echo base > from-base && mkdir -p old/dir && touch old/dir/f")
+            layered = await env.layered()
+            assert layered is not None, "overlay mounts work here (root)"
+            async with layered:
+                yield layered
     assert list(base.iterdir()) == [], "every sandbox's directory is removed"
+    assert "uniagent-layers" not in Path("/proc/self/mounts").read_text(), "nothing mounted"
 
 
 async def state(env: AgentEnv) -> str:
@@ -208,3 +228,30 @@ def test_the_deployment_specs_say_which_backends_fork() -> None:
     specs = get_registry().deployments()
     assert specs["host"].can_fork is True and specs["local"].can_fork is True
     assert specs["remote"].can_fork is False
+
+
+@NEEDS_LAYERS
+async def test_a_layered_sandbox_and_its_forks_keep_deletions_and_replaced_dirs(
+    tmp_path: Path,
+) -> None:
+    """What the layered sandbox deleted or replaced (overlay's whiteouts and opaque
+    directories) is deleted or replaced in its forks and theirs too; the frozen sandbox
+    refuses commands, and its files outlive it while a layered one stands on them."""
+    base = tmp_path / "episodes"
+    config = {"type": "host", "isolation": "bwrap", "base_dir": str(base)}
+    async with open_env(config) as env:
+        await env.communicate("echo gone > gone.txt && mkdir -p swap/in && touch swap/in/old")
+        layered = await env.layered()
+        assert layered is not None
+        with pytest.raises(EnvError):
+            await env.run_action("true")
+        await layered.communicate("rm gone.txt && rm -r swap && mkdir swap && touch swap/new")
+        first = (await layered.fork()).env
+        second = (await first.fork()).env
+        await env.close()
+        await layered.close()
+        await first.close()
+        listing = "ls; ls -R swap"
+        assert await second.communicate(listing) == "swap\nswap:\nnew\n"
+        await second.close()
+    assert list(base.iterdir()) == []

@@ -11,6 +11,7 @@ from __future__ import annotations
 import io
 import itertools
 import json
+import os
 import shutil
 import subprocess
 import sys
@@ -109,9 +110,12 @@ async def test_a_tree_of_four_leaves_each_graded_in_its_own_sandbox(
     assert sorted(r["reward"] for r in rows) == [0.0, 0.0, 1.0, 1.0], rows
     assert summary["episodes"] == 4 and summary["mean_reward"] == 0.5
 
-    rollout = json.loads(
-        (tmp_path / "out" / "episodes" / "mean-empty" / "0" / "rollout.json").read_text()
-    )
+    episode = tmp_path / "out" / "episodes" / "mean-empty" / "0"
+    rollout = json.loads((episode / "rollout.json").read_text())
+    # Under bubblewrap as root, the episode's sandbox is layered first: forks copy only
+    # what the agent wrote.
+    layered = "forks copy only what the agent writes" in (episode / "log.txt").read_text()
+    assert layered == (isolation == "bwrap" and os.geteuid() == 0)
     tree = rollout["tree"]
     assert [s["turn"] for s in tree["splits"]] == [2] and tree["splits"][0]["width"] == 4
     leaves = {leaf["leaf"]: leaf for leaf in tree["leaves"]}

@@ -224,12 +224,17 @@ async def _conclude_tree(
     root's baseline (:meth:`EpisodeGrader.for_fork`), then closed; the episode's result is
     its root branch's, with every leaf's result (``leaves``) and the tree (``tree``)."""
     assert run.leaves is not None
+    root_branch = run.leaves[0]
 
     async def conclude(leaf: AgentRun) -> EpisodeResult:
-        own = leaf.env is None or leaf.env is env
+        # The root's branch is graded by the episode's grader, in the episode's sandbox or
+        # in its layered copy (AgentEnv.layered: the same paths); the other leaves by one
+        # of their own with the same baseline.
+        first = leaf is root_branch
         sandbox = env if leaf.env is None else leaf.env
+        own = sandbox is env
         metrics = leaf.metrics or EpisodeMetrics()
-        leaf_grader = grader if own or grader is None else grader.for_fork(leaf.moved)
+        leaf_grader = grader if first or grader is None else grader.for_fork(leaf.moved)
         try:
             result = _result_of(config, leaf, metrics, integrity)
             return await _conclude(config, leaf_grader, sandbox, result, logger, observer)

@@ -369,6 +369,50 @@ class AgentEnv:
         fork = getattr(self.deployment, "fork", None)
         if fork is None:
             raise EnvError(f"the {_backend(self.deployment)} sandbox backend cannot fork")
+        state, cwd, umask, jobs = await self._shell_state()
+        q = shlex.quote
+        try:
+            child = AgentEnv(await fork(), self.config)
+            moved = dict(getattr(child.deployment, "moved_from", None) or {})
+            try:
+                await child._start_forked(self, state, moved, cwd, umask)
+            except BaseException:
+                await child.close()
+                raise
+        finally:  # (after the child's start: a backend may share files with its forks)
+            with contextlib.suppress(Exception):
+                await self.run_action(f"rm -f {q(state)}")
+        return Fork(env=child, background=tuple(line for line in jobs if line.strip()))
+
+    async def layered(self) -> AgentEnv | None:
+        """This sandbox as a layered one whose forks cost what is written from now on, not
+        the size of its files; ``None`` where the backend cannot (``host`` needs bubblewrap
+        and overlay mounts, i.e. root).
+
+        The returned sandbox is a fork (:meth:`fork`) whose work dir is an overlay on this
+        one's. This sandbox is frozen by it: its processes are ended and :meth:`run_action`
+        refuses from now on; close it after the layered one, as usual (its files stay until
+        every sandbox layered on them is closed). Call it before the agent's first command:
+        background processes are not carried (listed nowhere: there should be none yet).
+        """
+        self._check_usable()
+        layered = getattr(self.deployment, "layered", None)
+        can_layer = getattr(self.deployment, "can_layer", None)
+        if layered is None or can_layer is None or not can_layer():
+            return None
+        state, cwd, umask, _ = await self._shell_state()
+        self._agent_stopped = True  # frozen: nothing may write to the layers' base again
+        child = AgentEnv(await layered(), self.config)
+        try:
+            await child._start_forked(self, state, {}, cwd, umask)
+        except BaseException:
+            await child.close()
+            raise
+        return child
+
+    async def _shell_state(self) -> tuple[str, str, str, list[str]]:
+        """This shell's state, to carry into a fork: a file (in the tools dir) with its
+        exports, its cwd (shell-quoted), its umask and its background jobs."""
         q = shlex.quote
         state = posixpath.join(self._tools_dir, f".uniagent-fork-{secrets.token_hex(6)}")
         mark = f"@@uniagent-fork-{secrets.token_hex(6)}@@"
@@ -382,18 +426,7 @@ class AgentEnv:
                 await self.run_action(f"rm -f {q(state)}")
             raise EnvError(f"could not read the shell's state to fork: {captured.output}")
         cwd, umask, *jobs = tail.split("\n")
-        try:
-            child = AgentEnv(await fork(), self.config)
-            moved = dict(getattr(child.deployment, "moved_from", None) or {})
-            try:
-                await child._start_forked(self, state, moved, cwd, umask)
-            except BaseException:
-                await child.close()
-                raise
-        finally:  # (after the child's start: a backend may share files with its forks)
-            with contextlib.suppress(Exception):
-                await self.run_action(f"rm -f {q(state)}")
-        return Fork(env=child, background=tuple(line for line in jobs if line.strip()))
+        return state, cwd, umask, jobs
 
     async def _start_forked(
         self, parent: AgentEnv, state: str, moved: Mapping[str, str], cwd: str, umask: str

@@ -14,9 +14,11 @@ from __future__ import annotations
 import asyncio
 import ctypes
 import fnmatch
+import itertools
 import logging
 import os
 import shutil
+import stat
 import subprocess
 import tempfile
 import threading
@@ -312,6 +314,10 @@ class HostDeployment:
         self._runtime: HostRuntime | None = None
         self._root: Path | None = None
         self._layout: EpisodeLayout | None = None
+        #: A layered sandbox's work dir (:meth:`layered`): its read-only layers and base.
+        self._layers: _Layers | None = None
+        #: Set on a sandbox whose work dir is the base of layered ones: removed with the last.
+        self._base: _Base | None = None
 
     async def start(self) -> None:
         """Create the episode directory and cgroup (bash starts with the first session)."""
@@ -328,26 +334,76 @@ class HostDeployment:
         if self._root is None or self._layout is None:
             raise EnvError("the host deployment is not started; nothing to fork")
         child = HostDeployment(self.config)
+        if self._layers is not None:  # copy only what was written on top of the layers
+            await child._set_up(copy_from=self._root, layers=self._layers)
+            return child
         layout = await child._set_up(copy_from=self._root)
         if layout.bwrap is None:
             child.moved_from = {str(self._root): str(layout.root)}
         return child
 
-    async def _set_up(self, copy_from: Path | None = None) -> EpisodeLayout:
+    def can_layer(self) -> bool:
+        """Whether :meth:`layered` works here: bubblewrap, and overlay mounts allowed to this
+        process (root), tried once per process."""
+        global _overlay_problem
+        if self._layout is None or self._layout.bwrap is None or self._layers is not None:
+            return self._layers is not None
+        if _overlay_problem is None:
+            _overlay_problem = _try_overlay(self._layout.root.parent) or ""
+        return not _overlay_problem
+
+    async def layered(self) -> HostDeployment:
+        """A fork whose work dir is an overlay on this one's, which is frozen from now on:
+        every process of this sandbox is ended first, and nothing may run in it again (its
+        files stay until it and every sandbox layered on it are stopped). The fork's own
+        forks copy only what was written on top of the layers (:meth:`fork`), so they cost
+        what the agent changed, not the size of the repository. Needs :meth:`can_layer`."""
+        if self._root is None or self._layout is None or not self.can_layer():
+            raise EnvError("this host sandbox cannot be layered (bubblewrap and root needed)")
+        await self.kill_processes()
+        if self._base is None:
+            self._base = _Base(self._root, self._layout.cgroup)
+        child = HostDeployment(self.config)
+        await child._set_up(
+            copy_from=self._root, layers=_Layers(self._base, [self._root / "work"], None)
+        )
+        return child
+
+    async def _set_up(
+        self, copy_from: Path | None = None, layers: _Layers | None = None
+    ) -> EpisodeLayout:
         # File-system work on a thread: hundreds of episodes may start at once. If the
         # caller gives up meanwhile, what the thread made is removed when it is done.
-        made = asyncio.ensure_future(asyncio.to_thread(self._prepare, copy_from))
+        made = asyncio.ensure_future(asyncio.to_thread(self._prepare, copy_from, layers))
         try:
             layout = await asyncio.shield(made)
         except asyncio.CancelledError:
-            made.add_done_callback(_discard_layout)
+            made.add_done_callback(self._discard)
             raise
         self._root = layout.root
         self._layout = layout
         self._runtime = HostRuntime(layout, self.config)
         return layout
 
-    def _prepare(self, copy_from: Path | None = None) -> EpisodeLayout:
+    def _discard(self, made: asyncio.Future[EpisodeLayout]) -> None:
+        """A set-up whose caller gave up: what the thread made is removed (then the layers
+        it stood on are let go)."""
+        if made.cancelled() or made.exception() is not None:
+            return
+        layout = made.result()
+        layers, self._layers = self._layers, None
+
+        def remove() -> None:
+            _remove_episode(layout.root, layout.cgroup)
+            if layers is not None:
+                layers.release()
+
+        # Not a daemon: an interrupted run's exit waits until the directory is gone.
+        threading.Thread(target=remove).start()
+
+    def _prepare(
+        self, copy_from: Path | None = None, layers: _Layers | None = None
+    ) -> EpisodeLayout:
         global _unisolated
         bwrap, uid = self._isolation()
         if bwrap is None:
@@ -370,10 +426,17 @@ class HostDeployment:
             if limits.disk is not None:
                 _mount_tmpfs(root, limits.disk)
             cgroup = cgroups.create(pids=limits.pids, memory=limits.memory)
-            if copy_from is not None:
+            if layers is not None:
+                assert copy_from is not None
+                _copy_dirs(copy_from, root, ("tools", "tmp", "home"))
+                self._layers = layers.stack(root, copy_from)
+            elif copy_from is not None:
                 _copy_dirs(copy_from, root)
             return EpisodeLayout(self.config, root, bwrap, cgroup, uid)
         except BaseException:
+            if self._layers is not None:
+                self._layers.release()
+                self._layers = None
             _remove_episode(root, cgroup)
             raise
 
@@ -406,7 +469,14 @@ class HostDeployment:
         if root is not None:
             self._root = None
             cgroup = self._layout.cgroup if self._layout is not None else None
-            await asyncio.to_thread(_remove_episode, root, cgroup)
+            layers, self._layers = self._layers, None
+            base = self._base
+            if base is not None:  # the files stay while a layered sandbox stands on them
+                await asyncio.to_thread(base.close)
+            else:
+                await asyncio.to_thread(_remove_episode, root, cgroup)
+            if layers is not None:
+                await asyncio.to_thread(layers.release)
 
     async def sandbox_alive(self) -> bool:
         """Whether the sandbox (its directory and runtime) is up, whatever its sessions do."""
@@ -525,9 +595,11 @@ _libc: Any = None
 _MNT_DETACH = 2
 
 
-def _copy_dirs(source: Path, root: Path) -> None:
+def _copy_dirs(
+    source: Path, root: Path, names: tuple[str, ...] = ("work", "tools", "tmp", "home")
+) -> None:
     """Copy an episode's directories into ``root`` (owners, modes, times, links kept)."""
-    subs = [str(source / sub) for sub in ("work", "tools", "tmp", "home")]
+    subs = [str(source / sub) for sub in names]
     done = subprocess.run(
         ["cp", "-a", "--reflink=auto", "--", *subs, str(root)], capture_output=True, text=True
     )
@@ -535,21 +607,126 @@ def _copy_dirs(source: Path, root: Path) -> None:
         raise EnvStartError(f"copying the sandbox's directories failed: {done.stderr.strip()}")
 
 
+#: Why overlay mounts do not work for this process ("" where they do; None: not tried).
+_overlay_problem: str | None = None
+#: Where a layered sandbox keeps its own layer (the upper dir and overlay's scratch dir),
+#: and a base the snapshots of its layered sandboxes' writes (in their episode directory,
+#: out of every sandbox's reach).
+_LAYERS = ".layers"
+
+
+def _try_overlay(parent: Path) -> str | None:
+    """Why an overlay mount fails under ``parent`` (None: it works)."""
+    probe = Path(tempfile.mkdtemp(prefix=".uniagent-overlay-", dir=parent))
+    try:
+        for sub in ("lower", "upper", "scratch", "merged"):
+            (probe / sub).mkdir()
+        problem = _mount_overlay(probe / "merged", [probe / "lower"], probe / "upper",
+                                 probe / "scratch")  # fmt: skip
+        if problem is None:
+            _libc_call("umount2", os.fsencode(probe / "merged"), _MNT_DETACH)
+        return problem
+    finally:
+        shutil.rmtree(probe, ignore_errors=True)
+
+
+def _mount_overlay(target: Path, lowers: list[Path], upper: Path, scratch: Path) -> str | None:
+    paths = [str(p) for p in (*lowers, upper, scratch)]
+    if any(c in p for p in paths for c in ",:\\"):
+        return "a path holds ',', ':' or a backslash"
+    options = f"lowerdir={':'.join(paths[:-2])},upperdir={paths[-2]},workdir={paths[-1]}"
+    if len(options) >= 4000:
+        return "too many layers for one mount"
+    return _libc_call(
+        "mount", b"uniagent-layers", os.fsencode(target), b"overlay", 0, options.encode()
+    )
+
+
+class _Base:
+    """A frozen sandbox whose work dir is the lowest layer of layered sandboxes: its
+    directory (which also keeps their snapshots) is removed when it and all of them are."""
+
+    def __init__(self, root: Path, cgroup: SandboxCgroup | None) -> None:
+        self.root, self.cgroup = root, cgroup
+        self.users = 0
+        self.closed = False
+        self._lock = threading.Lock()
+        self._snapshots = itertools.count()
+
+    def take(self) -> None:
+        with self._lock:
+            self.users += 1
+
+    def snapshot_dir(self) -> Path:
+        with self._lock:
+            return self.root / _LAYERS / f"snapshot-{next(self._snapshots)}"
+
+    def release(self) -> None:
+        with self._lock:
+            self.users -= 1
+            gone = self.closed and self.users == 0
+        if gone:
+            _remove_episode(self.root, self.cgroup)
+
+    def close(self) -> None:
+        with self._lock:
+            self.closed = True
+            gone = self.users == 0
+        if gone:
+            _remove_episode(self.root, self.cgroup)
+
+
+class _Layers:
+    """A layered sandbox's work dir: read-only ``lowers`` (top first, the base's work dir
+    last) and an upper dir of its own, mounted as an overlay on its ``work``."""
+
+    def __init__(self, base: _Base, lowers: list[Path], upper: Path | None) -> None:
+        self.base, self.lowers, self.upper = base, lowers, upper
+
+    def stack(self, root: Path, parent: Path) -> _Layers:
+        """The layers of a new sandbox at ``root`` on top of these: what was written on top
+        of them in the sandbox at ``parent`` (its upper dir) is copied as a new layer."""
+        lowers = list(self.lowers)
+        self.base.take()
+        try:
+            if self.upper is not None:
+                snapshot = self.base.snapshot_dir()
+                snapshot.parent.mkdir(exist_ok=True)
+                done = subprocess.run(
+                    ["cp", "-a", "--reflink=auto", "--", str(self.upper), str(snapshot)],
+                    capture_output=True, text=True,
+                )  # fmt: skip
+                if done.returncode != 0:
+                    raise EnvStartError(f"copying the sandbox's writes failed: {done.stderr}")
+                lowers.insert(0, snapshot)
+            own = root / _LAYERS
+            upper, scratch = own / "upper", own / "scratch"
+            for path in (own, upper, scratch, root / "work"):
+                path.mkdir(exist_ok=True)
+            below = os.stat(lowers[0])  # the merged root's owner and mode are the upper's
+            os.chown(upper, below.st_uid, below.st_gid)
+            os.chmod(upper, stat.S_IMODE(below.st_mode))
+            problem = _mount_overlay(root / "work", lowers, upper, scratch)
+            if problem is not None:
+                raise EnvStartError(f"mounting the sandbox's layers failed: {problem}")
+        except BaseException:
+            self.base.release()
+            raise
+        return _Layers(self.base, lowers, upper)
+
+    def release(self) -> None:
+        self.base.release()
+
+
 def _remove_episode(root: Path, cgroup: SandboxCgroup | None) -> None:
     """End the sandbox's processes, unmount and remove its directory (blocking)."""
     if cgroup is not None:
         cgroup.remove()
+    if os.path.ismount(root / "work"):  # a layered sandbox's overlay
+        _libc_call("umount2", os.fsencode(root / "work"), _MNT_DETACH)
     if os.path.ismount(root):
         _libc_call("umount2", os.fsencode(root), _MNT_DETACH)
     shutil.rmtree(root, ignore_errors=True)
-
-
-def _discard_layout(made: asyncio.Future[EpisodeLayout]) -> None:
-    if made.cancelled() or made.exception() is not None:
-        return
-    layout = made.result()
-    # Not a daemon: an interrupted run's exit waits until the directory is gone.
-    threading.Thread(target=_remove_episode, args=(layout.root, layout.cgroup)).start()
 
 
 def cleanup_leftovers(base_dir: str | None = None) -> list[str]:

@@ -70,6 +70,12 @@ class ReactAgent:
         if branching is None or not branching.enabled:
             outcome = await interaction.run(cache, metrics)
             return _agent_run(outcome, cache, servers)
+        # Forks of a layered sandbox copy what the agent wrote, not the repository: the
+        # episode's sandbox is frozen under it (the grader's baseline stays valid there).
+        layered = await env.layered()
+        if layered is not None:
+            context.logger.info("tree rollout: forks copy only what the agent writes (layers)")
+            interaction.env = env = layered
         tree = TreeRollout(branching, context.logger)
         leaves = await tree.run(interaction, env, cache, metrics)
         runs = []
