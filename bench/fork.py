@@ -1,17 +1,18 @@
 # ruff: noqa: E402 - imports follow the sys.path fix below
 """Fork benchmark: ``AgentEnv.fork()`` against a new sandbox plus a replay.
 
-    python bench/fork.py                                   # none and bwrap, 10 and 6,000 files
+    python bench/fork.py                    # none, bwrap, layered; 10 and 6,000 files
     python bench/fork.py --isolation bwrap --changed 0,1M,100M --forks 20
 
-For each isolation, repository size (``--repo-size FILES:COMMITS``, the synthetic
-repository of ``bench/run.py``: about 2 KB a file, a ``.git`` that grows with the
-commits) and amount the agent wrote before the fork (``--changed``: a file of that many
-random bytes): the median and p95 wall time of a fork (the child started and in its
-parent's state, then closed outside the timing), beside the cost of what a fork saves:
-a new sandbox, the repository copied in, and the agent's writes replayed (one command:
-the least a replay costs; a real episode replays its builds and test runs too). Prints
-a table and the ratio; nothing is asserted.
+For each isolation (``layered``: bubblewrap, ``AgentEnv.layered()`` after the set-up),
+repository size (``--repo-size FILES:COMMITS[:MB]``, the synthetic repository of
+``bench/run.py``: about 2 KB a file, a ``.git`` that grows with the commits and MB of
+random data in its history) and amount the agent wrote before the fork (``--changed``: a
+file of that many random bytes): the median and p95 wall time of a fork (the child started
+and in its parent's state, then closed outside the timing), beside the cost of what a fork
+saves: a new sandbox, the task's set-up (a clone of the repository, as the tiny tasks do
+it) and the agent's writes replayed (one command: the least a replay costs; a real episode
+replays its builds and test runs too). Prints a table and the ratio; nothing is asserted.
 """
 
 from __future__ import annotations
@@ -25,8 +26,9 @@ sys.path[:] = [p for p in sys.path if not p or not p.rstrip("/").endswith("bench
 import argparse
 import asyncio
 import importlib.util
-import shutil
+import os
 import statistics
+import subprocess
 import tempfile
 import time
 from pathlib import Path
@@ -62,9 +64,11 @@ async def prepared(isolation: str, base: Path, repo: Path, changed: int) -> list
     layered (``AgentEnv.layered()``) after the repository is in and before the writes, as a
     tree rollout does before the agent's first command."""
     bwrap = "bwrap" if isolation == "layered" else isolation
-    env = await open_env({"type": "host", "isolation": bwrap, "base_dir": str(base)}).__aenter__()
-    root = env.deployment.root
-    await asyncio.to_thread(shutil.copytree, repo, root / "work", symlinks=True, dirs_exist_ok=True)
+    config = {"type": "host", "isolation": bwrap, "base_dir": str(base), "ro_binds": [str(repo)]}
+    env = await open_env(config).__aenter__()
+    # The task's set-up, as the tiny tasks do it: a clone of the repository, bound read-only.
+    cloned = await env.run_action(f"git clone -q {repo} . && git checkout -q main", timeout=600)
+    assert cloned.exit_code == 0, cloned.output
     envs = [env]
     if isolation == "layered":
         layered = await env.layered()
@@ -85,6 +89,19 @@ async def write(env: AgentEnv, changed: int) -> None:
     write = f"head -c {changed} /dev/urandom > changed.bin && " if changed else ""
     obs = await env.run_action(write + "cd pkg00 && export BENCH=1", timeout=600)
     assert obs.exit_code == 0, obs.output
+
+
+def pad_history(repo: Path, megabytes: int) -> None:
+    """Add ``megabytes`` of random data to ``repo``'s history only: a commit adds it, the
+    next removes it (a SWE-bench checkout's .git is tens of MB beside its files)."""
+    if not megabytes:
+        return
+    blob = repo / "history.bin"
+    blob.write_bytes(os.urandom(megabytes << 20))
+    for args in (["add", "history.bin"], ["commit", "-qm", "history"], ["rm", "-q", "history.bin"],
+                 ["commit", "-qm", "history gone"]):  # fmt: skip
+        subprocess.run(["git", "-C", str(repo), "-c", "user.name=b", "-c", "user.email=b@b",
+                        *args], check=True)  # fmt: skip
 
 
 def stats(samples: list[float]) -> tuple[float, float]:
@@ -129,21 +146,32 @@ async def main() -> None:
         default="none,bwrap,layered",
         help="comma list: none, bwrap, layered (bwrap, AgentEnv.layered() before the writes)",
     )
-    parser.add_argument("--repo-size", default="10:1,6000:3000", help="FILES:COMMITS, comma list")
+    parser.add_argument(
+        "--repo-size",
+        default="10:1,6000:3000:75",
+        help="FILES:COMMITS[:MB], comma list; MB: random data added to the history (.git)",
+    )
     parser.add_argument(
         "--changed", default="0,1M", help="bytes written before the fork, comma list"
     )
     parser.add_argument("--forks", type=int, default=10, help="forks measured per row")
     args = parser.parse_args()
     run = bench_run()
-    sizes = run.repo_sizes(args.repo_size)
+    sizes = []
+    for item in args.repo_size.split(","):  # FILES:COMMITS[:MB of extra .git history]
+        files_commits, _, mb = item.rpartition(":") if item.count(":") == 2 else (item, "", "0")
+        ((files, commits),) = run.repo_sizes(files_commits)
+        if not mb.isdigit():
+            raise SystemExit(f"--repo-size: {item!r}: the history's MB must be a whole number")
+        sizes.append((files, commits, int(mb)))
     changes = [size(c) for c in args.changed.split(",")]
     rows = []
     with tempfile.TemporaryDirectory(prefix="bench-fork-") as tmp:
         work = Path(tmp)
-        for files, commits in sizes:
-            repo = work / f"repo-{files}-{commits}"
+        for files, commits, history_mb in sizes:
+            repo = work / f"repo-{files}-{commits}-{history_mb}"
             run.make_repo(repo, files, commits)
+            pad_history(repo, history_mb)
             git_mb = sum(p.stat().st_size for p in (repo / ".git").rglob("*") if p.is_file()) / 1e6
             for isolation in args.isolation.split(","):
                 for changed in changes:
@@ -160,8 +188,8 @@ async def main() -> None:
                         f"  x{row['ratio']:5.1f}",
                         flush=True,
                     )
-    print("\nfork: the median of", args.forks, "forks; new + replay: a new sandbox, the repository")
-    print("copied in and the writes replayed; x: how many times a fork is cheaper")
+    print("\nfork: the median of", args.forks, "forks; new + replay: a new sandbox, the task's")
+    print("set-up (git clone) and the writes replayed; x: how many times a fork is cheaper")
 
 
 if __name__ == "__main__":
