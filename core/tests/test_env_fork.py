@@ -198,6 +198,22 @@ async def test_a_fork_under_bwrap_cannot_reach_its_parent(tmp_path: Path) -> Non
                 "for p in /proc/[0-9]*; do tr '\\0' ' ' < $p/cmdline; echo; done"
             )
             assert "sleep 300" not in ps
+            # Nor its sockets: an abstract Unix socket lives in the parent's own network
+            # namespace (a path socket would be in its own /tmp).
+            listen = (
+                "import socket, time; s = socket.socket(socket.AF_UNIX); "
+                "s.bind('\\0uniagent-fork-probe'); s.listen(); print('up', flush=True); "
+                "time.sleep(300)"
+            )
+            await parent.communicate(f'python3 -c "{listen}" > up.txt 2>&1 &')
+            await parent.communicate("until [ -s up.txt ]; do sleep 0.05; done")
+            connect = (
+                "import socket; s = socket.socket(socket.AF_UNIX); "
+                "print(s.connect_ex('\\0uniagent-fork-probe'))"
+            )
+            assert await parent.communicate(f'python3 -c "{connect}"') == "0\n"
+            refused = (await child.communicate(f'python3 -c "{connect}"')).strip()
+            assert refused.isdigit() and refused != "0", refused  # an errno: not there
             # Its writes stay its own.
             await child.communicate("echo changed > s.txt")
             assert (parent_root / "work" / "s.txt").read_text() == "secret\n"
