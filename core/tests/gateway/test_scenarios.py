@@ -181,3 +181,53 @@ def test_a_subagent_branches_and_the_main_agent_extends_its_own_path(served, bac
     assert all(t.exact for t in tree.turns)
     shared = tree.samples(shared_weight="1/k")
     assert all(w == 1.0 for s in shared for w in s.response_weights)  # the trunk is prompt
+
+
+def test_a_session_flooding_the_model_gets_429_and_no_backend_failure(tokenizer) -> None:
+    """A harness (or the policy through its shell) with more requests waiting than the
+    session allows is answered 429 (its own doing), never a backend failure (which would
+    mask its episode as infrastructure); once one is answered, a new one is taken."""
+    import threading
+
+    from uniagent.gateway import Gateway, ScriptedBackend
+    from uniagent.gateway.server import start
+    from uniagent.gateway.session import MAX_IN_FLIGHT
+
+    class Gated(ScriptedBackend):
+        """Holds every generation until the gate opens; counts the ones waiting."""
+
+        def __init__(self) -> None:
+            super().__init__(tokenizer, default="Done.")
+            self.gate = threading.Event()
+            self.waiting = threading.Semaphore(0)
+
+        async def generate(self, prompt_ids: list[int], **kwargs: Any) -> Any:
+            import asyncio
+
+            self.waiting.release()
+            await asyncio.to_thread(self.gate.wait)
+            return await super().generate(prompt_ids, **kwargs)
+
+    backend = Gated()
+    with start(Gateway(backend)) as served:
+        session = served.gateway.open_session()
+        answers: list[str] = []
+        held = [
+            threading.Thread(
+                target=lambda: answers.append(Harness(served.base_url(session)).turn().content)
+            )
+            for _ in range(MAX_IN_FLIGHT)
+        ]
+        for thread in held:
+            thread.start()
+        for _ in held:  # every held request is waiting for the model
+            assert backend.waiting.acquire(timeout=60)
+        with pytest.raises(openai.RateLimitError, match="at most 4 at once"):
+            Harness(served.base_url(session)).turn()
+        backend.gate.set()
+        for thread in held:
+            thread.join(timeout=60)
+        assert answers == ["Done."] * MAX_IN_FLIGHT
+        assert Harness(served.base_url(session)).turn().content == "Done."
+        state = session.state()
+        assert state["refused_in_flight"] == 1 and state["backend_errors"] == []

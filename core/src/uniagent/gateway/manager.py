@@ -7,7 +7,14 @@ from typing import Any
 
 from uniagent.errors import UnknownPluginNameError
 from uniagent.gateway.backend import TokenBackend
-from uniagent.gateway.session import Exactness, GatewayError, Session, new_key, new_session_id
+from uniagent.gateway.session import (
+    MAX_IN_FLIGHT,
+    Exactness,
+    GatewayError,
+    Session,
+    new_key,
+    new_session_id,
+)
 from uniagent.parsers import ToolCallParser
 
 
@@ -23,10 +30,15 @@ class Gateway:
         exactness: Exactness = "on_close",
         open_sessions: bool = False,
         session_backend: Callable[[], TokenBackend] | None = None,
+        max_in_flight: int = MAX_IN_FLIGHT,
     ) -> None:
         """``session_backend``: a fresh backend for each session opened without one (the
         CLI's ``--scripted``: every session replays the script from its first reply);
-        without it, those sessions share ``backend``."""
+        without it, those sessions share ``backend``. ``max_in_flight``: requests a session
+        may have waiting for the backend at once (more are answered 429)."""
+        if max_in_flight < 1:
+            raise GatewayError(f"max_in_flight must be at least 1, not {max_in_flight}")
+        self.max_in_flight = max_in_flight
         if isinstance(parser, str):  # an installed parser, the built-ins' or a plugin's
             from uniagent.registry import get_parser
 
@@ -62,6 +74,7 @@ class Gateway:
             self.parser,
             self.chat_template_kwargs,
             self.exactness,
+            self.max_in_flight,
         )
         self.sessions[session_id] = session
         self._by_key[session.key] = session

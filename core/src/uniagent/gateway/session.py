@@ -35,6 +35,10 @@ from uniagent.rollout.template import (
 )
 
 Exactness = Literal["eager", "on_close", "off"]
+#: Requests one session may have waiting for the token backend at once; more are refused
+#: (429): a harness's shell reaches its gateway session, and a policy that floods the
+#: backend must not make it fail (a backend failure is infrastructure: its episode masked).
+MAX_IN_FLIGHT = 4
 
 
 class GatewayError(UniAgentError):
@@ -119,8 +123,12 @@ class Session:
         parser: ToolCallParser,
         chat_template_kwargs: Mapping[str, Any],
         exactness: Exactness,
+        max_in_flight: int = MAX_IN_FLIGHT,
     ) -> None:
         self.id, self.key = session_id, key
+        self.max_in_flight = max_in_flight
+        #: Requests refused because ``max_in_flight`` were waiting (the harness's doing).
+        self.refused_in_flight = 0
         self.backend, self.parser = backend, parser
         self.tokenizer = backend.tokenizer
         self.kwargs = dict(chat_template_kwargs)
@@ -202,6 +210,14 @@ class Session:
                 "the last message is an assistant message; continuing a partial assistant "
                 "turn (prefill) is not supported",
                 param="messages",
+            )
+        if self._waiting >= self.max_in_flight:
+            self.refused_in_flight += 1
+            raise GatewayError(
+                f"session {self.id!r} already has {self._waiting} requests waiting for the "
+                f"model (at most {self.max_in_flight} at once); retry when one is answered",
+                status=429,
+                kind="rate_limit_error",
             )
         keys = self._keys(request)
         n = len(messages)
@@ -416,6 +432,7 @@ class Session:
             "undelivered": list(self.undelivered),
             "backend_errors": list(self.backend_errors),
             "limit_errors": list(self.limit_errors),
+            "refused_in_flight": self.refused_in_flight,
             "model_seconds": round(self.model_seconds, 3),
         }
 
