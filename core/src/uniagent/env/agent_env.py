@@ -387,7 +387,7 @@ class AgentEnv:
     async def layered(self) -> AgentEnv | None:
         """This sandbox as a layered one whose forks cost what is written from now on, not
         the size of its files; ``None`` where the backend cannot (``host`` needs bubblewrap
-        and overlay mounts, i.e. root).
+        and overlay mounts, i.e. root) or this sandbox is layered already.
 
         The returned sandbox is a fork (:meth:`fork`) whose work dir is an overlay on this
         one's. This sandbox is frozen by it: its processes are ended and :meth:`run_action`

@@ -343,11 +343,12 @@ class HostDeployment:
         return child
 
     def can_layer(self) -> bool:
-        """Whether :meth:`layered` works here: bubblewrap, and overlay mounts allowed to this
-        process (root), tried once per process."""
+        """Whether :meth:`layered` works here: bubblewrap, overlay mounts allowed to this
+        process (root, tried once per process), and not layered already (its forks are
+        cheap as it is)."""
         global _overlay_problem
         if self._layout is None or self._layout.bwrap is None or self._layers is not None:
-            return self._layers is not None
+            return False
         if _overlay_problem is None:
             _overlay_problem = _try_overlay(self._layout.root.parent) or ""
         return not _overlay_problem

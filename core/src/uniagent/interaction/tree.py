@@ -168,7 +168,6 @@ class TreeRollout:
         parent = point.leaf
         split = Split(point.turn, parent.branch, 1, why)
         self.splits.append(split)
-        offset = len(parent.branch)  # the new branches' number at this point
         for number in range(1, width):
             try:
                 fork = await parent.env.fork()
@@ -193,7 +192,7 @@ class TreeRollout:
             )
             self._tasks.append(asyncio.ensure_future(self._drive(copy, child, point.turn)))
         # The branch that reached the point goes on as number 0 of it.
-        parent.branch = (*parent.branch[:offset], 0)
+        parent.branch = (*parent.branch, 0)
         live.log = _LeafLog(self.log, {"leaf": leaf_name(parent.branch)})
         self.log.info("turn %d: split into %d branches (%s)", point.turn, split.width, why)
 
