@@ -30,7 +30,7 @@ BLOCK = re.compile(
 AGENT_LOOP = "uniagent.verl.agent_loop.UniAgentLoop"
 #: Keys of a verl agent-loop entry that are not agent-config keys.
 LOOP_KEYS = {"name", "_target_", "agent_config", "trajectory_dir", "trajectory_rate",
-             "branches", "shared_weight", "max_branches"}  # fmt: skip
+             "branches", "shared_weight", "max_branches", "tree_advantage"}  # fmt: skip
 
 
 def blocks() -> list[Any]:

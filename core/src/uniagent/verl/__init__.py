@@ -12,7 +12,9 @@ Importing this package does not import verl (an optional extra:
 verl-facing parts are modules of their own, named in the recipes:
 
 - ``uniagent.verl.advantage``: the ``uniagent_grpo`` advantage estimator (GRPO whose group
-  statistics ignore masked samples), registered through verl's ``verl.plugins`` entry point;
+  statistics ignore masked samples) and ``uniagent_tree`` (tree rollouts' per-segment
+  advantages, ``tree_advantage: tree``: :mod:`uniagent.verl.tree_advantage`), registered
+  through verl's ``verl.plugins`` entry point;
 - ``uniagent.verl.metrics`` / ``uniagent.verl.replay_buffer`` / ``uniagent.verl.fully_async``:
   ``agent/...`` metrics in verl's per-step metrics (classic, v1 and fully async trainers;
   the last is an entry point, ``python -m uniagent.verl.fully_async``);

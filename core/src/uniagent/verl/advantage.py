@@ -20,6 +20,11 @@ Registration: verl imports every ``verl.plugins`` entry point when ``verl`` is i
 uniagent's distribution declares this module as one. Without entry points (e.g.
 ``VERL_USE_EXTERNAL_PLUGINS=none``), ``VERL_USE_EXTERNAL_MODULES=uniagent.verl.advantage``
 does the same. Then set ``algorithm.adv_estimator=uniagent_grpo``.
+
+``uniagent_tree`` (:func:`compute_tree_advantage`) is the estimator of tree rollouts under
+``tree_advantage: tree`` (:mod:`uniagent.verl.tree_advantage`): the agent loop has put each
+trained token's advantage in its token-level score, so the advantage of a token under mask
+1 is its token-level reward, and 0 under mask 0.
 """
 
 from __future__ import annotations
@@ -36,6 +41,8 @@ from verl.trainer.ppo.core_algos import (
 
 #: The name to give ``algorithm.adv_estimator``.
 ESTIMATOR_NAME = "uniagent_grpo"
+#: The estimator of ``tree_advantage: tree`` (tree rollouts' per-segment advantages).
+TREE_ESTIMATOR_NAME = "uniagent_tree"
 
 
 def trained_rows(response_mask: torch.Tensor) -> torch.Tensor:
@@ -75,6 +82,25 @@ def compute_masked_grpo_advantage(
     return advantages, advantages
 
 
+def compute_tree_advantage(
+    token_level_rewards: torch.Tensor,
+    response_mask: torch.Tensor,
+    index: np.ndarray | None = None,
+    config: Any = None,
+    **_: Any,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """The advantage of each trained token is its token-level reward (0 under mask 0).
+
+    For rows of a uniagent loop with ``tree_advantage: tree`` only: their token scores are
+    the tree's per-segment advantages (:func:`uniagent.verl.tree_advantage.tree_token_scores`),
+    the leaf's reward sitting on an untrained token. Under ``algorithm.use_kl_in_reward``
+    each token's KL penalty is added to its advantage as it stands (no return is summed).
+    No group statistics: the tree's own mean is each tree's baseline.
+    """
+    advantages = token_level_rewards * response_mask.to(token_level_rewards.dtype)
+    return advantages, advantages
+
+
 def _config_value(config: Any, key: str, default: Any) -> Any:
     if config is None:
         return default
@@ -85,14 +111,18 @@ def _config_value(config: Any, key: str, default: Any) -> Any:
 
 def _register() -> None:
     """Register once; importing this module again (entry point and env var) is harmless."""
-    current = ADV_ESTIMATOR_REGISTRY.get(ESTIMATOR_NAME)
-    if current is None:
-        register_adv_est(ESTIMATOR_NAME)(compute_masked_grpo_advantage)
-    elif getattr(current, "__module__", None) != __name__:
-        raise ValueError(
-            f"verl advantage estimator {ESTIMATOR_NAME!r} is already registered by "
-            f"{current.__module__}.{current.__qualname__}, not by uniagent"
-        )
+    for name, function in (
+        (ESTIMATOR_NAME, compute_masked_grpo_advantage),
+        (TREE_ESTIMATOR_NAME, compute_tree_advantage),
+    ):
+        current = ADV_ESTIMATOR_REGISTRY.get(name)
+        if current is None:
+            register_adv_est(name)(function)
+        elif getattr(current, "__module__", None) != __name__:
+            raise ValueError(
+                f"verl advantage estimator {name!r} is already registered by "
+                f"{current.__module__}.{current.__qualname__}, not by uniagent"
+            )
 
 
 _register()

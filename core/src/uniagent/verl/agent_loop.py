@@ -35,10 +35,12 @@ from uniagent.plugins import load_plugins
 from uniagent.registry import get_registry
 from uniagent.resolver import ResolvedAgent, resolve
 from uniagent.services import ServiceStartError, ensure_services
+from uniagent.verl.advantage import ESTIMATOR_NAME, TREE_ESTIMATOR_NAME
 from uniagent.verl.branches import TreeSettings, branch_samples, worker_takes_lists
 from uniagent.verl.dumps import DumpSettings, EpisodeDump
 from uniagent.verl.output import (
     EXTRA_FIELD_KEYS,
+    UNIAGENT_KEY,
     LoopFields,
     as_kwargs,
     branch_fields,
@@ -48,6 +50,7 @@ from uniagent.verl.output import (
 )
 from uniagent.verl.settings import (
     LoopSettings,
+    _select,
     base_config_dict,
     plain,
     row_messages,
@@ -55,6 +58,7 @@ from uniagent.verl.settings import (
     row_task,
     row_task_id,
 )
+from uniagent.verl.tree_advantage import leaf_advantages, tree_token_scores
 
 log = logging.getLogger(__name__)
 
@@ -101,12 +105,44 @@ class UniAgentLoop(AgentLoopBase):
         self.tree = TreeSettings.pop_from(kwargs, source=f"agent loop {self.loop_name!r}")
         self.agent = self._base_agent(kwargs)
         self.agent_config = self.agent.config
+        self._check_tree_settings()
+
+    def _check_tree_settings(self) -> None:
+        """Tree rollouts (``interaction.branching``) and ``tree_advantage`` against the
+        trainer's advantage estimator: a combination that would train wrongly is refused."""
+        source = f"agent loop {self.loop_name!r}"
         branching = self.agent_config.interaction.branching
-        if branching is not None and branching.enabled:
-            # Each leaf has its own reward; samples carrying the root's would train wrongly.
+        tree_rollouts = branching is not None and branching.enabled
+        estimator = str(_select(self.config, "algorithm.adv_estimator", "") or "")
+        reward = self.agent_config.reward
+        if self.tree.tree_advantage == "tree":
+            if not tree_rollouts:
+                raise ConfigError(
+                    f"{source}: tree_advantage: tree needs tree rollouts (interaction.branching)"
+                )
+            if estimator != TREE_ESTIMATOR_NAME:
+                raise ConfigError(
+                    f"{source}: tree_advantage: tree needs algorithm.adv_estimator="
+                    f"{TREE_ESTIMATOR_NAME}, not {estimator!r}"
+                )
+            if reward is None:
+                raise ConfigError(f"{source}: tree_advantage: tree needs a reward")
+            if reward.credit != "outcome":
+                raise ConfigError(
+                    f"{source}: tree_advantage: tree gives each token its segment's advantage; "
+                    f"reward.credit must be 'outcome', not {reward.credit!r}"
+                )
+        elif estimator == TREE_ESTIMATOR_NAME:
             raise ConfigError(
-                f"agent loop {self.loop_name!r}: interaction.branching (tree rollouts) is not "
-                "trained through verl yet; run them with `uniagent run`"
+                f"{source}: algorithm.adv_estimator={TREE_ESTIMATOR_NAME} reads token scores as "
+                "advantages: it needs tree_advantage: tree (here 'plain')"
+            )
+        use_v1 = bool(_select(self.config, "trainer.use_v1", False))
+        if tree_rollouts and self.tree.branches == "all" and estimator == "grpo" and use_v1:
+            # verl's v1 trainer: grpo's advantage of a run's last output goes to all of them
+            raise ConfigError(
+                f"{source}: tree rollouts under verl's v1 trainer need algorithm.adv_estimator="
+                f"{ESTIMATOR_NAME} (its grpo gives every leaf the last leaf's advantage)"
             )
 
     def _base_agent(self, loop_kwargs: Mapping[str, Any]) -> ResolvedAgent:
@@ -162,6 +198,7 @@ class UniAgentLoop(AgentLoopBase):
         want_logprobs = bool(sampling_params.get("logprobs", self.settings.calculate_log_probs))
         messages: list[dict[str, Any]] | None = None
         result: EpisodeResult | None = None
+        config: AgentConfig | None = None
         server = ServerLog(self.server_manager)
         dump = self._start_dump(kwargs)
         try:
@@ -202,7 +239,10 @@ class UniAgentLoop(AgentLoopBase):
             if dump is not None:
                 dump.logger.error("episode failed: %s", error, exc_info=True)
             fields = self._placeholder(messages, want_logprobs, error=error)
-        several = self._branches(result, fields, want_logprobs, kwargs)
+        if result is not None and result.leaves and config is not None:
+            several = self._leaves(result, config, messages or [], want_logprobs, kwargs)
+        else:
+            several = self._branches(result, fields, want_logprobs, kwargs)
         for each in several:
             self._stamp(each, server, kwargs)
         if dump is not None:
@@ -267,6 +307,51 @@ class UniAgentLoop(AgentLoopBase):
             )
             for i, sample in enumerate(samples)
         ]
+
+    def _leaves(
+        self,
+        result: EpisodeResult,
+        config: AgentConfig,
+        messages: list[dict[str, Any]],
+        want_logprobs: bool,
+        row: Mapping[str, Any],
+    ) -> list[LoopFields]:
+        """A tree rollout's samples: one per leaf (the root's own branch first), each with
+        its own reward, masking and exactness, where the worker takes several outputs of one
+        ``run``; else the root's branch only. Under ``tree_advantage: tree`` each trained
+        token scores its segment's advantage, from every leaf of the tree
+        (:mod:`uniagent.verl.tree_advantage`)."""
+        assert result.leaves is not None
+        leaves = list(result.leaves)
+        samples = [self._fields(leaf, config, messages, want_logprobs) for leaf in leaves]
+        if self.tree.tree_advantage == "tree":
+            _tree_scores(leaves, samples)
+        for i, sample in enumerate(samples):
+            record = sample.extra_fields["extras"][UNIAGENT_KEY]
+            record["branch"], record["branches"] = i, len(samples)
+        if len(samples) < 2:
+            return samples
+        if self.tree.branches == "last" or not worker_takes_lists(row):
+            log.warning(
+                "tree rollout of %d leaves: only the root's own branch is a sample (%s)",
+                len(samples),
+                "branches: last"
+                if self.tree.branches == "last"
+                else "verl's classic AgentLoopWorker takes one output per row",
+            )
+            record = samples[0].extra_fields["extras"][UNIAGENT_KEY]
+            record["branches"] = 1
+            return samples[:1]
+        if len(samples) > self.tree.max_branches:
+            log.warning(
+                "tree rollout of %d leaves: its first %d are samples (max_branches)",
+                len(samples),
+                self.tree.max_branches,
+            )
+            samples = samples[: self.tree.max_branches]
+            for sample in samples:
+                sample.extra_fields["extras"][UNIAGENT_KEY]["branches"] = len(samples)
+        return samples
 
     def _fields(
         self,
@@ -452,6 +537,40 @@ class UniAgentLoopOutput(AgentLoopOutput):
             for position, score in record.get("token_scores") or []:
                 rm_scores[int(position)] += float(score)
         return out
+
+
+def _tree_scores(leaves: list[EpisodeResult], samples: list[LoopFields]) -> None:
+    """Put the tree's per-segment advantages in each leaf sample's ``token_scores``
+    (replacing what ``reward.credit`` would add: the checks allow only ``outcome``)."""
+    runs: list[Any] = []
+    for leaf in leaves:
+        cache = leaf.cache
+        if cache is None or cache.mode != "tokens" or not cache.prompt_ids:
+            runs.append(None)
+            continue
+        prompt = list(cache.prompt_ids)
+        runs.append(([*prompt, *cache.response_ids], [0] * len(prompt) + list(cache.response_mask)))
+    records = [sample.extra_fields["extras"][UNIAGENT_KEY] for sample in samples]
+    rewards = [sample.reward_score for sample in samples]
+    kept = [not record["traj_masked"] for record in records]
+    advantages = leaf_advantages(runs, rewards, kept)
+    for run, leaf, sample, record, own in zip(
+        runs, leaves, samples, records, advantages, strict=True
+    ):
+        if sample.reward_score is None:
+            continue
+        n = len(sample.response_ids)
+        start = len(leaf.cache.prompt_ids) if run is not None and leaf.cache is not None else 0
+        response = list(own[start : start + n]) if run is not None else []
+        response += [0.0] * (n - len(response))
+        additions, balanced = tree_token_scores(response, sample.response_mask, sample.reward_score)
+        record["token_scores"] = additions
+        if not balanced:
+            log.warning(
+                "a leaf's response has no untrained token: its row sums to its advantages, "
+                "not its reward %s",
+                sample.reward_score,
+            )
 
 
 def _output(fields: LoopFields) -> AgentLoopOutput:

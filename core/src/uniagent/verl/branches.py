@@ -37,6 +37,8 @@ from uniagent.gateway.tree import Sample, TrajectoryTree
 
 SHARED_WEIGHTS = ("1", "1/k")
 BRANCHES = ("all", "last")
+#: ``tree_advantage`` (tree rollouts of the built-in loop: :mod:`uniagent.verl.tree_advantage`).
+TREE_ADVANTAGES = ("plain", "tree")
 
 #: Set by a worker whose ``_agent_loop_postprocess`` takes a list of outputs
 #: (:class:`uniagent.verl.worker.TreeAgentLoopWorker`) around each ``run`` it awaits.
@@ -58,7 +60,8 @@ def worker_takes_lists(row: Mapping[str, Any]) -> bool:
 
 @dataclass(frozen=True)
 class TreeSettings:
-    """The agent-loop YAML entry's ``branches`` and ``shared_weight``."""
+    """The agent-loop YAML entry's ``branches``, ``shared_weight``, ``max_branches`` and
+    ``tree_advantage``."""
 
     branches: str = "all"
     shared_weight: str = "1"
@@ -66,6 +69,9 @@ class TreeSettings:
     #: make branches (a harness's commands can reach its gateway session), so it must not
     #: choose how many votes its episode gets.
     max_branches: int = 8
+    #: A tree rollout's advantage: ``plain`` (each leaf's reward against its GRPO group)
+    #: or ``tree`` (per-segment advantages, :mod:`uniagent.verl.tree_advantage`).
+    tree_advantage: str = "plain"
 
     @classmethod
     def pop_from(cls, kwargs: MutableMapping[str, Any], *, source: str) -> TreeSettings:
@@ -78,7 +84,11 @@ class TreeSettings:
                     f"{source}: max_branches must be a whole number >= 1, not {raw!r}"
                 )
             values["max_branches"] = raw
-        for key, allowed in (("branches", BRANCHES), ("shared_weight", SHARED_WEIGHTS)):
+        for key, allowed in (
+            ("branches", BRANCHES),
+            ("shared_weight", SHARED_WEIGHTS),
+            ("tree_advantage", TREE_ADVANTAGES),
+        ):
             if key not in kwargs:
                 continue
             raw = kwargs.pop(key)
