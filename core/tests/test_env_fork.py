@@ -272,3 +272,28 @@ async def test_a_layered_sandbox_and_its_forks_keep_deletions_and_replaced_dirs(
         assert await second.communicate(listing) == "swap\nswap:\nnew\n"
         await second.close()
     assert list(base.iterdir()) == []
+
+
+async def test_a_snapshot_restores_its_state_again_and_again(parent: AgentEnv) -> None:
+    """``snapshot()`` keeps the state; each ``restore`` is a new sandbox in it, whatever the
+    parent or the other restored ones did since; closing the snapshot leaves them running."""
+    await parent.communicate("echo kept > s.txt && mkdir -p sub && cd sub && export MARK=1")
+    snapshot = await parent.snapshot()
+    await parent.communicate("echo later > ../s.txt && export MARK=2")
+    first = await parent.restore(snapshot)
+    try:
+        await first.communicate("echo first > ../s.txt && rm -r ../sub/../sub")
+        second = await snapshot.restore()
+        try:
+            assert await second.communicate("pwd; cat ../s.txt; echo $MARK") == (
+                f"{second.workdir}/sub\nkept\n1\n"
+            )
+            await snapshot.close()
+            with pytest.raises(EnvError, match="snapshot is closed"):
+                await snapshot.restore()
+            assert await first.communicate("cat ../s.txt") == "first\n"
+            assert await parent.communicate("cat ../s.txt; echo $MARK") == "later\n2\n"
+        finally:
+            await second.close()
+    finally:
+        await first.close()

@@ -21,6 +21,7 @@ from typing import TYPE_CHECKING, Any
 _EXPORTS: dict[str, str] = {
     "AgentEnv": "uniagent.env.agent_env",
     "Fork": "uniagent.env.agent_env",
+    "Snapshot": "uniagent.env.agent_env",
     "Observation": "uniagent.env.agent_env",
     "use_pidfd_child_watcher": "uniagent.env.aio",
     "DEFAULT_ENV": "uniagent.env.config",
@@ -75,6 +76,7 @@ __all__ = [
     "RemoteDeploymentConfig",
     "SessionProtocolError",
     "ShellKilledError",
+    "Snapshot",
     "TerminalNotAliveError",
     "ToolInstallError",
     "make_runtime",
@@ -92,7 +94,7 @@ def __getattr__(name: str) -> Any:
 
 
 if TYPE_CHECKING:  # pragma: no cover
-    from uniagent.env.agent_env import AgentEnv, Fork, Observation
+    from uniagent.env.agent_env import AgentEnv, Fork, Observation, Snapshot
     from uniagent.env.aio import use_pidfd_child_watcher
     from uniagent.env.config import DEFAULT_ENV, DEFAULT_TOOLS_DIR, EnvConfig
     from uniagent.env.errors import (

@@ -384,6 +384,19 @@ class AgentEnv:
                 await self.run_action(f"rm -f {q(state)}")
         return Fork(env=child, background=tuple(line for line in jobs if line.strip()))
 
+    async def snapshot(self) -> Snapshot:
+        """This sandbox's state, kept to start sandboxes from later (search: go back to a
+        state and try again). The snapshot is a fork that nothing runs in (:meth:`fork`:
+        the same files, cwd, exports and umask; no processes); each :meth:`restore` is a
+        fork of it, so a layered sandbox's snapshots and restores cost what was written.
+        Raises as :meth:`fork` for a backend that cannot fork."""
+        return Snapshot(await self.fork())
+
+    async def restore(self, snapshot: Snapshot) -> AgentEnv:
+        """A new started sandbox in ``snapshot``'s state (this sandbox is not changed: a
+        restore never rewinds a running sandbox, whose processes could not follow)."""
+        return await snapshot.restore()
+
     async def layered(self) -> AgentEnv | None:
         """This sandbox as a layered one whose forks cost what is written from now on, not
         the size of its files; ``None`` where the backend cannot (``host`` needs bubblewrap
@@ -695,6 +708,36 @@ class Fork:
     #: The parent shell's background jobs at the fork (``jobs -l``), which the child does
     #: not have: processes are not carried.
     background: tuple[str, ...] = ()
+
+
+class Snapshot:
+    """A sandbox's state kept to start new sandboxes from later (:meth:`AgentEnv.snapshot`,
+    :meth:`AgentEnv.restore`): a fork of it, idle, that nothing runs in. Close it when no
+    more restores are wanted (what was restored from it runs on)."""
+
+    def __init__(self, kept: Fork) -> None:
+        self._kept = kept
+        #: The background jobs the snapshot did not carry (as :attr:`Fork.background`).
+        self.background = kept.background
+
+    @property
+    def closed(self) -> bool:
+        return self._kept.env._closed
+
+    async def restore(self) -> AgentEnv:
+        """A new started sandbox in the snapshot's state (see :meth:`AgentEnv.restore`)."""
+        if self.closed:
+            raise EnvError("this snapshot is closed; nothing can be restored from it")
+        return (await self._kept.env.fork()).env
+
+    async def close(self) -> None:
+        await self._kept.env.close()
+
+    async def __aenter__(self) -> Snapshot:
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.close()
 
 
 def _backend(deployment: Any) -> str:
