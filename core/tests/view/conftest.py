@@ -69,6 +69,13 @@ def token_run(workdir: Path, qwen3_tokenizer: Any) -> Path:
     return made_once(workdir, "b", lambda path: view_runs.token_run(path, qwen3_tokenizer))
 
 
+@pytest.fixture(scope="session")
+def tree_run(workdir: Path, qwen3_tokenizer: Any) -> Path:
+    """A finished tree rollout (``interaction.branching``), token mode: one episode split at
+    turns 2 and 3 into four leaves, two of which solve the task (see view_runs.tree_run)."""
+    return made_once(workdir, "t", view_runs.tree_run)
+
+
 @pytest.fixture
 def runner_process() -> Iterator[subprocess.Popen[bytes]]:
     """A live process that looks like `uniagent run` (its command line names uniagent)."""

@@ -9,6 +9,7 @@ call (format errors), an edit of the tests (tampering).
 from __future__ import annotations
 
 import io
+import itertools
 import json
 import os
 import random
@@ -282,6 +283,74 @@ def token_run(workdir: Path, tokenizer: Any) -> Path:
     )
 
 
+TREE_FIX = "sed -i 's|/ len(values)$|/ len(values) if values else 0.0|' stats.py"
+TREE_WRONG = "sed -i 's|len(values)|(len(values) + 1)|' stats.py"
+
+
+def tree_policy() -> Callable[[Any], str]:
+    """The tree rollout's policy (as core/tests/test_tree_rollout.py's): turn 1 reads the
+    code, turn 2 (the first branch point) fixes it or breaks it, turn 3 (the second) runs
+    the tests, then it submits. Which leaves solve the task is in the record, not here."""
+    from uniagent.testing.scripted import hermes_call
+
+    second = itertools.cycle([TREE_FIX, TREE_WRONG])
+
+    def reply(cache: Any) -> str:
+        turn = cache.num_turns + 1
+        if turn == 1:
+            return hermes_call("execute_bash", {"command": "cat stats.py"}, "Let me look.")
+        if turn == 2:
+            return hermes_call("execute_bash", {"command": next(second)})
+        if turn == 3:
+            return hermes_call("execute_bash", {"command": TEST})
+        return hermes_call("submit")
+
+    return reply
+
+
+def tree_run(workdir: Path) -> Path:
+    """A finished tree rollout (``interaction.branching``): the example's config over its
+    mean-empty task, in token mode (the scripted token policy, the real Qwen3 tokenizer),
+    split in two at turn 2 and each branch in two again at turn 3: four leaves, the two
+    under the fix solve the task. The runner test_tree_rollout uses, in a child process
+    (this file run as a script: no event loop of the tests' is in its way)."""
+    tasks = make_tasks(workdir / "swe_tiny")
+    out = workdir / "run-tree"
+    proc = subprocess.run(
+        [sys.executable, __file__, "tree", str(tasks), str(out)],
+        capture_output=True,
+        text=True,
+        env=run_env(workdir / "tmp"),
+        timeout=600,
+    )
+    if proc.returncode != 0:
+        raise RuntimeError(f"the tree run failed:\n{proc.stderr[-3000:]}")
+    return out
+
+
+def _run_tree(tasks_path: str, out: str) -> None:
+    """What ``uniagent run`` does with ``interaction.branching``, the model scripted."""
+    import yaml
+
+    from uniagent.config import AgentConfig
+    from uniagent.run.progress import Progress
+    from uniagent.run.runner import run_sync
+    from uniagent.tasks import load_tasks
+    from uniagent.testing import load_qwen3_tokenizer
+    from uniagent.testing.scripted import ScriptedTokenModel
+
+    data = yaml.safe_load((ROOT / "examples" / "swe_tiny" / "config.yaml").read_text())
+    data["env"]["deployment"]["isolation"] = "none"
+    data["interaction"]["branching"] = {"at_turns": [2, 3], "width": 2}
+    tasks, bad = load_tasks(tasks_path)
+    mean = [t for t in tasks if t.id == "mean-empty"]
+    model = ScriptedTokenModel(load_qwen3_tokenizer(), policy=tree_policy())
+    run_sync(
+        AgentConfig.from_dict(data), mean, bad, lambda: model, Path(out),
+        progress=Progress(io.StringIO(), live=False),
+    )  # fmt: skip
+
+
 def _run_in_token_mode(config_path: str, tasks_path: str, base_url: str, out: str) -> None:
     """What ``uniagent run`` does, with a tokenizer for the OpenAI backend."""
     from uniagent.config import AgentConfig
@@ -309,4 +378,7 @@ def _run_in_token_mode(config_path: str, tasks_path: str, base_url: str, out: st
 
 
 if __name__ == "__main__":
-    _run_in_token_mode(*sys.argv[1:5])
+    if sys.argv[1] == "tree":
+        _run_tree(*sys.argv[2:4])
+    else:
+        _run_in_token_mode(*sys.argv[1:5])

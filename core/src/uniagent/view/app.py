@@ -30,7 +30,7 @@ from uniagent.errors import ConfigError
 from uniagent.run.layout import LOG, MESSAGES, RESULT, ROLLOUT
 from uniagent.view import index
 from uniagent.view.access import EpisodeFiles, OutsideRunFolder, StaleIndex
-from uniagent.view.branches import branch_rollout, branches
+from uniagent.view.branches import branch_rollout, branches, tree_leaves, tree_shape
 from uniagent.view.catalog import Catalog
 from uniagent.view.files import Unreadable
 from uniagent.view.row import INFRA_EXITS
@@ -347,6 +347,7 @@ def create_app(
                 "record": record,
                 "messages": messages if isinstance(messages, list) else None,
                 "tools": _tools(rollout, record),
+                "tree": _tree(rollout, record),
                 "files": episode_files.listing(key),
                 "errors": errors,
                 "run": run.info(),
@@ -502,6 +503,46 @@ def _tools(rollout: dict[str, Any] | None, record: Any) -> list[dict[str, Any]] 
             }
         )
     return tools
+
+
+def _tree(rollout: dict[str, Any] | None, record: Any) -> dict[str, Any] | None:
+    """A tree rollout's shape for the Tree tab (None for any other episode): its leaves and
+    splits as ``rollout.json`` saves them, else its leaves as ``result.json`` lists them
+    (without the splits' turns); each leaf with its grader's score reason, if any."""
+    try:
+        leaves = tree_leaves(rollout) if rollout is not None else None
+        rows = record.get("leaf_rows") if isinstance(record, dict) else None
+        rows = [r for r in rows if isinstance(r, dict)] if isinstance(rows, list) else []
+        splits: list[Any] = []
+        if leaves is not None:
+            splits = (rollout or {})["tree"].get("splits") or []
+        elif rows:
+            leaves = [
+                {
+                    "leaf": r.get("leaf"),
+                    "branch": r.get("branch"),
+                    "node": None,
+                    "exit_reason": r.get("exit_reason"),
+                    "traj_masked": r.get("traj_masked"),
+                    "reward": r.get("reward"),
+                    "turns": (r.get("metrics") or {}).get("turns"),
+                }
+                for r in rows
+            ]
+        else:
+            return None
+        reasons = {
+            str(r.get("leaf")): (r.get("reward_info") or {}).get("score_reason") for r in rows
+        }
+        leaves = [{**leaf, "score_reason": reasons.get(str(leaf.get("leaf")))} for leaf in leaves]
+        return {
+            "leaves": len(leaves),
+            "splits": splits if isinstance(splits, list) else [],
+            "tokens": any(isinstance(leaf.get("node"), int) for leaf in leaves),
+            "root": tree_shape(leaves, splits if isinstance(splits, list) else []),
+        }
+    except (TypeError, ValueError, AttributeError, KeyError):  # a malformed record: no tree
+        return None
 
 
 def _str_or_none(value: Any) -> str | None:

@@ -121,7 +121,8 @@ def page(
         matched = present + missing
     elif sort != "order":
         matched.sort(key=key)
-    rewards = [r.reward for r in matched if r.reward is not None]
+    # A tree rollout's leaves count one each, as in the run's summary.
+    rewards = [e.reward for r in matched for e in r.episodes() if e.reward is not None]
     return {
         "total": len(matched),
         "offset": offset,
@@ -168,8 +169,9 @@ def histogram(values: Sequence[float], *, max_bins: int = 20) -> list[dict[str, 
 
 
 def stats(rows: Iterable[Row], *, n: int) -> dict[str, Any]:
-    """The summary page: ``summarize``'s figures over finished episodes, plus distributions."""
-    rows = list(rows)
+    """The summary page: ``summarize``'s figures over finished episodes, plus distributions
+    (a tree rollout's leaves count one episode each, as in the run's own summary)."""
+    rows = [e for r in rows for e in r.episodes()]
     finished = [r for r in rows if r.exit_reason is not None]
     summary = summarize((r.as_record() for r in finished), n=n, wall_seconds=0.0)
     summary.pop("wall_seconds", None)
@@ -224,7 +226,7 @@ def integrity_timeline(finished: Sequence[Row], *, max_bins: int = 20) -> list[d
 def _per_task(rows: Iterable[Row]) -> dict[str, dict[str, Any]]:
     grouped: dict[str, list[Row]] = defaultdict(list)
     for row in rows:
-        grouped[row.task_id].append(row)
+        grouped[row.task_id].extend(row.episodes())  # a tree rollout: each leaf
     out = {}
     for task, episodes in grouped.items():
         episodes.sort(key=lambda r: (r.sample is None, r.sample))
@@ -237,6 +239,7 @@ def _per_task(rows: Iterable[Row]) -> dict[str, dict[str, Any]]:
                     "status": r.status,
                     "exit_reason": r.exit_reason,
                     "reward": r.reward,
+                    "leaf": r.leaf,
                 }
                 for r in episodes
             ],

@@ -3,6 +3,7 @@ run folder into and :mod:`uniagent.view.index` queries."""
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from dataclasses import dataclass, field
 from typing import Any, Literal
@@ -56,6 +57,10 @@ class Row:
     model_server: str | None = None
     generated_tokens: int | None = None
     lost_on: tuple[str, ...] = ()
+    #: A tree rollout's leaf: its name (``"0.1"``); its tree's row: every leaf's row, in
+    #: the results file's order (the row itself is its first leaf's, see :func:`tree_row`).
+    leaf: str | None = None
+    leaves: tuple[Row, ...] = ()
 
     @property
     def total_seconds(self) -> float | None:
@@ -87,7 +92,18 @@ class Row:
             "attempt": self.attempt,
             "reward_components": self.reward_components,
             "model_server": self.model_server,
+            "leaves": [
+                {"leaf": r.leaf, "reward": r.reward, "exit_reason": r.exit_reason}
+                for r in self.leaves
+            ],
         }
+
+    def episodes(self) -> tuple[Row, ...]:
+        """The episodes the run's summary counts in this row: a tree rollout's leaves, or
+        the row itself."""
+        if not self.leaves:
+            return (self,)
+        return tuple(dataclasses.replace(r, order=self.order) for r in self.leaves)
 
     def server_record(self) -> dict[str, Any]:
         """``model_server`` as the results record has it."""
@@ -107,6 +123,7 @@ class Row:
             "integrity_flags": self.integrity,
             **(self.server_record() if self.model_server else {}),
             "previous_attempts": [{"model_server": name} for name in self.lost_on],
+            **({"leaf_rows": [r.as_record() for r in self.leaves]} if self.leaves else {}),
         }
 
 
@@ -115,6 +132,7 @@ def row_from_record(record: dict[str, Any], key: str, order: int, offset: int | 
     metrics = as_mapping(record.get("metrics"))
     exit_reason = as_str(record.get("exit_reason"))
     tool_calls = metrics.get("tool_calls")
+    times: dict[str, Any] = {k: as_float(metrics.get(k)) for k in TIME_KEYS}
     error = as_str(record.get("error"))
     info = as_mapping(record.get("reward_info"))
     tampered = as_mapping(info.get("integrity")).get("tampered")
@@ -136,7 +154,7 @@ def row_from_record(record: dict[str, Any], key: str, order: int, offset: int | 
         syntax_errors=as_int(metrics.get("syntax_errors")) or 0,
         timeouts=as_int(metrics.get("timeouts")) or 0,
         inexact_turns=as_int(metrics.get("inexact_turns")) or 0,
-        **{k: as_float(metrics.get(k)) for k in TIME_KEYS},
+        **times,
         error=error[:ERROR_CHARS] if error else None,
         score_reason=as_str(info.get("score_reason")),
         tampered=len(tampered) if isinstance(tampered, list) else 0,
@@ -151,6 +169,23 @@ def row_from_record(record: dict[str, Any], key: str, order: int, offset: int | 
             for before in record.get("previous_attempts") or ()
             if isinstance(before, dict) and (name := as_str(before.get("model_server")))
         ),
+        leaf=as_str(record.get("leaf")),
+    )
+
+
+def tree_row(leaves: tuple[Row, ...]) -> Row:
+    """A tree rollout's row from its leaves' rows (``interaction.branching``: one results
+    line per leaf): the first leaf's, with the leaves' mean reward (None if none has one),
+    ``failed`` if any leaf failed (a retry runs the whole tree again), masked if every leaf
+    is, and the leaves under ``leaves``."""
+    first = leaves[0]
+    rewards = [r.reward for r in leaves if r.reward is not None]
+    return dataclasses.replace(
+        first,
+        status="failed" if any(r.status == "failed" for r in leaves) else first.status,
+        reward=sum(rewards) / len(rewards) if rewards else None,
+        masked=all(r.masked for r in leaves),
+        leaves=leaves,
     )
 
 

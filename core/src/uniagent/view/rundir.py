@@ -61,6 +61,7 @@ from uniagent.view.row import (
     as_int,
     as_str,
     row_from_record,
+    tree_row,
 )
 
 RunState = Literal["live", "finished", "interrupted", "unknown"]
@@ -312,13 +313,25 @@ class RunFolder:
                         error=f"its results record could not be read: {type(exc).__name__}",
                         offset=offset,
                     )
-                self._done[key] = row
+                self._done[key] = self._with_leaf(self._done.get(key), row, record)
             elif line.strip():
                 self.unreadable_lines += 1
         self._failed = {
             k: r.attempt for k, r in self._done.items() if r.status == "failed" and r.attempt
         }
         return True
+
+    @staticmethod
+    def _with_leaf(before: Row | None, row: Row, record: dict[str, Any]) -> Row:
+        """The row of ``key`` after the line that made ``row``: a tree rollout writes a line
+        per leaf (``leaf_index`` 0, 1, ...): the first starts its row, the next ones join
+        it (the same attempt's); any other line replaces what was there."""
+        index = as_int(record.get("leaf_index"))
+        if index is None:
+            return row
+        if index > 0 and before is not None and before.leaves and before.attempt == row.attempt:
+            return tree_row((*before.leaves, row))
+        return tree_row((row,))
 
     def _run_state(self, *, held: bool) -> RunState:
         if held:  # a run uses the folder now (perhaps still loading its model)
@@ -409,6 +422,16 @@ class RunFolder:
                 row = row_from_record(record, key, len(rows), None)
                 if "task_id" not in record:
                     row.task_id = parent if parent != "." else key
+                leaf_rows = record.get("leaf_rows")
+                if isinstance(leaf_rows, list) and leaf_rows:  # a tree rollout's leaves
+                    leaves = tuple(
+                        dataclasses.replace(
+                            row_from_record(r, key, len(rows), None), task_id=row.task_id
+                        )
+                        for r in leaf_rows
+                        if isinstance(r, dict)
+                    )
+                    row = tree_row(leaves) if leaves else row
             else:
                 row = Row(
                     key=key,
@@ -481,10 +504,11 @@ def _episode_folders(root: Path) -> Iterator[Path]:
 
 
 def _differs(old: Row | None, new: Row) -> bool:
-    return old is None or (old.status, old.exit_reason, old.reward) != (
+    return old is None or (old.status, old.exit_reason, old.reward, len(old.leaves)) != (
         new.status,
         new.exit_reason,
         new.reward,
+        len(new.leaves),
     )
 
 

@@ -15,8 +15,10 @@ const TABS = [
 
 export async function renderEpisode(main, runId, params) {
   const key = params.get("key");
-  let tab = params.get("tab") || "conversation";
   let data = await api(`/api/runs/${runId}/episode`, { key });
+  // A tree rollout opens on its tree; a leaf chosen there is shown in the Tokens tab.
+  let tab = params.get("tab") || (data.tree ? "tree" : "conversation");
+  let branch = params.get("branch") === null || params.get("branch") === "" ? null : Number(params.get("branch"));
   const head = h("section", { class: "card episode-head", id: "episode-head" });
   const tabs = h("div", { class: "tabs", role: "tablist" });
   const body = h("div", { class: "tab-body", id: "tab-body" });
@@ -27,6 +29,7 @@ export async function renderEpisode(main, runId, params) {
     const r = data.row;
     const m = data.record && data.record.metrics ? data.record.metrics : {};
     const calls = Object.entries(r.tool_calls || {});
+    const first = data.tree && r.leaves && r.leaves.length ? r.leaves[0].leaf : null;
     add(clear(head),
       h("a", { class: "back", href: `#/r/${runId}` }, "← Episodes"),
       h("div", { class: "title-row" },
@@ -36,8 +39,10 @@ export async function renderEpisode(main, runId, params) {
           tamperBadge(r),
           h("span", { class: "reward-big", title: "reward" }, rewardCell(r.reward)))),
       h("div", { class: "facts" },
-        fact("turns", r.turns ?? "–"),
-        fact("tool calls", calls.length ? calls.map(([n, c]) => `${n} ×${c}`).join(", ") : "–"),
+        data.tree ? fact("leaves", leavesFact(r)) : null,
+        // A tree rollout's figures here are its first leaf's (as result.json's are).
+        fact(first ? `turns (leaf ${first})` : "turns", r.turns ?? "–"),
+        fact(first ? `tool calls (leaf ${first})` : "tool calls", calls.length ? calls.map(([n, c]) => `${n} ×${c}`).join(", ") : "–"),
         fact("format errors", m.format_errors ?? r.format_errors),
         fact("timeouts", m.timeouts ?? r.timeouts),
         r.inexact_turns ? fact("inexact turns", h("span", { class: "reward-zero", title: "the server's prompt differed from the rollout's ids: not token-exact (masked by default)" }, r.inexact_turns)) : null,
@@ -55,11 +60,11 @@ export async function renderEpisode(main, runId, params) {
 
   function drawTabs() {
     clear(tabs);
-    for (const [id, label] of TABS) {
+    for (const [id, label] of data.tree ? [["tree", "Tree"], ...TABS] : TABS) {
       tabs.append(h("button", {
         type: "button", role: "tab", class: id === tab ? "tab active" : "tab", id: `tab-${id}`,
         "aria-selected": String(id === tab),
-        onclick: () => { tab = id; replaceParams(`/r/${runId}/e`, { key, tab }); drawTabs(); show(); },
+        onclick: () => { tab = id; branch = null; replaceParams(`/r/${runId}/e`, { key, tab }); drawTabs(); show(); },
       }, label));
     }
   }
@@ -67,10 +72,19 @@ export async function renderEpisode(main, runId, params) {
   async function show() {
     if (panel && panel.dispose) panel.dispose();
     clear(body);
-    if (tab === "conversation") panel = conversation(body, data);
-    else if (tab === "tokens") panel = await renderTokens(body, runId, key);
+    if (tab === "tree" && data.tree) panel = treeView(body, data.tree, openLeaf);
+    else if (tab === "conversation") panel = conversation(body, data);
+    else if (tab === "tokens") panel = await renderTokens(body, runId, key, branch);
     else if (tab === "result") panel = result(body, data);
     else panel = await logView(body, runId, key, data);
+  }
+
+  function openLeaf(leaf) {
+    tab = "tokens";
+    branch = leaf.index;
+    replaceParams(`/r/${runId}/e`, { key, tab, branch });
+    drawTabs();
+    show();
   }
 
   const refresh = debounced(async () => {
@@ -100,6 +114,56 @@ function fact(label, value, cls) {
   return h("div", { class: "fact" }, h("span", { class: "fact-label" }, label), h("span", { class: `fact-value ${cls || ""}` }, value));
 }
 
+function leavesFact(r) {
+  const leaves = r.leaves || [];
+  const solved = leaves.filter((l) => l.reward !== null && l.reward >= 1).length;
+  return `${leaves.length} (${solved} solved; the reward is their mean)`;
+}
+
+// ------------------------------------------------------------------ tree
+
+// A tree rollout (interaction.branching): its branch points, each with the turn it split
+// at, and its leaves, each with its reward and exit reason; a leaf opens its tokens.
+function treeView(body, tree, openLeaf) {
+  body.append(h("section", { class: "card tree-rollout", id: "tree" },
+    h("p", { class: "muted small" },
+      `A tree rollout of ${tree.leaves} leaves: at each branch point the episode went on several ways, `
+      + "each leaf ran to its own end and was graded in its own sandbox. "
+      + (tree.tokens ? "Choose a leaf to see its tokens and conversation as the model saw them." : "Its leaves saved no tokens (message mode).")),
+    h("ul", { class: "tree" }, treeNode(tree.root, openLeaf, tree.tokens))));
+  return null;
+}
+
+function treeNode(node, openLeaf, tokens) {
+  const li = h("li", { class: node.children.length ? "tree-item tree-inner" : "tree-item", dataset: { branch: node.name } });
+  if (node.children.length) {
+    const s = node.split || {};
+    li.append(h("div", { class: "tree-split", dataset: { turn: s.turn ?? "" }, title: s.why ? `branched because: ${s.why}` : "a branch point" },
+      h("span", { class: "tree-name mono" }, node.name === "root" ? "root" : `branch ${node.name}`),
+      h("span", { class: "tree-turn" }, s.turn !== undefined && s.turn !== null ? `split at turn ${s.turn}` : "split"),
+      s.width ? h("span", { class: "muted small" }, `${s.width} ways`) : null));
+  }
+  if (node.leaf) li.append(leafButton(node.leaf, openLeaf, tokens));
+  if (node.children.length) li.append(h("ul", {}, node.children.map((c) => treeNode(c, openLeaf, tokens))));
+  return li;
+}
+
+function leafButton(leaf, openLeaf, tokens) {
+  const usable = tokens && leaf.node !== null && leaf.node !== undefined;
+  return h("button", {
+    type: "button", class: "tree-leaf", disabled: !usable,
+    dataset: { leaf: leaf.leaf, index: String(leaf.index) },
+    title: usable ? "show this leaf's tokens" : "this leaf saved no tokens",
+    onclick: () => openLeaf(leaf),
+  },
+  h("span", { class: "tree-name mono" }, `leaf ${leaf.leaf}`),
+  h("span", { class: "tree-reward" }, rewardCell(leaf.reward)),
+  exitBadge(leaf.exit_reason),
+  leaf.score_reason ? h("span", { class: "flag", title: `the grader forced the score: ${leaf.score_reason}` }, leaf.score_reason.replace(/_/g, " ")) : null,
+  leaf.traj_masked ? badge("masked", "masked", "kept out of training") : null,
+  leaf.turns !== null && leaf.turns !== undefined ? h("span", { class: "muted small" }, `${leaf.turns} turns`) : null);
+}
+
 // ------------------------------------------------------------------ conversation
 
 function conversation(body, data) {
@@ -109,6 +173,10 @@ function conversation(body, data) {
       ? "The conversation is saved when the episode ends; its log (Log tab) grows meanwhile."
       : "This episode saved no conversation (messages.json)."));
     return null;
+  }
+  if (data.tree) {
+    body.append(h("p", { class: "note", id: "first-leaf-note" },
+      "This is the first leaf's conversation; every leaf's tokens are in the Tree tab."));
   }
   const list = h("div", { class: "conversation", id: "conversation" });
   let turn = 0;

@@ -151,7 +151,7 @@ export async function renderRuns(main, runId, params) {
         h("td", { class: "num" }, r.sample ?? "–"),
         h("td", {}, statusBadge(r.status)),
         h("td", {}, exitBadge(r.exit_reason), r.masked ? h("span", { class: "masked", title: "masked in training" }, "masked") : null),
-        h("td", { class: "num" }, tamperBadge(r), rewardCell(r.reward)),
+        h("td", { class: "num" }, tamperBadge(r), rewardCell(r.reward), leavesNote(r)),
         h("td", { class: "num" }, r.turns ?? "–"),
         h("td", { class: "calls" }, calls.length ? calls.map(([n, c]) => h("span", { class: "call" }, `${n} ×${c}`)) : h("span", { class: "muted" }, "–")),
         ...["setup_seconds", "model_seconds", "env_seconds", "reward_seconds", "total_seconds"].map((k) => h("td", { class: "num time" }, fmtSeconds(r[k]))),
@@ -212,3 +212,12 @@ export async function renderRuns(main, runId, params) {
   return { update: () => refresh(), dispose: () => clearTimeout(typing) };
 }
 
+
+// A tree rollout's row: its reward is its leaves' mean; how many leaves, how many solved.
+function leavesNote(r) {
+  const leaves = r.leaves || [];
+  if (!leaves.length) return null;
+  const solved = leaves.filter((l) => l.reward !== null && l.reward >= 1).length;
+  return h("span", { class: "leaves-note muted small", title: "a tree rollout: the mean reward of its leaves (each counts as an episode in the summary)" },
+    ` · ${solved}/${leaves.length} leaves solved`);
+}

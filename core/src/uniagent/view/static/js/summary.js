@@ -17,7 +17,8 @@ export async function renderSummary(main, runId) {
     clear(root);
     const n = s.samples_per_task;
     const cards = [
-      card("Episodes", num(s.episodes), `${num(s.tasks)} tasks × ${n} sample${n > 1 ? "s" : ""}`),
+      card("Episodes", num(s.episodes), `${num(s.tasks)} tasks × ${n} sample${n > 1 ? "s" : ""}`
+        + (s.episodes > s.tasks * n ? "; a tree rollout's leaves count one each" : "")),
       card("Mean reward", s.mean_reward === null ? "–" : fmtReward(s.mean_reward),
         `over ${num(s.rewarded_episodes)} rewarded episodes`, "accent"),
     ];

@@ -1,6 +1,6 @@
 // The token view: every token of the rollout, coloured by whose it is (prompt, model,
 // environment) or by the model's log-prob, with model-call boundaries and the exactness report.
-import { api, badge, clear, h, num } from "./dom.js";
+import { api, badge, clear, fmtReward, h, num } from "./dom.js";
 
 const KIND = ["prompt", "model", "env"];
 const KIND_LABEL = { prompt: "prompt", model: "model (mask 1)", env: "environment (mask 0)" };
@@ -99,7 +99,12 @@ export async function renderTokens(body, runId, key, branch = null) {
 
   await stream(responseBox, first.prompt_length, first.total);
   hover(view);
-  loadExactness(report, runId, key, first);
+  if (branch === null) loadExactness(report, runId, key, first);
+  else {
+    // The check re-renders the saved conversation, which is the saved rollout's only.
+    report.append(h("div", { class: "muted small", id: "exactness-of-saved" },
+      "Exactness report: of the saved rollout only (choose it above): this branch's own conversation is not saved to re-render."));
+  }
   return null;
 }
 
@@ -222,11 +227,14 @@ async function loadExactness(box, runId, key, page) {
 function branchPicker(page, branch, onPick) {
   const listed = page.branches || [];
   if (listed.length < 2) return null;
+  // A tree rollout's branches are its leaves (named by their branch path, e.g. "0.1").
+  const leaves = typeof listed[0].leaf === "string";
   const select = h("select", { id: "branch", onchange: (e) => onPick(e.target.value === "" ? null : Number(e.target.value)) },
-    h("option", { value: "" }, "main branch (as saved)"),
-    ...listed.map((b) => h("option", { value: String(b.index) },
-      `branch ${b.index + 1}: ${num(b.turns)} calls, ${num(b.tokens)} tokens (${num(b.model_tokens)} model)`)));
+    h("option", { value: "" }, leaves ? "the first leaf (as saved)" : "main branch (as saved)"),
+    ...listed.map((b) => h("option", { value: String(b.index) }, leaves
+      ? `leaf ${b.leaf}: reward ${fmtReward(b.reward)}, ${b.exit_reason || "–"}, ${num(b.turns ?? 0)} turns, ${num(b.tokens)} tokens (${num(b.model_tokens)} model)`
+      : `branch ${b.index + 1}: ${num(b.turns)} calls, ${num(b.tokens)} tokens (${num(b.model_tokens)} model)`)));
   select.value = branch === null ? "" : String(branch);
   return h("div", { class: "branches" },
-    h("label", { for: "branch" }, `${listed.length} branches in this episode's tree `), select);
+    h("label", { for: "branch" }, leaves ? `${listed.length} leaves in this tree rollout ` : `${listed.length} branches in this episode's tree `), select);
 }
