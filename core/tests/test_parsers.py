@@ -540,13 +540,13 @@ def _calls(text: st.SearchStrategy[str]) -> st.SearchStrategy[ToolCall]:
     return st.one_of(bash, edit, st.just(ToolCall("submit", {})))
 
 
-@settings(max_examples=150, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(calls=st.lists(_calls(_text), min_size=1, max_size=3), content=_text)
 def test_hermes_round_trip(calls: list[ToolCall], content: str) -> None:
     _round_trip(HermesParser(), calls, content)
 
 
-@settings(max_examples=150, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(calls=st.lists(_calls(_safe_text), min_size=1, max_size=3), content=_text)
 def test_qwen3_coder_round_trip(calls: list[ToolCall], content: str) -> None:
     _round_trip(Qwen3CoderParser(), calls, content)
@@ -601,7 +601,7 @@ FRAGMENTS = [
 ]
 
 
-@settings(max_examples=400, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=400, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(
     parts=st.lists(st.sampled_from(FRAGMENTS) | st.text(max_size=4), max_size=40),
     which=st.sampled_from(PARSERS),
@@ -621,7 +621,7 @@ def test_fuzz_only_format_errors(parts: list[str], which: Any, max_calls: int | 
         assert all(c.name in names for c in result.tool_calls)
 
 
-@settings(max_examples=200)
+@settings(max_examples=200, deadline=None)
 @given(text=st.text(max_size=200))
 def test_fuzz_arbitrary_text(text: str) -> None:
     for parser in PARSERS:

@@ -3,7 +3,8 @@ several ways; every leaf is graded in its own sandbox with the root's baseline.
 
 Real parts: the tiny example task set (git repositories, unittest tests, the ``command``
 reward with its integrity checks), real host sandboxes (none and bubblewrap) and their
-forks, the real Qwen3 tokenizer; the policy is scripted.
+forks, podman containers, the real Qwen3 tokenizer; the policy is scripted. The tools are
+two of this file's (a shell command, a finish): the core's tests need no plugin.
 """
 
 from __future__ import annotations
@@ -15,15 +16,20 @@ import os
 import shutil
 import subprocess
 import sys
+import types
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 import yaml
+from pydantic import BaseModel
 
+from uniagent import ToolSpec, hookimpl
 from uniagent.config import AgentConfig
 from uniagent.episode import EpisodeResult, run_episode
 from uniagent.errors import ConfigError
+from uniagent.plugins import load_plugins, reset_plugins
 from uniagent.resolver import resolve
 from uniagent.rollout import Rollout
 from uniagent.run.progress import Progress
@@ -41,6 +47,38 @@ WRONG = "sed -i 's|len(values)|(len(values) + 1)|' stats.py"
 TAMPER = "printf 'import unittest\\n' > tests/test_stats.py"
 
 
+class Command(BaseModel):
+    command: str
+
+
+class NoArgs(BaseModel):
+    pass
+
+
+SHELL = ToolSpec(
+    name="tree_shell", description="Run a bash command.", arguments=Command,
+    render=lambda a: a["command"],
+)  # fmt: skip
+FINISH = ToolSpec(
+    name="tree_done", description="Finish.", arguments=NoArgs, render=lambda a: "echo done",
+    ends_episode=True,
+)  # fmt: skip
+
+
+@pytest.fixture(autouse=True)
+def tools() -> Iterator[None]:
+    """``tree_shell`` and ``tree_done`` registered as a plugin; the plugins are reset after."""
+    reset_plugins()
+
+    @hookimpl
+    def uniagent_tools() -> list[ToolSpec]:
+        return [SHELL, FINISH]
+
+    load_plugins().register(types.SimpleNamespace(uniagent_tools=uniagent_tools), "tree-tools")
+    yield
+    reset_plugins()
+
+
 @pytest.fixture(scope="module")
 def tasks(tmp_path_factory: pytest.TempPathFactory) -> Path:
     out = tmp_path_factory.mktemp("swe_tiny")
@@ -52,6 +90,7 @@ def tasks(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 def config(isolation: str, **branching: Any) -> AgentConfig:
     data = yaml.safe_load((EXAMPLE / "config.yaml").read_text())
+    data["tools"] = ["tree_shell", "tree_done"]
     data["env"]["deployment"]["isolation"] = isolation
     data["interaction"]["branching"] = branching or {"at_turns": [2], "width": 4}
     return AgentConfig.from_dict(data)
@@ -71,12 +110,12 @@ def policy(second_turns: list[str]) -> Any:
     def reply(cache: Rollout) -> str:
         turn = turn_of(cache)
         if turn == 1:
-            return hermes_call("execute_bash", {"command": "cat stats.py"}, "Let me look.")
+            return hermes_call("tree_shell", {"command": "cat stats.py"}, "Let me look.")
         if turn == 2:
-            return hermes_call("execute_bash", {"command": next(pending)})
+            return hermes_call("tree_shell", {"command": next(pending)})
         if turn == 3:
-            return hermes_call("execute_bash", {"command": TEST})
-        return hermes_call("submit")
+            return hermes_call("tree_shell", {"command": TEST})
+        return hermes_call("tree_done")
 
     return reply
 
@@ -150,17 +189,20 @@ async def test_a_leaf_that_tampers_scores_zero_and_its_siblings_keep_theirs(
 
 
 def test_branching_needs_a_backend_that_forks() -> None:
-    data = yaml.safe_load((EXAMPLE / "config.yaml").read_text())
+    data = config("none").model_dump(exclude_unset=True)
     data["env"]["deployment"] = {"type": "remote", "host": "http://127.0.0.1:1"}
-    data["interaction"]["branching"] = {"at_turns": [2]}
-    with pytest.raises(ConfigError, match="fork"):
+    with pytest.raises(ConfigError, match="the 'remote' sandbox backend cannot fork"):
+        resolve(AgentConfig.from_dict(data))
+    data["env"]["deployment"] = {"type": "host", "binds": ["/tmp:/shared"]}
+    with pytest.raises(ConfigError, match="binds are shared by a sandbox and its forks"):
         resolve(AgentConfig.from_dict(data))
 
 
-def test_branching_is_refused_for_a_harness_and_its_settings_are_checked() -> None:
+def test_branching_is_refused_for_a_harness_and_its_settings_are_checked(tiny: Any) -> None:
     data = yaml.safe_load((EXAMPLE / "config.yaml").read_text())
+    data["tools"] = []
     data["interaction"]["branching"] = {"at_turns": [2]}
-    data["agent"] = {"name": "mini-swe-agent"}
+    data["agent"] = {"name": "tiny"}
     data["env"]["deployment"]["network"] = True
     with pytest.raises(ConfigError, match="built-in loop"):
         resolve(AgentConfig.from_dict(data))
