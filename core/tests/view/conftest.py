@@ -96,8 +96,9 @@ class Viewer:
     output: list[str]
 
     def get(self, path: str, **params: Any) -> httpx.Response:
-        """GET ``path`` on the viewer."""
-        return httpx.get(self.url.rstrip("/") + path, params=params, timeout=60)
+        """GET ``path`` on the viewer (a bound for a hung viewer, not a timing: the first
+        tokens request loads the tokenizer, which took over a minute on a loaded machine)."""
+        return httpx.get(self.url.rstrip("/") + path, params=params, timeout=600)
 
     def json(self, path: str, **params: Any) -> Any:
         """GET ``path`` and decode its JSON, which must come with status 200."""
