@@ -126,10 +126,11 @@ async def run_tree(
     tasks, bad = load_tasks(tasks_file)
     mean = [t for t in tasks if t.id == "mean-empty"]
     model = ScriptedTokenModel(qwen3_tokenizer, policy=policy(second_turns))
-    summary = await run(
-        agent, mean, bad, lambda: model, out, progress=Progress(io.StringIO(), live=False)
-    )
+    stream = io.StringIO()
+    summary = await run(agent, mean, bad, lambda: model, out, progress=Progress(stream, live=False))
     rows = [json.loads(line) for line in (out / "results.jsonl").read_text().splitlines()]
+    solved = sum(1 for r in rows if r["reward"] == 1.0)
+    assert f"; {len(rows)} leaves, {solved} solved" in stream.getvalue()
     return summary, rows, model
 
 

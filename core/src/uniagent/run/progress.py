@@ -20,7 +20,7 @@ from collections.abc import Iterable, Mapping
 from typing import Any, TextIO
 
 from uniagent.observer import Phase
-from uniagent.run.results import is_infra_failure
+from uniagent.run.results import LEAF_ROWS, is_infra_failure
 from uniagent.run.retry import cause_of
 
 
@@ -212,19 +212,23 @@ class Progress:
     # -- output -------------------------------------------------------------------------
     def _count(self, record: Mapping[str, Any]) -> None:
         self.done += 1
-        self.exit_reasons[record["exit_reason"]] += 1
         if is_infra_failure(record):
             self.infra_failed += 1
-        if record.get("reward") is not None:
-            self.rewards.append(float(record["reward"]))
+        for row in record.get(LEAF_ROWS) or [record]:  # a tree rollout's: each leaf
+            self.exit_reasons[row["exit_reason"]] += 1
+            if row.get("reward") is not None:
+                self.rewards.append(float(row["reward"]))
 
     def _finished_line(self, position: str, job: Any, record: Mapping[str, Any]) -> None:
         reward = record.get("reward")
         metrics = record.get("metrics") or {}
+        leaves = record.get(LEAF_ROWS) or []
+        solved = sum(1 for row in leaves if (row.get("reward") or 0) >= 1.0)
         self._line(
             f"{position} {_label(job)}: {record['exit_reason']}"
             + (f", reward {reward:g}" if reward is not None else "")
             + f" ({metrics.get('turns', 0)} turns)"
+            + (f"; {len(leaves)} leaves, {solved} solved" if leaves else "")
         )
 
     def _failure(self, text: str) -> None:
