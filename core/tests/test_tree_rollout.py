@@ -239,6 +239,10 @@ def test_a_trees_lines_are_one_record_again_and_a_retry_replaces_them_all(tmp_pa
     found = latest(lines)
     assert [r["leaf"] for r in found[("t", 0)]["leaf_rows"]] == ["0", "1"]
     assert not is_infra_failure(found[("t", 0)]) and "leaf_rows" not in found[("u", 0)]
+    # A crash that cut a tree's lines short leaves fewer leaves than it had: run it again.
+    cut = latest(lines[4:5])[("t", 0)]  # the first of the second tree's two leaf lines
+    assert cut["exit_reason"] == "finished" and len(cut["leaf_rows"]) == 1
+    assert is_infra_failure(cut)
 
 
 async def episode(

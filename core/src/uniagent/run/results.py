@@ -54,7 +54,10 @@ def is_infra_failure(record: Mapping[str, Any]) -> bool:
     any of its leaves; the whole tree is run again, so that a task's leaves are one try's)."""
     if record.get("exit_reason") in INFRA_REASONS:
         return True
-    return any(r.get("exit_reason") in INFRA_REASONS for r in record.get(LEAF_ROWS) or ())
+    rows = record.get(LEAF_ROWS) or ()
+    if any(r.get("leaves") not in (None, len(rows)) for r in rows):
+        return True  # a write cut short by a crash: fewer leaf lines than the tree had
+    return any(r.get("exit_reason") in INFRA_REASONS for r in rows)
 
 
 def lines_of(record: Mapping[str, Any]) -> list[dict[str, Any]]:
