@@ -106,19 +106,39 @@ def branch_rollout(rollout: Mapping[str, Any], index: int) -> dict[str, Any]:
     path = paths[index]
     turns = {int(t["index"]): t for t in tree["turns"]}
     on_path = [turns[int(i)] for node in path for i in node["turns"]]
+    ids, mask, logprobs = _tokens(path)
+    prompt = int(on_path[0]["prompt_len"]) if on_path else 0
+    ends = [int(turn["prompt_len"]) + int(turn["generated"]) for turn in on_path]
+    return _token_rollout(rollout, ("tree",), ids, mask, logprobs, prompt, ends)
+
+
+def _tokens(path: list[Mapping[str, Any]]) -> tuple[list[int], list[int], list[float]]:
+    """The ids, mask and log-probs along ``path`` (root first)."""
     ids = [int(i) for n in path for i in n["ids"]]
     mask = [int(m) for n in path for m in n["mask"]]
     logprobs = [float(x) for n in path for x in n["logprobs"]]
-    prompt = int(on_path[0]["prompt_len"]) if on_path else 0
+    return ids, mask, logprobs
+
+
+def _token_rollout(
+    rollout: Mapping[str, Any],
+    drop: tuple[str, ...],
+    ids: list[int],
+    mask: list[int],
+    logprobs: list[float],
+    prompt: int,
+    marks_at: list[int],
+) -> dict[str, Any]:
+    """A token-mode rollout snapshot of a path's tokens (the keys ``drop`` left out), with
+    a model-call mark (context length and running checksum) at each of ``marks_at``."""
     marks: list[list[int]] = []
     crc, previous = 0, 0
-    for turn in on_path:
-        end = int(turn["prompt_len"]) + int(turn["generated"])
+    for end in marks_at:
         crc = ids_checksum(ids, previous, end, crc)
         marks.append([end, crc])
         previous = end
     return {
-        **{k: v for k, v in rollout.items() if k != "tree"},
+        **{k: v for k, v in rollout.items() if k not in drop},
         "mode": "tokens",
         "prompt_ids": ids[:prompt],
         "response_ids": ids[prompt:],
@@ -142,28 +162,14 @@ def _leaf_rollout(
     node = leaf.get("node")
     if not isinstance(node, int):
         raise ConfigError(f"branch: leaf {leaf.get('leaf')} has no token run (message mode)")
-    path = _path_to(rollout["tree"], node)
-    ids = [int(i) for n in path for i in n["ids"]]
-    mask = [int(m) for n in path for m in n["mask"]]
-    logprobs = [float(x) for n in path for x in n["logprobs"]]
+    ids, mask, logprobs = _tokens(_path_to(rollout["tree"], node))
     prompt = mask.index(1) if 1 in mask else len(mask)
-    marks: list[list[int]] = []
-    crc, previous = 0, 0
-    for start in range(prompt, len(mask)):
-        if mask[start] == 1 and (start == 0 or mask[start - 1] == 0):
-            crc = ids_checksum(ids, previous, start, crc)
-            marks.append([start, crc])
-            previous = start
-    return {
-        **{k: v for k, v in rollout.items() if k not in ("tree", "messages")},
-        "mode": "tokens",
-        "prompt_ids": ids[:prompt],
-        "response_ids": ids[prompt:],
-        "response_mask": mask[prompt:],
-        "response_logprobs": logprobs[prompt:],
-        "has_logprobs": True,
-        "turn_marks": marks,
-    }
+    starts = [
+        start
+        for start in range(prompt, len(mask))
+        if mask[start] == 1 and (start == 0 or mask[start - 1] == 0)
+    ]
+    return _token_rollout(rollout, ("tree", "messages"), ids, mask, logprobs, prompt, starts)
 
 
 def tree_shape(leaves: list[Mapping[str, Any]], splits: list[Mapping[str, Any]]) -> dict[str, Any]:
