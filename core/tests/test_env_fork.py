@@ -192,7 +192,8 @@ async def test_a_fork_under_bwrap_cannot_reach_its_parent(tmp_path: Path) -> Non
         fork = await parent.fork()
         async with fork.env as child:
             # The parent's directory on the host is not in the child's file system.
-            probe = f"ls {parent_root} 2>&1; cat {parent_root}/work/s.txt 2>&1; echo end"
+            secret = parent_root / "work" / "s.txt"
+            probe = f"ls {parent_root} 2>&1; cat {secret} 2>&1; echo end"
             assert "secret\n" not in await child.communicate(probe)
             # Nor its processes: the child's own PID namespace shows only its own.
             ps = await child.communicate(
