@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import shlex
+import shutil
 import types
 from collections.abc import AsyncIterator
 from typing import Any
@@ -12,6 +13,7 @@ import pytest
 
 from uniagent import RewardSpec, hookimpl, open_env
 from uniagent.env import AgentEnv
+from uniagent.env.errors import EnvError
 from uniagent.grading.grader import GradingInfraError
 from uniagent.grading.integrity import toolchain_changes
 from uniagent.grading.patch import split_patch
@@ -441,6 +443,68 @@ async def test_sandbox_files_are_read_bounded_regular_and_timed(env):
                 await asyncio.wait_for(sandbox.read_bytes(f"{s}/{name}", max_bytes=4096), 60)
     finally:
         await sandbox.close()
+
+
+async def test_a_lazy_grading_sandbox_runs_nothing_until_its_first_command(env, monkeypatch):
+    calls: list[Any] = []
+    real = env.execute
+
+    async def counted(*args: Any, **kwargs: Any) -> Any:
+        calls.append(args)
+        return await real(*args, **kwargs)
+
+    monkeypatch.setattr(env, "execute", counted)
+    sandbox = await GradingSandbox.open(
+        env, {"PATH": "/usr/bin:/bin"}, workdir=env.workdir, lazy=True
+    )
+    try:
+        assert calls == []
+        s = sandbox.scratch
+        first = await sandbox.run(
+            f"stat -c %a {s} {s}/home {s}/tmp; echo $HOME $TMPDIR", timeout=60
+        )
+        assert first.output.split() == ["700", "700", "700", f"{s}/home", f"{s}/tmp"]
+        assert len(calls) == 1, "the scratch dir is made by the first command itself"
+        # Staged files are decoded by the next command: byte for byte, no command of their own.
+        data = bytes(range(256)) * 3 + b"\0\xff not UTF-8 \xc3"
+        await sandbox.stage_bytes(f"{s}/a", data)
+        await sandbox.stage_bytes(f"{s}/b", b"")
+        seen = await sandbox.run(f"od -An -v -tx1 {s}/a | tr -d ' \\n'; ls {s}", timeout=60)
+        assert seen.output.startswith(data.hex())
+        assert seen.output[len(data.hex()) :].split() == ["a", "b", "home", "tmp"]
+        assert len(calls) == 2
+        # A file that cannot be decoded where it was to go fails the command that decodes it.
+        await sandbox.stage_bytes(f"{s}/a", b"x")
+        await act(env, f"rm -f {s}/a.*.b64")
+        with pytest.raises(EnvError, match=f"could not write {s}/a in the sandbox"):
+            await sandbox.run("echo never", timeout=60)
+        assert (await sandbox.run("echo next", timeout=60)).output == "next\n"
+    finally:
+        await sandbox.close()
+    assert (await env.execute(["test", "-e", s], env=None, timeout=60)).exit_code == 1
+
+
+async def test_a_sandbox_without_timeout_runs_grading_commands_without_one(env, tmp_path):
+    tools = tmp_path / "bin"
+    tools.mkdir()
+    for name in ("bash", "mkfifo", "head", "wc", "rm", "mkdir", "base64", "cat"):
+        (tools / name).symlink_to(shutil.which(name))
+    sandbox = await GradingSandbox.open(env, {"PATH": str(tools)}, workdir=env.workdir)
+    try:
+        done = await sandbox.run("echo hi; kill -KILL $$", timeout=60)
+        # Killed by itself, not by a time limit there was none to enforce: not timed out.
+        assert (done.output, done.exit_code, done.timed_out) == ("hi\n", 137, False)
+        assert (
+            await sandbox.run("cat /etc/hostname >/dev/null && echo ok", timeout=60)
+        ).output == "ok\n"
+    finally:
+        await sandbox.close()
+    with_timeout = await GradingSandbox.open(env, {"PATH": "/usr/bin:/bin"}, workdir=env.workdir)
+    try:
+        done = await with_timeout.run("sleep 30", timeout=1)
+        assert (done.exit_code, done.timed_out) == (137, True)
+    finally:
+        await with_timeout.close()
 
 
 async def test_grading_output_is_cut_at_its_limit_and_says_so(env):

@@ -59,7 +59,7 @@ async def control_sandbox(
             if baseline is not None:
                 environment = integrity.pinned_environment(environment, baseline)
             where = integrity.moved_repo(workdir, episode, fresh) if workdir else fresh.workdir
-            sandbox = await GradingSandbox.open(fresh, environment, workdir=where)
+            sandbox = await GradingSandbox.open(fresh, environment, workdir=where, lazy=True)
         except Exception as exc:
             raise RewardInfraError(
                 f"the {what} sandbox could not be opened: {type(exc).__name__}: {exc}"

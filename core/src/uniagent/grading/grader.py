@@ -233,7 +233,7 @@ class EpisodeGrader:
         assert self.baseline is not None
         try:
             sandbox = await GradingSandbox.open(
-                env, self.baseline.environment, workdir=self.baseline.repo
+                env, self.baseline.environment, workdir=self.baseline.repo, lazy=True
             )
         except Exception as exc:
             return await self._after_agent(env, exc, "opening the grading shell")
@@ -322,7 +322,7 @@ class EpisodeGrader:
                 baseline,
             )
             repo = integrity.moved_repo(baseline.repo, episode, fresh)
-            probe = await GradingSandbox.open(fresh, environment, workdir=repo)
+            probe = await GradingSandbox.open(fresh, environment, workdir=repo, lazy=True)
             try:
                 tree = await integrity.tree_of(probe, repo)
                 if tree is None or tree != baseline.base_tree:
@@ -355,7 +355,7 @@ class EpisodeGrader:
                 )
             if problem is not None:
                 return self._zero(info, "patch_did_not_apply", problem)
-            sandbox = await GradingSandbox.open(fresh, environment, workdir=repo)
+            sandbox = await GradingSandbox.open(fresh, environment, workdir=repo, lazy=True)
             self._phase, self._active = "the reward", fresh
             try:
                 return await self._run_reward(sandbox, context, info, env=fresh, repo=repo)

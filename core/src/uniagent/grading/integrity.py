@@ -155,7 +155,7 @@ async def capture(
     baseline = Baseline(repo=repo, base=None, environment=environment, rules=rules)
     if repo is None:
         return baseline
-    sandbox = await GradingSandbox.open(env, environment, workdir=None)
+    sandbox = await GradingSandbox.open(env, environment, workdir=None, lazy=True)
     try:
         # One call for the checks, the scrub, the base and the listing (each call to a
         # sandbox costs a process start, under bubblewrap a namespace set-up too).
@@ -397,7 +397,7 @@ async def pack(
     try:
         await sandbox.write_file(names, listed)
     except UnicodeEncodeError:  # a name that is not UTF-8: byte for byte
-        await sandbox.write_bytes(names, _nul_list(paths))
+        await sandbox.stage_bytes(names, _nul_list(paths))
     output = await run_script(
         sandbox,
         scripts.PACK,
@@ -478,7 +478,7 @@ async def file_digests(sandbox: GradingSandbox, keys: Mapping[str, str]) -> dict
     if not unseen:
         return found
     listed = f"{sandbox.scratch}/unseen"
-    await sandbox.write_bytes(listed, _nul_list(unseen))
+    await sandbox.stage_bytes(listed, _nul_list(unseen))
     output = await run_script(sandbox, scripts.HASH_FILES, {"LIST": listed}, what="hashing files")
     before, after = stat_keys(output), stat_keys(output, "restat")  # around each read
     if len(_DIGESTS) > _DIGESTS_MAX:
@@ -597,8 +597,8 @@ async def _restore(
                 info.size = len(member.data)
                 tar.addfile(info, io.BytesIO(member.data))
     s = sandbox.scratch
-    await sandbox.write_bytes(f"{s}/remove", _nul_list(remove))
-    await sandbox.write_bytes(f"{s}/rmdirs", _nul_list(sorted(new_dirs, key=len, reverse=True)))
+    await sandbox.stage_bytes(f"{s}/remove", _nul_list(remove))
+    await sandbox.stage_bytes(f"{s}/rmdirs", _nul_list(sorted(new_dirs, key=len, reverse=True)))
     await sandbox.write_file(
         f"{s}/restore.b64", base64.b64encode(buffer.getvalue()).decode() if put_back else ""
     )

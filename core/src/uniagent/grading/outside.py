@@ -128,8 +128,8 @@ async def _restore(
                 tar.addfile(info, io.BytesIO(member.data))
     s = sandbox.scratch
     listed = b"".join(p.lstrip("/").encode("utf-8", "surrogateescape") + b"\0" for p in remove)
-    await sandbox.write_bytes(f"{s}/outside-remove", listed)
-    await sandbox.write_bytes(f"{s}/outside-rmdirs", b"")
+    await sandbox.stage_bytes(f"{s}/outside-remove", listed)
+    await sandbox.stage_bytes(f"{s}/outside-rmdirs", b"")
     await sandbox.write_file(f"{s}/outside.b64", base64.b64encode(buffer.getvalue()).decode())
     variables = {
         "REPO": "/",

@@ -94,7 +94,7 @@ async def take_patch(sandbox: GradingSandbox, baseline: Baseline, limit: int) ->
     if baseline.repo is None or baseline.base is None:
         return None
     listed = f"{sandbox.scratch}/ignored"
-    await sandbox.write_bytes(listed, sorted_nul_list(baseline.ignored))
+    await sandbox.stage_bytes(listed, sorted_nul_list(baseline.ignored))
     output = await run_script(
         sandbox,
         scripts.DIFF,
@@ -112,7 +112,7 @@ async def take_patch(sandbox: GradingSandbox, baseline: Baseline, limit: int) ->
     binary = [p.path for p in taken.parts if p.binary]
     if binary:
         names = f"{sandbox.scratch}/binary"
-        await sandbox.write_bytes(names, sorted_nul_list(set(binary)))
+        await sandbox.stage_bytes(names, sorted_nul_list(set(binary)))
         text = await run_script(
             sandbox, scripts.DIFF_TEXT,
             {"REPO": baseline.repo, "BASE": baseline.base, "LIST": names, "LIMIT": str(limit)},

@@ -88,17 +88,43 @@ _NOT_REGULAR = 66
 #: its group), before the reading stops and the command counts as timed out.
 HOLD_GRACE = 5
 
-#: Runs ``$1`` (under ``$5 -s KILL $4`` when ``$5`` names ``timeout``) in a process group of its
-#: own, its output cut at ``$2`` bytes: what was cut is counted (and drained) and reported on
-#: a last line starting with ``$3``. When the command ends, what is left of its process
-#: group is killed. Its output goes through a FIFO (of the private ``$TMPDIR``, unlinked once
-#: open) that only the command holds open, so the reading ends when the command ends; a
-#: process that left the group and holds it open (or opened it again through ``/proc``) gets
-#: ``$6`` seconds, then the reading is stopped and ``$3 held`` is the last line. The reader's
-#: end is seen on a second FIFO it holds open: waiting for it costs no process, and no timer
-#: runs when the output is not held. Exits with the command's status.
+#: Runs ``$1`` (under ``timeout -s KILL $4`` where ``$5`` asks for it and the sandbox's ``PATH``
+#: has a ``timeout``) in a process group of its own, its output cut at ``$2`` bytes: what was
+#: cut is counted (and drained) and reported on a last line starting with ``$3``. When the
+#: command ends, what is left of its process group is killed. Its output goes through a FIFO
+#: (of the private ``$TMPDIR``, unlinked once open) that only the command holds open, so the
+#: reading ends when the command ends; a process that left the group and holds it open (or
+#: opened it again through ``/proc``) gets ``$6`` seconds, then the reading is stopped and
+#: ``$3 held`` is the last line. The reader's end is seen on a second FIFO it holds open:
+#: waiting for it costs no process, and no timer runs when the output is not held. Exits with
+#: the command's status.
+#:
+#: Before that, in the same process (no command of its own): the grading scratch dir ``$7``
+#: (with ``home`` and ``tmp``, mode 0700) is made where it is not there yet, and each file
+#: ``PATH`` of the lines ``STAGED<TAB>PATH`` of ``$8`` is decoded from its base64 ``STAGED``.
+#: A first line ``$3 untimed`` says no ``timeout`` was found (the command ran without one);
+#: ``$3 noscratch`` or ``$3 unstaged PATH`` (exit 125) that the scratch dir or a file could
+#: not be made.
 _BOUNDED = r"""exec 2>/dev/null
 set -m
+if [ -n "$7" ] && [ ! -d "$7" ]; then
+  { mkdir -m 700 -- "$7" && mkdir -m 700 -- "$7/home" "$7/tmp"; } \
+    || { printf '%s noscratch\n' "$3"; exit 125; }
+fi
+if [ -n "$8" ]; then
+  set -f; IFS=$'\n'
+  for line in $8; do
+    staged=${line%%$'\t'*} p=${line#*$'\t'}
+    { base64 -d < "$staged" > "$p" && rm -f -- "$staged"; } \
+      || { printf '%s unstaged %s\n' "$3" "$p"; exit 125; }
+  done
+  set +f; IFS=$' \t\n'
+fi
+t=
+if [ -n "$5" ]; then
+  hash timeout && t=${BASH_CMDS[timeout]}
+  case "$t" in /*) ;; *) t=; printf '%s untimed\n' "$3" ;; esac
+fi
 for f in "${TMPDIR:-/tmp}/out.$$.${SRANDOM:-$RANDOM$RANDOM}" "/tmp/uniagent-out.$$.$RANDOM$RANDOM"
 do mkfifo -m 600 "$f" "$f.end" && break; f=; done
 [ -n "$f" ] || exit 125
@@ -109,7 +135,7 @@ do mkfifo -m 600 "$f" "$f.end" && break; f=; done
 reader=$!
 exec 3> "$f" 4< "$f.end"
 rm -f "$f" "$f.end"
-if [ -n "$5" ]; then "$5" -s KILL "$4" bash --norc --noprofile -c "$1" >&3 2>&3 3>&- 4<&- &
+if [ -n "$t" ]; then "$t" -s KILL "$4" bash --norc --noprofile -c "$1" >&3 2>&3 3>&- 4<&- &
 else bash --norc --noprofile -c "$1" >&3 2>&3 3>&- 4<&- &
 fi
 pid=$!
@@ -194,14 +220,19 @@ class GradingSandbox:
         *,
         workdir: str | None,
         scratch: str,
-        timeout_bin: str | None,
+        timeout_bin: str | None = "timeout",
     ) -> None:
         self._env = env
         self.environment = dict(environment)
         self.workdir = workdir
         self.scratch = scratch
+        #: Commands run under ``timeout`` where the sandbox has one (None: never).
         self._timeout_bin = timeout_bin
         self._cut = f"[uniagent-output-cut-{secrets.token_hex(8)}]"
+        #: The scratch dir is made by the first command (none was run yet: not there).
+        self._made = False
+        #: Files written as base64 and decoded by the next command (staged name, path).
+        self._staged: list[tuple[str, str]] = []
 
     @property
     def env(self) -> AgentEnv:
@@ -210,27 +241,31 @@ class GradingSandbox:
 
     @classmethod
     async def open(
-        cls, env: AgentEnv, environment: Mapping[str, str], *, workdir: str | None
+        cls,
+        env: AgentEnv,
+        environment: Mapping[str, str],
+        *,
+        workdir: str | None,
+        lazy: bool = False,
     ) -> GradingSandbox:
-        """Make the scratch dir (and a fresh ``HOME`` in it) in ``env``'s sandbox."""
-        base = {**environment, "HOME": "/", "TMPDIR": "/tmp"}
-        made = await env.execute(
-            [
-                "/bin/sh",
-                "-c",
-                "umask 077; d=$(mktemp -d /tmp/uniagent-grade.XXXXXXXX) && "
-                'mkdir "$d/home" "$d/tmp" && printf "%s\\n" "$d" && { command -v timeout || :; }',
-            ],
-            env=base,
-            timeout=60,
-        )
-        lines = made.stdout.strip().splitlines()
-        scratch = lines[0] if lines else ""
-        if made.exit_code != 0 or not scratch.startswith("/tmp/uniagent-grade."):
-            raise EnvError(f"could not make a grading scratch directory: {made.stdout[-500:]}")
+        """Make the scratch dir (and a fresh ``HOME`` in it) in ``env``'s sandbox.
+
+        ``lazy``: named here and made by the first command (or before the first file is
+        written into the sandbox), so that opening runs nothing: the grader's way.
+        """
+        scratch = f"/tmp/uniagent-grade.{secrets.token_hex(8)}"
         environment = {**environment, "HOME": f"{scratch}/home", "TMPDIR": f"{scratch}/tmp"}
-        timeout_bin = lines[1] if len(lines) > 1 and lines[1].startswith("/") else None
-        return cls(env, environment, workdir=workdir, scratch=scratch, timeout_bin=timeout_bin)
+        sandbox = cls(env, environment, workdir=workdir, scratch=scratch)
+        if not lazy:
+            await sandbox._ensure_scratch()
+        return sandbox
+
+    async def _ensure_scratch(self) -> None:
+        """Make the scratch dir before a file is written into it from outside a command."""
+        if not self._made:
+            done = await self.run(":", timeout=60, cwd="/")
+            if done.exit_code != 0:
+                raise EnvError(f"could not make a grading scratch dir: {done.output[-300:]}")
 
     async def run(
         self,
@@ -245,8 +280,10 @@ class GradingSandbox:
         Killed with its process group after ``timeout`` s (``timed_out``); its merged
         output is cut after ``max_bytes`` bytes (``truncated``). Output that a process which
         left the group holds open more than :data:`HOLD_GRACE` s after the command ended
-        makes it ``timed_out`` too (its output not used).
+        makes it ``timed_out`` too (its output not used). Files staged with
+        :meth:`stage_bytes` are decoded first (:class:`EnvError` where one cannot be).
         """
+        staged, self._staged = self._staged, []
         argv = [
             "bash",
             "--norc",
@@ -258,8 +295,10 @@ class GradingSandbox:
             str(max_bytes),
             self._cut,
             f"{max(1.0, timeout):g}",
-            self._timeout_bin or "",
+            "1" if self._timeout_bin else "",
             str(HOLD_GRACE),
+            self.scratch,
+            "".join(f"{name}\t{path}\n" for name, path in staged),
         ]
         try:
             response = await self._env.execute(
@@ -268,10 +307,20 @@ class GradingSandbox:
         except Exception as exc:
             if "CommandTimeoutError" not in {c.__name__ for c in type(exc).__mro__}:
                 raise
+            self._made = True  # (most likely: it is removed at close if it is there)
             return GradingOutput(f"[killed after {timeout:g} s]", None, timed_out=True)
         code = response.exit_code
-        timed_out = bool(self._timeout_bin) and code in (137, -9)
         output = response.stdout + response.stderr
+        timed = bool(self._timeout_bin)
+        if output.startswith(f"{self._cut} untimed\n"):
+            output, timed = output.split("\n", 1)[1], False
+        if output.startswith(f"{self._cut} noscratch\n") and code == 125:
+            raise EnvError(f"could not make the grading scratch directory {self.scratch}")
+        self._made = True
+        if output.startswith(f"{self._cut} unstaged ") and code == 125:
+            path = output.split("\n", 1)[0].removeprefix(f"{self._cut} unstaged ")
+            raise EnvError(f"could not write {path} in the sandbox")
+        timed_out = timed and code in (137, -9)
         if output.endswith(f"\n{self._cut} held\n"):
             # What was read may hold what the leftover wrote after the command: not used.
             note = f"[killed: the output was held open {HOLD_GRACE} s after the command ended]"
@@ -323,25 +372,33 @@ class GradingSandbox:
 
     async def write_file(self, path: str, content: str) -> None:
         """Write a text file (UTF-8) in the sandbox."""
+        await self._ensure_scratch()
         await self._env.write_file(path, content)
 
     async def write_bytes(self, path: str, data: bytes, *, timeout: float = 120) -> None:
         """Write a file byte for byte (sent as base64, decoded in the sandbox)."""
-        staged = f"{path}.{secrets.token_hex(6)}.b64"
-        await self._env.write_file(staged, base64.b64encode(data).decode("ascii"))
-        q = shlex.quote
-        done = await self.run(
-            f"base64 -d {q(staged)} > {q(path)} && rm -f {q(staged)}", timeout=timeout, cwd="/"
-        )
+        await self.stage_bytes(path, data)
+        done = await self.run(":", timeout=timeout, cwd="/")
         if done.exit_code != 0:
             raise EnvError(f"could not write {path} in the sandbox: {done.output[-300:]}")
 
+    async def stage_bytes(self, path: str, data: bytes) -> None:
+        """Write a file byte for byte, as :meth:`write_bytes` does, but decoded in the sandbox
+        by the next command, before it runs (no command of its own)."""
+        await self._ensure_scratch()
+        staged = f"{path}.{secrets.token_hex(6)}.b64"
+        await self._env.write_file(staged, base64.b64encode(data).decode("ascii"))
+        self._staged.append((staged, path))
+
     async def upload(self, local: str, remote: str) -> None:
         """Copy a local file or directory into the sandbox."""
+        await self._ensure_scratch()
         await self._env.upload(local, remote)
 
     async def close(self) -> None:
-        """Remove the scratch directory (best effort)."""
+        """Remove the scratch directory (best effort; nothing to do where no command ran)."""
+        if not self._made:
+            return
         with contextlib.suppress(Exception):  # the sandbox is closed right after anyway
             await self._env.execute(
                 ["rm", "-rf", "--", self.scratch], env=self.environment, timeout=60
