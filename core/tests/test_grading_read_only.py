@@ -1,6 +1,7 @@
 """What a bubblewrap sandbox cannot write is checked once per process, not per episode: the
 names under a test-environment root bound read-only are listed at the first baseline only,
-and not walked again at grading; a root under a writable bind is checked as ever."""
+and not walked again at grading; a root under a writable bind is checked as ever. A
+toolchain wholly on read-only binds is checked at the first baseline only."""
 
 from __future__ import annotations
 
@@ -15,7 +16,7 @@ import pytest
 
 from uniagent import RewardSpec, hookimpl, open_env
 from uniagent.env import AgentEnv, host
-from uniagent.grading import testenv
+from uniagent.grading import integrity, testenv
 from uniagent.grading.sandbox import GradingSandbox
 from uniagent.plugins import load_plugins, reset_plugins
 from uniagent.protect.settings import IntegrityDefaults, TestEnv
@@ -55,6 +56,7 @@ def new_process(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(host, "_unisolated", False)
     monkeypatch.setattr(host, "_writable_sources", set())
     monkeypatch.setattr(testenv, "_READ_ONLY", {})
+    monkeypatch.setattr(integrity, "_FIXED_TOOLCHAINS", {})
 
 
 @pytest.fixture(autouse=True)
@@ -109,6 +111,66 @@ def outputs(monkeypatch: pytest.MonkeyPatch) -> list[str]:
 
     monkeypatch.setattr(GradingSandbox, "run", recorded)
     return seen
+
+
+@pytest.fixture
+def commands(monkeypatch: pytest.MonkeyPatch) -> list[str]:
+    """Every grading command, in order."""
+    seen: list[str] = []
+    run = GradingSandbox.run
+
+    async def recorded(self: GradingSandbox, command: str, **kwargs: Any) -> Any:
+        seen.append(command)
+        return await run(self, command, **kwargs)
+
+    monkeypatch.setattr(GradingSandbox, "run", recorded)
+    return seen
+
+
+def toolchain_checks(commands: list[str]) -> int:
+    return sum(1 for c in commands if c.startswith("TOOLS="))
+
+
+async def test_a_read_only_toolchain_is_checked_at_the_first_baseline_only(venv, commands):
+    for link in ("/bin", "/sbin"):  # merged /usr: the sandbox's link is on its read-only root
+        if Path(link).is_symlink():
+            env = bwrap_env(venv)
+            target = str(Path(link).resolve())
+            assert env.read_only_source(f"{link}/sh") is None  # not started: no mounts
+            await env.start()
+            try:
+                assert env.read_only_source(f"{link}/sh") == f"{target}/sh"
+            finally:
+                await env.close()
+    found = []
+    for episode in range(2):
+        env = bwrap_env(venv)
+        await env.start()
+        try:
+            commands.clear()
+            grader = await prepare_grader(env, "venv", {})
+            assert toolchain_checks(commands) == (0 if episode else 1)
+            found.append(grader.baseline.toolchain)
+            commands.clear()
+            result = await grade(grader, env)
+            assert toolchain_checks(commands) == 0 and result.score == 1.0
+        finally:
+            await env.close()
+    assert found[0] == found[1] and "bin:git" in found[0]
+
+
+async def test_a_toolchain_that_may_change_is_checked_every_time(venv, commands, monkeypatch):
+    monkeypatch.setattr(host, "_unisolated", True)  # a sandbox without isolation ran here
+    for _ in range(2):
+        env = bwrap_env(venv)
+        await env.start()
+        try:
+            commands.clear()
+            grader = await prepare_grader(env, "venv", {})
+            result = await grade(grader, env)
+            assert toolchain_checks(commands) == 2 and result.score == 1.0
+        finally:
+            await env.close()
 
 
 async def test_read_only_roots_are_listed_once_and_writable_ones_every_time(venv, outputs):

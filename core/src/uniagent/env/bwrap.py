@@ -279,8 +279,10 @@ def host_path(mounts: list[Mount], path: str, *, write: bool) -> Path:
 def read_only_source(mounts: list[Mount], path: str) -> str | None:
     """The host path that the sandbox path ``path`` shows when nothing at or below it is
     writable in the sandbox (a read-only mount, no writable one at or under ``path``);
-    ``None`` otherwise (outside every mount too)."""
-    inside = PurePosixPath(os.path.normpath(path))
+    ``None`` otherwise (outside every mount too). A path through one of the system
+    directories the sandbox has as a symlink (``/bin`` -> ``usr/bin`` on merged-/usr
+    systems; the link lies on the read-only root) is taken where the link leads."""
+    inside = _through_system_link(mounts, PurePosixPath(os.path.normpath(path)))
     mount = _mount_of(mounts, inside)
     if mount is None or mount.writable:
         return None
@@ -289,6 +291,22 @@ def read_only_source(mounts: list[Mount], path: str) -> str | None:
         if other.writable and (below == inside or inside in below.parents):
             return None
     return str(PurePosixPath(mount.host) / inside.relative_to(mount.inside))
+
+
+def _through_system_link(mounts: list[Mount], inside: PurePosixPath) -> PurePosixPath:
+    """``inside`` with a leading system directory that is a symlink (as :func:`bwrap_argv`
+    makes it in the sandbox) replaced by where the link leads; as it is otherwise."""
+    if len(inside.parts) < 2:
+        return inside
+    top = PurePosixPath("/", inside.parts[1])
+    if str(top) not in SYSTEM_DIRS or not os.path.islink(top):
+        return inside
+    if any(
+        top == PurePosixPath(m.inside) or top in PurePosixPath(m.inside).parents for m in mounts
+    ):
+        return inside  # a mount there (never with the link): as it is
+    target = PurePosixPath(os.path.normpath(os.path.join(str(top.parent), os.readlink(top))))
+    return PurePosixPath(target, *inside.parts[2:])
 
 
 def _mount_of(mounts: list[Mount], inside: PurePosixPath) -> Mount | None:

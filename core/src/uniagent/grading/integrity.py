@@ -430,7 +430,14 @@ def _unpack(raw: bytes) -> dict[str, Member]:
 
 
 async def toolchain(sandbox: GradingSandbox) -> dict[str, str]:
-    """``bin:NAME`` -> resolved path and FILE -> sha256 for the toolchain the grader trusts."""
+    """``bin:NAME`` -> resolved path and FILE -> sha256 for the toolchain the grader trusts.
+
+    Where nothing of it can change (:func:`_fixed_key`), the answer of the first sandbox
+    that asked is every later one's, and no command runs.
+    """
+    key = _fixed_key(sandbox)
+    if key is not None and key in _FIXED_TOOLCHAINS:
+        return dict(_FIXED_TOOLCHAINS[key])
     variables = {"TOOLS": scripts.TOOLCHAIN_TOOLS, "PYCODE": scripts.TOOLCHAIN_PY}
     output = await run_script(sandbox, scripts.TOOLCHAIN, variables, what="the toolchain check")
     found: dict[str, str] = {}
@@ -440,7 +447,46 @@ async def toolchain(sandbox: GradingSandbox) -> dict[str, str]:
             found[f"bin:{name}"] = path
     digests = await file_digests(sandbox, stat_keys(output))
     found.update((path, digest) for path, digest in digests.items() if digest != "missing")
+    if key is not None and _all_fixed(sandbox, found):
+        if len(_FIXED_TOOLCHAINS) > _FIXED_TOOLCHAINS_MAX:
+            _FIXED_TOOLCHAINS.clear()
+        _FIXED_TOOLCHAINS[key] = dict(found)
     return found
+
+
+#: Toolchains no sandbox of this process can change, by :func:`_fixed_key`: checked once
+#: per process (a run, a verl worker), not twice per episode.
+_FIXED_TOOLCHAINS: dict[tuple[str, tuple[str, ...]], dict[str, str]] = {}
+_FIXED_TOOLCHAINS_MAX = 1_000
+
+
+def _fixed_key(sandbox: GradingSandbox) -> tuple[str, tuple[str, ...]] | None:
+    """The grading ``PATH`` and the host sources of its directories, where every one of them
+    is at or below a read-only bind that no sandbox of this process can write
+    (:meth:`~uniagent.env.AgentEnv.read_only_source`: bubblewrap's system binds, never
+    without isolation): then no tool can be put before the ones found, and the found ones
+    cannot change. ``None`` otherwise (the toolchain is checked as usual)."""
+    path = sandbox.environment.get("PATH", "")
+    entries = path.split(":")
+    if not path or any(not posixpath.isabs(entry) for entry in entries):
+        return None
+    sources: list[str] = []
+    for entry in entries:
+        source = sandbox.env.read_only_source(entry)
+        if source is None:
+            return None
+        sources.append(source)
+    return path, tuple(sources)
+
+
+def _all_fixed(sandbox: GradingSandbox, found: Mapping[str, str]) -> bool:
+    """Whether every tool and file the check found is on such a bind too, and no tool is a
+    pyenv shim (whose choice reads version files elsewhere)."""
+    for key, value in found.items():
+        path = value if key.startswith("bin:") else key
+        if "/shims/" in path or sandbox.env.read_only_source(path) is None:
+            return False
+    return True
 
 
 #: sha256 of files seen in sandboxes, by path and :data:`~scripts.STAT_FILES` key (device,
