@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import hashlib
 import shlex
 import shutil
 import types
@@ -465,18 +466,24 @@ async def test_a_lazy_grading_sandbox_runs_nothing_until_its_first_command(env, 
         )
         assert first.output.split() == ["700", "700", "700", f"{s}/home", f"{s}/tmp"]
         assert len(calls) == 1, "the scratch dir is made by the first command itself"
-        # Staged files are decoded by the next command: byte for byte, no command of their own.
+        # Staged files are decoded by the next command: byte for byte, no command of their own;
+        # small ones go with its arguments, a large one as a file of base64 beside it.
         data = bytes(range(256)) * 3 + b"\0\xff not UTF-8 \xc3"
+        large = bytes(range(256)) * 1024
         await sandbox.stage_bytes(f"{s}/a", data)
         await sandbox.stage_bytes(f"{s}/b", b"")
-        seen = await sandbox.run(f"od -An -v -tx1 {s}/a | tr -d ' \\n'; ls {s}", timeout=60)
-        assert seen.output.startswith(data.hex())
-        assert seen.output[len(data.hex()) :].split() == ["a", "b", "home", "tmp"]
+        await sandbox.stage_bytes(f"{s}/c", large)
+        seen = await sandbox.run(
+            f"od -An -v -tx1 {s}/a | tr -d ' \\n'; echo; ls {s}; sha256sum < {s}/c", timeout=60
+        )
+        lines = seen.output.splitlines()
+        assert lines[0] == data.hex()
+        assert lines[1:6] == ["a", "b", "c", "home", "tmp"]
+        assert lines[6].split()[0] == hashlib.sha256(large).hexdigest()
         assert len(calls) == 2
-        # A file that cannot be decoded where it was to go fails the command that decodes it.
-        await sandbox.stage_bytes(f"{s}/a", b"x")
-        await act(env, f"rm -f {s}/a.*.b64")
-        with pytest.raises(EnvError, match=f"could not write {s}/a in the sandbox"):
+        # A file that cannot be written where it is to go fails the command that decodes it.
+        await sandbox.stage_bytes(f"{s}/no-such-dir/x", b"x")
+        with pytest.raises(EnvError, match=f"could not write {s}/no-such-dir/x in the sandbox"):
             await sandbox.run("echo never", timeout=60)
         assert (await sandbox.run("echo next", timeout=60)).output == "next\n"
     finally:

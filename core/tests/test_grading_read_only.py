@@ -73,9 +73,19 @@ def rewards(venv: Path) -> Iterator[None]:
     def test_env(task: Any, settings: Any) -> TestEnv:
         return TestEnv(activate=activate, interpreters=("python", "python3"))
 
+    async def run_system_python(ctx: RewardContext[Any]) -> RewardResult:
+        done = await ctx.require_sandbox().run(f"{ctx.task['python']} -c 'import json'", timeout=60)
+        return RewardResult(1.0 if done.exit_code == 0 else 0.0, {"output": done.output})
+
+    def system_env(task: Any, settings: Any) -> TestEnv:
+        return TestEnv(interpreters=(task["python"], "python3"))
+
     @hookimpl
     def uniagent_rewards():
         yield RewardSpec(name="venv", fn=run_python, integrity=IntegrityDefaults(test_env=test_env))
+        yield RewardSpec(
+            name="system", fn=run_system_python, integrity=IntegrityDefaults(test_env=system_env)
+        )
 
     load_plugins().register(types.SimpleNamespace(uniagent_rewards=uniagent_rewards), "t")
     yield
@@ -129,6 +139,31 @@ def commands(monkeypatch: pytest.MonkeyPatch) -> list[str]:
 
 def toolchain_checks(commands: list[str]) -> int:
     return sum(1 for c in commands if c.startswith("TOOLS="))
+
+
+def env_checks(commands: list[str]) -> int:
+    return sum(1 for c in commands if c.startswith("ACTIVATE="))
+
+
+@pytest.mark.parametrize("python", ["python3", SYSTEM_PYTHON, "./python3"])
+async def test_a_read_only_test_environment_is_not_checked_again_at_grading(venv, commands, python):
+    env = bwrap_env(venv)
+    await env.start()
+    try:
+        if python.startswith("./"):  # a relative interpreter: the repository's, writable
+            act = f"ln -s {SYSTEM_PYTHON} python3 && git add python3 && git commit -qm py"
+            assert (await env.run_action(act, timeout=30)).exit_code == 0
+        grader = await prepare_grader(env, "system", {"python": python})
+        record = grader.baseline.test_env
+        assert record[f"bin:{python}"] and any(k.startswith("root:/usr/lib/") for k in record)
+        commands.clear()
+        result = await grade(grader, env)
+        assert result.score == 1.0
+        # Nothing of it can have changed: no activation, every path of it read-only. A
+        # relative interpreter resolves in the writable repository: checked again.
+        assert env_checks(commands) == (1 if python.startswith("./") else 0)
+    finally:
+        await env.close()
 
 
 async def test_a_read_only_toolchain_is_checked_at_the_first_baseline_only(venv, commands):

@@ -393,11 +393,7 @@ async def pack(
     if not paths:
         return {}
     names = f"{sandbox.scratch}/names"
-    listed = "".join(f"{p}\0" for p in paths)
-    try:
-        await sandbox.write_file(names, listed)
-    except UnicodeEncodeError:  # a name that is not UTF-8: byte for byte
-        await sandbox.stage_bytes(names, _nul_list(paths))
+    await sandbox.stage_bytes(names, _nul_list(paths))  # byte for byte (names need no UTF-8)
     output = await run_script(
         sandbox,
         scripts.PACK,
@@ -432,10 +428,10 @@ def _unpack(raw: bytes) -> dict[str, Member]:
 async def toolchain(sandbox: GradingSandbox) -> dict[str, str]:
     """``bin:NAME`` -> resolved path and FILE -> sha256 for the toolchain the grader trusts.
 
-    Where nothing of it can change (:func:`_fixed_key`), the answer of the first sandbox
+    Where nothing of it can change (:func:`fixed_path`), the answer of the first sandbox
     that asked is every later one's, and no command runs.
     """
-    key = _fixed_key(sandbox)
+    key = fixed_path(sandbox)
     if key is not None and key in _FIXED_TOOLCHAINS:
         return dict(_FIXED_TOOLCHAINS[key])
     variables = {"TOOLS": scripts.TOOLCHAIN_TOOLS, "PYCODE": scripts.TOOLCHAIN_PY}
@@ -454,13 +450,13 @@ async def toolchain(sandbox: GradingSandbox) -> dict[str, str]:
     return found
 
 
-#: Toolchains no sandbox of this process can change, by :func:`_fixed_key`: checked once
+#: Toolchains no sandbox of this process can change, by :func:`fixed_path`: checked once
 #: per process (a run, a verl worker), not twice per episode.
 _FIXED_TOOLCHAINS: dict[tuple[str, tuple[str, ...]], dict[str, str]] = {}
 _FIXED_TOOLCHAINS_MAX = 1_000
 
 
-def _fixed_key(sandbox: GradingSandbox) -> tuple[str, tuple[str, ...]] | None:
+def fixed_path(sandbox: GradingSandbox) -> tuple[str, tuple[str, ...]] | None:
     """The grading ``PATH`` and the host sources of its directories, where every one of them
     is at or below a read-only bind that no sandbox of this process can write
     (:meth:`~uniagent.env.AgentEnv.read_only_source`: bubblewrap's system binds, never

@@ -46,7 +46,8 @@ exit 0
 
 async def _listing(sandbox: GradingSandbox, paths: tuple[str, ...]) -> dict[str, str]:
     listed = f"{sandbox.scratch}/outside"
-    await sandbox.write_file(listed, "".join(f"{p}\n" for p in paths))
+    lines = "".join(f"{p}\n" for p in paths)
+    await sandbox.stage_bytes(listed, lines.encode("utf-8", "surrogateescape"))
     output = await run_script(
         sandbox,
         LIST_OUTSIDE,

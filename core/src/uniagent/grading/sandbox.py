@@ -75,6 +75,9 @@ GIT_FUNCTION = (
     '-c core.useReplaceRefs=false "$@"; }'
 )
 
+#: Base64 bytes of staged files (:meth:`GradingSandbox.stage_bytes`) that go with the next
+#: command's arguments (well below the kernel's 128 KiB for one argument); more go as files.
+INLINE_BYTES = 96 << 10
 #: Bytes of one grading command's output kept by default; more is cut (``truncated``).
 OUTPUT_LIMIT = 64 << 20
 #: Bytes :meth:`GradingSandbox.read_bytes` reads at most by default.
@@ -101,7 +104,8 @@ HOLD_GRACE = 5
 #:
 #: Before that, in the same process (no command of its own): the grading scratch dir ``$7``
 #: (with ``home`` and ``tmp``, mode 0700) is made where it is not there yet, and each file
-#: ``PATH`` of the lines ``STAGED<TAB>PATH`` of ``$8`` is decoded from its base64 ``STAGED``.
+#: ``PATH`` of the lines ``file<TAB>PATH<TAB>STAGED`` (or ``data<TAB>PATH<TAB>BASE64``) of
+#: ``$8`` is decoded from its base64 file ``STAGED`` (or from the line).
 #: A first line ``$3 untimed`` says no ``timeout`` was found (the command ran without one);
 #: ``$3 noscratch`` or ``$3 unstaged PATH`` (exit 125) that the scratch dir or a file could
 #: not be made.
@@ -114,9 +118,12 @@ fi
 if [ -n "$8" ]; then
   set -f; IFS=$'\n'
   for line in $8; do
-    staged=${line%%$'\t'*} p=${line#*$'\t'}
-    { base64 -d < "$staged" > "$p" && rm -f -- "$staged"; } \
-      || { printf '%s unstaged %s\n' "$3" "$p"; exit 125; }
+    kind=${line%%$'\t'*} line=${line#*$'\t'}
+    p=${line%%$'\t'*} data=${line#*$'\t'}
+    case "$kind" in
+      file) { base64 -d < "$data" > "$p" && rm -f -- "$data"; } ;;
+      *) base64 -d <<< "$data" > "$p" ;;
+    esac || { printf '%s unstaged %s\n' "$3" "$p"; exit 125; }
   done
   set +f; IFS=$' \t\n'
 fi
@@ -231,8 +238,10 @@ class GradingSandbox:
         self._cut = f"[uniagent-output-cut-{secrets.token_hex(8)}]"
         #: The scratch dir is made by the first command (none was run yet: not there).
         self._made = False
-        #: Files written as base64 and decoded by the next command (staged name, path).
-        self._staged: list[tuple[str, str]] = []
+        #: Files the next command decodes first: (``file``, path, staged base64 file) or
+        #: (``data``, path, base64), and the bytes of base64 those hold.
+        self._staged: list[tuple[str, str, str]] = []
+        self._inline = 0
 
     @property
     def env(self) -> AgentEnv:
@@ -283,7 +292,7 @@ class GradingSandbox:
         makes it ``timed_out`` too (its output not used). Files staged with
         :meth:`stage_bytes` are decoded first (:class:`EnvError` where one cannot be).
         """
-        staged, self._staged = self._staged, []
+        staged, self._staged, self._inline = self._staged, [], 0
         argv = [
             "bash",
             "--norc",
@@ -298,7 +307,7 @@ class GradingSandbox:
             "1" if self._timeout_bin else "",
             str(HOLD_GRACE),
             self.scratch,
-            "".join(f"{name}\t{path}\n" for name, path in staged),
+            "".join(f"{kind}\t{path}\t{data}\n" for kind, path, data in staged),
         ]
         try:
             response = await self._env.execute(
@@ -384,11 +393,17 @@ class GradingSandbox:
 
     async def stage_bytes(self, path: str, data: bytes) -> None:
         """Write a file byte for byte, as :meth:`write_bytes` does, but decoded in the sandbox
-        by the next command, before it runs (no command of its own)."""
+        by the next command, before it runs (no command of its own). Up to
+        :data:`INLINE_BYTES` in all go with that command's arguments; more is sent as a file."""
+        encoded = base64.b64encode(data).decode("ascii")
+        if self._inline + len(encoded) <= INLINE_BYTES:
+            self._inline += len(encoded)
+            self._staged.append(("data", path, encoded))
+            return
         await self._ensure_scratch()
         staged = f"{path}.{secrets.token_hex(6)}.b64"
-        await self._env.write_file(staged, base64.b64encode(data).decode("ascii"))
-        self._staged.append((staged, path))
+        await self._env.write_file(staged, encoded)
+        self._staged.append(("file", path, staged))
 
     async def upload(self, local: str, remote: str) -> None:
         """Copy a local file or directory into the sandbox."""

@@ -45,6 +45,7 @@ from uniagent.grading.integrity import (
     GradingSetupError,
     Tamper,
     file_digests,
+    fixed_path,
     run_script,
     stat_keys,
 )
@@ -357,14 +358,18 @@ async def verify(
         _moved_key(key, move): move(value) if key.startswith("bin:") else value
         for key, value in recorded.items()
     }
+    if _unchangeable(sandbox, spec, before):
+        return [], 0
     s = sandbox.scratch
     roots = [key.removeprefix("root:") for key in before if key.startswith("root:")]
     # In the episode's own sandbox, what it cannot write is as it was: not walked again.
     fixed = [r for r in roots if since_baseline and sandbox.env.read_only_source(r) is not None]
     roots = [r for r in roots if r not in fixed]
     files = [key for key in before if key.startswith("/")]
-    await sandbox.write_file(f"{s}/roots", "".join(f"{r}\n" for r in roots))
-    await sandbox.write_file(f"{s}/files", "".join(f"{f}\n" for f in files))
+    lines = (f"{r}\n" for r in roots)
+    await sandbox.stage_bytes(f"{s}/roots", "".join(lines).encode("utf-8", "surrogateescape"))
+    lines = (f"{f}\n" for f in files)
+    await sandbox.stage_bytes(f"{s}/files", "".join(lines).encode("utf-8", "surrogateescape"))
     since = (baseline.epoch or "") if since_baseline else ""
     shared = sandbox.env.sees_host_files()
     output = await run_script(
@@ -383,6 +388,26 @@ async def verify(
         if value == "=":  # no directory under the root changed: its names are the baseline's
             after[key] = before.get(key, "=")
     return changes(before, after, changed), sum(purged.values())
+
+
+def _unchangeable(sandbox: GradingSandbox, spec: TestEnv, record: Mapping[str, str]) -> bool:
+    """Whether nothing of the test environment ``record`` can differ in ``sandbox`` from what
+    the baseline saw, so that checking it again runs no command: no activation (its scripts
+    may read what the sandbox can write), the grading ``PATH`` wholly read-only
+    (:func:`~uniagent.grading.integrity.fixed_path`), each interpreter word a name or an
+    absolute path, and every interpreter, root (those that did not exist too) and start-up
+    file at or below a read-only bind no sandbox of this process can write (no pyenv shim)."""
+    if spec.activate.strip() or fixed_path(sandbox) is None:
+        return False
+    env = sandbox.env
+    for word in spec.interpreters:
+        if "/" in word and (not posixpath.isabs(word) or env.read_only_source(word) is None):
+            return False
+    for key, value in record.items():
+        path = value if key.startswith("bin:") else key.removeprefix("root:")
+        if not posixpath.isabs(path) or "/shims/" in path or env.read_only_source(path) is None:
+            return False
+    return True
 
 
 async def _shared_since(root: str, since: str) -> tuple[str, list[str], int]:
