@@ -18,7 +18,7 @@ from uniagent.env.errors import EnvError
 from uniagent.grading.grader import GradingInfraError
 from uniagent.grading.integrity import toolchain_changes
 from uniagent.grading.patch import split_patch
-from uniagent.grading.sandbox import GradingReadError, GradingSandbox
+from uniagent.grading.sandbox import GradingReadError, GradingSandbox, grading_environment
 from uniagent.plugins import load_plugins, reset_plugins
 from uniagent.protect.rules import PYTHON_HARNESS, RuleSet, literal_pattern, runner_section
 from uniagent.protect.settings import IntegrityDefaults, Workspace
@@ -512,6 +512,21 @@ async def test_a_sandbox_without_timeout_runs_grading_commands_without_one(env, 
         assert (done.exit_code, done.timed_out) == (137, True)
     finally:
         await with_timeout.close()
+
+
+@pytest.mark.parametrize("isolation", ["none", "bwrap"])
+async def test_a_host_sandbox_knows_its_start_environment_without_a_command(isolation):
+    env = open_env({"type": "host", "isolation": isolation}, {})
+    await env.start()
+    try:
+        ran = await env.execute(["env", "-0"], env=None, timeout=60)
+        reported = dict(item.split("=", 1) for item in ran.stdout.split("\0") if "=" in item)
+        known = await env.start_environment()
+        assert known["PATH"] == reported["PATH"] and known["HOME"] == reported["HOME"]
+        # What grading makes of it is the same (the shell between adds only PWD and the like).
+        assert grading_environment(known, extra={}) == grading_environment(reported, extra={})
+    finally:
+        await env.close()
 
 
 async def test_grading_output_is_cut_at_its_limit_and_says_so(env):

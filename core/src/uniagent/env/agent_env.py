@@ -350,6 +350,21 @@ class AgentEnv:
                 ) from exc
             raise
 
+    async def start_environment(self) -> dict[str, str]:
+        """The sandbox's own start-up environment: what :meth:`execute` with ``env=None``
+        gives a process. Known to some deployments without running anything (the host's);
+        elsewhere ``env -0`` in the sandbox reports it."""
+        if self._closed:
+            raise TerminalNotAliveError("this environment was closed")
+        if not self._started:
+            raise EnvError("the environment is not started; await env.start() first")
+        known = getattr(self.deployment, "start_environment", None)
+        found = known() if known is not None else None
+        if found is not None:
+            return dict(found)
+        started = await self.execute(["env", "-0"], env=None, timeout=60)
+        return dict(item.split("=", 1) for item in started.stdout.split("\0") if "=" in item)
+
     # -- fork -------------------------------------------------------------------------
     async def fork(self) -> Fork:
         """A new, independent sandbox in this one's state: its own started :class:`AgentEnv`.

@@ -520,6 +520,16 @@ class HostDeployment:
         """Whether the sandbox runs without isolation (its paths are the host's), once started."""
         return self._layout is not None and self._layout.bwrap is None and self._root is not None
 
+    def start_environment(self) -> dict[str, str] | None:
+        """The environment a one-off command of :meth:`AgentEnv.execute` starts with when given
+        none (the layout's, which the cgroup's ``sh`` and bubblewrap pass on as they get it),
+        without running one; ``None`` before the start and with ``bwrap_args`` (they may set
+        variables)."""
+        layout = self._layout
+        if layout is None or self.config.bwrap_args:
+            return None
+        return dict(layout.env)
+
     def read_only_source(self, path: str) -> str | None:
         """The host path that ``path`` in the sandbox shows, when neither this sandbox nor
         any other of this process can change anything at or below it: a read-only bind (of

@@ -212,8 +212,7 @@ async def environment_of(
 ) -> dict[str, str]:
     """The grading environment of ``env``: its start-up environment, cleaned (see sandbox),
     with ``PYTEST_DISABLE_PLUGIN_AUTOLOAD=1`` where the task set declares it."""
-    started = await env.execute(["env", "-0"], env=None, timeout=60)
-    start_env = dict(item.split("=", 1) for item in started.stdout.split("\0") if "=" in item)
+    start_env = await env.start_environment()
     exclude = tuple(p for p in (env.tools_dir, env.workdir) if p)
     autoload_off = settings.disable_plugin_autoload
     if autoload_off is None:
