@@ -18,7 +18,7 @@ import logging
 import posixpath
 import re
 import tarfile
-from collections.abc import Awaitable, Callable, Mapping
+from collections.abc import Awaitable, Callable, Iterable, Mapping
 from dataclasses import dataclass, field, fields, is_dataclass
 from typing import TYPE_CHECKING, Any, TypeVar
 
@@ -442,7 +442,7 @@ async def toolchain(sandbox: GradingSandbox) -> dict[str, str]:
             found[f"bin:{name}"] = path
     digests = await file_digests(sandbox, stat_keys(output))
     found.update((path, digest) for path, digest in digests.items() if digest != "missing")
-    if key is not None and _all_fixed(sandbox, found):
+    if key is not None and await off_loop(_all_fixed, sandbox, found):
         if len(_FIXED_TOOLCHAINS) > _FIXED_TOOLCHAINS_MAX:
             _FIXED_TOOLCHAINS.clear()
         _FIXED_TOOLCHAINS[key] = dict(found)
@@ -477,11 +477,26 @@ def fixed_path(sandbox: GradingSandbox) -> tuple[str, tuple[str, ...]] | None:
 def _all_fixed(sandbox: GradingSandbox, found: Mapping[str, str]) -> bool:
     """Whether every tool and file the check found is on such a bind too, and no tool is a
     pyenv shim (whose choice reads version files elsewhere)."""
-    for key, value in found.items():
-        path = value if key.startswith("bin:") else key
-        if "/shims/" in path or sandbox.env.read_only_source(path) is None:
+    tools = [path for key, path in found.items() if key.startswith("bin:")]
+    files = [key for key in found if not key.startswith("bin:")]
+    env = sandbox.env
+    return all(
+        posixpath.isabs(t) and "/shims/" not in t and env.read_only_source(t) is not None
+        for t in tools
+    ) and all_read_only(env, files)
+
+
+def all_read_only(env: AgentEnv, paths: Iterable[str]) -> bool:
+    """Whether every one of ``paths`` (absolute) lies in a directory that no sandbox of this
+    process can change (:meth:`~uniagent.env.AgentEnv.read_only_source`), asked once per
+    directory: a file's own answer follows from its directory's (nothing writable at or
+    below it). Hundreds of a test runner's files share a few dozen directories."""
+    dirs: set[str] = set()
+    for path in paths:
+        if not posixpath.isabs(path) or "/shims/" in path:
             return False
-    return True
+        dirs.add(posixpath.dirname(posixpath.normpath(path)))
+    return all(env.read_only_source(d) is not None for d in dirs)
 
 
 #: sha256 of files seen in sandboxes, by path and :data:`~scripts.STAT_FILES` key (device,

@@ -44,6 +44,7 @@ from uniagent.grading.integrity import (
     Baseline,
     GradingSetupError,
     Tamper,
+    all_read_only,
     file_digests,
     fixed_path,
     run_script,
@@ -358,7 +359,7 @@ async def verify(
         _moved_key(key, move): move(value) if key.startswith("bin:") else value
         for key, value in recorded.items()
     }
-    if _unchangeable(sandbox, spec, before):
+    if await off_loop(_unchangeable, sandbox, spec, before):
         return [], 0
     s = sandbox.scratch
     roots = [key.removeprefix("root:") for key in before if key.startswith("root:")]
@@ -400,14 +401,13 @@ def _unchangeable(sandbox: GradingSandbox, spec: TestEnv, record: Mapping[str, s
     if spec.activate.strip() or fixed_path(sandbox) is None:
         return False
     env = sandbox.env
-    for word in spec.interpreters:
-        if "/" in word and (not posixpath.isabs(word) or env.read_only_source(word) is None):
-            return False
-    for key, value in record.items():
-        path = value if key.startswith("bin:") else key.removeprefix("root:")
+    words = [w for w in spec.interpreters if "/" in w]
+    places = [p for k, p in record.items() if k.startswith("bin:")]
+    places += [k.removeprefix("root:") for k in record if k.startswith("root:")]
+    for path in [*words, *places]:
         if not posixpath.isabs(path) or "/shims/" in path or env.read_only_source(path) is None:
             return False
-    return True
+    return all_read_only(env, [k for k in record if not k.startswith(("bin:", "root:"))])
 
 
 async def _shared_since(root: str, since: str) -> tuple[str, list[str], int]:
