@@ -13,7 +13,9 @@ The same tasks and server serve, at each concurrency, in turn:
 - ``floor``: ``bench/floor.py``, a minimal asyncio loop (HTTP call, ``bash -c`` per
   command, nothing else);
 - ``uniagent``: ``uniagent run`` on the host backend without isolation (as the
-  floor runs; ``--isolation bwrap`` puts every uniagent row under bubblewrap), with
+  floor runs; ``--isolation bwrap`` puts every uniagent row under bubblewrap, where
+  the child CPU column misses what runs in the sandboxes: their PID namespace's
+  init reaps those processes, not the runner; compare such rows by ep/s), with
   its defaults otherwise (per-sandbox cgroup and tmpfs where root allows, tools
   installed, results and episode files written, no reward);
 - ``uniagent+reward``: the same with the built-in ``command`` reward graded in the
@@ -569,6 +571,11 @@ def main() -> None:
             server.terminate()
             server.wait()
     report(rows, costs)
+    if args.isolation == "bwrap":
+        print(
+            "\nunder bubblewrap the child CPU misses the sandboxes' own processes (their PID "
+            "namespace's init reaps them): compare the uniagent rows by ep/s"
+        )
     if args.json:
         rows = with_ratios(rows)
         figures["write"](args.json, "bench/run.py", args, where, rows=rows, reward_command=costs)
