@@ -15,7 +15,8 @@ The same tasks and server serve, at each concurrency, in turn:
 - ``uniagent``: ``uniagent run`` on the host backend without isolation (as the
   floor runs; ``--isolation bwrap`` puts every uniagent row under bubblewrap, where
   the child CPU column misses what runs in the sandboxes: their PID namespace's
-  init reaps those processes, not the runner; compare such rows by ep/s), with
+  init reaps those processes, not the runner; compare such rows by ep/s and by the
+  machine's busy CPU, ``mach ms``, on a quiet machine), with
   its defaults otherwise (per-sandbox cgroup and tmpfs where root allows, tools
   installed, results and episode files written, no reward);
 - ``uniagent+reward``: the same with the built-in ``command`` reward graded in the
@@ -365,10 +366,10 @@ def measure(runner: str, work: Path, url: str, concurrency: int, tasks: int) -> 
     out = Path(tempfile.mkdtemp(prefix=f"{runner}-{concurrency}-", dir=work))
     env = {**os.environ, "OPENAI_API_KEY": "bench", "MSWEA_COST_TRACKING": "ignore_errors",
            "MSWEA_CONFIGURED": "true", "TMPDIR": str(out)}  # fmt: skip
-    started = time.monotonic()
+    started, busy = time.monotonic(), machine_busy()
     done = subprocess.run(command(runner, work, url, concurrency, out), capture_output=True,
                           text=True, env=env, cwd=out, timeout=3600)  # fmt: skip
-    wall = time.monotonic() - started
+    wall, busy = time.monotonic() - started, machine_busy() - busy
     if done.returncode != 0:
         raise RuntimeError(f"{runner} at {concurrency} failed:\n{done.stderr[-3000:]}")
     usage = json.loads((out / "usage.json").read_text())
@@ -386,10 +387,20 @@ def measure(runner: str, work: Path, url: str, concurrency: int, tasks: int) -> 
         "lag_max": lags[-1] * 1000 if lags else None,
     }
     row["total_ms"] = row["self_ms"] + row["children_ms"]
+    row["machine_ms"] = busy / tasks * 1000
     if runner.startswith("uniagent"):
         row["split"] = uniagent_split(out)
     shutil.rmtree(out, ignore_errors=True)
     return row
+
+
+def machine_busy() -> float:
+    """Seconds of CPU the whole machine has spent busy since boot (``/proc/stat``: every
+    state but idle and iowait): what a run costs with everything it starts, sandboxed
+    processes included, and whatever else runs beside it (quiet machines only)."""
+    fields = Path("/proc/stat").read_text().split("\n", 1)[0].split()[1:]
+    ticks = [int(x) for x in fields[:8]]
+    return (sum(ticks) - ticks[3] - ticks[4]) / os.sysconf("SC_CLK_TCK")
 
 
 def median_row(rows: list[dict[str, Any]]) -> dict[str, Any]:
@@ -415,6 +426,7 @@ COLUMNS = (  # header, width, figure of a row (with its floor row), format
     ("child ms", 8, lambda r, f: r["children_ms"], ".1f"),
     ("total ms", 8, lambda r, f: r["total_ms"], ".1f"),
     ("x floor", 7, lambda r, f: r["total_ms"] / f["total_ms"] if f else None, ".2f"),
+    ("mach ms", 8, lambda r, f: r["machine_ms"], ".1f"),
     ("RSS MB", 7, lambda r, f: r["rss_mb"], ".0f"),
     ("lag p99", 8, lambda r, f: r["lag_p99"], ".1f"),
     ("lag max", 8, lambda r, f: r["lag_max"], ".1f"),
@@ -442,7 +454,8 @@ def report(rows: list[dict[str, Any]], costs: dict[str, dict[str, float]]) -> No
     """The table, the ratios to the floor and uniagent's split."""
     print(
         f"\nepisodes of {TURNS} turns; ok: those that ran the whole script; CPU (ms) and "
-        "lag (ms) per episode; medians over repeats"
+        "lag (ms) per episode; medians over repeats; mach ms: the whole machine's busy CPU "
+        "during the run per episode (the scripted server and anything else running included)"
     )
     head = " ".join(f"{name:{'<' if spec == '<' else '>'}{width}}"
                     for name, width, _, spec in COLUMNS)  # fmt: skip
@@ -574,7 +587,7 @@ def main() -> None:
     if args.isolation == "bwrap":
         print(
             "\nunder bubblewrap the child CPU misses the sandboxes' own processes (their PID "
-            "namespace's init reaps them): compare the uniagent rows by ep/s"
+            "namespace's init reaps them): compare the uniagent rows by ep/s and mach ms"
         )
     if args.json:
         rows = with_ratios(rows)
