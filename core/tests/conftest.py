@@ -98,3 +98,16 @@ def done_tool() -> Iterator[None]:
     load_plugins().register(types.SimpleNamespace(uniagent_tools=uniagent_tools), "test-tools")
     yield
     reset_plugins()
+
+
+@pytest.fixture
+def new_process(monkeypatch: pytest.MonkeyPatch) -> None:
+    """As in a process of its own: no host sandbox without isolation ran in it (one that did
+    makes nothing count as read-only), and nothing read-only is cached yet."""
+    from uniagent.env import host
+    from uniagent.grading import integrity, testenv
+
+    monkeypatch.setattr(host, "_unisolated", False)
+    monkeypatch.setattr(host, "_writable_sources", set())
+    monkeypatch.setattr(testenv, "_READ_ONLY", {})
+    monkeypatch.setattr(integrity, "_FIXED_TOOLCHAINS", {})

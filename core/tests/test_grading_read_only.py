@@ -16,7 +16,6 @@ import pytest
 
 from uniagent import RewardSpec, hookimpl, open_env
 from uniagent.env import AgentEnv, host
-from uniagent.grading import integrity, testenv
 from uniagent.grading.sandbox import GradingSandbox
 from uniagent.plugins import load_plugins, reset_plugins
 from uniagent.protect.settings import IntegrityDefaults, TestEnv
@@ -50,13 +49,7 @@ def venv(tmp_path: Path) -> Path:
     return path
 
 
-@pytest.fixture(autouse=True)
-def new_process(monkeypatch: pytest.MonkeyPatch) -> None:
-    """As in a process of its own: no sandbox without isolation ran in it, nothing cached."""
-    monkeypatch.setattr(host, "_unisolated", False)
-    monkeypatch.setattr(host, "_writable_sources", set())
-    monkeypatch.setattr(testenv, "_READ_ONLY", {})
-    monkeypatch.setattr(integrity, "_FIXED_TOOLCHAINS", {})
+pytestmark = pytest.mark.usefixtures("new_process")
 
 
 @pytest.fixture(autouse=True)

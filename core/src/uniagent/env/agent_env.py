@@ -350,6 +350,23 @@ class AgentEnv:
                 ) from exc
             raise
 
+    async def spawn_private(
+        self, argv: Sequence[str], *, env: Mapping[str, str], cwd: str = "/"
+    ) -> asyncio.subprocess.Process | None:
+        """A long-running process in the sandbox that the agent's processes cannot reach (a
+        PID namespace of its own), with stdin and stdout pipes to this process and exactly
+        ``env``; ``None`` where the backend gives none (no isolation, containers, Modal).
+        The grader's resident shell (:mod:`uniagent.grading.sandbox`)."""
+        if self._closed:
+            raise TerminalNotAliveError("this environment was closed")
+        if not self._started:
+            raise EnvError("the environment is not started; await env.start() first")
+        spawn = getattr(self.runtime, "spawn_private", None)
+        if spawn is None:
+            return None
+        process: asyncio.subprocess.Process | None = await spawn(list(argv), env=dict(env), cwd=cwd)
+        return process
+
     async def start_environment(self) -> dict[str, str]:
         """The sandbox's own start-up environment: what :meth:`execute` with ``env=None``
         gives a process. Known to some deployments without running anything (the host's);

@@ -89,6 +89,8 @@ class HostRuntime:
         self.layout = layout
         self.config = config
         self.sessions: dict[str, BashSession] = {}
+        #: Processes of :meth:`spawn_private` (ended with the sessions).
+        self._spawned: set[asyncio.subprocess.Process] = set()
         self._closed = False
 
     @property
@@ -228,6 +230,30 @@ class HostRuntime:
             )
         return result
 
+    async def spawn_private(
+        self, argv: list[str], *, env: dict[str, str], cwd: str
+    ) -> asyncio.subprocess.Process | None:
+        """A long-running process in the sandbox, in a PID namespace of its own (a
+        ``bwrap`` of its own: the agent's processes cannot see, signal or open its pipes
+        through ``/proc``), with stdin and stdout pipes to this process (stderr dropped)
+        and exactly ``env``. ``None`` without isolation: there every process of the
+        sandbox could reach it. The caller ends it (closing stdin, then the process group)."""
+        if self._closed:
+            raise EnvError("the host runtime is closed")
+        if self.layout.bwrap is None:
+            return None
+        process = await asyncio.create_subprocess_exec(
+            *self.layout.wrap(argv, cwd),
+            stdin=asyncio.subprocess.PIPE,
+            stdout=asyncio.subprocess.PIPE,
+            stderr=asyncio.subprocess.DEVNULL,
+            cwd=str(self.layout.root),
+            env=env,
+            start_new_session=True,
+        )
+        self._spawned = {p for p in self._spawned if p.returncode is None} | {process}
+        return process
+
     async def read_file(self, request: Any) -> ReadFileResponse:
         """Read a text file (host-side, through the sandbox's mounts)."""
         path = self.layout.to_host(request.path)
@@ -276,6 +302,10 @@ class HostRuntime:
         """End every session and every process of the sandbox (its cgroup); files stay."""
         sessions, self.sessions = list(self.sessions.values()), {}
         await asyncio.gather(*(s.close() for s in sessions), return_exceptions=True)
+        spawned, self._spawned = self._spawned, set()
+        for process in (p for p in spawned if p.returncode is None):  # (not reaped yet)
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.killpg(process.pid, signal.SIGKILL)
         if self.layout.cgroup is not None:
             await asyncio.to_thread(self.layout.cgroup.kill)
 

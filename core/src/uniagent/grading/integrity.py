@@ -106,10 +106,19 @@ async def run_script(
     *,
     what: str,
     max_bytes: int = OUTPUT_LIMIT,
+    resident: bool = True,
 ) -> str:
-    """Run one of :mod:`uniagent.grading.scripts`; its output, or a :class:`GradingSetupError`."""
+    """Run one of :mod:`uniagent.grading.scripts`; its output, or a :class:`GradingSetupError`.
+
+    ``resident``: it runs nothing but tools found on the grading ``PATH`` (``False`` for a
+    script that starts an interpreter or sources an activation the agent may have changed):
+    see :meth:`GradingSandbox.run`."""
     done = await sandbox.run(
-        scripts.with_vars(script, variables), timeout=SCRIPT_TIMEOUT, cwd="/", max_bytes=max_bytes
+        scripts.with_vars(script, variables),
+        timeout=SCRIPT_TIMEOUT,
+        cwd="/",
+        max_bytes=max_bytes,
+        resident=resident,
     )
     if done.timed_out:
         raise GradingSetupError(f"{what} did not finish within {SCRIPT_TIMEOUT:g} s")
@@ -434,7 +443,10 @@ async def toolchain(sandbox: GradingSandbox) -> dict[str, str]:
     if key is not None and key in _FIXED_TOOLCHAINS:
         return dict(_FIXED_TOOLCHAINS[key])
     variables = {"TOOLS": scripts.TOOLCHAIN_TOOLS, "PYCODE": scripts.TOOLCHAIN_PY}
-    output = await run_script(sandbox, scripts.TOOLCHAIN, variables, what="the toolchain check")
+    # (it starts the interpreters on PATH, which the agent may have replaced: a one-off)
+    output = await run_script(
+        sandbox, scripts.TOOLCHAIN, variables, what="the toolchain check", resident=False
+    )
     found: dict[str, str] = {}
     for line in output.splitlines():
         if line.startswith("bin "):
@@ -458,20 +470,9 @@ _FIXED_TOOLCHAINS_MAX = 1_000
 def fixed_path(sandbox: GradingSandbox) -> tuple[str, tuple[str, ...]] | None:
     """The grading ``PATH`` and the host sources of its directories, where every one of them
     is at or below a read-only bind that no sandbox of this process can write
-    (:meth:`~uniagent.env.AgentEnv.read_only_source`: bubblewrap's system binds, never
-    without isolation): then no tool can be put before the ones found, and the found ones
-    cannot change. ``None`` otherwise (the toolchain is checked as usual)."""
-    path = sandbox.environment.get("PATH", "")
-    entries = path.split(":")
-    if not path or any(not posixpath.isabs(entry) for entry in entries):
-        return None
-    sources: list[str] = []
-    for entry in entries:
-        source = sandbox.env.read_only_source(entry)
-        if source is None:
-            return None
-        sources.append(source)
-    return path, tuple(sources)
+    (:meth:`GradingSandbox.read_only_path`): then no tool can be put before the ones found,
+    and the found ones cannot change. ``None`` otherwise (the toolchain is checked as usual)."""
+    return sandbox.read_only_path()
 
 
 def _all_fixed(sandbox: GradingSandbox, found: Mapping[str, str]) -> bool:

@@ -251,6 +251,7 @@ async def apply_patch(sandbox: GradingSandbox, repo: str, patch: bytes) -> str |
         scripts.with_vars(scripts.APPLY, {"REPO": repo, "PATCH": staged}),
         timeout=SCRIPT_TIMEOUT,
         cwd="/",
+        resident=True,
     )
     if done.exit_code == 0:
         return None

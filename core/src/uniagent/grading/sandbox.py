@@ -17,6 +17,14 @@ replaced (by a FIFO, a symlink, a huge file) can neither hang nor flood the grad
 The one exception: without isolation, where the sandbox's paths are the host's, the test
 environment's roots are listed from this process (:mod:`uniagent.grading.walks`: names and
 ``lstat`` only, no file read, no link followed, a bounded number of names).
+
+Under bubblewrap, the grader's own scripts (never the tested code) run one after another in a
+resident shell (:class:`_ResidentShell`): one ``bwrap`` for all of a grading sandbox's steps
+instead of one each. It runs in a PID namespace of its own, which no process of the agent or
+of the tests can see (so none can write to its pipes or signal it), only where every
+directory of the grading ``PATH`` is a read-only bind (so no tool those scripts run can have
+been changed), and each command in it runs exactly as a one-off one would: the same wrapper,
+its own environment, stdin from ``/dev/null``, its output framed by a token drawn for it.
 """
 
 from __future__ import annotations
@@ -24,13 +32,18 @@ from __future__ import annotations
 import asyncio
 import base64
 import contextlib
+import logging
+import os
+import posixpath
 import re
 import secrets
 import shlex
+import signal
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, TypeVar
 
+from uniagent.env.aio import wait_for
 from uniagent.env.errors import EnvError
 from uniagent.env.killall import SYSTEM_PATH
 
@@ -38,6 +51,7 @@ if TYPE_CHECKING:  # pragma: no cover
     from uniagent.env import AgentEnv
 
 T = TypeVar("T")
+log = logging.getLogger(__name__)
 
 #: Variables that make shells, interpreters, test runners, linkers or git run extra code or
 #: read other configuration; never passed to grading commands.
@@ -163,6 +177,107 @@ wait "$reader"
 [ -z "$held" ] || printf '\n%s held\n' "$3"
 exit "$rc"
 """
+#: The resident shell (``$1``: :data:`_BOUNDED`): for each request, a line ``TOKEN NENV LEN...``
+#: and then fields of exactly those byte lengths: the working directory, ``NENV`` variables
+#: (``NAME=VALUE``) and the arguments of :data:`_BOUNDED`; it runs the wrapper with exactly
+#: those variables, stdin from ``/dev/null``, and ends its output with ``\nTOKEN STATUS\n``.
+#: ``read -N`` (not ``-d ''``, a read(2) per byte) in the C locale: lengths are bytes.
+_SHELL = r"""export LC_ALL=C
+wrapper=$1
+while IFS= read -r head; do
+  set -f; set -- $head; set +f
+  tok=$1 n=$2; shift 2
+  fields=()
+  for len; do
+    f=
+    if [ "$len" -gt 0 ]; then IFS= read -r -N "$len" f || exit 0; fi
+    fields+=("$f")
+  done
+  (
+    cd -- "${fields[0]}" 2>/dev/null || { printf 'cannot enter %s\n' "${fields[0]}"; exit 1; }
+    exec env -i "${fields[@]:1:n}" bash --norc --noprofile -c "$wrapper" bash "${fields[@]:n+1}"
+  ) < /dev/null 2>/dev/null
+  printf '\n%s %d\n' "$tok" "$?"
+done
+"""
+#: Bytes a resident shell's answer may hold beyond the command's own limit (the wrapper's
+#: lines about the cut, the time-out, a held output): more is a broken shell.
+_SHELL_SLACK = 4096
+
+
+class _ShellBroken(Exception):
+    """The resident shell ended or answered out of protocol."""
+
+
+class _ResidentShell:
+    """One ``bash`` in the sandbox that runs the grader's commands one after another
+    (:data:`_SHELL`); broken for good after any failure (the next ones run as one-offs)."""
+
+    def __init__(self, process: asyncio.subprocess.Process) -> None:
+        self._process = process
+        self._lock = asyncio.Lock()
+
+    async def run(
+        self, argv: list[str], env: Mapping[str, str], cwd: str, limit: int
+    ) -> tuple[bytes, int]:
+        """The wrapper's output and status; :class:`_ShellBroken` (the shell is ended) if
+        it cannot tell them. Cancelled, it ends the shell (its state is unknown then)."""
+        async with self._lock:
+            try:
+                return await self._run(argv, env, cwd, limit)
+            except BaseException:
+                await self.close()
+                raise
+
+    async def _run(
+        self, argv: list[str], env: Mapping[str, str], cwd: str, limit: int
+    ) -> tuple[bytes, int]:
+        stdin, stdout = self._process.stdin, self._process.stdout
+        if stdin is None or stdout is None or self._process.returncode is not None:
+            raise _ShellBroken("the resident shell has ended")
+        token = f"[uniagent-done-{secrets.token_hex(12)}]".encode()
+        fields = [os.fsencode(cwd), *(os.fsencode(f"{k}={v}") for k, v in env.items())]
+        fields += [os.fsencode(a) for a in argv]
+        head = b" ".join([token, b"%d" % len(env), *(b"%d" % len(f) for f in fields)])
+        try:
+            stdin.write(head + b"\n" + b"".join(fields))
+            await stdin.drain()
+        except (ConnectionError, RuntimeError) as exc:
+            raise _ShellBroken(f"the resident shell took no command: {exc}") from None
+        mark, buffer = b"\n" + token + b" ", bytearray()
+        while True:
+            chunk = await stdout.read(1 << 16)
+            if not chunk:
+                raise _ShellBroken("the resident shell ended during a command")
+            buffer += chunk
+            at = buffer.find(mark, max(0, len(buffer) - len(chunk) - len(mark)))
+            if at >= 0:
+                break
+            if len(buffer) > limit + _SHELL_SLACK:
+                raise _ShellBroken("the resident shell's answer has no end")
+        while not buffer.endswith(b"\n"):
+            chunk = await stdout.read(64)
+            if not chunk or len(buffer) - at > 64:
+                raise _ShellBroken("the resident shell's answer is garbled")
+            buffer += chunk
+        status = bytes(buffer[at + len(mark) :])
+        if not re.fullmatch(rb"\d+\n", status):
+            raise _ShellBroken("the resident shell's answer is garbled")
+        return bytes(buffer[:at]), int(status)
+
+    async def close(self) -> None:
+        """End the shell: its stdin closed, then its process group killed."""
+        process = self._process
+        if process.stdin is not None:
+            with contextlib.suppress(Exception):
+                process.stdin.close()
+        if process.returncode is None:  # (not reaped: its group is still its own)
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.killpg(process.pid, signal.SIGKILL)
+        with contextlib.suppress(Exception):
+            await process.wait()
+
+
 #: Reads the regular file ``$p`` (not a symlink), at most ``$n`` bytes, as base64.
 _READ = (
     '[ -f "$p" ] && [ ! -L "$p" ] || exit 66; set -o pipefail; head -c "$n" -- "$p" | base64 -w0'
@@ -242,6 +357,11 @@ class GradingSandbox:
         #: (``data``, path, base64), and the bytes of base64 those hold.
         self._staged: list[tuple[str, str, str]] = []
         self._inline = 0
+        #: The resident shell once started; ``_no_shell``: the sandbox gives none, or one
+        #: broke (every command runs as a one-off from then on).
+        self._shell: _ResidentShell | None = None
+        self._no_shell = False
+        self._read_only_paths: dict[str, tuple[str, ...] | None] = {}
 
     @property
     def env(self) -> AgentEnv:
@@ -272,9 +392,28 @@ class GradingSandbox:
     async def _ensure_scratch(self) -> None:
         """Make the scratch dir before a file is written into it from outside a command."""
         if not self._made:
-            done = await self.run(":", timeout=60, cwd="/")
+            done = await self.run(":", timeout=60, cwd="/", resident=True)
             if done.exit_code != 0:
                 raise EnvError(f"could not make a grading scratch dir: {done.output[-300:]}")
+
+    def read_only_path(self) -> tuple[str, tuple[str, ...]] | None:
+        """The grading ``PATH`` and the host sources of its directories, where every one of
+        them is at or below a read-only bind that no sandbox of this process can write
+        (:meth:`~uniagent.env.AgentEnv.read_only_source`: bubblewrap's system binds, never
+        without isolation): then no tool can be put before the ones found, and the found
+        ones cannot change. ``None`` otherwise."""
+        path = self.environment.get("PATH", "")
+        if path not in self._read_only_paths:
+            entries = path.split(":")
+            sources: tuple[str, ...] | None = ()
+            if not path or any(not posixpath.isabs(entry) for entry in entries):
+                sources = None
+            for entry in entries:
+                source = self._env.read_only_source(entry) if sources is not None else None
+                sources = None if source is None or sources is None else (*sources, source)
+            self._read_only_paths[path] = sources
+        found = self._read_only_paths[path]
+        return None if found is None else (path, found)
 
     async def run(
         self,
@@ -283,6 +422,7 @@ class GradingSandbox:
         timeout: float,
         cwd: str | None = None,
         max_bytes: int = OUTPUT_LIMIT,
+        resident: bool = False,
     ) -> GradingOutput:
         """Run ``command`` with ``bash -c`` in a clean process (in ``cwd``, default the workdir).
 
@@ -291,15 +431,15 @@ class GradingSandbox:
         left the group holds open more than :data:`HOLD_GRACE` s after the command ended
         makes it ``timed_out`` too (its output not used). Files staged with
         :meth:`stage_bytes` are decoded first (:class:`EnvError` where one cannot be).
+
+        ``resident``: the command runs nothing but tools found on the grading ``PATH``
+        (never the tested code, nor an interpreter or script the agent could have written),
+        so it may run in the resident shell (with ``cwd`` given, where the sandbox gives
+        a private process and the ``PATH`` is read-only: :meth:`read_only_path`); it runs
+        the same either way.
         """
         staged, self._staged, self._inline = self._staged, [], 0
-        argv = [
-            "bash",
-            "--norc",
-            "--noprofile",
-            "-c",
-            _BOUNDED,
-            "bash",
+        args = [
             command,
             str(max_bytes),
             self._cut,
@@ -309,6 +449,20 @@ class GradingSandbox:
             self.scratch,
             "".join(f"{kind}\t{path}\t{data}\n" for kind, path, data in staged),
         ]
+        if resident and cwd is not None and await self._shell_ready():
+            assert self._shell is not None
+            try:
+                raw, status = await wait_for(
+                    self._shell.run(args, self.environment, cwd, max_bytes), timeout + 30
+                )
+            except asyncio.TimeoutError:
+                self._shell, self._no_shell, self._made = None, True, True
+                return GradingOutput(f"[killed after {timeout:g} s]", None, timed_out=True)
+            except _ShellBroken as exc:
+                self._shell, self._no_shell = None, True
+                raise EnvError(f"the grading shell in the sandbox broke: {exc}") from None
+            return self._finish(raw.decode("utf-8", "backslashreplace"), status)
+        argv = ["bash", "--norc", "--noprofile", "-c", _BOUNDED, "bash", *args]
         try:
             response = await self._env.execute(
                 argv, env=self.environment, cwd=cwd or self.workdir, timeout=timeout + 30
@@ -318,8 +472,31 @@ class GradingSandbox:
                 raise
             self._made = True  # (most likely: it is removed at close if it is there)
             return GradingOutput(f"[killed after {timeout:g} s]", None, timed_out=True)
-        code = response.exit_code
-        output = response.stdout + response.stderr
+        return self._finish(response.stdout + response.stderr, response.exit_code)
+
+    async def _shell_ready(self) -> bool:
+        """Whether a command can run in the resident shell (started here if need be): the
+        grading ``PATH`` (as it is now) wholly read-only."""
+        if self._no_shell or await off_loop(self.read_only_path) is None:
+            return False
+        if self._shell is not None:
+            return True
+        argv = ["bash", "--norc", "--noprofile", "-c", _SHELL, "bash", _BOUNDED]
+        try:
+            process = await self._env.spawn_private(
+                argv, env={"PATH": self.environment["PATH"]}, cwd="/"
+            )
+        except Exception as exc:
+            log.info("no resident grading shell (%s); one-off commands instead", exc)
+            process = None
+        if process is None:
+            self._no_shell = True
+            return False
+        self._shell = _ResidentShell(process)
+        return True
+
+    def _finish(self, output: str, code: int | None) -> GradingOutput:
+        """The wrapper's output and status as the command's."""
         timed = bool(self._timeout_bin)
         if output.startswith(f"{self._cut} untimed\n"):
             output, timed = output.split("\n", 1)[1], False
@@ -355,7 +532,11 @@ class GradingSandbox:
         """
         script = f"p={shlex.quote(path)} n={max_bytes + 1}\n{_READ}"
         done = await self.run(
-            script, timeout=timeout, cwd="/", max_bytes=(max_bytes + 1) * 4 // 3 + 8
+            script,
+            timeout=timeout,
+            cwd="/",
+            max_bytes=(max_bytes + 1) * 4 // 3 + 8,
+            resident=True,
         )
         if done.timed_out:
             raise GradingReadError(f"reading {path} took longer than {timeout:g} s")
@@ -387,7 +568,7 @@ class GradingSandbox:
     async def write_bytes(self, path: str, data: bytes, *, timeout: float = 120) -> None:
         """Write a file byte for byte (sent as base64, decoded in the sandbox)."""
         await self.stage_bytes(path, data)
-        done = await self.run(":", timeout=timeout, cwd="/")
+        done = await self.run(":", timeout=timeout, cwd="/", resident=True)
         if done.exit_code != 0:
             raise EnvError(f"could not write {path} in the sandbox: {done.output[-300:]}")
 
@@ -411,10 +592,25 @@ class GradingSandbox:
         await self._env.upload(local, remote)
 
     async def close(self) -> None:
-        """Remove the scratch directory (best effort; nothing to do where no command ran)."""
-        if not self._made:
-            return
-        with contextlib.suppress(Exception):  # the sandbox is closed right after anyway
-            await self._env.execute(
-                ["rm", "-rf", "--", self.scratch], env=self.environment, timeout=60
-            )
+        """Remove the scratch directory (best effort; nothing to do where no command ran) and
+        end the resident shell."""
+        shell = self._shell
+        try:
+            if not self._made:
+                return
+            with contextlib.suppress(Exception):  # the sandbox is closed right after anyway
+                if shell is not None:
+                    await self.run(
+                        f"cd / && rm -rf -- {shlex.quote(self.scratch)}",
+                        timeout=60,
+                        cwd="/",
+                        resident=True,
+                    )
+                else:
+                    await self._env.execute(
+                        ["rm", "-rf", "--", self.scratch], env=self.environment, timeout=60
+                    )
+        finally:
+            self._shell, self._no_shell = None, True
+            if shell is not None:
+                await shell.close()

@@ -284,6 +284,7 @@ async def discover(sandbox: GradingSandbox, baseline: Baseline, spec: TestEnv) -
         sandbox, TEST_ENV,
         _variables(baseline, spec, sandbox.scratch, "discover", "", None, tuple(known), shared),
         what="resolving the test environment",
+        resident=True,  # it starts the interpreters, but before the agent's first turn
     )  # fmt: skip
     record, _, _ = _record(output)
     walked = [key.removeprefix("root:") for key, digest in record.items() if digest == "shared"]
@@ -376,6 +377,7 @@ async def verify(
     output = await run_script(
         sandbox, TEST_ENV, _variables(baseline, spec, s, "verify", since, repo, shared=shared),
         what="checking the test environment",
+        resident=False,  # it sources the activation, which the agent may have changed
     )  # fmt: skip
     after, changed, purged = _record(output)
     walked = [key.removeprefix("root:") for key, digest in after.items() if digest == "shared"]
