@@ -48,7 +48,7 @@ async def env() -> AsyncIterator[AgentEnv]:
 
 
 async def _sandbox(env: AgentEnv, path: str = READ_ONLY_PATH) -> GradingSandbox:
-    variables = {"PATH": path, "LANG": "C.UTF-8", "ONLY_HERE": "a b\nc"}
+    variables = {"PATH": path, "LANG": "C.UTF-8", "ONLY_HERE": "a b\nc é 中"}
     return await GradingSandbox.open(env, variables, workdir=env.workdir, lazy=True)
 
 
@@ -82,6 +82,7 @@ SAME = [
     "printf '\\377\\376 not utf-8\\n'",
     "head -c 5000 /dev/zero | tr '\\0' x",
     "printf 'no newline at the end'",
+    "echo 'é ü 中' $ONLY_HERE",
     "kill -TERM $$",
 ]
 
@@ -211,4 +212,21 @@ async def test_the_tested_code_never_runs_beside_the_resident_shell(
     grader = await prepare_grader(env, probe_reward, {})
     result = await grade(grader, env)
     assert result.score == 1.0, result.info
+    assert result.info["shell"] and result.info["seen"] == "0"
+
+
+async def test_in_a_fresh_sandbox_the_reward_takes_over_the_checks_shell(
+    env: AgentEnv, probe_reward: str
+) -> None:
+    """``grade_in: fresh``: the checks and the patch run in one resident shell of the fresh
+    sandbox, which the reward's grading sandbox then takes over (one ``bwrap`` for both);
+    the tests still cannot see it."""
+
+    def fresh() -> AgentEnv:
+        return open_env({"type": "host", "isolation": "bwrap"}, {"post_setup": [SETUP]})
+
+    grader = await prepare_grader(env, probe_reward, {}, grade_in="fresh", fresh_env=fresh)
+    result = await grade(grader, env)
+    assert result.score == 1.0, result.info
+    assert result.info["integrity"]["grade_in"] == "fresh"
     assert result.info["shell"] and result.info["seen"] == "0"

@@ -323,42 +323,12 @@ class EpisodeGrader:
             )
             repo = integrity.moved_repo(baseline.repo, episode, fresh)
             probe = await GradingSandbox.open(fresh, environment, workdir=repo, lazy=True)
-            try:
-                tree = await integrity.tree_of(probe, repo)
-                if tree is None or tree != baseline.base_tree:
-                    raise GradingInfraError(
-                        f"the fresh sandbox's {repo} holds tree {tree}, not the episode's base "
-                        f"tree {baseline.base_tree} (commit {baseline.base}): the task's set-up "
-                        "is not reproducible"
-                    )
-                # What the fresh sandbox shares with the episode's (the host's directories
-                # without isolation) must be as it was before the agent's first command.
-                shared = await integrity.verify_toolchain(probe, baseline)
-                shared += await outside.screen(probe, baseline)
-                shared += (await testenv.verify(
-                    probe, baseline, since_baseline=False, repo=repo,
-                    moved=lambda path: integrity.moved_path(path, episode, fresh),
-                ))[0]  # fmt: skip
-                problem = await apply_patch(probe, repo, patch)
-            finally:
-                await probe.close()
-            info["fresh_setup_seconds"] = round(time.perf_counter() - started, 3)
-            self._record(shared)
-            if shared and self.plan.integrity.on_tamper == "zero":
-                info["tampered"] = [t.to_dict() for t in self._tampered]
-                return self._zero(
-                    info,
-                    "tampered",
-                    "what the fresh sandbox shares with the "
-                    "episode's (toolchain, test environment, the task's paths "
-                    "outside the repository) changed after the episode's start",
-                )
-            if problem is not None:
-                return self._zero(info, "patch_did_not_apply", problem)
+            # The reward's own (opening runs nothing); it takes over the probe's shell.
             sandbox = await GradingSandbox.open(fresh, environment, workdir=repo, lazy=True)
-            self._phase, self._active = "the reward", fresh
             try:
-                return await self._run_reward(sandbox, context, info, env=fresh, repo=repo)
+                return await self._probe_and_reward(
+                    episode, fresh, probe, sandbox, repo, patch, context, info, started
+                )
             finally:
                 await sandbox.close()
         except (GradingSetupError, TerminalNotAliveError, EnvError) as exc:
@@ -367,6 +337,57 @@ class EpisodeGrader:
             ) from exc
         finally:
             await fresh.close()
+
+    async def _probe_and_reward(
+        self,
+        episode: AgentEnv,
+        fresh: AgentEnv,
+        probe: GradingSandbox,
+        sandbox: GradingSandbox,
+        repo: str,
+        patch: bytes,
+        context: dict[str, Any],
+        info: dict[str, Any],
+        started: float,
+    ) -> Grade:
+        """In the fresh sandbox: check what it shares with the episode's and apply the patch
+        (``probe``), then run the reward (``sandbox``)."""
+        baseline = self.baseline
+        assert baseline is not None
+        try:
+            tree = await integrity.tree_of(probe, repo)
+            if tree is None or tree != baseline.base_tree:
+                raise GradingInfraError(
+                    f"the fresh sandbox's {repo} holds tree {tree}, not the episode's base "
+                    f"tree {baseline.base_tree} (commit {baseline.base}): the task's set-up "
+                    "is not reproducible"
+                )
+            # What the fresh sandbox shares with the episode's (the host's directories
+            # without isolation) must be as it was before the agent's first command.
+            shared = await integrity.verify_toolchain(probe, baseline)
+            shared += await outside.screen(probe, baseline)
+            shared += (await testenv.verify(
+                probe, baseline, since_baseline=False, repo=repo,
+                moved=lambda path: integrity.moved_path(path, episode, fresh),
+            ))[0]  # fmt: skip
+            problem = await apply_patch(probe, repo, patch)
+        finally:
+            await probe.close(hand_to=sandbox)
+        info["fresh_setup_seconds"] = round(time.perf_counter() - started, 3)
+        self._record(shared)
+        if shared and self.plan.integrity.on_tamper == "zero":
+            info["tampered"] = [t.to_dict() for t in self._tampered]
+            return self._zero(
+                info,
+                "tampered",
+                "what the fresh sandbox shares with the "
+                "episode's (toolchain, test environment, the task's paths "
+                "outside the repository) changed after the episode's start",
+            )
+        if problem is not None:
+            return self._zero(info, "patch_did_not_apply", problem)
+        self._phase, self._active = "the reward", fresh
+        return await self._run_reward(sandbox, context, info, env=fresh, repo=repo)
 
     async def _run_reward(
         self,

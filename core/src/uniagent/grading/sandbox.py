@@ -495,6 +495,10 @@ class GradingSandbox:
         self._shell = _ResidentShell(process)
         return True
 
+    def _takes(self, env: AgentEnv) -> bool:
+        """Whether this sandbox can take over a resident shell in ``env``."""
+        return self._env is env and self._shell is None and not self._no_shell
+
     def _finish(self, output: str, code: int | None) -> GradingOutput:
         """The wrapper's output and status as the command's."""
         timed = bool(self._timeout_bin)
@@ -591,9 +595,11 @@ class GradingSandbox:
         await self._ensure_scratch()
         await self._env.upload(local, remote)
 
-    async def close(self) -> None:
+    async def close(self, *, hand_to: GradingSandbox | None = None) -> None:
         """Remove the scratch directory (best effort; nothing to do where no command ran) and
-        end the resident shell."""
+        end the resident shell, or give it to ``hand_to``: a grading sandbox of the same
+        sandbox that has none (the shell keeps nothing between commands, each brings its
+        own environment and directory), which ends it when it closes."""
         shell = self._shell
         try:
             if not self._made:
@@ -612,5 +618,7 @@ class GradingSandbox:
                     )
         finally:
             self._shell, self._no_shell = None, True
+            if hand_to is not None and hand_to._takes(self._env):
+                hand_to._shell, shell = shell, None
             if shell is not None:
                 await shell.close()
