@@ -184,6 +184,21 @@ async def test_no_resident_shell_without_isolation() -> None:
         await env.close()
 
 
+async def test_a_shell_that_broke_at_close_is_not_handed_over(env: AgentEnv) -> None:
+    first, second = await _sandbox(env), await _sandbox(env)
+    try:
+        await first.run(PID_NS, timeout=60, cwd="/", resident=True)
+        assert first._shell is not None
+        os.killpg(first._shell._process.pid, signal.SIGKILL)
+        await first.close(hand_to=second)
+        assert second._shell is None
+        done = await second.run("echo fine", timeout=60, cwd="/", resident=True)
+        assert done.output == "fine\n" and second._shell is not None  # a shell of its own
+    finally:
+        await first.close()
+        await second.close()
+
+
 @pytest.fixture
 def probe_reward() -> Iterator[str]:
     """A reward whose test counts the resident shells it can see."""

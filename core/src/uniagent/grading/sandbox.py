@@ -617,8 +617,9 @@ class GradingSandbox:
                         ["rm", "-rf", "--", self.scratch], env=self.environment, timeout=60
                     )
         finally:
+            intact = shell is not None and self._shell is shell  # (the removal did not break it)
             self._shell, self._no_shell = None, True
-            if hand_to is not None and hand_to._takes(self._env):
+            if intact and hand_to is not None and hand_to._takes(self._env):
                 hand_to._shell, shell = shell, None
             if shell is not None:
                 await shell.close()
