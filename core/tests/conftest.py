@@ -110,4 +110,5 @@ def new_process(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(host, "_unisolated", False)
     monkeypatch.setattr(host, "_writable_sources", set())
     monkeypatch.setattr(testenv, "_READ_ONLY", {})
+    monkeypatch.setattr(testenv, "_FIXED_RECORDS", {})
     monkeypatch.setattr(integrity, "_FIXED_TOOLCHAINS", {})

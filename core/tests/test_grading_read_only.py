@@ -251,3 +251,69 @@ async def test_nothing_is_read_only_once_a_sandbox_ran_without_isolation(venv):
         assert none.read_only_source("/usr/lib") is None
     finally:
         await env.close()
+
+
+@pytest.mark.parametrize(
+    ("python", "repo_file", "again"),
+    [
+        ("python3", None, False),
+        (SYSTEM_PYTHON, None, False),
+        ("./python3", None, True),  # a relative interpreter: the repository's, writable
+        ("python3", "pytest.py", True),  # found first: the interpreter starts in the repo
+        ("python3", "pluggy/__init__.py", True),
+    ],
+)
+async def test_a_read_only_test_environment_is_discovered_at_the_first_baseline_only(
+    venv, commands, python, repo_file, again
+):
+    records = []
+    for episode in range(2):
+        env = bwrap_env(venv)
+        await env.start()
+        try:
+            if python.startswith("./"):
+                act = f"ln -s {SYSTEM_PYTHON} python3 && git add python3 && git commit -qm py"
+                assert (await env.run_action(act, timeout=30)).exit_code == 0
+            if repo_file is not None and episode:  # the second repository has one
+                make = f"mkdir -p $(dirname {repo_file}) && touch {repo_file}"
+                assert (await env.run_action(make, timeout=30)).exit_code == 0
+            commands.clear()
+            grader = await prepare_grader(env, "system", {"python": python})
+            assert env_checks(commands) == (1 if again or not episode else 0)
+            records.append(grader.baseline.test_env)
+            assert records[-1][f"bin:{python}"]
+            result = await grade(grader, env)
+            assert result.score == 1.0
+        finally:
+            await env.close()
+    if repo_file is None:
+        assert records[0] == records[1]
+
+
+async def test_a_test_environment_with_an_activation_is_discovered_every_time(venv, commands):
+    for _ in range(2):
+        env = bwrap_env(venv)
+        await env.start()
+        try:
+            commands.clear()
+            await prepare_grader(env, "venv", {})
+            assert env_checks(commands) == 1  # its activation may read what the sandbox wrote
+        finally:
+            await env.close()
+
+
+async def test_a_known_record_is_not_taken_once_a_sandbox_ran_without_isolation(
+    venv, commands, monkeypatch
+):
+    for episode in range(2):
+        if episode:
+            monkeypatch.setattr(host, "_unisolated", True)  # it could have written anywhere
+        env = bwrap_env(venv)
+        await env.start()
+        try:
+            commands.clear()
+            grader = await prepare_grader(env, "system", {"python": SYSTEM_PYTHON})
+            assert env_checks(commands) == 1
+            assert (await grade(grader, env)).score == 1.0
+        finally:
+            await env.close()

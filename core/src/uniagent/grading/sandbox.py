@@ -477,7 +477,11 @@ class GradingSandbox:
     async def _shell_ready(self) -> bool:
         """Whether a command can run in the resident shell (started here if need be): the
         grading ``PATH`` (as it is now) wholly read-only."""
-        if self._no_shell or await off_loop(self.read_only_path) is None:
+        if self._no_shell:
+            return False
+        if self.environment.get("PATH", "") not in self._read_only_paths:
+            await off_loop(self.read_only_path)  # asked once per PATH, off the event loop
+        if self.read_only_path() is None:
             return False
         if self._shell is not None:
             return True

@@ -38,6 +38,7 @@ import os
 import posixpath
 import re
 from collections.abc import Callable, Mapping
+from typing import TYPE_CHECKING
 
 from uniagent.grading import walks
 from uniagent.grading.integrity import (
@@ -53,6 +54,9 @@ from uniagent.grading.integrity import (
 from uniagent.grading.sandbox import GradingSandbox, off_loop
 from uniagent.grading.scripts import FIND_WORD, STAT_FILES
 from uniagent.protect.settings import TestEnv
+
+if TYPE_CHECKING:  # pragma: no cover
+    from uniagent.env import AgentEnv
 
 #: How many changed files a root reports at most.
 MAX_CHANGED = 50
@@ -275,7 +279,30 @@ def _record(output: str) -> tuple[dict[str, str], list[str], dict[str, int]]:
 
 
 async def discover(sandbox: GradingSandbox, baseline: Baseline, spec: TestEnv) -> None:
-    """Record the test environment in ``baseline`` (before the agent's first turn)."""
+    """Record the test environment in ``baseline`` (before the agent's first turn).
+
+    Where nothing the record depends on can differ between the sandboxes of this process
+    (:func:`_fixed_key`, :func:`_fixed_sources`), the first sandbox's record is every later
+    one's, and no command runs.
+    """
+    key = await off_loop(_fixed_key, sandbox, baseline, spec)
+    if key is not None and (known_record := _FIXED_RECORDS.get(key)) is not None:
+        record, sources = known_record
+        if await off_loop(_fixed_sources, sandbox.env, record) == sources:
+            baseline.test_env = dict(record)
+            baseline.test_env_spec = spec
+            return
+    await _discover(sandbox, baseline, spec)
+    if key is not None and baseline.test_env is not None:
+        record = dict(baseline.test_env)
+        found = await off_loop(_fixed_sources, sandbox.env, record)
+        if found is not None:
+            if len(_FIXED_RECORDS) > _FIXED_RECORDS_MAX:
+                _FIXED_RECORDS.clear()
+            _FIXED_RECORDS[key] = (record, found)
+
+
+async def _discover(sandbox: GradingSandbox, baseline: Baseline, spec: TestEnv) -> None:
     env = sandbox.env
     sources = {r: env.read_only_source(r) for r, _ in list(_READ_ONLY)}
     known = {r: _READ_ONLY[(r, s)] for r, s in sources.items() if (r, s) in _READ_ONLY}
@@ -318,6 +345,64 @@ async def discover(sandbox: GradingSandbox, baseline: Baseline, spec: TestEnv) -
     record.update(await _hashes(sandbox, output, files))
     baseline.test_env = record
     baseline.test_env_spec = spec
+
+
+#: The modules the discovery's interpreter looks up by name (:data:`_ROOTS_PY`): it runs in the
+#: repository, where a top-level file or directory of such a name is found before any other.
+_LOOKED_UP = frozenset({"sitecustomize", "usercustomize", "pytest", "_pytest", "pluggy"})
+
+
+def _fixed_key(
+    sandbox: GradingSandbox, baseline: Baseline, spec: TestEnv
+) -> tuple[object, ...] | None:
+    """What the discovery's answer depends on besides the files it reads, where that is all:
+    no activation (its scripts may read what the sandbox can write), the grading ``PATH``
+    wholly read-only (:func:`~uniagent.grading.integrity.fixed_path`), each interpreter word
+    a name or an absolute path (a relative one is the repository's), and no top-level entry
+    of the repository named like a module the interpreter looks up (:data:`_LOOKED_UP`).
+    The key is then that ``PATH`` with its sources, the whole grading environment, the
+    interpreter words and the repository's path (a relative ``PYTHONPATH`` entry is read
+    from there), the sandbox's own scratch dir aside. ``None``: discovered as usual."""
+    path = fixed_path(sandbox)
+    if path is None or spec.activate.strip():
+        return None
+    if any("/" in word and not posixpath.isabs(word) for word in spec.interpreters):
+        return None
+    tops = (name for name in baseline.listing if "/" not in name)
+    if any(name.partition(".")[0] in _LOOKED_UP for name in tops):
+        return None
+    # (HOME and TMPDIR are in each grading sandbox's own scratch dir, which the record leaves
+    # out: a root there is not recorded, and a start-up file there is not read-only)
+    scratch = {f"{sandbox.scratch}/{name}": f"SCRATCH/{name}" for name in ("home", "tmp")}
+    environment = tuple(sorted((k, scratch.get(v, v)) for k, v in sandbox.environment.items()))
+    return (path, environment, spec.interpreters, spec.required, baseline.repo)
+
+
+def _fixed_sources(env: AgentEnv, record: Mapping[str, str]) -> tuple[object, ...] | None:
+    """The host sources of every interpreter, root and start-up file of ``record`` (of each
+    file's directory), where every one is at or below a read-only bind that no sandbox of
+    this process can write (no pyenv shim among them: its choice reads version files
+    elsewhere); ``None`` otherwise. Asked again when a later sandbox takes a known record:
+    the same answer means the same files."""
+    paths = {p for k, p in record.items() if k.startswith("bin:")}
+    paths |= {k.removeprefix("root:") for k in record if k.startswith("root:")}
+    paths |= {posixpath.dirname(posixpath.normpath(k)) for k in record if k.startswith("/")}
+    found = []
+    for path in sorted(paths):
+        if not posixpath.isabs(path) or "/shims/" in path:
+            return None
+        source = env.read_only_source(path)
+        if source is None:
+            return None
+        found.append((path, source))
+    return tuple(found)
+
+
+#: Test-environment records that no sandbox of this process can change, by
+#: :func:`_fixed_key`, with their sources (:func:`_fixed_sources`): discovered once per
+#: process (a run, a verl worker), not per episode.
+_FIXED_RECORDS: dict[tuple[object, ...], tuple[dict[str, str], tuple[object, ...]]] = {}
+_FIXED_RECORDS_MAX = 1_000
 
 
 #: The digests of the names under test-environment roots that no sandbox of this process can
