@@ -230,3 +230,53 @@ async def test_only_what_the_sandbox_user_cannot_reach_is_staged(tmp_path: Path)
     async with open_env(config) as env:
         assert "unshare" in env.deployment._layout.prefix  # type: ignore[attr-defined]
         assert (await env.run_action("cat /data/data.txt")).output == "staged\n"
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="staging applies when bwrap runs as another uid")
+async def test_staged_mounts_are_made_once_per_sandbox_and_held(tmp_path: Path) -> None:
+    """Sources the sandbox's user cannot reach are staged once, by a holder process whose
+    mount namespace every command enters (`nsenter`), not per command; a holder that ended
+    is never named again (each command stages as before), and stopping ends it."""
+    hidden = tmp_path / "private"
+    hidden.mkdir()
+    (hidden / "data.txt").write_text("staged\n")
+    config = {"type": "host", "isolation": "bwrap", "ro_binds": [f"{hidden}:/data"]}
+    env = open_env(config)
+    await env.start()
+    try:
+        layout = env.deployment._layout  # type: ignore[attr-defined]
+        holder = layout.holder
+        assert holder is not None and holder.returncode is None
+        argv = layout.wrap(["true"])
+        assert "unshare" not in argv and f"--mount=/proc/{holder.pid}/ns/mnt" in argv, argv
+        assert (await env.run_action("cat /data/data.txt")).output == "staged\n"
+        done = await env.execute(["cat", "/data/data.txt"], env=None)
+        assert done.exit_code == 0 and done.stdout == "staged\n"
+        # The sandbox cannot see it (the holder waits in `cat`): a PID namespace of its own.
+        count = "grep -lx {} /proc/[0-9]*/comm | wc -l"
+        seen = await env.run_action(f"sleep 1000 & {count.format('sleep')}; kill $!")
+        assert seen.output.split()[-1] == "1", seen.output  # the listing sees the sandbox's own
+        seen = await env.run_action(count.format("cat"))
+        assert seen.output.strip() == "0", seen.output
+        holder.kill()
+        await holder.wait()
+        argv = layout.wrap(["true"])
+        assert "unshare" in argv and not any(a.startswith("--mount=/proc/") for a in argv)
+        done = await env.execute(["cat", "/data/data.txt"], env=None)
+        assert done.exit_code == 0 and done.stdout == "staged\n"
+        layout.holder = holder  # (ended: released below without error)
+    finally:
+        await env.close()
+    assert layout.holder is None
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="staging applies when bwrap runs as another uid")
+async def test_a_stopped_sandbox_leaves_no_holder(tmp_path: Path) -> None:
+    hidden = tmp_path / "private"
+    hidden.mkdir()
+    config = {"type": "host", "isolation": "bwrap", "ro_binds": [f"{hidden}:/data"]}
+    async with open_env(config) as env:
+        holder = env.deployment._layout.holder  # type: ignore[attr-defined]
+        assert holder is not None
+        assert holder.returncode is None
+    assert holder.returncode is not None  # ended and reaped

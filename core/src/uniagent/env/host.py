@@ -12,6 +12,7 @@ sessions and file operations in it.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import ctypes
 import fnmatch
 import itertools
@@ -28,6 +29,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from uniagent.env import cgroups
+from uniagent.env.aio import wait_for
 from uniagent.env.bwrap import (
     Mount,
     bind_mounts,
@@ -208,6 +210,20 @@ class HostDeploymentConfig(BaseModel):
         return self
 
 
+#: Seconds the holder of a sandbox's staged mounts may take to stage them.
+HOLD_STAGE_TIMEOUT = 60.0
+
+
+async def _end_holder(holder: asyncio.subprocess.Process) -> None:
+    """End a holder of staged mounts (its stdin closed, then killed) and reap it."""
+    if holder.stdin is not None:
+        holder.stdin.close()
+    if holder.returncode is None:
+        with contextlib.suppress(ProcessLookupError):
+            holder.kill()
+    await holder.wait()
+
+
 class EpisodeLayout:
     """Paths of one episode, as the session sees them and on the host."""
 
@@ -233,6 +249,8 @@ class EpisodeLayout:
             self.tools_dir = str(root / "tools")
             self.mounts: list[Mount] = []
             self.prefix: list[str] = []
+            self._stage: list[str] = []
+            self._sandbox: list[str] = []
             env.update(HOME=str(root / "home"), TMPDIR=str(root / "tmp"))
             # The work dir is no repository of its own until the task makes it one: git in
             # it must not find a checkout the sandbox root happens to lie in (a TMPDIR
@@ -260,7 +278,8 @@ class EpisodeLayout:
                 gitconfig = root / "home" / ".gitconfig"
                 gitconfig.write_text("[safe]\n\tdirectory = *\n")
                 self.own(gitconfig)
-            self.prefix = stage + bwrap_argv(
+            self._stage = stage
+            self._sandbox = bwrap_argv(
                 bwrap,
                 mounts,
                 chdir=self.workdir,
@@ -268,7 +287,49 @@ class EpisodeLayout:
                 extra_args=config.bwrap_args,
                 uid=uid,
             )
+            self.prefix = stage + self._sandbox
         self.env = env
+        #: The process that holds the staged mounts' namespace (:meth:`hold_stage`).
+        self.holder: asyncio.subprocess.Process | None = None
+        self._held: list[str] = []
+
+    async def hold_stage(self) -> None:
+        """Stage the mounts once for the sandbox's life instead of at every command.
+
+        Where sources must be staged (:func:`~uniagent.env.bwrap.stage_mounts`), each
+        ``bwrap`` would otherwise start with a private mount namespace of its own and a
+        ``mount`` (and a ``mkdir``) per source: about a dozen processes, more than the
+        sandbox itself costs. Here one process stages them and stays in that namespace,
+        waiting on its stdin; every command then enters the namespace with ``nsenter``. The
+        holder is this process's child, never in the sandbox or its cgroup (nothing of the
+        sandbox can see or signal it), and ends with :meth:`release_stage` or when this
+        process ends. Where ``nsenter`` is missing or the holder cannot start, every
+        command stages as before."""
+        nsenter = shutil.which("nsenter")
+        if self.bwrap is None or not self._stage or self.holder is not None or nsenter is None:
+            return
+        holder = await asyncio.create_subprocess_exec(
+            *self._stage, "/bin/sh", "-c", "echo ready; exec cat > /dev/null",
+            stdin=asyncio.subprocess.PIPE, stdout=asyncio.subprocess.PIPE,
+            stderr=asyncio.subprocess.DEVNULL, start_new_session=True,
+        )  # fmt: skip
+        try:
+            assert holder.stdout is not None
+            ready = await wait_for(holder.stdout.readline(), HOLD_STAGE_TIMEOUT)
+        except BaseException:
+            await _end_holder(holder)
+            raise
+        if ready != b"ready\n":  # it failed to stage: each command stages (and says why)
+            await _end_holder(holder)
+            return
+        self.holder = holder
+        self._held = [nsenter, f"--mount=/proc/{holder.pid}/ns/mnt", "--", *self._sandbox]
+
+    async def release_stage(self) -> None:
+        """End the holder of the staged mounts (:meth:`hold_stage`); idempotent."""
+        holder, self.holder = self.holder, None
+        if holder is not None:
+            await _end_holder(holder)
 
     def own(self, path: Path) -> None:
         """Give ``path`` to the sandbox's user (files written for it from the host side)."""
@@ -297,7 +358,9 @@ class EpisodeLayout:
     def wrap(self, argv: list[str], cwd: str | None = None) -> list[str]:
         """``argv`` as run in the sandbox (in ``cwd``, default the work dir), in its cgroup."""
         if self.bwrap is not None:
-            prefix = list(self.prefix)
+            # (a holder that ended: its process id may be another's, so never named again)
+            held = self.holder is not None and self.holder.returncode is None
+            prefix = list(self._held if held else self.prefix)
             if cwd is not None:
                 prefix[prefix.index("--chdir") + 1] = cwd
             argv = prefix + argv
@@ -384,6 +447,10 @@ class HostDeployment:
         self._root = layout.root
         self._layout = layout
         self._runtime = HostRuntime(layout, self.config)
+        try:
+            await layout.hold_stage()
+        except Exception as exc:  # each command stages its mounts, as without a holder
+            log.info("the staged mounts are not held (%s: %s)", type(exc).__name__, exc)
         return layout
 
     def _discard(self, made: asyncio.Future[EpisodeLayout]) -> None:
@@ -467,6 +534,8 @@ class HostDeployment:
         runtime, root = self._runtime, self._root
         if runtime is not None:
             await runtime.close()
+        if self._layout is not None:
+            await self._layout.release_stage()
         if root is not None:
             self._root = None
             cgroup = self._layout.cgroup if self._layout is not None else None
