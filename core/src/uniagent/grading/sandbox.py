@@ -181,7 +181,9 @@ exit "$rc"
 #: and then fields of exactly those byte lengths: the working directory, ``NENV`` variables
 #: (``NAME=VALUE``) and the arguments of :data:`_BOUNDED`; it runs the wrapper with exactly
 #: those variables, stdin from ``/dev/null``, and ends its output with ``\nTOKEN STATUS\n``.
-#: ``read -N`` (not ``-d ''``, a read(2) per byte) in the C locale: lengths are bytes.
+#: ``read -N`` (not ``-d ''``, a read(2) per byte) in the C locale: lengths are bytes. A
+#: request ``TOKEN rm LEN`` and one field, a path, removes that path (``rm -rf``) without the
+#: wrapper (the scratch dir at close: no output to bound, nothing of the agent's to run).
 _SHELL = r"""export LC_ALL=C
 wrapper=$1
 while IFS= read -r head; do
@@ -193,6 +195,11 @@ while IFS= read -r head; do
     if [ "$len" -gt 0 ]; then IFS= read -r -N "$len" f || exit 0; fi
     fields+=("$f")
   done
+  if [ "$n" = rm ]; then
+    rm -rf -- "${fields[0]}" < /dev/null > /dev/null 2>&1  # (the shell is in /)
+    printf '\n%s %d\n' "$tok" "$?"
+    continue
+  fi
   (
     cd -- "${fields[0]}" 2>/dev/null || { printf 'cannot enter %s\n' "${fields[0]}"; exit 1; }
     exec env -i "${fields[@]:1:n}" bash --norc --noprofile -c "$wrapper" bash "${fields[@]:n+1}"
@@ -229,8 +236,18 @@ class _ResidentShell:
                 await self.close()
                 raise
 
+    async def remove(self, path: str) -> int:
+        """``rm -rf PATH`` (from ``/``) in the shell, without the wrapper; its status."""
+        async with self._lock:
+            try:
+                _, status = await self._run([], {}, path, 4096, remove=True)
+                return status
+            except BaseException:
+                await self.close()
+                raise
+
     async def _run(
-        self, argv: list[str], env: Mapping[str, str], cwd: str, limit: int
+        self, argv: list[str], env: Mapping[str, str], cwd: str, limit: int, remove: bool = False
     ) -> tuple[bytes, int]:
         stdin, stdout = self._process.stdin, self._process.stdout
         if stdin is None or stdout is None or self._process.returncode is not None:
@@ -238,7 +255,8 @@ class _ResidentShell:
         token = f"[uniagent-done-{secrets.token_hex(12)}]".encode()
         fields = [os.fsencode(cwd), *(os.fsencode(f"{k}={v}") for k, v in env.items())]
         fields += [os.fsencode(a) for a in argv]
-        head = b" ".join([token, b"%d" % len(env), *(b"%d" % len(f) for f in fields)])
+        kind = b"rm" if remove else b"%d" % len(env)
+        head = b" ".join([token, kind, *(b"%d" % len(f) for f in fields)])
         try:
             stdin.write(head + b"\n" + b"".join(fields))
             await stdin.drain()
@@ -610,12 +628,11 @@ class GradingSandbox:
                 return
             with contextlib.suppress(Exception):  # the sandbox is closed right after anyway
                 if shell is not None:
-                    await self.run(
-                        f"cd / && rm -rf -- {shlex.quote(self.scratch)}",
-                        timeout=60,
-                        cwd="/",
-                        resident=True,
-                    )
+                    try:
+                        await wait_for(shell.remove(self.scratch), 60)
+                    except BaseException:
+                        self._shell = None  # ended by the failure: not handed over
+                        raise
                 else:
                     await self._env.execute(
                         ["rm", "-rf", "--", self.scratch], env=self.environment, timeout=60
