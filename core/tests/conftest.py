@@ -111,4 +111,6 @@ def new_process(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(host, "_writable_sources", set())
     monkeypatch.setattr(testenv, "_READ_ONLY", {})
     monkeypatch.setattr(testenv, "_FIXED_RECORDS", {})
+    monkeypatch.setattr(testenv, "_UNFIXED_RECORDS", set())
     monkeypatch.setattr(integrity, "_FIXED_TOOLCHAINS", {})
+    monkeypatch.setattr(integrity, "_UNFIXED_TOOLCHAINS", set())

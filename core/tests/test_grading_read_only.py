@@ -5,6 +5,7 @@ toolchain wholly on read-only binds is checked at the first baseline only."""
 
 from __future__ import annotations
 
+import asyncio
 import shlex
 import subprocess
 import types
@@ -317,3 +318,37 @@ async def test_a_known_record_is_not_taken_once_a_sandbox_ran_without_isolation(
             assert (await grade(grader, env)).score == 1.0
         finally:
             await env.close()
+
+
+async def test_a_first_wave_checks_a_read_only_environment_once(venv, commands):
+    # A run's episodes start together: the first to ask checks, the others take its answer.
+    envs = [bwrap_env(venv) for _ in range(3)]
+    await asyncio.gather(*(env.start() for env in envs))
+    try:
+        graders = await asyncio.gather(
+            *(prepare_grader(env, "system", {"python": SYSTEM_PYTHON}) for env in envs)
+        )
+        assert env_checks(commands) == 1 and toolchain_checks(commands) == 1, commands
+        records = [grader.baseline.test_env for grader in graders]
+        toolchains = [grader.baseline.toolchain for grader in graders]
+        assert records[0] == records[1] == records[2] and records[0]
+        assert toolchains[0] == toolchains[1] == toolchains[2] and toolchains[0]
+        results = await asyncio.gather(*(grade(g, e) for g, e in zip(graders, envs, strict=True)))
+        assert [result.score for result in results] == [1.0, 1.0, 1.0]
+    finally:
+        await asyncio.gather(*(env.close() for env in envs))
+
+
+async def test_a_wave_whose_environment_may_change_checks_it_in_every_sandbox(
+    venv, commands, monkeypatch
+):
+    monkeypatch.setattr(host, "_unisolated", True)  # nothing is read-only: no key, no wait
+    envs = [bwrap_env(venv) for _ in range(2)]
+    await asyncio.gather(*(env.start() for env in envs))
+    try:
+        await asyncio.gather(
+            *(prepare_grader(env, "system", {"python": SYSTEM_PYTHON}) for env in envs)
+        )
+        assert env_checks(commands) == 2 and toolchain_checks(commands) == 2
+    finally:
+        await asyncio.gather(*(env.close() for env in envs))

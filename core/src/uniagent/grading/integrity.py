@@ -11,14 +11,16 @@ from the snapshot. The agent's patch (taken, split, scanned, applied) is in
 
 from __future__ import annotations
 
+import asyncio
 import base64
+import contextlib
 import copy
 import io
 import logging
 import posixpath
 import re
 import tarfile
-from collections.abc import Awaitable, Callable, Iterable, Mapping
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Mapping
 from dataclasses import dataclass, field, fields, is_dataclass
 from typing import TYPE_CHECKING, Any, TypeVar
 
@@ -440,8 +442,19 @@ async def toolchain(sandbox: GradingSandbox) -> dict[str, str]:
     that asked is every later one's, and no command runs.
     """
     key = fixed_path(sandbox)
-    if key is not None and key in _FIXED_TOOLCHAINS:
+    if key is None or key in _UNFIXED_TOOLCHAINS:
+        return await _toolchain(sandbox, None)
+    if key in _FIXED_TOOLCHAINS:
         return dict(_FIXED_TOOLCHAINS[key])
+    async with first_of_a_wave(("toolchain", key)):  # the others take its answer
+        if key in _FIXED_TOOLCHAINS:
+            return dict(_FIXED_TOOLCHAINS[key])
+        return await _toolchain(sandbox, key)
+
+
+async def _toolchain(
+    sandbox: GradingSandbox, key: tuple[str, tuple[str, ...]] | None
+) -> dict[str, str]:
     variables = {"TOOLS": scripts.TOOLCHAIN_TOOLS, "PYCODE": scripts.TOOLCHAIN_PY}
     # (it starts the interpreters on PATH, which the agent may have replaced: a one-off)
     output = await run_script(
@@ -454,10 +467,15 @@ async def toolchain(sandbox: GradingSandbox) -> dict[str, str]:
             found[f"bin:{name}"] = path
     digests = await file_digests(sandbox, stat_keys(output))
     found.update((path, digest) for path, digest in digests.items() if digest != "missing")
-    if key is not None and await off_loop(_all_fixed, sandbox, found):
-        if len(_FIXED_TOOLCHAINS) > _FIXED_TOOLCHAINS_MAX:
-            _FIXED_TOOLCHAINS.clear()
-        _FIXED_TOOLCHAINS[key] = dict(found)
+    if key is not None:
+        if await off_loop(_all_fixed, sandbox, found):
+            if len(_FIXED_TOOLCHAINS) > _FIXED_TOOLCHAINS_MAX:
+                _FIXED_TOOLCHAINS.clear()
+            _FIXED_TOOLCHAINS[key] = dict(found)
+        else:  # (later sandboxes of this key check it themselves, none waits for another)
+            if len(_UNFIXED_TOOLCHAINS) > _FIXED_TOOLCHAINS_MAX:
+                _UNFIXED_TOOLCHAINS.clear()
+            _UNFIXED_TOOLCHAINS.add(key)
     return found
 
 
@@ -465,6 +483,34 @@ async def toolchain(sandbox: GradingSandbox) -> dict[str, str]:
 #: per process (a run, a verl worker), not twice per episode.
 _FIXED_TOOLCHAINS: dict[tuple[str, tuple[str, ...]], dict[str, str]] = {}
 _FIXED_TOOLCHAINS_MAX = 1_000
+#: Keys of :data:`_FIXED_TOOLCHAINS` whose toolchain was found not wholly read-only.
+_UNFIXED_TOOLCHAINS: set[tuple[str, tuple[str, ...]]] = set()
+
+#: The locks of :func:`first_of_a_wave` in use, by event loop and key, with their users.
+_WAVES: dict[tuple[asyncio.AbstractEventLoop, object], tuple[asyncio.Lock, list[int]]] = {}
+
+
+@contextlib.asynccontextmanager
+async def first_of_a_wave(key: object) -> AsyncIterator[None]:
+    """Hold ``key``'s lock (one per event loop): a check whose answer is kept for every later
+    sandbox of its key (the toolchain's, the test environment's) runs once when many
+    sandboxes ask at once (a run's first wave: all its episodes start together), the
+    others waiting for its answer instead of each working it out."""
+    loop = asyncio.get_running_loop()
+    entry = _WAVES.get((loop, key))
+    if entry is None:
+        for old in [k for k in _WAVES if k[0].is_closed()]:  # loops that ended (tests)
+            del _WAVES[old]
+        entry = _WAVES[(loop, key)] = (asyncio.Lock(), [0])
+    lock, users = entry
+    users[0] += 1
+    try:
+        async with lock:
+            yield
+    finally:
+        users[0] -= 1
+        if not users[0] and _WAVES.get((loop, key)) is entry:
+            del _WAVES[(loop, key)]
 
 
 def fixed_path(sandbox: GradingSandbox) -> tuple[str, tuple[str, ...]] | None:

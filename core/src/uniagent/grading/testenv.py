@@ -47,6 +47,7 @@ from uniagent.grading.integrity import (
     Tamper,
     all_read_only,
     file_digests,
+    first_of_a_wave,
     fixed_path,
     run_script,
     stat_keys,
@@ -286,20 +287,40 @@ async def discover(sandbox: GradingSandbox, baseline: Baseline, spec: TestEnv) -
     one's, and no command runs.
     """
     key = await off_loop(_fixed_key, sandbox, baseline, spec)
-    if key is not None and (known_record := _FIXED_RECORDS.get(key)) is not None:
-        record, sources = known_record
-        if await off_loop(_fixed_sources, sandbox.env, record) == sources:
-            baseline.test_env = dict(record)
-            baseline.test_env_spec = spec
+    if key is None or key in _UNFIXED_RECORDS:
+        await _discover(sandbox, baseline, spec)
+        return
+    if await _known(sandbox, baseline, spec, key):
+        return
+    async with first_of_a_wave(("test-env", key)):  # the others take its record
+        if await _known(sandbox, baseline, spec, key):
             return
-    await _discover(sandbox, baseline, spec)
-    if key is not None and baseline.test_env is not None:
-        record = dict(baseline.test_env)
+        await _discover(sandbox, baseline, spec)
+        record = dict(baseline.test_env or {})
         found = await off_loop(_fixed_sources, sandbox.env, record)
-        if found is not None:
+        if found is not None and baseline.test_env is not None:
             if len(_FIXED_RECORDS) > _FIXED_RECORDS_MAX:
                 _FIXED_RECORDS.clear()
             _FIXED_RECORDS[key] = (record, found)
+        else:  # (later sandboxes of this key discover it themselves, none waits for another)
+            if len(_UNFIXED_RECORDS) > _FIXED_RECORDS_MAX:
+                _UNFIXED_RECORDS.clear()
+            _UNFIXED_RECORDS.add(key)
+
+
+async def _known(
+    sandbox: GradingSandbox, baseline: Baseline, spec: TestEnv, key: tuple[object, ...]
+) -> bool:
+    """Take the known record of ``key`` where its paths still show the same sources."""
+    known = _FIXED_RECORDS.get(key)
+    if known is None:
+        return False
+    record, sources = known
+    if await off_loop(_fixed_sources, sandbox.env, record) != sources:
+        return False
+    baseline.test_env = dict(record)
+    baseline.test_env_spec = spec
+    return True
 
 
 async def _discover(sandbox: GradingSandbox, baseline: Baseline, spec: TestEnv) -> None:
@@ -403,6 +424,8 @@ def _fixed_sources(env: AgentEnv, record: Mapping[str, str]) -> tuple[object, ..
 #: process (a run, a verl worker), not per episode.
 _FIXED_RECORDS: dict[tuple[object, ...], tuple[dict[str, str], tuple[object, ...]]] = {}
 _FIXED_RECORDS_MAX = 1_000
+#: Keys of :data:`_FIXED_RECORDS` whose record was found not wholly read-only.
+_UNFIXED_RECORDS: set[tuple[object, ...]] = set()
 
 
 #: The digests of the names under test-environment roots that no sandbox of this process can
