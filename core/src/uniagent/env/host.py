@@ -299,22 +299,25 @@ class EpisodeLayout:
         Where sources must be staged (:func:`~uniagent.env.bwrap.stage_mounts`), each
         ``bwrap`` would otherwise start with a private mount namespace of its own and a
         ``mount`` (and a ``mkdir``) per source: about a dozen processes, more than the
-        sandbox itself costs. Here one process stages them and stays in that namespace,
-        waiting on its stdin; every command then enters the namespace with ``nsenter``. The
-        holder is this process's child, never in the sandbox or its cgroup (nothing of the
-        sandbox can see or signal it), and ends with :meth:`release_stage` or when this
-        process ends. Where ``nsenter`` is missing or the holder cannot start, every
+        sandbox itself costs. Here one process stages them and stays in that namespace
+        (``cat``, waiting on its stdin); every command then enters the namespace with
+        ``nsenter``. The holder is this process's child, never in the sandbox or its cgroup
+        (nothing of the sandbox can see or signal it), and ends with :meth:`release_stage`
+        or when this process ends. Where ``nsenter`` is missing or the holder cannot start, every
         command stages as before."""
         nsenter = shutil.which("nsenter")
         if self.bwrap is None or not self._stage or self.holder is not None or nsenter is None:
             return
+        # The staging shell runs `cat` once every mount is made (it stops at the first that
+        # fails): a line echoed back says the namespace is ready.
         holder = await asyncio.create_subprocess_exec(
-            *self._stage, "/bin/sh", "-c", "echo ready; exec cat > /dev/null",
+            *self._stage, "cat",
             stdin=asyncio.subprocess.PIPE, stdout=asyncio.subprocess.PIPE,
             stderr=asyncio.subprocess.DEVNULL, start_new_session=True,
         )  # fmt: skip
         try:
-            assert holder.stdout is not None
+            assert holder.stdin is not None and holder.stdout is not None
+            holder.stdin.write(b"ready\n")
             ready = await wait_for(holder.stdout.readline(), HOLD_STAGE_TIMEOUT)
         except BaseException:
             await _end_holder(holder)
