@@ -262,6 +262,9 @@ async def test_nothing_is_read_only_once_a_sandbox_ran_without_isolation(venv):
         ("./python3", None, True),  # a relative interpreter: the repository's, writable
         ("python3", "pytest.py", True),  # found first: the interpreter starts in the repo
         ("python3", "pluggy/__init__.py", True),
+        ("python3", "src/_pytest/__init__.py", True),  # a directory of it may be on sys.path
+        ("python3", "lib/extra.pth", True),
+        ("python3", "pkg.egg-info/entry_points.txt", True),
     ],
 )
 async def test_a_read_only_test_environment_is_discovered_at_the_first_baseline_only(

@@ -369,8 +369,23 @@ async def _discover(sandbox: GradingSandbox, baseline: Baseline, spec: TestEnv) 
 
 
 #: The modules the discovery's interpreter looks up by name (:data:`_ROOTS_PY`): it runs in the
-#: repository, where a top-level file or directory of such a name is found before any other.
+#: repository, where a top-level file or directory of such a name is found before any other
+#: (and so below it, where a directory of the repository is on ``sys.path``).
 _LOOKED_UP = frozenset({"sitecustomize", "usercustomize", "pytest", "_pytest", "pluggy"})
+
+
+def _repository_enters(listing: Mapping[str, str]) -> bool:
+    """Whether a file of the repository could be part of the discovery's record, found as
+    one of :data:`_LOOKED_UP` (at any depth: a directory of it may be on ``sys.path``, or
+    an editable install's finder may lead there) or read as a start-up file of a
+    ``sys.path`` directory (a ``.pth``, a distribution's ``entry_points.txt``)."""
+    for path in listing:
+        folder, _, name = path.rpartition("/")
+        if name.partition(".")[0] in _LOOKED_UP or name.endswith(".pth"):
+            return True
+        if name == "entry_points.txt" and folder.endswith((".dist-info", ".egg-info")):
+            return True
+    return False
 
 
 def _fixed_key(
@@ -379,8 +394,9 @@ def _fixed_key(
     """What the discovery's answer depends on besides the files it reads, where that is all:
     no activation (its scripts may read what the sandbox can write), the grading ``PATH``
     wholly read-only (:func:`~uniagent.grading.integrity.fixed_path`), each interpreter word
-    a name or an absolute path (a relative one is the repository's), and no top-level entry
-    of the repository named like a module the interpreter looks up (:data:`_LOOKED_UP`).
+    a name or an absolute path (a relative one is the repository's), and no file of the
+    repository that the record could hold (:func:`_repository_enters`): the same key in
+    another task's repository then gives the same record.
     The key is then that ``PATH`` with its sources, the whole grading environment, the
     interpreter words and the repository's path (a relative ``PYTHONPATH`` entry is read
     from there), the sandbox's own scratch dir aside. ``None``: discovered as usual."""
@@ -389,8 +405,7 @@ def _fixed_key(
         return None
     if any("/" in word and not posixpath.isabs(word) for word in spec.interpreters):
         return None
-    tops = (name for name in baseline.listing if "/" not in name)
-    if any(name.partition(".")[0] in _LOOKED_UP for name in tops):
+    if _repository_enters(baseline.listing):
         return None
     # (HOME and TMPDIR are in each grading sandbox's own scratch dir, which the record leaves
     # out: a root there is not recorded, and a start-up file there is not read-only)
