@@ -39,12 +39,8 @@ pytestmark = pytest.mark.usefixtures("new_process")
 
 @pytest.fixture
 async def env() -> AsyncIterator[AgentEnv]:
-    sandbox = open_env({"type": "host", "isolation": "bwrap"}, {"post_setup": [SETUP]})
-    await sandbox.start()
-    try:
+    async with open_env({"type": "host", "isolation": "bwrap"}, {"post_setup": [SETUP]}) as sandbox:
         yield sandbox
-    finally:
-        await sandbox.close()
 
 
 async def _sandbox(env: AgentEnv, path: str = READ_ONLY_PATH) -> GradingSandbox:

@@ -205,12 +205,8 @@ COMMAND = "python3 -m unittest test_calc"
 
 @pytest.fixture
 async def env() -> AsyncIterator[AgentEnv]:
-    sandbox = open_env({"type": "host", "isolation": "none"}, {"post_setup": [SETUP]})
-    await sandbox.start()
-    try:
+    async with open_env({"type": "host", "isolation": "none"}, {"post_setup": [SETUP]}) as sandbox:
         yield sandbox
-    finally:
-        await sandbox.close()
 
 
 async def graded_with(env: AgentEnv, calc: str, **settings: object):

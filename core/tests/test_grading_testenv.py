@@ -129,12 +129,8 @@ def rewards(venv: Path) -> Iterator[None]:
 
 @pytest.fixture
 async def env() -> AsyncIterator[AgentEnv]:
-    sandbox = open_env({"type": "host", "isolation": "none"}, {"post_setup": [SETUP]})
-    await sandbox.start()
-    try:
+    async with open_env({"type": "host", "isolation": "none"}, {"post_setup": [SETUP]}) as sandbox:
         yield sandbox
-    finally:
-        await sandbox.close()
 
 
 def fresh_env() -> AgentEnv:

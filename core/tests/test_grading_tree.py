@@ -58,12 +58,8 @@ def tree_reward():
 
 @pytest.fixture
 async def env() -> AsyncIterator[AgentEnv]:
-    sandbox = open_env({"type": "host", "isolation": "none"}, {"post_setup": [SETUP]})
-    await sandbox.start()
-    try:
+    async with open_env({"type": "host", "isolation": "none"}, {"post_setup": [SETUP]}) as sandbox:
         yield sandbox
-    finally:
-        await sandbox.close()
 
 
 async def act(env: AgentEnv, *commands: str) -> None:
