@@ -420,9 +420,12 @@ def _fixed_sources(env: AgentEnv, record: Mapping[str, str]) -> tuple[object, ..
     this process can write (no pyenv shim among them: its choice reads version files
     elsewhere); ``None`` otherwise. Asked again when a later sandbox takes a known record:
     the same answer means the same files."""
+    files = [k for k in record if not k.startswith(("bin:", "root:"))]
+    if not all(posixpath.isabs(f) for f in files):
+        return None
     paths = {p for k, p in record.items() if k.startswith("bin:")}
     paths |= {k.removeprefix("root:") for k in record if k.startswith("root:")}
-    paths |= {posixpath.dirname(posixpath.normpath(k)) for k in record if k.startswith("/")}
+    paths |= {posixpath.dirname(posixpath.normpath(f)) for f in files}
     found = []
     for path in sorted(paths):
         if not posixpath.isabs(path) or "/shims/" in path:
@@ -527,12 +530,9 @@ def _unchangeable(sandbox: GradingSandbox, spec: TestEnv, record: Mapping[str, s
         return False
     env = sandbox.env
     words = [w for w in spec.interpreters if "/" in w]
-    places = [p for k, p in record.items() if k.startswith("bin:")]
-    places += [k.removeprefix("root:") for k in record if k.startswith("root:")]
-    for path in [*words, *places]:
-        if not posixpath.isabs(path) or "/shims/" in path or env.read_only_source(path) is None:
-            return False
-    return all_read_only(env, [k for k in record if not k.startswith(("bin:", "root:"))])
+    if not all_read_only(env, words):
+        return False
+    return _fixed_sources(env, record) is not None
 
 
 async def _shared_since(root: str, since: str) -> tuple[str, list[str], int]:
