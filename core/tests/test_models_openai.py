@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import base64
 from collections.abc import Iterator
 from typing import Any
 
@@ -14,7 +15,7 @@ from uniagent.interaction.loop import parse_turn
 from uniagent.models import ContextLimitError, ModelError
 from uniagent.models.openai_chat import OpenAIChatModel, _generated_tokens
 from uniagent.parsers import HermesParser, ToolCall, ToolCallFormatError
-from uniagent.testing.chat_server import Fail, Reply, ScriptedChatServer, tool_call
+from uniagent.testing.chat_server import Fail, Gate, Reply, ScriptedChatServer, tool_call
 from uniagent.testing.tokenizers import load_qwen3_tokenizer
 
 
@@ -126,8 +127,74 @@ async def test_credentials_in_the_url_stay_out_of_errors_and_logs(
     with caplog.at_level("WARNING"), pytest.raises(ModelError) as info:
         await model.generate(model.start_cache(MESSAGES))
     assert len(server.requests) == 2  # the credentials were used: the server was reached
+    basic = "Basic " + base64.b64encode(b"user:s3cret").decode()
+    assert [h["authorization"] for h in server.headers] == [basic, basic]
     assert server.base_url in str(info.value) and server.base_url in caplog.text
     assert "s3cret" not in str(info.value) and "s3cret" not in caplog.text
+
+
+def test_one_model_serves_one_event_loop_after_another(server: ScriptedChatServer) -> None:
+    """A model made outside any loop answers in one ``asyncio.run`` and then in another
+    (its HTTP session belongs to a loop: the second loop gets its own)."""
+    model = OpenAIChatModel(server.base_url, "m")
+    server.add(Reply("one"), Reply("two"))
+
+    async def turn() -> str:
+        return (await model.generate(model.start_cache(MESSAGES))).text
+
+    assert asyncio.run(turn()) == "one"
+
+    async def turn_and_close() -> str:
+        try:
+            return await turn()
+        finally:
+            await model.aclose()
+
+    assert asyncio.run(turn_and_close()) == "two"
+    assert len(server.requests) == 2
+
+
+async def test_many_requests_wait_on_one_server_at_once() -> None:
+    """No cap on a model's connections: 150 episodes' requests are all at the server at once
+    (a pool of 100, aiohttp's default, would hold the rest back)."""
+    gate = Gate()
+
+    def held(body: dict[str, Any]) -> Reply:
+        gate.hold()
+        return Reply("done")
+
+    with ScriptedChatServer(default=held) as srv:
+        model = OpenAIChatModel(srv.base_url, "m")
+        turns = [
+            asyncio.ensure_future(model.generate(model.start_cache(MESSAGES))) for _ in range(150)
+        ]
+        try:
+            assert await asyncio.to_thread(gate.wait_for, 150, 120.0)
+        finally:
+            gate.release()
+        assert [t.text for t in await asyncio.gather(*turns)] == ["done"] * 150
+        await model.aclose()
+
+
+async def test_the_environments_proxy_carries_the_requests_unless_no_proxy_names_the_host(
+    server: ScriptedChatServer, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    with ScriptedChatServer() as proxy:
+        proxy_url = proxy.base_url.removesuffix("/v1")
+        monkeypatch.setenv("HTTP_PROXY", proxy_url)
+        monkeypatch.delenv("NO_PROXY", raising=False)
+        monkeypatch.delenv("no_proxy", raising=False)
+        proxy.add(Reply("through the proxy"))
+        model = OpenAIChatModel(server.base_url, "m")
+        assert (await model.generate(model.start_cache(MESSAGES))).text == "through the proxy"
+        await model.aclose()
+        assert (len(proxy.requests), len(server.requests)) == (1, 0)
+        monkeypatch.setenv("NO_PROXY", "127.0.0.1")
+        server.add(Reply("direct"))
+        model = OpenAIChatModel(server.base_url, "m")
+        assert (await model.generate(model.start_cache(MESSAGES))).text == "direct"
+        await model.aclose()
+        assert (len(proxy.requests), len(server.requests)) == (1, 1)
 
 
 async def test_connection_refused_is_retried_then_model_error() -> None:

@@ -31,7 +31,6 @@ else ``OPENAI_API_KEY``, else ``"EMPTY"`` (for servers without authentication).
 from __future__ import annotations
 
 import asyncio
-import inspect
 import json
 import logging
 import os
@@ -40,6 +39,7 @@ from typing import Any, cast
 from urllib.parse import urlsplit, urlunsplit
 
 from uniagent.errors import ConfigError
+from uniagent.models import http
 from uniagent.models.base import (
     ContextLimitError,
     FinishReason,
@@ -47,6 +47,7 @@ from uniagent.models.base import (
     ModelTurn,
     Usage,
 )
+from uniagent.models.http import JSONClient
 from uniagent.parsers import ToolCallParser
 from uniagent.rollout import Rollout
 
@@ -65,6 +66,18 @@ _CONTEXT_MARKERS = (
 #: Statuses a context overflow comes back with (vLLM/OpenAI 400, TGI 422, some proxies 413).
 _CONTEXT_STATUS = frozenset({400, 413, 422})
 _SEND_KEYS = frozenset({"role", "content", "tool_calls", "tool_call_id", "name"})
+#: OpenAI's chat-completions parameters (its SDK's ``create`` arguments): a sampling
+#: parameter not among them (vLLM's ``top_k``, ``min_p``, ...) goes with the extra body.
+_CHAT_PARAMS = frozenset(
+    {
+        "audio", "frequency_penalty", "function_call", "functions", "logit_bias", "logprobs",
+        "max_completion_tokens", "max_tokens", "metadata", "modalities", "n",
+        "parallel_tool_calls", "prediction", "presence_penalty", "prompt_cache_key",
+        "reasoning_effort", "response_format", "safety_identifier", "seed", "service_tier",
+        "stop", "store", "stream", "stream_options", "temperature", "tool_choice", "tools",
+        "top_logprobs", "top_p", "user", "verbosity", "web_search_options",
+    }
+)  # fmt: skip
 
 
 class OpenAIChatModel:
@@ -106,14 +119,10 @@ class OpenAIChatModel:
         self.generated_tokens = 0
         #: Awaited between retries (tests replace it to record the delays).
         self.sleep: Callable[[float], Any] = asyncio.sleep
-        self._openai = _import_openai()
-        self.client = client or self._openai.AsyncOpenAI(
-            base_url=base_url,
-            api_key=api_key or _key_from_env(api_key_env) or "EMPTY",
-            timeout=timeout,
-            max_retries=0,  # retries are ours: counted, logged, then ModelError
+        #: The HTTP client (shared by this model's copies); retries are ours.
+        self.client: JSONClient = client or JSONClient(
+            base_url, api_key or _key_from_env(api_key_env) or "EMPTY", timeout=timeout
         )
-        self._create_params = _known_params(self.client.chat.completions.create)
 
     @property
     def token_mode(self) -> bool:
@@ -138,6 +147,10 @@ class OpenAIChatModel:
     async def aclose(self) -> None:
         """Close the HTTP client."""
         await self.client.close()
+
+    async def list_models(self) -> list[dict[str, Any]]:
+        """The server's ``GET /models`` entries (raises the client's errors)."""
+        return await self.client.models()
 
     # -- the call -----------------------------------------------------------------------
     async def generate(
@@ -202,7 +215,7 @@ class OpenAIChatModel:
         extra = dict(self.extra_body)
         extra.update(params.pop("extra_body", None) or {})  # the config's sampling.extra_body
         for key in list(params):
-            if key not in self._create_params:
+            if key not in _CHAT_PARAMS:
                 extra[key] = params.pop(key)  # e.g. top_k, min_p, repetition_penalty (vLLM)
         request: dict[str, Any] = {
             "model": self.model,
@@ -236,31 +249,29 @@ class OpenAIChatModel:
     async def _create(
         self, request: dict[str, Any], path: str = "/chat/completions"
     ) -> dict[str, Any]:
-        openai = self._openai
-        # The request is plain JSON already: posted as it is, it skips the SDK's typed
-        # transform of every message (most of the client's CPU per turn) and the parse
-        # into pydantic models; errors, auth and the connection pool are the SDK's.
+        # The request is plain JSON already, posted as it is (the extra body flat in it, as
+        # OpenAI's SDK sends its extra_body) and read back as plain JSON.
         body = {k: v for k, v in request.items() if k != "extra_body"}
-        body.update(request.get("extra_body") or {})  # what the SDK's extra_body would add
+        body.update(request.get("extra_body") or {})
         attempt = 0
         while True:
             try:
-                raw = await self.client.post(path, body=body, cast_to=bytes)
+                raw = await self.client.post(path, body)
                 try:
                     return cast(dict[str, Any], json.loads(raw))
                 except ValueError:
                     text = f"{raw!r:.300}"
                     raise ModelError(f"{self.where} answered with no JSON: {text}") from None
-            except openai.APIStatusError as exc:
+            except http.APIStatusError as exc:
                 # A prompt past the context is the policy's doing (token_limit), whatever
                 # the server's status for it; anything else rejected is infrastructure.
                 if exc.status_code in _CONTEXT_STATUS and _is_context_error(exc):
                     raise ContextLimitError(f"{self.where}: {_api_error_text(exc)}") from exc
-                if isinstance(exc, openai.BadRequestError):
+                if isinstance(exc, http.BadRequestError):
                     problem = _api_error_text(exc)
                     raise ModelError(f"{self.where} rejected the request: {problem}") from exc
                 attempt = await self._retry_or_raise(exc, attempt)
-            except openai.APIConnectionError as exc:
+            except http.APIConnectionError as exc:
                 attempt = await self._retry_or_raise(exc, attempt)
 
     async def _retry_or_raise(self, exc: Exception, attempt: int) -> int:
@@ -283,8 +294,8 @@ class OpenAIChatModel:
         return attempt + 1
 
     def _delay(self, exc: Exception, attempt: int) -> float:
-        response = getattr(exc, "response", None)
-        header = response.headers.get("retry-after") if response is not None else None
+        headers = getattr(exc, "headers", None) or {}
+        header = next((v for k, v in headers.items() if k.lower() == "retry-after"), None)
         if header is not None:
             try:
                 return min(max(float(header), 0.0), self.max_backoff)
@@ -318,24 +329,6 @@ def _key_from_env(name: str | None) -> str | None:
     if not value:
         raise ConfigError(f"api_key_env: the environment variable {name} is not set")
     return value
-
-
-def _import_openai() -> Any:
-    try:
-        import openai
-    except ImportError as exc:  # pragma: no cover - depends on the environment
-        raise ModelError(
-            "OpenAIChatModel needs the openai package: pip install 'uniagent[openai]'"
-        ) from exc
-    return openai
-
-
-def _known_params(fn: Any) -> frozenset[str]:
-    try:
-        names = set(inspect.signature(fn).parameters)
-    except (TypeError, ValueError):  # pragma: no cover - exotic clients
-        names = {"temperature", "top_p", "max_tokens", "seed", "stop", "n", "logprobs"}
-    return frozenset(names - {"extra_body", "extra_headers", "extra_query"})
 
 
 def _plain(call: Any) -> dict[str, Any]:

@@ -164,11 +164,11 @@ class ModelPool:
 async def _probe(model: Any) -> None:
     """Raise unless ``model``'s server answers ``GET /models`` (a server without the route,
     404/405, answers: it is up)."""
-    client = getattr(getattr(model, "chat", model), "client", None)
-    if client is None:
+    chat = getattr(model, "chat", model)
+    if not hasattr(chat, "list_models"):
         return
     try:
-        await client.models.list()
+        await chat.list_models()
     except Exception as exc:
         if getattr(exc, "status_code", None) in (403, 404, 405, 501):
             return

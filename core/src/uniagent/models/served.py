@@ -110,15 +110,14 @@ class ServedTokenModel(TokenChatModel):
             if not shared["asked"]:
                 shared["asked"] = True
                 try:
-                    listed = await self.chat.client.models.list()
+                    listed = await self.chat.list_models()
                 except Exception as exc:  # the turn itself reports a server that is down
                     log.debug("%s: no model list: %s", self.where, exc)
                     shared["asked"] = False  # asked again next turn
                     return None
-                for entry in getattr(listed, "data", None) or ():
-                    extra = getattr(entry, "model_extra", None) or {}
-                    if getattr(entry, "id", None) == self.model and extra.get("max_model_len"):
-                        shared["length"] = int(extra["max_model_len"])
+                for entry in listed:
+                    if entry.get("id") == self.model and entry.get("max_model_len"):
+                        shared["length"] = int(entry["max_model_len"])
             self.max_model_len = shared.get("length")
         return self.max_model_len
 

@@ -43,18 +43,18 @@ async def check_model(model: Any, *, timeout: float = PROBE_TIMEOUT) -> None:
         model = model.chat
     if not isinstance(model, OpenAIChatModel):
         return
-    import openai
+    from uniagent.models import http
 
     where = model.where  # no credentials in the message
     try:
-        await wait_for(model.client.models.list(), timeout)
-    except openai.AuthenticationError as exc:
+        await wait_for(model.list_models(), timeout)
+    except http.AuthenticationError as exc:
         raise ConfigError(
             f"the model endpoint {where} refused the API key ({exc.status_code}: "
             f"{_message(exc)}); set OPENAI_API_KEY, or name the variable that holds the key "
             "with --api-key-env"
         ) from None
-    except openai.APIStatusError as exc:
+    except http.APIStatusError as exc:
         # No model list on this server, or a key without the permission to list models
         # (a restricted key may still chat: 403): not a reason to stop, the episodes tell.
         if exc.status_code in (403, 404, 405, 501):
@@ -63,7 +63,7 @@ async def check_model(model: Any, *, timeout: float = PROBE_TIMEOUT) -> None:
             f"the model endpoint {where} fails ({exc.status_code}: {_message(exc)}); "
             "no episode was started"
         ) from None
-    except (openai.APIConnectionError, asyncio.TimeoutError) as exc:
+    except (http.APIConnectionError, asyncio.TimeoutError) as exc:
         timed_out = isinstance(exc, asyncio.TimeoutError)
         cause = f"no answer within {timeout:g} s" if timed_out else _message(exc)
         raise EndpointError(
