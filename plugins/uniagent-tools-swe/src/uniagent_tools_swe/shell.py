@@ -16,8 +16,6 @@ from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-import bashlex
-
 #: Leading ``NAME=value`` words of a command (or of ``env``).
 ASSIGNMENT = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*(\[[^\]]*\])?\+?=")
 #: Programs that take a script with ``-c``, screened like the command line itself.
@@ -192,6 +190,10 @@ def split_commands(script: str) -> list[SimpleCommand]:
 
 
 def _parse(script: str, ctx: _Context) -> list[SimpleCommand] | None:
+    # Imported at the first parse: most command lines never need it (``may_block``), and
+    # its import is ~130 ms of every run's start-up.
+    import bashlex
+
     source = _bashlex_friendly(script)
     out: list[SimpleCommand] = []
     try:
