@@ -191,14 +191,18 @@ class AgentEnv:
         self._tools_dir = self.config.tools_dir or self.deployment.tools_dir or DEFAULT_TOOLS_DIR
         q = shlex.quote
         exports = " ".join(f"{k}={q(v)}" for k, v in self.config.session_env().items())
-        # `[ -d ] ||`: no mkdir process when the directory is there (the host backend's are).
+        # `test -d ... ||`: no mkdir process when the directories are there (the host
+        # backend's are). Written without braces and brackets, so that the session knows
+        # its syntax without `bash -n` (a process, uniagent.env.syntax); `a && b || c && d`
+        # is `((a && b) || c) && d` to bash.
         tools = q(self._tools_dir)
-        setup = f'{{ [ -d {tools} ] || mkdir -p {tools}; }} && export PATH={tools}:"$PATH"'
+        dirs = [tools] + ([q(self._workdir)] if self._workdir else [])
+        tests = " && ".join(f"test -d {d}" for d in dirs)
+        setup = f'{tests} || mkdir -p {" ".join(dirs)} && export PATH={tools}:"$PATH"'
         if exports:
             setup += f" && export {exports}"
         if self._workdir:
-            work = q(self._workdir)
-            setup += f" && {{ [ -d {work} ] || mkdir -p {work}; }} && cd {work}"
+            setup += f" && cd {dirs[1]}"
         for command in (setup, *self.config.post_setup):
             obs = await self.run_action(command, timeout=self.config.setup_timeout)
             if obs.exit_code != 0:
@@ -710,7 +714,10 @@ class AgentEnv:
                     target = posixpath.join(self._tools_dir, Path(script).name)
                     await self.upload(script, target)
                     targets.append(target)
-            if targets:
+            chmod = getattr(self.runtime, "make_executable", None)
+            if targets and chmod is not None:  # the host backend: no process for it
+                await chmod([self._path(target) for target in targets])
+            elif targets:
                 paths = " ".join(map(shlex.quote, targets))
                 await self.communicate(f"chmod +x {paths}", check=True)
         except ToolInstallError:

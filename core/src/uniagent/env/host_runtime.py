@@ -14,6 +14,7 @@ import os
 import shlex
 import shutil
 import signal
+from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -297,6 +298,20 @@ class HostRuntime:
 
         await asyncio.to_thread(copy)
         return UploadResponse()
+
+    async def make_executable(self, paths: Sequence[str]) -> None:
+        """``chmod a+x`` on each path (files this sandbox was just given), without a process:
+        each opened without following a symlink, then changed through its descriptor."""
+
+        def chmod() -> None:
+            for path in paths:
+                fd = os.open(self.layout.to_host(path, write=True), os.O_RDONLY | os.O_NOFOLLOW)
+                try:
+                    os.fchmod(fd, os.fstat(fd).st_mode | 0o111)
+                finally:
+                    os.close(fd)
+
+        await asyncio.to_thread(chmod)
 
     async def kill_processes(self) -> None:
         """End every session and every process of the sandbox (its cgroup); files stay."""
