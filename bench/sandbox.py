@@ -9,7 +9,8 @@ Round trip of ``echo hi`` (median and p95) through: uniagent's host runtime
 command that needs the in-session ``bash -n`` check, a raw ``bash -c``
 subprocess, a lone ``bash -n``, SWE-ReX's ``LocalRuntime`` and its
 ``RemoteRuntime`` against a ``swerex-remote`` started here. Then 1, 64, 256
-and 1000 concurrent host sessions in one event loop: start time, command
+and 1000 concurrent host sessions in one event loop, without isolation and under
+bubblewrap (``--isolation``): start time, command
 throughput, the runner's own CPU per command, failures, memory of the bash
 processes (PSS and RSS) and the largest event-loop lag (a 10 ms ticker's worst
 gap). SWE-ReX rows need ``pip install 'uniagent[swerex]'``; they are skipped, with
@@ -42,6 +43,7 @@ from typing import Any
 
 from uniagent import open_env
 from uniagent.env import AgentEnv, HostDeployment, use_pidfd_child_watcher
+from uniagent.env.host import HostDeploymentConfig
 from uniagent.env.runtime import BashAction, CreateBashSessionRequest
 
 Row = tuple[str, int, float, float]
@@ -156,8 +158,9 @@ def memory_kib(pids: list[int]) -> tuple[int, int]:
     return pss, rss
 
 
-async def concurrent(n: int, commands: int) -> dict[str, Any]:
-    """``n`` host envs in this loop, ``commands`` commands each, with a lag ticker."""
+async def concurrent(n: int, commands: int, isolation: str = "auto") -> dict[str, Any]:
+    """``n`` host envs in this loop (``isolation``), ``commands`` commands each, with a lag
+    ticker."""
     gaps: list[tuple[float, float]] = []  # (when, how late the 10 ms tick came)
     done = asyncio.Event()
 
@@ -173,7 +176,8 @@ async def concurrent(n: int, commands: int) -> dict[str, Any]:
         return 1000 * max((g for t, g in gaps if since <= t <= until), default=0.0)
 
     tick = asyncio.create_task(ticker())
-    envs = [AgentEnv(HostDeployment()) for _ in range(n)]
+    config = HostDeploymentConfig(isolation=isolation)  # type: ignore[arg-type]
+    envs = [AgentEnv(HostDeployment(config)) for _ in range(n)]
     t0 = time.perf_counter()
     results = await asyncio.gather(*(e.start() for e in envs), return_exceptions=True)
     t1 = time.perf_counter()
@@ -200,7 +204,8 @@ async def concurrent(n: int, commands: int) -> dict[str, Any]:
     await tick
     lags = {"start": lag_ms(t0, t1), "run": lag_ms(t2, t3), "close": lag_ms(t3, t4 + 0.05)}
     return {
-        "sessions": n, "start_s": t1 - t0, "throughput": len(live) * commands / (t3 - t2),
+        "isolation": isolation, "sessions": n, "start_s": t1 - t0,
+        "throughput": len(live) * commands / (t3 - t2),
         "runner_cpu_ms_per_command": 1000 * (cpu3 - cpu2) / max(1, len(live) * commands),
         "failures": failures, "pss_mib": pss / 1024 / max(1, len(pids)),
         "rss_mib": rss / 1024 / max(1, len(pids)), "close_s": t4 - t3,
@@ -224,6 +229,11 @@ async def main() -> None:
     parser.add_argument("--sessions", default="1,64,256,1000", help="concurrency levels")
     parser.add_argument("--commands", type=int, default=20, help="commands per session")
     parser.add_argument(
+        "--isolation",
+        default="none,bwrap",
+        help="the session rows' host isolation, a comma list (bwrap rows only where it works)",
+    )
+    parser.add_argument(
         "--json", type=Path, metavar="FILE", help="also write the figures to FILE as JSON"
     )
     args = parser.parse_args()
@@ -245,14 +255,18 @@ async def main() -> None:
     for note in notes:
         print("note:", note)
 
-    print(f"\n{'sessions':>8} {'start s':>8} {'cmd/s':>9} {'CPU ms/cmd':>10} {'failures':>8} "
-          f"{'PSS MiB':>8} {'RSS MiB':>8} {'close s':>8} "
+    isolations = [x for x in args.isolation.split(",") if x]
+    if "bwrap" in isolations and not shutil.which("bwrap"):
+        isolations.remove("bwrap")
+        print("note: no bwrap on PATH: its session rows are left out")
+    print(f"\n{'isolation':>9} {'sessions':>8} {'start s':>8} {'cmd/s':>9} {'CPU ms/cmd':>10} "
+          f"{'failures':>8} {'PSS MiB':>8} {'RSS MiB':>8} {'close s':>8} "
           f"{'max loop lag ms start/run/close':>32}")  # fmt: skip
     sessions = []
-    for n in levels:
-        r = await concurrent(n, args.commands)
+    for isolation, n in ((i, n) for i in isolations for n in levels):
+        r = await concurrent(n, args.commands, isolation)
         sessions.append(r)
-        print(f"{n:>8} {r['start_s']:>8.2f} {r['throughput']:>9.0f} "
+        print(f"{isolation:>9} {n:>8} {r['start_s']:>8.2f} {r['throughput']:>9.0f} "
               f"{r['runner_cpu_ms_per_command']:>10.3f} {r['failures']:>8} "
               f"{r['pss_mib']:>8.2f} {r['rss_mib']:>8.2f} {r['close_s']:>8.2f} "
               f"{r['lag']:>32}")  # fmt: skip

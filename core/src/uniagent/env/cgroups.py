@@ -17,6 +17,7 @@ session's process group (and, with bubblewrap, its PID namespace).
 from __future__ import annotations
 
 import contextlib
+import functools
 import logging
 import os
 import secrets
@@ -47,11 +48,23 @@ class Hierarchy:
 
 
 def _hierarchies() -> list[Hierarchy]:
+    """The writable-looking hierarchies with this process's group in each. The mount table
+    is read once per group this process is in: it grows by a mount per sandbox with a disk
+    limit (a thousand sandboxes, a thousand lines parsed at every start)."""
     try:
-        mounts = Path("/proc/self/mountinfo").read_text().splitlines()
-        own = Path("/proc/self/cgroup").read_text().splitlines()
+        own = Path("/proc/self/cgroup").read_text()
     except OSError:
         return []
+    return list(_hierarchies_of(own))
+
+
+@functools.lru_cache(maxsize=4)
+def _hierarchies_of(own_text: str) -> tuple[Hierarchy, ...]:
+    try:
+        mounts = Path("/proc/self/mountinfo").read_text().splitlines()
+    except OSError:
+        return ()
+    own = own_text.splitlines()
     groups: dict[str, str] = {}
     for line in own:
         _, controllers, path = line.split(":", 2)
@@ -70,7 +83,7 @@ def _hierarchies() -> list[Hierarchy]:
             for name in ("pids", "memory"):
                 if name in options and name in groups:
                     found.append(Hierarchy(1, name, Path(point), groups[name]))
-    return found
+    return tuple(found)
 
 
 @dataclass
