@@ -222,7 +222,7 @@ class OpenAIChatModel:
             "messages": [_outgoing(m, keep, tokens) for m in cache.messages],
             **params,
         }
-        tools = cache.tools
+        tools = cache.tools_to_send()
         if self.send_tools and tools:
             request["tools"] = tools
         if stop and "stop" not in request:

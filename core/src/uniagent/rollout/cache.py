@@ -151,8 +151,13 @@ class Rollout(ABC):
 
     @property
     def tools(self) -> list[ToolSchema] | None:
-        """The tool schemas rendered into the prompt."""
+        """The tool schemas rendered into the prompt (a copy)."""
         return copy.deepcopy(self._tools)
+
+    def tools_to_send(self) -> Sequence[ToolSchema] | None:
+        """The tool schemas themselves, not a copy, for a request body that only serializes
+        them (a copy per model turn cost more than the rest of building the request)."""
+        return self._tools
 
     @property
     def chat_template_kwargs(self) -> dict[str, Any]:

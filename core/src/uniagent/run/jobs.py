@@ -267,6 +267,8 @@ def local_attempt(
             closer=closer,
         )  # fmt: skip
         extra = attempt_extra(directory, attempt, state, started, payload["record"])
-        return write_payload(directory, payload, extra=extra)
+        # Off the loop: three files, a rollout of many turns megabytes of JSON; on the loop
+        # every other episode's commands and model calls would wait for the disk.
+        return await asyncio.to_thread(write_payload, directory, payload, None, extra)
 
     return attempt_job

@@ -181,7 +181,9 @@ async def ray_attempts(
         extra = attempt_extra(directory, attempt, state, started, reply["payload"]["record"])
         extra["timings"] = reply.get("timings", {})
         extra["ray_worker"] = name
-        return write_payload(directory, reply["payload"], reply["log"], extra)
+        return await asyncio.to_thread(
+            write_payload, directory, reply["payload"], reply["log"], extra
+        )
 
     try:
         yield attempt_job, workers * per_worker
