@@ -10,11 +10,11 @@ command that needs the in-session ``bash -n`` check, a raw ``bash -c``
 subprocess, a lone ``bash -n``, SWE-ReX's ``LocalRuntime`` and its
 ``RemoteRuntime`` against a ``swerex-remote`` started here. Then 1, 64, 256
 and 1000 concurrent host sessions in one event loop, without isolation and under
-bubblewrap (``--isolation``): start time, command
-throughput, the runner's own CPU per command, failures, memory of the bash
-processes (PSS and RSS) and the largest event-loop lag (a 10 ms ticker's worst
-gap). SWE-ReX rows need ``pip install 'uniagent[swerex]'``; they are skipped, with
-a note, without it.
+bubblewrap (``--isolation``): start time, command throughput, the runner's own CPU
+per command, failures, memory of the bash processes (PSS and RSS) and of this
+process per session, and the largest event-loop lag (a 10 ms ticker's worst gap).
+SWE-ReX rows need ``pip install 'uniagent[swerex]'``; they are skipped, with a note,
+without it.
 """
 
 from __future__ import annotations
@@ -158,6 +158,14 @@ def memory_kib(pids: list[int]) -> tuple[int, int]:
     return pss, rss
 
 
+def own_rss_kib() -> int:
+    """This process's resident memory (KiB)."""
+    for line in Path("/proc/self/status").read_text().splitlines():
+        if line.startswith("VmRSS:"):
+            return int(line.split()[1])
+    return 0
+
+
 async def concurrent(n: int, commands: int, isolation: str = "auto") -> dict[str, Any]:
     """``n`` host envs in this loop (``isolation``), ``commands`` commands each, with a lag
     ticker."""
@@ -176,6 +184,7 @@ async def concurrent(n: int, commands: int, isolation: str = "auto") -> dict[str
         return 1000 * max((g for t, g in gaps if since <= t <= until), default=0.0)
 
     tick = asyncio.create_task(ticker())
+    rss_before = own_rss_kib()
     config = HostDeploymentConfig(isolation=isolation)  # type: ignore[arg-type]
     envs = [AgentEnv(HostDeployment(config)) for _ in range(n)]
     t0 = time.perf_counter()
@@ -185,6 +194,7 @@ async def concurrent(n: int, commands: int, isolation: str = "auto") -> dict[str
     live = [e for e, r in zip(envs, results) if not isinstance(r, BaseException)]
     pids = [e.deployment.runtime.sessions["default"].pid for e in live]  # type: ignore[attr-defined]
     pss, rss = memory_kib([p for p in pids if p])
+    runner_kib = (own_rss_kib() - rss_before) / max(1, len(live))
 
     async def work(env: AgentEnv) -> int:
         bad = 0
@@ -209,6 +219,7 @@ async def concurrent(n: int, commands: int, isolation: str = "auto") -> dict[str
         "runner_cpu_ms_per_command": 1000 * (cpu3 - cpu2) / max(1, len(live) * commands),
         "failures": failures, "pss_mib": pss / 1024 / max(1, len(pids)),
         "rss_mib": rss / 1024 / max(1, len(pids)), "close_s": t4 - t3,
+        "runner_kib_per_session": runner_kib,
         "lag": "/".join(f"{v:.0f}" for v in lags.values()), "lag_ms": lags,
     }  # fmt: skip
 
@@ -260,7 +271,7 @@ async def main() -> None:
         isolations.remove("bwrap")
         print("note: no bwrap on PATH: its session rows are left out")
     print(f"\n{'isolation':>9} {'sessions':>8} {'start s':>8} {'cmd/s':>9} {'CPU ms/cmd':>10} "
-          f"{'failures':>8} {'PSS MiB':>8} {'RSS MiB':>8} {'close s':>8} "
+          f"{'failures':>8} {'PSS MiB':>8} {'RSS MiB':>8} {'KiB/ses':>8} {'close s':>8} "
           f"{'max loop lag ms start/run/close':>32}")  # fmt: skip
     sessions = []
     for isolation, n in ((i, n) for i in isolations for n in levels):
@@ -268,11 +279,13 @@ async def main() -> None:
         sessions.append(r)
         print(f"{isolation:>9} {n:>8} {r['start_s']:>8.2f} {r['throughput']:>9.0f} "
               f"{r['runner_cpu_ms_per_command']:>10.3f} {r['failures']:>8} "
-              f"{r['pss_mib']:>8.2f} {r['rss_mib']:>8.2f} {r['close_s']:>8.2f} "
+              f"{r['pss_mib']:>8.2f} {r['rss_mib']:>8.2f} {r['runner_kib_per_session']:>8.0f} "
+              f"{r['close_s']:>8.2f} "
               f"{r['lag']:>32}")  # fmt: skip
     print(
-        "(PSS/RSS: per bash process; throughput: commands/s across all sessions; CPU ms/cmd: "
-        "this process's CPU per command while the commands run, the shells' not counted)"
+        "(PSS/RSS: per bash process; KiB/ses: this process's resident memory per live "
+        "session; throughput: commands/s across all sessions; CPU ms/cmd: this process's CPU "
+        "per command while the commands run, the shells' not counted)"
     )
     if args.json:
         latency = [{"name": name, "n": n, "median_ms": median, "p95_ms": p95}

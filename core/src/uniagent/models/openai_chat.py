@@ -47,7 +47,6 @@ from uniagent.models.base import (
     ModelTurn,
     Usage,
 )
-from uniagent.models.http import JSONClient
 from uniagent.parsers import ToolCallParser
 from uniagent.rollout import Rollout
 
@@ -120,7 +119,7 @@ class OpenAIChatModel:
         #: Awaited between retries (tests replace it to record the delays).
         self.sleep: Callable[[float], Any] = asyncio.sleep
         #: The HTTP client (shared by this model's copies); retries are ours.
-        self.client: JSONClient = client or JSONClient(
+        self.client: http.JSONClient = client or http.JSONClient(
             base_url, api_key or _key_from_env(api_key_env) or "EMPTY", timeout=timeout
         )
 
