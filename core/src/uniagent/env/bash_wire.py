@@ -271,24 +271,34 @@ class BashWire:
             await wait_for(self.exited.wait(), 10)
         except asyncio.TimeoutError:
             log.warning("bash session pid %s did not exit after SIGKILL", proc.pid)
-        self._release()
+        # Closed on a worker thread: closing a pseudo-terminal's master hangs it up, about
+        # half a millisecond of the kernel's (a thousand sessions closing at once: half a
+        # second of the event loop).
+        held = self._release()
+        try:
+            await asyncio.to_thread(_close_all, held)
+        except RuntimeError:  # the loop's executor is shut down (the loop is ending)
+            _close_all(held)
 
-    def _release(self) -> None:
+    def _release(self) -> list[int | socket.socket]:
+        """Stop watching the session's descriptors; the descriptors and sockets to close."""
         loop = self._loop
         usable = loop is not None and not loop.is_closed()
+        held: list[int | socket.socket] = []
         for fd in (self._out_fd, self._pty_fd):
             if fd is not None:
                 if usable:
                     loop.remove_reader(fd)  # type: ignore[union-attr]
-                os.close(fd)
+                held.append(fd)
         self._out_fd = self._pty_fd = None
         for sock in (self._input, self._control):
             if sock is not None:
                 if usable:
                     loop.remove_reader(sock.fileno())  # type: ignore[union-attr]
                     loop.remove_writer(sock.fileno())  # type: ignore[union-attr]
-                sock.close()
+                held.append(sock)
         self._input = self._control = None
+        return held
 
     # -- sending ----------------------------------------------------------------------
     def new_ids(self) -> tuple[str, str]:
@@ -542,3 +552,13 @@ def _configure_pty(fd: int) -> None:
         attrs = termios.tcgetattr(fd)
         attrs[3] &= ~(termios.ECHO | termios.ECHONL)
         termios.tcsetattr(fd, termios.TCSANOW, attrs)
+
+
+def _close_all(held: list[int | socket.socket]) -> None:
+    """Close descriptors and sockets (each once; one that fails does not stop the rest)."""
+    for item in held:
+        with contextlib.suppress(OSError):
+            if isinstance(item, socket.socket):
+                item.close()
+            else:
+                os.close(item)

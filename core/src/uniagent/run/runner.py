@@ -122,7 +122,8 @@ async def run_jobs(
 
     async def attempts(job: Job) -> None:
         for retry in range(policy.retries + 1):
-            attempt = start_attempt(episode_dir(out, job))
+            # A directory made, a log moved, a file made: off the loop, as the results line.
+            attempt = await asyncio.to_thread(start_attempt, episode_dir(out, job))
             state = progress.started(job, attempt)
             try:
                 record = await attempt_job(job, attempt, state)
