@@ -120,7 +120,7 @@ def _env_proxy(scheme: str, host: str) -> str | None:
     """The proxy the environment names for ``scheme://host``, unless NO_PROXY exempts it."""
     proxies = urllib.request.getproxies_environment()
     proxy = proxies.get(scheme.lower())
-    if not proxy or urllib.request.proxy_bypass_environment(host, proxies):
+    if not proxy or urllib.request.proxy_bypass(host):
         return None
     return proxy
 
@@ -132,9 +132,7 @@ class JSONClient:
         from uniagent import __version__
 
         parts = urlsplit(base_url)
-        host = parts.hostname or ""
-        if parts.port is not None:
-            host = f"{host}:{parts.port}"
+        host = parts.netloc.rpartition("@")[2]  # host[:port], an IPv6 address in brackets
         self._base = urlunsplit((parts.scheme, host, parts.path.rstrip("/"), "", ""))
         self._query = parts.query
         self._headers = {
@@ -198,8 +196,12 @@ class JSONClient:
         return await self.request("POST", path, body)
 
     async def models(self) -> list[dict[str, Any]]:
-        """``GET /models``: the listed models (their ``data``)."""
-        listed = json.loads(await self.request("GET", "/models"))
+        """``GET /models``: the listed models (their ``data``; none from an answer that is
+        not a model list)."""
+        try:
+            listed = json.loads(await self.request("GET", "/models"))
+        except ValueError:
+            return []
         data = listed.get("data") if isinstance(listed, Mapping) else None
         return [dict(entry) for entry in data or () if isinstance(entry, Mapping)]
 
