@@ -9,6 +9,7 @@ process of the sandbox dies with it.
 
 from __future__ import annotations
 
+import functools
 import os
 import shutil
 import stat
@@ -37,9 +38,21 @@ class Mount:
     writable: bool
 
 
+def which(executable: str) -> str | None:
+    """``shutil.which``, asked once per process for a name and ``PATH``: every sandbox start
+    needs bash, bwrap and nsenter, and a lookup stats every ``PATH`` directory (slow while
+    the kernel is busy with many mount namespaces, and some of it on the event loop)."""
+    return _which(executable, os.environ.get("PATH"))
+
+
+@functools.lru_cache(maxsize=64)
+def _which(executable: str, path: str | None) -> str | None:
+    return shutil.which(executable, path=path)
+
+
 def find_bwrap(executable: str = "bwrap") -> str:
     """The path of ``bwrap``, or an :class:`EnvStartError` saying how to install it."""
-    path = shutil.which(executable)
+    path = which(executable)
     if path is None:
         raise EnvStartError(
             f"isolation 'bwrap' needs the bwrap executable ({executable!r} is not on PATH); "

@@ -40,6 +40,7 @@ from uniagent.env.bwrap import (
     read_only_source,
     stage_mounts,
     system_mounts,
+    which,
     writable_places,
 )
 from uniagent.env.cgroups import SandboxCgroup
@@ -305,8 +306,10 @@ class EpisodeLayout:
         (nothing of the sandbox can see or signal it), and ends with :meth:`release_stage`
         or when this process ends. Where ``nsenter`` is missing or the holder cannot start, every
         command stages as before."""
-        nsenter = shutil.which("nsenter")
-        if self.bwrap is None or not self._stage or self.holder is not None or nsenter is None:
+        if self.bwrap is None or not self._stage or self.holder is not None:
+            return
+        nsenter = which("nsenter")
+        if nsenter is None:
             return
         # The staging shell runs `cat` once every mount is made (it stops at the first that
         # fails): a line echoed back says the namespace is ready.
@@ -483,7 +486,7 @@ class HostDeployment:
             _writable_sources.update(
                 os.path.realpath(m.host) for m in bind_mounts(self.config.binds, writable=True)
             )
-        if shutil.which(self.config.bash) is None:
+        if which(self.config.bash) is None:
             raise EnvStartError(f"{self.config.bash!r} is not on PATH; install bash")
         if self.config.base_dir:
             os.makedirs(self.config.base_dir, exist_ok=True)
