@@ -246,7 +246,7 @@ async def test_staged_mounts_are_made_once_per_sandbox_and_held(tmp_path: Path) 
     try:
         layout = env.deployment._layout  # type: ignore[attr-defined]
         holder = layout.holder
-        assert holder is not None and holder.returncode is None
+        assert holder is not None and holder.poll() is None
         argv = layout.wrap(["true"])
         assert "unshare" not in argv and f"--mount=/proc/{holder.pid}/ns/mnt" in argv, argv
         assert (await env.run_action("cat /data/data.txt")).output == "staged\n"
@@ -259,7 +259,7 @@ async def test_staged_mounts_are_made_once_per_sandbox_and_held(tmp_path: Path) 
         seen = await env.run_action(count.format("cat"))
         assert seen.output.strip() == "0", seen.output
         holder.kill()
-        await holder.wait()
+        await asyncio.to_thread(holder.wait)
         argv = layout.wrap(["true"])
         assert "unshare" in argv and not any(a.startswith("--mount=/proc/") for a in argv)
         done = await env.execute(["cat", "/data/data.txt"], env=None)
@@ -278,5 +278,5 @@ async def test_a_stopped_sandbox_leaves_no_holder(tmp_path: Path) -> None:
     async with open_env(config) as env:
         holder = env.deployment._layout.holder  # type: ignore[attr-defined]
         assert holder is not None
-        assert holder.returncode is None
+        assert holder.poll() is None
     assert holder.returncode is not None  # ended and reaped

@@ -18,6 +18,7 @@ import fnmatch
 import itertools
 import logging
 import os
+import select
 import shutil
 import stat
 import subprocess
@@ -29,7 +30,6 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from uniagent.env import cgroups
-from uniagent.env.aio import wait_for
 from uniagent.env.bwrap import (
     Mount,
     bind_mounts,
@@ -215,14 +215,49 @@ class HostDeploymentConfig(BaseModel):
 HOLD_STAGE_TIMEOUT = 60.0
 
 
-async def _end_holder(holder: asyncio.subprocess.Process) -> None:
-    """End a holder of staged mounts (its stdin closed, then killed) and reap it."""
-    if holder.stdin is not None:
-        holder.stdin.close()
-    if holder.returncode is None:
+def _start_holder(argv: list[str], timeout: float) -> subprocess.Popen[bytes] | None:
+    """Start a holder of staged mounts and wait for its line (blocking: a worker thread);
+    ``None`` where it did not stage (it ended, said nothing within ``timeout``)."""
+    holder = subprocess.Popen(
+        argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL,
+        start_new_session=True,
+    )  # fmt: skip
+    try:
+        assert holder.stdin is not None and holder.stdout is not None
+        holder.stdin.write(b"ready\n")
+        holder.stdin.flush()
+        answered, _, _ = select.select([holder.stdout], [], [], timeout)
+        # (`cat` echoes the line in one write, or the staging shell ends: all or nothing)
+        line = holder.stdout.readline() if answered else b""
+    except BaseException:
+        _end_holder(holder)
+        raise
+    if line != b"ready\n":
+        _end_holder(holder)
+        return None
+    return holder
+
+
+def _end_holder(holder: subprocess.Popen[bytes]) -> None:
+    """End a holder of staged mounts (its stdin closed, then killed) and reap it (blocking:
+    a worker thread)."""
+    with contextlib.suppress(OSError):
+        if holder.stdin is not None:
+            holder.stdin.close()
+    if holder.poll() is None:
         with contextlib.suppress(ProcessLookupError):
             holder.kill()
-    await holder.wait()
+    holder.wait()
+    if holder.stdout is not None:
+        holder.stdout.close()
+
+
+def _end_started_holder(started: asyncio.Future[subprocess.Popen[bytes] | None]) -> None:
+    """End the holder a cancelled start made (on a thread: it reaps)."""
+    if not started.cancelled() and started.exception() is None:
+        holder = started.result()
+        if holder is not None:
+            threading.Thread(target=_end_holder, args=(holder,), daemon=True).start()
 
 
 class EpisodeLayout:
@@ -291,7 +326,7 @@ class EpisodeLayout:
             self.prefix = stage + self._sandbox
         self.env = env
         #: The process that holds the staged mounts' namespace (:meth:`hold_stage`).
-        self.holder: asyncio.subprocess.Process | None = None
+        self.holder: subprocess.Popen[bytes] | None = None
         self._held: list[str] = []
 
     async def hold_stage(self) -> None:
@@ -312,21 +347,18 @@ class EpisodeLayout:
         if nsenter is None:
             return
         # The staging shell runs `cat` once every mount is made (it stops at the first that
-        # fails): a line echoed back says the namespace is ready.
-        holder = await asyncio.create_subprocess_exec(
-            *self._stage, "cat",
-            stdin=asyncio.subprocess.PIPE, stdout=asyncio.subprocess.PIPE,
-            stderr=asyncio.subprocess.DEVNULL, start_new_session=True,
-        )  # fmt: skip
+        # fails): a line echoed back says the namespace is ready. Started on a worker
+        # thread: a fork on the event loop would stall every other episode (seconds when
+        # hundreds of sandboxes start at once).
+        started = asyncio.ensure_future(
+            asyncio.to_thread(_start_holder, [*self._stage, "cat"], HOLD_STAGE_TIMEOUT)
+        )
         try:
-            assert holder.stdin is not None and holder.stdout is not None
-            holder.stdin.write(b"ready\n")
-            ready = await wait_for(holder.stdout.readline(), HOLD_STAGE_TIMEOUT)
-        except BaseException:
-            await _end_holder(holder)
+            holder = await asyncio.shield(started)
+        except asyncio.CancelledError:  # the holder the thread still makes is ended
+            started.add_done_callback(_end_started_holder)
             raise
-        if ready != b"ready\n":  # it failed to stage: each command stages (and says why)
-            await _end_holder(holder)
+        if holder is None:  # it failed to stage: each command stages (and says why)
             return
         self.holder = holder
         self._held = [nsenter, f"--mount=/proc/{holder.pid}/ns/mnt", "--", *self._sandbox]
@@ -335,7 +367,7 @@ class EpisodeLayout:
         """End the holder of the staged mounts (:meth:`hold_stage`); idempotent."""
         holder, self.holder = self.holder, None
         if holder is not None:
-            await _end_holder(holder)
+            await asyncio.to_thread(_end_holder, holder)
 
     def own(self, path: Path) -> None:
         """Give ``path`` to the sandbox's user (files written for it from the host side)."""
@@ -365,7 +397,7 @@ class EpisodeLayout:
         """``argv`` as run in the sandbox (in ``cwd``, default the work dir), in its cgroup."""
         if self.bwrap is not None:
             # (a holder that ended: its process id may be another's, so never named again)
-            held = self.holder is not None and self.holder.returncode is None
+            held = self.holder is not None and self.holder.poll() is None
             prefix = list(self._held if held else self.prefix)
             if cwd is not None:
                 prefix[prefix.index("--chdir") + 1] = cwd
