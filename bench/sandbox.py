@@ -283,9 +283,10 @@ async def main() -> None:
               f"{r['close_s']:>8.2f} "
               f"{r['lag']:>32}")  # fmt: skip
     print(
-        "(PSS/RSS: per bash process; KiB/ses: this process's resident memory per live "
-        "session; throughput: commands/s across all sessions; CPU ms/cmd: this process's CPU "
-        "per command while the commands run, the shells' not counted)"
+        "(PSS/RSS: per bash process; KiB/ses: what this process's resident memory grew by "
+        "per live session (a row after a larger one reuses its memory: near 0); throughput: "
+        "commands/s across all sessions; CPU ms/cmd: this process's CPU per command while "
+        "the commands run, the shells' not counted)"
     )
     if args.json:
         latency = [{"name": name, "n": n, "median_ms": median, "p95_ms": p95}
