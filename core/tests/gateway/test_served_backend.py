@@ -231,7 +231,12 @@ def test_uniagent_gateway_serves_a_served_model(qwen3_tokenizer) -> None:
 def test_a_served_model_without_a_tokenizer_that_loads_names_the_option(
     capsys, monkeypatch
 ) -> None:
+    # huggingface_hub reads the variable when first imported: another test of this process
+    # may have imported it already, and then the lookup waits on the network (~50 s here).
+    import huggingface_hub.constants
+
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_OFFLINE", True)
     status = cli(["gateway", "--model", "openai:http://127.0.0.1:9/v1#no-such/model"])
     assert status == 2
     assert "?tokenizer=PATH" in capsys.readouterr().err
