@@ -14,6 +14,7 @@ import os
 import shlex
 import shutil
 import signal
+import stat
 from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -301,13 +302,18 @@ class HostRuntime:
 
     async def make_executable(self, paths: Sequence[str]) -> None:
         """``chmod a+x`` on each path (files this sandbox was just given), without a process:
-        each opened without following a symlink, then changed through its descriptor."""
+        each opened without following a symlink or waiting on a FIFO, and changed through
+        its descriptor only if it is a regular file."""
 
         def chmod() -> None:
             for path in paths:
-                fd = os.open(self.layout.to_host(path, write=True), os.O_RDONLY | os.O_NOFOLLOW)
+                flags = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK
+                fd = os.open(self.layout.to_host(path, write=True), flags)
                 try:
-                    os.fchmod(fd, os.fstat(fd).st_mode | 0o111)
+                    mode = os.fstat(fd).st_mode
+                    if not stat.S_ISREG(mode):
+                        raise EnvError(f"{path!r} is not a regular file; not made executable")
+                    os.fchmod(fd, mode | 0o111)
                 finally:
                     os.close(fd)
 
