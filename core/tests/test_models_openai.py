@@ -181,9 +181,9 @@ async def test_the_environments_proxy_carries_the_requests_unless_no_proxy_names
 ) -> None:
     with ScriptedChatServer() as proxy:
         proxy_url = proxy.base_url.removesuffix("/v1")
+        for name in ("http_proxy", "all_proxy", "ALL_PROXY", "no_proxy", "NO_PROXY"):
+            monkeypatch.delenv(name, raising=False)  # (lower case wins over upper case)
         monkeypatch.setenv("HTTP_PROXY", proxy_url)
-        monkeypatch.delenv("NO_PROXY", raising=False)
-        monkeypatch.delenv("no_proxy", raising=False)
         proxy.add(Reply("through the proxy"))
         model = OpenAIChatModel(server.base_url, "m")
         assert (await model.generate(model.start_cache(MESSAGES))).text == "through the proxy"
