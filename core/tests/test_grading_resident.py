@@ -186,6 +186,9 @@ async def test_a_shell_that_broke_at_close_is_not_handed_over(env: AgentEnv) -> 
         await first.run(PID_NS, timeout=60, cwd="/", resident=True)
         assert first._shell is not None
         os.killpg(first._shell._process.pid, signal.SIGKILL)
+        # Until the kill has landed, the shell inside bwrap (its own session) may still answer
+        # the removal: wait for the shell's end, an event, not for the kernel's timing.
+        await first._shell._process.wait()
         await first.close(hand_to=second)
         assert second._shell is None
         done = await second.run("echo fine", timeout=60, cwd="/", resident=True)
