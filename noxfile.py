@@ -80,7 +80,7 @@ def timed(func: Callable[..., None]) -> Callable[..., None]:
 
     @functools.wraps(func)
     def wrapper(session: nox.Session, **kwargs: Any) -> None:
-        start, status, cpu = time.monotonic(), "failed", _children_cpu()
+        start, status, cpu, machine = time.monotonic(), "failed", _children_cpu(), _machine_cpu()
         session.env["PATH"] = os.pathsep.join([str(_UV_BIN), os.environ.get("PATH", "")])
         try:
             func(session, **kwargs)
@@ -88,6 +88,9 @@ def timed(func: Callable[..., None]) -> Callable[..., None]:
         finally:
             record = {"session": session.name, "seconds": round(time.monotonic() - start, 1)}
             record["cpu_seconds"] = round(_children_cpu() - cpu, 1)
+            busy = _busy_share(machine, _machine_cpu())
+            if busy is not None:
+                record["machine_busy"] = busy
             record |= {"status": status, **_counts(session)}
             DURATIONS.parent.mkdir(exist_ok=True)
             with DURATIONS.open("a") as out:
@@ -124,6 +127,27 @@ def _children_cpu() -> float:
     session's installs, its pytest and what pytest waited for (not daemons that left)."""
     usage = resource.getrusage(resource.RUSAGE_CHILDREN)
     return usage.ru_utime + usage.ru_stime
+
+
+def _machine_cpu() -> tuple[int, int] | None:
+    """The whole machine's CPU time so far, in clock ticks: (busy, total), from
+    ``/proc/stat`` (None where there is none). Whether a run leaves cores idle (sessions
+    waiting on containers, installs or timeouts) shows in what a session's own children
+    used (``cpu_seconds``) only in part: a container's processes are not its children."""
+    try:
+        with open("/proc/stat") as stat:
+            ticks = [int(word) for word in stat.readline().split()[1:9]]
+    except (OSError, ValueError):
+        return None
+    idle = sum(ticks[3:5])  # idle, iowait (guest time is already in user and nice)
+    return sum(ticks) - idle, sum(ticks)
+
+
+def _busy_share(before: tuple[int, int] | None, after: tuple[int, int] | None) -> float | None:
+    """The share of the machine's CPU time that was busy between two readings."""
+    if before is None or after is None or after[1] <= before[1]:
+        return None
+    return round((after[0] - before[0]) / (after[1] - before[1]), 3)
 
 
 def _files(session: nox.Session) -> Path:

@@ -16,16 +16,21 @@ def test_each_session_is_a_row_with_its_failures_and_errors_and_the_totals(tmp_p
     path = tmp_path / "durations.jsonl"
     rows = [
         {"session": "tests(suite='core')", "seconds": 313.4, "cpu_seconds": 203.2,
-         "status": "passed", "tests": 922, "failures": 0, "errors": 0, "skipped": 2},
+         "machine_busy": 0.934, "status": "passed", "tests": 922, "failures": 0, "errors": 0,
+         "skipped": 2},
         {"session": "lint", "seconds": 61.0, "status": "failed"},  # before the cpu column
         {"session": "tests(suite='integration')", "seconds": 977.0, "cpu_seconds": 292.0,
          "status": "failed", "tests": 140, "failures": 1, "errors": 2},
     ]  # fmt: skip
     path.write_text("".join(json.dumps(r) + "\n" for r in rows) + "\n")
     lines = table(path).splitlines()
-    assert lines[0].split() == ["session", "wall", "cpu", "status", "tests", "failed", "skipped"]
-    assert lines[1].split() == ["tests(suite='core')", "313s", "203s", "passed", "922", "0", "2"]
-    assert lines[2].split() == ["lint", "61s", "-", "failed", "0", "0", "0"]
+    assert lines[0].split() == [
+        "session", "wall", "cpu", "busy", "status", "tests", "failed", "skipped"
+    ]  # fmt: skip
+    assert lines[1].split() == [
+        "tests(suite='core')", "313s", "203s", "93%", "passed", "922", "0", "2"
+    ]  # fmt: skip
+    assert lines[2].split() == ["lint", "61s", "-", "-", "failed", "0", "0", "0"]
     assert lines[3].split()[-3:] == ["140", "3", "0"], "failures and errors are counted together"
     assert lines[4].split() == ["total", "1351s", "495s", "1062"]
     assert "side by side" in lines[5]
@@ -40,3 +45,22 @@ def test_no_rows_and_no_file_say_so(tmp_path):
         capture_output=True, text=True, check=True,
     )  # fmt: skip
     assert done.stdout.strip() == f"{tmp_path / 'absent.jsonl'}: no durations recorded"
+
+
+def test_the_machines_busy_share_over_the_run_is_read_from_proc_stat(tmp_path):
+    path = tmp_path / "durations.jsonl"
+    path.write_text(json.dumps({"session": "lint", "seconds": 1.0, "status": "passed"}) + "\n")
+    # Counters of a start long ago: 900 ticks busy (user, nice, system) of 1,000.
+    start = tmp_path / "stat-start"
+    start.write_text("cpu  300 300 300 50 50 0 0 0 0 0\n")
+    with open("/proc/stat") as stat:
+        now = [int(word) for word in stat.readline().split()[1:9]]
+    busy, total = sum(now) - sum(now[3:5]) - 900, sum(now) - 1000
+    done = subprocess.run(
+        [sys.executable, str(SCRIPT), "--since", str(start), str(path)],
+        capture_output=True, text=True, check=True,
+    )  # fmt: skip
+    last = done.stdout.strip().splitlines()[-1]
+    assert last.startswith("ci: machine: ") and last.endswith(" CPUs busy over the run")
+    share = int(last.split()[2].rstrip("%"))
+    assert abs(share - 100 * busy / total) <= 1, (last, busy, total)
