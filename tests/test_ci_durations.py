@@ -64,3 +64,28 @@ def test_the_machines_busy_share_over_the_run_is_read_from_proc_stat(tmp_path):
     assert last.startswith("ci: machine: ") and last.endswith(" CPUs busy over the run")
     share = int(last.split()[2].rstrip("%"))
     assert abs(share - 100 * busy / total) <= 1, (last, busy, total)
+
+
+CPU = runpy.run_path(str(SCRIPT.with_name("cpu_by_program.py")))
+
+
+def _record(name: bytes, utime: int, stime: int, version: int = 3) -> bytes:
+    return CPU["RECORD"].pack(0, version, 0, 0, 0, 0, 1, 1, 0, 0.0, utime, stime,
+                              0, 0, 0, 0, 0, 0, name)  # fmt: skip
+
+
+def test_process_accounting_records_are_summed_by_program():
+    # comp_t: 13 bits of mantissa, 3 of base-8 exponent, in ticks of 1/100 s.
+    assert CPU["comp_t"](150) == 150.0 and CPU["comp_t"]((1 << 13) | 100) == 800.0
+    data = b"".join([
+        _record(b"git", 150, 50),  # 2 s
+        _record(b"git", 100, 0),  # 1 s
+        _record(b"podman", (1 << 13) | 100, 0),  # 8 s
+        _record(b"old-format", 9000, 0, version=2),  # not read
+    ])  # fmt: skip
+    assert CPU["programs"](data) == {"git": [3.0, 2], "podman": [8.0, 1]}
+    lines = CPU["report"](data).splitlines()
+    assert lines[0] == "ci: cpu by program (every process of the machine that ended: 11 s)"
+    assert lines[2].split() == ["podman", "8s", "73%", "1"]
+    assert lines[3].split() == ["git", "3s", "27%", "2"]
+    assert CPU["report"](b"") == "ci: cpu by program: no processes were accounted"
