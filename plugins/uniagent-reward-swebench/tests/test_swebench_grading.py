@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import subprocess
 import sys
 from pathlib import Path
@@ -225,3 +226,44 @@ def test_the_eval_script_exits_with_its_test_commands_status() -> None:
     assert lines[-1] == 'exit "$SWEBENCH_TEST_EXIT_CODE"'
     assert lines.index("SWEBENCH_TEST_EXIT_CODE=$?") == lines.index("pytest -x") + 1
     assert with_exit_status("pytest -x\n")[1] is False
+
+
+#: A row built, its log graded and its eval script made to exit with the tests' status, in a
+#: fresh interpreter: what a `uniagent run` process does at its first grading.
+GRADE_IN_A_FRESH_PROCESS = """
+import json, sys
+from uniagent_reward_swebench import SweBenchRewardConfig, build_spec, grade
+from uniagent_reward_swebench.evalrun import with_exit_status
+from uniagent_reward_swebench.scripts import START_TEST_OUTPUT, END_TEST_OUTPUT
+spec = build_spec("swe_bench", json.loads(open(sys.argv[1]).read()), SweBenchRewardConfig())
+tests = [*spec.fail_to_pass, *spec.pass_to_pass]
+log = "".join(f"PASSED {t}\\n" for t in tests)
+log = f"+ : '{START_TEST_OUTPUT}'\\n{log}+ : '{END_TEST_OUTPUT}'\\n"
+result = grade(spec, log)
+assert with_exit_status(spec.eval_script)[1]
+heavy = sorted({m.split(".")[0] for m in sys.modules} & {"pandas", "pyarrow", "datasets", "docker"})
+print(json.dumps({"parser": spec.log_parser, "resolved": result["resolved"], "heavy": heavy}))
+"""
+
+
+def test_grading_imports_none_of_swebenchs_docker_and_dataset_modules() -> None:
+    row = Path(__file__).parent / "data" / "swe_bench_row.json"
+    done = subprocess.run(
+        [sys.executable, "-c", GRADE_IN_A_FRESH_PROCESS, str(row)], capture_output=True, text=True
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    # The parser from swebench's map for the repository, the log graded by its grader.
+    assert json.loads(done.stdout) == {"parser": "parse_log_pytest", "resolved": True, "heavy": []}
+
+
+def test_the_eval_script_is_split_as_swebench_splits_it() -> None:
+    from swebench.harness.utils import parse_eval_script as swebench_parse
+    from uniagent_reward_swebench.harness import parse_eval_script
+
+    for script in (
+        "#!/bin/bash\nset -uxo pipefail\ncd /testbed\n: 'start'\npytest -rA\n",
+        "\n\n#!/bin/bash\nset -uxo pipefail\n\nsource x\n  set -uxo pipefail\n\n",
+        "pytest\n",
+        "",
+    ):
+        assert parse_eval_script(script) == swebench_parse(script), script

@@ -26,6 +26,7 @@ from __future__ import annotations
 import shlex
 from dataclasses import dataclass
 
+from uniagent_reward_swebench.harness import parse_eval_script
 from uniagent_reward_swebench.scripts import (
     APPLY_PATCH_FAIL,
     END_TEST_OUTPUT,
@@ -55,8 +56,6 @@ def with_exit_status(eval_script: str) -> tuple[str, bool]:
     after it runs (before the end-of-output marker) and the script exits with it.
     A script without the end marker is left as it is (its status says nothing).
     """
-    from swebench.harness.utils import parse_eval_script
-
     body = parse_eval_script(eval_script)
     for i, line in enumerate(body):
         if END_TEST_OUTPUT in line:

@@ -37,6 +37,7 @@ from uniagent_reward_swebench.evalrun import (
     runner_script,
     with_exit_status,
 )
+from uniagent_reward_swebench.harness import harness_module, light_harness
 from uniagent_reward_swebench.rows import EvalSpec
 from uniagent_reward_swebench.scripts import (
     APPLY_PATCH_FAIL,
@@ -101,6 +102,7 @@ def grade(
     status channel's (:mod:`uniagent_reward_swebench.channel`), checked against the log;
     ``strict``: a graded test passes only if it ran and passed (see the config).
     """
+    light_harness()
     from swebench.harness import grading as swebench_grading
     from swebench.harness.constants import FAIL_TO_PASS, PASS_TO_PASS, EvalType, ResolvedStatus
     from swebench.harness.grading import (
@@ -240,9 +242,7 @@ def conflicting_results(log: str, tests: list[str]) -> dict[str, list[str]]:
 
 
 def _parser(name: str) -> Any:
-    from swebench.harness.log_parsers import PARSER_REGISTRY
-
-    return PARSER_REGISTRY.get(name)
+    return harness_module("log_parsers").PARSER_REGISTRY.get(name)
 
 
 def _verdict_tampering(

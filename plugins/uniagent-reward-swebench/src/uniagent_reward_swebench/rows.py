@@ -20,6 +20,7 @@ from uniagent_reward_swebench.config import (
     SweRebenchRewardConfig,
 )
 from uniagent_reward_swebench.errors import TaskRowError
+from uniagent_reward_swebench.harness import harness_module
 from uniagent_reward_swebench.scripts import (
     DEFAULT_TEST_COMMANDS,
     generate_eval_script,
@@ -128,7 +129,7 @@ def _commands(value: Any, where: str) -> list[str]:
 
 def parser_names() -> dict[Callable[..., Any], str]:
     """Parser function → its name in swebench's ``PARSER_REGISTRY``."""
-    from swebench.harness.log_parsers import PARSER_REGISTRY
+    PARSER_REGISTRY = harness_module("log_parsers").PARSER_REGISTRY
 
     names: dict[Callable[..., Any], str] = {}
     for name, fn in PARSER_REGISTRY.items():
@@ -138,17 +139,19 @@ def parser_names() -> dict[Callable[..., Any], str]:
 
 def repo_parser(repo: str) -> str | None:
     """The parser name swebench's per-language repo maps give a repository, if any."""
-    from swebench.harness.log_parsers import c, go, java, javascript, php, python, ruby, rust
+
+    def of(language: str, suffix: str) -> Mapping[str, Any]:
+        return getattr(harness_module(f"log_parsers.{language}"), f"MAP_REPO_TO_PARSER_{suffix}")
 
     maps = (
-        python.MAP_REPO_TO_PARSER_PY,
-        javascript.MAP_REPO_TO_PARSER_JS,
-        java.MAP_REPO_TO_PARSER_JAVA,
-        go.MAP_REPO_TO_PARSER_GO,
-        rust.MAP_REPO_TO_PARSER_RUST,
-        php.MAP_REPO_TO_PARSER_PHP,
-        ruby.MAP_REPO_TO_PARSER_RUBY,
-        c.MAP_REPO_TO_PARSER_C,
+        of("python", "PY"),
+        of("javascript", "JS"),
+        of("java", "JAVA"),
+        of("go", "GO"),
+        of("rust", "RUST"),
+        of("php", "PHP"),
+        of("ruby", "RUBY"),
+        of("c", "C"),
     )
     for mapping in maps:
         fn = mapping.get(repo)
@@ -158,12 +161,10 @@ def repo_parser(repo: str) -> str | None:
 
 
 def _check_parser(row: Mapping[str, Any], name: str) -> str:
-    from swebench.harness.log_parsers import PARSER_REGISTRY
-
-    if name not in PARSER_REGISTRY:
+    if name not in harness_module("log_parsers").PARSER_REGISTRY:
         raise TaskRowError(
             f"{_where(row)}: unknown log parser {name!r}; swebench 5.0.2 has: "
-            f"{', '.join(sorted(PARSER_REGISTRY))}"
+            f"{', '.join(sorted(harness_module('log_parsers').PARSER_REGISTRY))}"
         )
     return name
 
@@ -187,7 +188,8 @@ def _resolve_parser(
 
 
 def _eval_type(row: Mapping[str, Any], repo: str) -> str:
-    from swebench.harness.constants import FAIL_ONLY_REPOS, EvalType
+    constants = harness_module("constants")
+    EvalType, FAIL_ONLY_REPOS = constants.EvalType, constants.FAIL_ONLY_REPOS
 
     value = row.get("eval_type")
     if value:

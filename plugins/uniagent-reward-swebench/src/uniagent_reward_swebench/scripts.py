@@ -14,6 +14,8 @@ import shlex
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+from uniagent_reward_swebench.harness import harness_module
+
 START_TEST_OUTPUT = ">>>>> Start Test Output"
 END_TEST_OUTPUT = ">>>>> End Test Output"
 APPLY_PATCH_FAIL = ">>>>> Patch Apply Failed"
@@ -123,7 +125,7 @@ def runner_files(commands: Sequence[str], workdir: str | None) -> list[str]:
 
 def test_directives(repo: str, paths: Sequence[str]) -> list[str]:
     """Test-runner arguments for the test files of a patch (swebench 4.x's rules)."""
-    from swebench.harness.constants import NON_TEST_EXTS
+    NON_TEST_EXTS = harness_module("constants").NON_TEST_EXTS
 
     directives = [p for p in paths if not any(p.endswith(ext) for ext in NON_TEST_EXTS)]
     if repo == "django/django":
