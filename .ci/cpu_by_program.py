@@ -9,9 +9,12 @@ there, and CI's machine is busy nearly all the time (the table's ``busy`` column
 kernel's process accounting (``acct(2)``) writes a record for every process of the
 machine as it ends, whoever started it: its command name (the first 15 bytes) and CPU
 time. Needs root (CAP_SYS_PACCT) and a kernel with BSD process accounting; without either,
-``start`` says so and ``report`` prints nothing. Processes that still run at ``report``
-(and those of anything else the machine ran meanwhile) are not told apart: this is a
-rough account of where the time goes, not an exact one.
+``start`` says so and ``report`` prints nothing. A rough account, not an exact one: each
+record counts whole hundredths of a second (a process of a few milliseconds, most
+``bash``, ``git`` or ``sed`` runs, counts as nothing: see their number instead), processes
+that still run at ``report`` are missing, and the name is the last thread's to end
+(``main2`` is uv's, with the ``python`` processes that compile a venv's bytecode as its
+children; ``jemalloc_bg_thd`` a process that loaded pyarrow).
 """
 
 from __future__ import annotations
@@ -67,7 +70,8 @@ def report(data: bytes, top: int = 15) -> str:
         return "ci: cpu by program: no processes were accounted"
     total = sum(seconds for seconds, _ in totals.values())
     rows = sorted(totals.items(), key=lambda item: -item[1][0])[:top]
-    lines = [f"ci: cpu by program (every process of the machine that ended: {total:.0f} s)"]
+    lines = [f"ci: cpu by program (every process of the machine that ended: {total:.0f} s;"]
+    lines[0] += " one of less than 10 ms counts as none)"
     lines.append(f"{'program':<16}  {'cpu':>8}  {'share':>5}  {'processes':>9}")
     for name, (seconds, count) in rows:
         lines.append(f"{name:<16}  {seconds:>7.0f}s  {seconds / total:>5.0%}  {int(count):>9}")
