@@ -354,8 +354,9 @@ CI_SESSIONS = [
     ),
     "stress",
 ]
-#: Lanes: sessions that run at once (most suites leave about half of the CPU idle: they
-#: wait on subprocesses, sandboxes and timeouts).
+#: Lanes: sessions that run at once, one a CPU (a suite alone leaves much of the CPU idle
+#: while it waits on subprocesses, sandboxes and timeouts; two side by side on two cores
+#: kept the machine 92-98% busy, and a third lane only made each session longer).
 CI_LANES = int(os.environ.get("UNIAGENT_CI_LANES") or os.cpu_count() or 1)
 #: The integrity corpus runs only beside these: its attacks without isolation reach the
 #: host's /tmp, where every grader without isolation keeps its scratch dir, so it must
