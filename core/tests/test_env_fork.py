@@ -298,3 +298,34 @@ async def test_a_snapshot_restores_its_state_again_and_again(parent: AgentEnv) -
             await second.close()
     finally:
         await first.close()
+
+
+async def test_a_fork_reads_the_shells_state_when_the_runtime_loses_the_exit_status(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """SWE-ReX's session (the remote and Modal backends) answers a command whose prompt came
+    late with no exit status and its prompt left in the output; the marks around the state
+    say it was read whole, so the fork goes on (seen on a busy machine, Modal's fake)."""
+    deployment = {"type": "host", "isolation": "none", "base_dir": str(tmp_path / "episodes")}
+    async with open_env(deployment) as parent:
+        await parent.communicate("mkdir -p sub && cd sub && export FORKED='a b' && umask 027")
+        runtime = parent.runtime
+        real = runtime.run_in_session
+        lost = []
+
+        async def late_prompt(action):  # the capture only: SWE-ReX's answer to it
+            obs = await real(action)
+            if "@@uniagent-fork-end-" in getattr(action, "command", ""):
+                lost.append(obs.output)
+                obs = obs.model_copy(update={"exit_code": None, "output": obs.output + "PS1"})
+            return obs
+
+        monkeypatch.setattr(runtime, "run_in_session", late_prompt)
+        fork = await parent.fork()
+        monkeypatch.undo()
+        assert len(lost) == 1
+        async with fork.env as child:
+            assert await child.communicate('pwd; echo "$FORKED"; umask') == (
+                f"{child.workdir}/sub\na b\n0027\n"
+            )
+        assert fork.background == ()

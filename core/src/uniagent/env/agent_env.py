@@ -464,17 +464,25 @@ class AgentEnv:
         exports, its cwd (shell-quoted), its umask and its background jobs."""
         q = shlex.quote
         state = posixpath.join(self._tools_dir, f".uniagent-fork-{secrets.token_hex(6)}")
-        mark = f"@@uniagent-fork-{secrets.token_hex(6)}@@"
+        token = secrets.token_hex(6)
+        mark, end = f"@@uniagent-fork-{token}@@", f"@@uniagent-fork-end-{token}@@"
         # In this shell (its state is what is carried): the exports to a file the copy
-        # takes along, the cwd (shell-quoted), umask and jobs on the output.
-        capture = f"export -p > {q(state)} && printf '{mark}%q\\n' \"$PWD\" && umask && jobs -l"
+        # takes along, the cwd (shell-quoted), umask and jobs on the output, between two
+        # marks; the second only when every step succeeded. The marks, not the exit status,
+        # say it worked: SWE-ReX's session loses the status (None) when its prompt comes
+        # late on a busy machine, and leaves the prompt in the output after them.
+        capture = (
+            f"export -p > {q(state)} && printf '{mark}%q\\n' \"$PWD\" && umask && jobs -l"
+            f" && echo {end}"
+        )
         captured = await self.run_action(capture, timeout=self.config.setup_timeout)
         _, found, tail = captured.output.partition(mark)
-        if captured.exit_code != 0 or not found:
+        body, ended, _ = tail.partition(end)
+        if captured.exit_code not in (0, None) or not found or not ended:
             with contextlib.suppress(Exception):
                 await self.run_action(f"rm -f {q(state)}")
             raise EnvError(f"could not read the shell's state to fork: {captured.output}")
-        cwd, umask, *jobs = tail.split("\n")
+        cwd, umask, *jobs = body.rstrip("\n").split("\n")
         return state, cwd, umask, jobs
 
     async def _start_forked(
