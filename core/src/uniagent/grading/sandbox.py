@@ -108,13 +108,14 @@ HOLD_GRACE = 5
 #: Runs ``$1`` (under ``timeout -s KILL $4`` where ``$5`` asks for it and the sandbox's ``PATH``
 #: has a ``timeout``) in a process group of its own, its output cut at ``$2`` bytes: what was
 #: cut is counted (and drained) and reported on a last line starting with ``$3``. When the
-#: command ends, what is left of its process group is killed. Its output goes through a FIFO
-#: (of the private ``$TMPDIR``, unlinked once open) that only the command holds open, so the
-#: reading ends when the command ends; a process that left the group and holds it open (or
-#: opened it again through ``/proc``) gets ``$6`` seconds, then the reading is stopped and
-#: ``$3 held`` is the last line. The reader's end is seen on a second FIFO it holds open:
-#: waiting for it costs no process, and no timer runs when the output is not held. Exits with
-#: the command's status.
+#: command ends, what is left of its process group is killed. Its output goes through a pipe
+#: to a reader (a ``coproc``) that only the command holds open, so the reading ends when the
+#: command ends; a process that left the group and holds it open (or opened it again through
+#: ``/proc``) gets ``$6`` seconds, then the reading is stopped and ``$3 held`` is the last
+#: line. The reader's end is seen on the coproc's other pipe, which it holds open: waiting for
+#: it costs no process, and no timer runs when the output is not held. Exits with the
+#: command's status. (Pipes, not FIFOs in ``$TMPDIR``: no ``mkfifo`` or ``rm`` per command,
+#: nothing to name or clean up.)
 #:
 #: Before that, in the same process (no command of its own): the grading scratch dir ``$7``
 #: (with ``home`` and ``tmp``, mode 0700) is made where it is not there yet, and each file
@@ -146,16 +147,18 @@ if [ -n "$5" ]; then
   hash timeout && t=${BASH_CMDS[timeout]}
   case "$t" in /*) ;; *) t=; printf '%s untimed\n' "$3" ;; esac
 fi
-for f in "${TMPDIR:-/tmp}/out.$$.${SRANDOM:-$RANDOM$RANDOM}" "/tmp/uniagent-out.$$.$RANDOM$RANDOM"
-do mkfifo -m 600 "$f" "$f.end" && break; f=; done
-[ -n "$f" ] || exit 125
-{
+# The reader writes to the wrapper's stdout (fd 5 here) and holds the coproc's stdout (fd 7):
+# EOF there is its end. Its pipes move to fds 3 and 4 (bash closes a coproc's own fds, by
+# number, when it reaps it).
+exec 5>&1
+coproc {
+  exec 7>&1 1>&5 5>&-
   head -c "$2"; n=$(wc -c)
   if [ "$n" -gt 0 ]; then printf '\n%s %s\n' "$3" "$n"; fi
-} < "$f" 7> "$f.end" &
-reader=$!
-exec 3> "$f" 4< "$f.end"
-rm -f "$f" "$f.end"
+}
+reader=$COPROC_PID
+exec 3>&"${COPROC[1]}" 4<&"${COPROC[0]}" 5>&-
+eval "exec ${COPROC[1]}>&- ${COPROC[0]}<&-"
 if [ -n "$t" ]; then "$t" -s KILL "$4" bash --norc --noprofile -c "$1" >&3 2>&3 3>&- 4<&- &
 else bash --norc --noprofile -c "$1" >&3 2>&3 3>&- 4<&- &
 fi
