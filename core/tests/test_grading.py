@@ -279,6 +279,27 @@ async def test_history_scrub_keeps_only_the_checkout_of_a_clone_with_history(tmp
         await env.close()
 
 
+async def test_history_scrub_reads_a_commits_parents_from_its_header_not_its_message():
+    # A root commit whose message has a line "parent ...": it has no parent, so the
+    # scrubbed repository is not shallow (a message line once made it look like one).
+    message = shlex.quote("base\n\nparent 0123456789012345678901234567890123456789\n")
+    setup = SETUP.replace("git commit -qm base", f"git commit -qm {message}")
+    env = open_env({"type": "host", "isolation": "none"}, {"post_setup": [setup]})
+    await env.start()
+    try:
+        grader = await prepare_grader(env, "scrubbed_command", {})
+        assert grader.baseline.scrub["objects_after"] > 0
+        for command, expected in (
+            ("git rev-parse --is-shallow-repository", "false"),
+            ("git log --format=%s", "base"),
+            ("git fsck --no-dangling 2>&1", ""),
+        ):
+            obs = await env.run_action(command, timeout=30)
+            assert obs.output.strip() == expected, (command, obs.output)
+    finally:
+        await env.close()
+
+
 @pytest.mark.parametrize("scrub", [False, True])
 async def test_a_work_dir_inside_another_checkout_is_graded_as_no_repository(tmp_path, scrub):
     # A host sandbox whose root lies in a project's ignored temporary directory (nox's

@@ -134,13 +134,15 @@ exit 0
 #: back to ``gc --prune=now``.
 SCRUB = r"""
 cd "$REPO" || exit 3
-gitc rev-parse --git-dir >/dev/null 2>&1 || { echo "not_a_repository=1"; exit 0; }
+gd=$(gitc rev-parse --absolute-git-dir 2>/dev/null) || { echo "not_a_repository=1"; exit 0; }
 head=$(gitc rev-parse -q --verify HEAD) || { echo "no_head=1"; exit 0; }
-base=$(gitc rev-parse -q --verify "${BASE:-$head}^{commit}" 2>/dev/null) || base=$head
+base=$head
+if [ -n "$BASE" ]; then
+  base=$(gitc rev-parse -q --verify "$BASE^{commit}" 2>/dev/null) || base=$head
+fi
 cur=$(gitc symbolic-ref -q HEAD || true)
 echo "head=$head"
 [ "$head" = "$base" ] && echo "head_is_base=1"
-gd=$(gitc rev-parse --absolute-git-dir) || exit 4
 before=$(gitc count-objects -v | awk '/^(count|in-pack):/ {n += $2} END {print n + 0}')
 gitc for-each-ref --format='%(objectname) %(*objectname) %(refname)' > "$TMPDIR/refs" || exit 4
 awk -v cur="$cur" -v head="$head" -v base="$base" -v kept="$TMPDIR/tags.kept" '
@@ -156,7 +158,8 @@ if [ -s "$TMPDIR/refs.del" ]; then
   gitc update-ref --no-deref --stdin < "$TMPDIR/refs.del" || exit 4
 fi
 for remote in $(gitc remote); do gitc remote remove "$remote" >/dev/null 2>&1; done
-gitc reflog expire --expire=now --all >/dev/null 2>&1
+# (the reflogs of a repository whose git dir is its .git go with .git/logs)
+[ -d .git ] && [ "$gd" -ef .git ] || gitc reflog expire --expire=now --all >/dev/null 2>&1
 rm -rf .git/logs .git/refs/original .git/rr-cache
 rm -f .git/ORIG_HEAD .git/FETCH_HEAD .git/MERGE_HEAD .git/CHERRY_PICK_HEAD .git/REVERT_HEAD \
   .git/AUTO_MERGE .git/BISECT_LOG .git/BISECT_START .git/BISECT_EXPECTED_REV
@@ -168,11 +171,15 @@ if [ ! -e "$gd/commondir" ] && [ -d "$gd/objects" ] && [ ! -L "$gd/objects" ]; t
   { gitc rev-list --objects --no-walk "$head" "$base" && cat "$TMPDIR/tags.kept" \
       && gitc ls-files -s | awk '$1 != "160000" { print $2 }'; } > "$TMPDIR/objects" || exit 6
   gitc pack-objects -q --window=0 "$new/pack/pack" < "$TMPDIR/objects" > /dev/null || exit 6
-  # shallow: the commits whose parents are gone (read from the object: a shallow clone
-  # hides them from rev-parse)
-  for c in "$head" "$base"; do
-    gitc cat-file commit "$c" | grep -q '^parent ' && echo "$c"
-  done | sort -u > "$TMPDIR/shallow"
+  # shallow: the commits whose parents are gone (read from the object's header: a shallow
+  # clone hides them from rev-parse), in order, once each
+  commits=("$head")
+  if [[ $base < $head ]]; then commits=("$base" "$head"); elif [[ $base > $head ]]; then
+    commits+=("$base"); fi
+  for c in "${commits[@]}"; do
+    header=$(gitc cat-file commit "$c") && header=$'\n'${header%%$'\n\n'*}
+    case $header in *$'\n''parent '*) echo "$c" ;; esac
+  done > "$TMPDIR/shallow"
   rm -rf "$gd/objects" && mv "$new" "$gd/objects" || exit 6
   if [ -s "$TMPDIR/shallow" ]; then cp "$TMPDIR/shallow" "$gd/shallow"; else rm -f "$gd/shallow"; fi
 else

@@ -139,14 +139,17 @@ activated() (
       printf 'root %s\n' "$shim" "$r/version" "$r/libexec"
     fi
     py=$p  # as found, not the link's target: a venv's python finds its pyvenv.cfg so
-    first=$(head -c 256 "$real" 2>/dev/null | head -n 1)
+    first=  # (its first line: read by the shell, no process)
+    IFS= read -r -N 256 first 2>/dev/null < "$real"
+    first=${first%%$'\n'*}
     case "$first" in
       '#!'*) set -- ${first#??}; py=${1:-}
              case "${py##*/}" in env) py=$(command -v "${2:-}" 2>/dev/null) ;; esac ;;
     esac
     [ -n "$py" ] || continue
     # python and python3 of one bin directory are one interpreter: asked once
-    key="|${py%/*} $(readlink -f "$py")|"
+    if [ "$py" = "$p" ]; then target=$real; else target=$(readlink -f "$py"); fi
+    key="|${py%/*} $target|"
     case "$asked" in *"$key"*) continue ;; esac
     asked=$asked$key
     "$py" -c "$ROOTS_PY" 2>/dev/null
