@@ -74,7 +74,8 @@ class Baseline:
     scrub: dict[str, Any] | None = None
     #: Ignored files of the repository at the start (they are not the agent's patch).
     ignored: frozenset[str] = frozenset()
-    #: The sandbox's clock at the start (``date +%s.%N``): later changes have a newer ctime.
+    #: The sandbox's clock at the start (bash's ``$EPOCHREALTIME``, else ``date +%s.%N``):
+    #: later changes have a newer ctime.
     epoch: str | None = None
     #: The test environment (:mod:`uniagent.grading.testenv`): ``bin:WORD`` -> interpreter,
     #: ``root:PATH`` -> digest of the names under it; and how it was resolved.

@@ -454,7 +454,9 @@ if [ "$SCRUB" = 1 ]; then
 fi
 head=$(gitc rev-parse -q --verify HEAD 2>/dev/null) && echo "head=$head"
 tree=$(gitc rev-parse -q --verify "${BASE:-HEAD}^{tree}" 2>/dev/null) && echo "tree=$tree"
-echo "epoch=$(date +%s.%N)"
+# (the shell's clock, to the microsecond: no `date` process; a decimal comma read as a point)
+now=${EPOCHREALTIME:-}; now=${now/,/.}; [ -n "$now" ] || now=$(date +%s.%N)
+echo "epoch=$now"
 ( __LIST__ ) || exit $?
 printf 'blob:ignored='
 { gitc ls-files -z -o -i --exclude-standard 2>/dev/null; true; } | base64 -w0

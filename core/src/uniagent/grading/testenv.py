@@ -172,20 +172,26 @@ cd "$REPO" 2>/dev/null || cd / || exit 3  # where the eval script activates
 activated > "$TMPDIR/env.out"
 grep '^env-bin ' "$TMPDIR/env.out"
 if [ "$MODE" = discover ]; then
-  sed -n 's/^root //p' "$TMPDIR/env.out" | LC_ALL=C sort -u \
-    | awk -v repo="$REPO" -v scratch="${TMPDIR%/tmp}" '
-    $0 == "/" || $0 == repo || index($0, repo "/") == 1 || index($0, scratch "/") == 1 { next }
-    $0 ~ "^/(proc|sys|dev)(/|$)" { next }
+  # One sort, one awk: the roots kept (into $ROOTS and printed), then the files.
+  : > "$ROOTS"; : > "$FILES"
+  LC_ALL=C sort -u "$TMPDIR/env.out" \
+    | awk -v repo="$REPO" -v scratch="${TMPDIR%/tmp}" -v roots="$ROOTS" -v files="$FILES" '
+    /^file / { found[++m] = substr($0, 6); next }
+    !/^root / { next }
+    { p = substr($0, 6) }
+    p == "/" || p == repo || index(p, repo "/") == 1 || index(p, scratch "/") == 1 { next }
+    p ~ "^/(proc|sys|dev)(/|$)" { next }
     {
       for (i = 1; i <= n; i++)
-        if (index($0, kept[i] "/") == 1 &&
-            substr($0, length(kept[i]) + 2) !~ /^((envs|pkgs)\/|(site|dist)-packages(\/|$))/) next
-      kept[++n] = $0
-      print
-    }' > "$ROOTS"
-  sed 's/^/root /' "$ROOTS"
-  sed -n 's/^file //p' "$TMPDIR/env.out" | LC_ALL=C sort -u > "$FILES"
-  sed 's/^/file /' "$FILES"
+        if (index(p, kept[i] "/") == 1 &&
+            substr(p, length(kept[i]) + 2) !~ /^((envs|pkgs)\/|(site|dist)-packages(\/|$))/) next
+      kept[++n] = p
+      print p > roots
+      print "root " p
+    }
+    END {
+      for (i = 1; i <= m; i++) { print found[i] > files; print "file " found[i] }
+    }'
 fi
 tr '\n' '\0' < "$FILES" > "$FILES.nul"
 stat_files "$FILES.nul"

@@ -152,7 +152,7 @@ def walk(root: str, limit: int | None = None) -> RootWalk:
 
 
 def since_ns(epoch: str) -> int:
-    """``date +%s.%N`` (the baseline's clock) in nanoseconds."""
+    """The baseline's clock (``SECONDS.FRACTION``) in nanoseconds."""
     seconds, _, fraction = epoch.partition(".")
     return int(seconds) * 1_000_000_000 + int((fraction[:9] or "0").ljust(9, "0"))
 
