@@ -177,7 +177,8 @@ if [ ! -e "$gd/commondir" ] && [ -d "$gd/objects" ] && [ ! -L "$gd/objects" ]; t
   if [[ $base < $head ]]; then commits=("$base" "$head"); elif [[ $base > $head ]]; then
     commits+=("$base"); fi
   for c in "${commits[@]}"; do
-    header=$(gitc cat-file commit "$c") && header=$'\n'${header%%$'\n\n'*}
+    header=$(gitc cat-file commit "$c") || continue
+    header=$'\n'${header%%$'\n\n'*}
     case $header in *$'\n''parent '*) echo "$c" ;; esac
   done > "$TMPDIR/shallow"
   rm -rf "$gd/objects" && mv "$new" "$gd/objects" || exit 6
