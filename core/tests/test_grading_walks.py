@@ -9,7 +9,6 @@ import json
 import os
 import subprocess
 import threading
-import time
 from pathlib import Path
 
 import pytest
@@ -195,32 +194,3 @@ async def test_a_root_nobody_waits_for_is_not_kept(tmp_path):
     found = await walks.shared_walk(str(tmp_path))
     assert found.exists and found.is_dir
     assert all(root != str(tmp_path) for _, root in walks._SHARED)
-
-
-async def test_the_next_walk_rests_as_long_as_the_last_one_took_cpu(tmp_path):
-    """Walks asked for all the time do not follow each other without end: the next one starts
-    no sooner than the last one's CPU time after it ended (a lower bound: a busy machine only
-    makes the rest longer), and serves everybody who asked until then."""
-    spins = 0.05  # seconds of the walking thread's CPU time
-    times: list[tuple[float, float]] = []
-    started = threading.Event()
-
-    def run(root: str) -> walks.RootWalk:
-        begin = time.monotonic()
-        started.set()
-        until = time.thread_time() + spins
-        while time.thread_time() < until:
-            pass
-        times.append((begin, time.monotonic()))
-        return walks.RootWalk(root, True, [(len(times), "d", b"")])
-
-    walker = walks.SharedWalk(str(tmp_path), run)
-    first = asyncio.ensure_future(walker.get())
-    await asyncio.to_thread(started.wait, 60)
-    second = [asyncio.ensure_future(walker.get()) for _ in range(3)]  # during the first walk
-    assert (await first).entries[0][0] == 1
-    third = asyncio.ensure_future(walker.get())  # after the first walk, before the second
-    results = await asyncio.gather(*second, third)
-    assert {r.entries[0][0] for r in results} == {2}, "one walk, after the rest, for all four"
-    assert walker.walks == 2
-    assert times[1][0] - times[0][1] >= spins * walks.REST - 0.005

@@ -28,7 +28,6 @@ import bisect
 import hashlib
 import os
 import stat
-import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
@@ -157,14 +156,6 @@ def since_ns(epoch: str) -> int:
     return int(seconds) * 1_000_000_000 + int((fraction[:9] or "0").ljust(9, "0"))
 
 
-#: The rest between two walks of one root, as a share of the CPU time the first took: with
-#: episodes asking all the time (dozens at once), walks would otherwise follow each other
-#: without end, a CPU core (and the GIL) busy with ``lstat`` calls whose answers serve fewer
-#: episodes each. With a rest as long as the walk, a root's walks take at most half a core,
-#: each serving the episodes of twice the time, and an answer waits at most that much longer.
-REST = 1.0
-
-
 class SharedWalk:
     """Walks of one root: :meth:`get` returns a walk that started after it was called, shared
     with everybody else who asked before that walk started."""
@@ -177,8 +168,6 @@ class SharedWalk:
         self._walking: asyncio.Task[None] | None = None
         #: How many walks ran (for tests and the bench).
         self.walks = 0
-        #: When the next walk may start (the loop's clock).
-        self._rested_at = 0.0
 
     async def get(self) -> RootWalk:
         """The next walk's result (a walk under way now does not count)."""
@@ -190,23 +179,13 @@ class SharedWalk:
         # Shielded: a caller that gives up (its grading timed out) leaves the walk to the others.
         return await asyncio.shield(waiting)
 
-    def _timed_walk(self) -> tuple[RootWalk, float]:
-        """One walk (on a worker thread) and the CPU time that thread spent on it."""
-        started = time.thread_time()
-        found = (self._run or walk)(self.root)
-        return found, time.thread_time() - started
-
     async def _walk_while_asked(self) -> None:
         try:
             while self._next is not None:
-                rest = self._rested_at - self._loop.time()
-                if rest > 0:  # (everybody who asks until then is served by the next walk)
-                    await asyncio.sleep(rest)
                 asked, self._next = self._next, None  # who asks from now on waits for the next
                 self.walks += 1
-                spent = 0.0
                 try:
-                    found, spent = await asyncio.to_thread(self._timed_walk)
+                    found = await asyncio.to_thread(self._run or walk, self.root)
                 except Exception as exc:
                     if not asked.done():
                         asked.set_exception(exc)
@@ -216,21 +195,15 @@ class SharedWalk:
                 finally:
                     if asked.done() and not asked.cancelled():
                         asked.exception()  # retrieved, whether anybody still waits or not
-                # The next walk starts after a rest as long as this one's CPU time (:data:`REST`).
-                self._rested_at = self._loop.time() + spent * REST
         finally:
             self._walking = None
             if self._next is not None and not self._loop.is_closed():  # asked as it stopped
                 self._walking = asyncio.ensure_future(self._walk_while_asked())
             elif _SHARED.get((self._loop, self.root)) is self:  # idle: a root of one sandbox
                 del _SHARED[(self._loop, self.root)]  # is not kept for the whole run
-                if self._rested_at > self._loop.time():  # (its rest holds for the next walker)
-                    _RESTS[(self._loop, self.root)] = self._rested_at
 
 
 _SHARED: dict[tuple[asyncio.AbstractEventLoop, str], SharedWalk] = {}
-#: When the next walk of a root whose walker went idle may start (the loop's clock).
-_RESTS: dict[tuple[asyncio.AbstractEventLoop, str], float] = {}
 
 
 async def shared_walk(root: str) -> RootWalk:
@@ -241,11 +214,5 @@ async def shared_walk(root: str) -> RootWalk:
     if walker is None:
         for key in [k for k in _SHARED if k[0].is_closed()]:  # loops that ended (tests)
             del _SHARED[key]
-        now = loop.time()
-        for key in [
-            k for k, at in _RESTS.items() if k[0].is_closed() or (k[0] is loop and at <= now)
-        ]:
-            del _RESTS[key]
         walker = _SHARED[(loop, root)] = SharedWalk(root)
-        walker._rested_at = _RESTS.pop((loop, root), 0.0)
     return await walker.get()
