@@ -194,3 +194,75 @@ async def test_a_root_nobody_waits_for_is_not_kept(tmp_path):
     found = await walks.shared_walk(str(tmp_path))
     assert found.exists and found.is_dir
     assert all(root != str(tmp_path) for _, root in walks._SHARED)
+
+
+def _past(started_ns: int, tmp_path: Path) -> None:
+    """Wait (on an event: a probe file's ctime, no clock) until a change made now carries a
+    ctime after ``started_ns``: the file system's clock is coarser than the walk's."""
+    probe = tmp_path / "probe"
+    while True:
+        probe.write_text("")
+        if probe.stat().st_ctime_ns > started_ns:
+            return
+
+
+async def test_the_names_of_a_root_whose_directories_did_not_change_come_from_its_last_walk(
+    tmp_path, monkeypatch
+):
+    """No slack here: a directory's ctime is before a walk that started after it changed."""
+    monkeypatch.setattr(walks, "CTIME_SLACK_NS", 0)
+    root = tree(tmp_path / "root")
+    first = await walks.shared_walk(str(root))
+    reused = walks.reused
+    (root / "pkg" / "sub" / "mod.py").write_text("x = 2\n")  # content is no name
+    (root / "pkg" / "__pycache__" / "new.cpython-311.pyc").write_bytes(b"\0")  # nor bytecode
+    (root / "site-packages" / "hidden" / "pruned.py").write_text("")  # nor what is not walked
+    assert await walks.current_names(str(root)) is first
+    assert walks.reused == reused + 1
+    _past(first.started_ns, tmp_path)
+    (root / "pkg" / "sub" / "added.py").write_text("")
+    again = await walks.current_names(str(root))
+    assert again is not first and walks.reused == reused + 1
+    assert again.names_digest() == shell(FIND_NAMES, str(root)).split()[0]
+    assert again.names_digest() != first.names_digest()
+    assert await walks.current_names(str(root)) is again  # the new walk is the latest
+    _past(again.started_ns, tmp_path)
+    (root / "pkg" / "sub" / "added.py").rename(root / "pkg" / "sub" / "renamed.py")
+    renamed = await walks.current_names(str(root))
+    assert renamed is not again
+    assert renamed.names_digest() == shell(FIND_NAMES, str(root)).split()[0]
+
+
+def test_a_directory_changed_shortly_before_a_walk_started_makes_its_names_doubtful(tmp_path):
+    """A change up to :data:`walks.CTIME_SLACK_NS` before the start may have come after it
+    (the file system's clock is coarser); a directory gone, or replaced, makes them wrong."""
+    root = tree(tmp_path / "root")
+    found = walks.walk(str(root))
+    newest = max(os.lstat(os.fsencode(root) + (b"/" + rel if rel else b"")).st_ctime_ns
+                 for rel in found.entered)  # fmt: skip
+    assert b"pkg/__pycache__" not in found.entered and b"site-packages" not in found.entered
+    found.started_ns = newest + walks.CTIME_SLACK_NS
+    assert not walks.unchanged_since(found)
+    found.started_ns = newest + walks.CTIME_SLACK_NS + 1
+    assert walks.unchanged_since(found)
+    (root / "pkg" / "sub" / "mod.py").unlink()
+    (root / "pkg" / "sub").rmdir()
+    found.started_ns = 2**62  # whatever the clocks say: a directory walked is gone
+    assert not walks.unchanged_since(found)
+    file = tmp_path / "pyvenv.cfg"
+    file.write_text("")
+    assert not walks.unchanged_since(walks.walk(str(file)))  # only a directory's names
+    assert not walks.unchanged_since(walks.walk(str(tmp_path / "absent")))
+
+
+async def test_the_latest_walks_kept_are_bounded(tmp_path, monkeypatch):
+    monkeypatch.setattr(walks, "CTIME_SLACK_NS", 0)
+    roots = [tree(tmp_path / f"root{n}") for n in range(2)]
+    first = await walks.shared_walk(str(roots[0]))
+    monkeypatch.setattr(walks, "LATEST_MAX_ENTRIES", len(first.entries) + 1)
+    assert await walks.current_names(str(roots[0])) is first
+    await walks.shared_walk(str(roots[1]))  # twice the names: the least recent walk goes
+    assert await walks.current_names(str(roots[0])) is not first
+    loop = asyncio.get_running_loop()
+    kept = [w for (lp, _), w in walks._LATEST.items() if lp is loop]
+    assert [w.root for w in kept] == [str(roots[0])]  # (its walk again, the other let go)

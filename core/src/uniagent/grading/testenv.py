@@ -345,7 +345,7 @@ async def _discover(sandbox: GradingSandbox, baseline: Baseline, spec: TestEnv) 
     )  # fmt: skip
     record, _, _ = _record(output)
     walked = [key.removeprefix("root:") for key, digest in record.items() if digest == "shared"]
-    for found in await asyncio.gather(*map(walks.shared_walk, walked)):
+    for found in await asyncio.gather(*map(walks.current_names, walked)):
         if found.too_many:
             raise GradingSetupError(
                 f"the test environment's {found.root} holds more than {walks.MAX_ENTRIES} "
@@ -548,11 +548,15 @@ async def _shared_since(root: str, since: str) -> tuple[str, list[str], int]:
     """A root's digest (``=``: its names are the baseline's), its files changed since
     ``since`` (all of its names compared where empty) and how many bytecode files written
     since were deleted, from a walk shared with other episodes: the shell check's answer."""
+    if not since:  # the names alone: an earlier walk where they still hold
+        found = await walks.current_names(root)
+        if not found.exists:
+            return "missing", [], 0
+        # (sorting and hashing tens of thousands of names: off the event loop)
+        return await off_loop(found.names_digest), [], 0
     found = await walks.shared_walk(root)
     if not found.exists:
         return "missing", [], 0
-    if not since:  # (sorting and hashing tens of thousands of names: off the event loop)
-        return await off_loop(found.names_digest), [], 0
     changed, purge, dir_changed = await off_loop(found.since, walks.since_ns(since), MAX_CHANGED)
     await off_loop(_delete, purge)
     names = dir_changed or found.too_many or not found.is_dir

@@ -16,6 +16,14 @@ its own baseline (:meth:`RootWalk.since`), and the digest of the names under the
 (:meth:`RootWalk.names_digest`) is the one the shell check prints
 (``find ROOT -xdev ... -printf '%P\\0' | LC_ALL=C sort -z | sha256sum``).
 
+Only what changed since the baseline needs a walk that started after the agent stopped.
+The names alone (the baseline's digest, and a fresh sandbox's comparison) can come from an
+earlier walk: a name added, removed or renamed changes its directory's ctime, so where no
+directory that walk entered has changed since shortly before it started
+(:func:`unchanged_since`: an ``lstat`` of each directory, a tenth of the walk's cost on a
+site-packages), the names under the root are still the ones it listed
+(:func:`current_names`). Episodes run one after another so walk once each, not twice.
+
 The walk runs in this process with :func:`os.scandir` and ``lstat``, not a ``find`` from
 the ``PATH`` (which the agent could have replaced): on a worker thread, so the event loop
 goes on.
@@ -28,6 +36,8 @@ import bisect
 import hashlib
 import os
 import stat
+import time
+from collections import OrderedDict
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
@@ -39,6 +49,13 @@ PYCACHE = b"__pycache__"
 #: digest of its own (:data:`TOO_MANY`) instead of its names'.
 MAX_ENTRIES = 1_000_000
 TOO_MANY = "too-many-names"
+#: How long before a walk started a directory's change still makes the walk's names doubtful:
+#: a file system's clock is coarser than the walk's (a tick; a second on some file systems),
+#: so a change just after the start can carry a ctime just before it.
+CTIME_SLACK_NS = 2_000_000_000
+#: Names kept at most in the latest walks of the roots (:func:`current_names`), about 170
+#: bytes each: the least recently used roots' walks are let go beyond that.
+LATEST_MAX_ENTRIES = 200_000
 
 
 #: ``find -printf %y``'s letter for each file type.
@@ -62,6 +79,12 @@ class RootWalk:
     entries: list[tuple[int, str, bytes]] = field(default_factory=list)
     #: More than :data:`MAX_ENTRIES` names: the walk stopped there.
     too_many: bool = False
+    #: When the walk started (``time.time_ns()``), the root's device, and the directories it
+    #: entered (``b""``: the root; none under a ``__pycache__``, whose names are not counted):
+    #: what :func:`unchanged_since` checks.
+    started_ns: int = 0
+    dev: int = 0
+    entered: list[bytes] = field(default_factory=list, repr=False)
     _ctimes: list[int] = field(default_factory=list, repr=False)
     _digest: str | None = field(default=None, repr=False)
 
@@ -115,19 +138,23 @@ def walk(root: str, limit: int | None = None) -> RootWalk:
     """One walk of ``root`` as ``find ROOT -xdev`` sees it (no link followed; a directory on
     another file system listed, not entered; :data:`PRUNED` right under it skipped); the
     entries it cannot read are left out, as ``find 2>/dev/null`` leaves them."""
+    started = time.time_ns()
     if not os.path.exists(root):  # as the shell's [ -e ]: a link to nothing is missing
-        return RootWalk(root, False)
+        return RootWalk(root, False, started_ns=started)
     try:
         top = os.lstat(root)
     except OSError:
-        return RootWalk(root, False)
+        return RootWalk(root, False, started_ns=started)
     entries = [(top.st_ctime_ns, _kind(top.st_mode), b"")]
+    entered: list[bytes] = []
     limit = MAX_ENTRIES if limit is None else limit
     if stat.S_ISDIR(top.st_mode):
         base = os.fsencode(root)
         stack = [b""]
         while stack:
             rel = stack.pop()
+            if PYCACHE not in rel.split(b"/"):
+                entered.append(rel)
             try:
                 with os.scandir(base + b"/" + rel if rel else base) as listing:
                     found = list(listing)
@@ -144,10 +171,30 @@ def walk(root: str, limit: int | None = None) -> RootWalk:
                 path = rel + b"/" + name if rel else name
                 entries.append((info.st_ctime_ns, _kind(info.st_mode), path))
                 if len(entries) > limit:
-                    return RootWalk(root, True, entries, too_many=True)
+                    return RootWalk(root, True, entries, too_many=True, started_ns=started)
                 if stat.S_ISDIR(info.st_mode) and info.st_dev == top.st_dev:
                     stack.append(path)
-    return RootWalk(root, True, entries)
+    return RootWalk(root, True, entries, started_ns=started, dev=top.st_dev, entered=entered)
+
+
+def unchanged_since(found: RootWalk) -> bool:
+    """Whether the names under ``found``'s root are still the ones it listed: a directory
+    it walked (the root included) whose names changed has a ctime from after the walk's
+    start (less :data:`CTIME_SLACK_NS`), so each of them is ``lstat``-ed, nothing else (a
+    file's content is no name). Only for a directory root walked whole; one on which
+    another file system was mounted since (another device) has changed."""
+    if not found.is_dir or found.too_many:
+        return False
+    limit = found.started_ns - CTIME_SLACK_NS
+    base = os.fsencode(found.root)
+    for rel in found.entered:
+        try:
+            info = os.lstat(base + b"/" + rel if rel else base)
+        except OSError:
+            return False
+        if info.st_ctime_ns >= limit or not stat.S_ISDIR(info.st_mode) or info.st_dev != found.dev:
+            return False
+    return True
 
 
 def since_ns(epoch: str) -> int:
@@ -190,6 +237,7 @@ class SharedWalk:
                     if not asked.done():
                         asked.set_exception(exc)
                 else:
+                    _keep_latest(self._loop, found)
                     if not asked.done():
                         asked.set_result(found)
                 finally:
@@ -204,6 +252,37 @@ class SharedWalk:
 
 
 _SHARED: dict[tuple[asyncio.AbstractEventLoop, str], SharedWalk] = {}
+#: The latest walk of each root, by event loop (least recently used first).
+_LATEST: OrderedDict[tuple[asyncio.AbstractEventLoop, str], RootWalk] = OrderedDict()
+#: How many times :func:`current_names` took the latest walk instead of walking (for tests
+#: and the bench).
+reused = 0
+
+
+def _keep_latest(loop: asyncio.AbstractEventLoop, found: RootWalk) -> None:
+    for key in [k for k in _LATEST if k[0].is_closed()]:  # loops that ended (tests)
+        del _LATEST[key]
+    _LATEST[(loop, found.root)] = found
+    _LATEST.move_to_end((loop, found.root))
+    kept = sum(len(w.entries) for w in _LATEST.values())
+    while kept > LATEST_MAX_ENTRIES and len(_LATEST) > 1:
+        _, dropped = _LATEST.popitem(last=False)
+        kept -= len(dropped.entries)
+
+
+async def current_names(root: str) -> RootWalk:
+    """A walk whose names are those under ``root`` now (for :meth:`RootWalk.names_digest`,
+    not :meth:`RootWalk.since`): the latest walk of ``root`` in this event loop where
+    :func:`unchanged_since` says its names still hold, else a new :func:`shared_walk`."""
+    global reused
+    loop = asyncio.get_running_loop()
+    found = _LATEST.get((loop, root))
+    if found is not None:
+        _LATEST.move_to_end((loop, root))
+        if await asyncio.to_thread(unchanged_since, found):
+            reused += 1
+            return found
+    return await shared_walk(root)
 
 
 async def shared_walk(root: str) -> RootWalk:
