@@ -205,10 +205,17 @@ def since_ns(epoch: str) -> int:
 
 class SharedWalk:
     """Walks of one root: :meth:`get` returns a walk that started after it was called, shared
-    with everybody else who asked before that walk started."""
+    with everybody else who asked before that walk started.
 
-    def __init__(self, root: str, run: Callable[[str], RootWalk] | None = None) -> None:
+    With ``names``, a round takes the root's latest walk (:data:`_LATEST`) instead where
+    :func:`unchanged_since`, checked after every asker asked, says its names still hold:
+    one check serves them all, as one walk does."""
+
+    def __init__(
+        self, root: str, run: Callable[[str], RootWalk] | None = None, *, names: bool = False
+    ) -> None:
         self.root = root
+        self.names = names
         self._run = run
         self._loop = asyncio.get_running_loop()
         self._next: asyncio.Future[RootWalk] | None = None
@@ -231,13 +238,14 @@ class SharedWalk:
             while self._next is not None:
                 asked, self._next = self._next, None  # who asks from now on waits for the next
                 self.walks += 1
+                latest = _LATEST.get((self._loop, self.root)) if self.names else None
                 try:
-                    found = await asyncio.to_thread(self._run or walk, self.root)
+                    found = await asyncio.to_thread(self._round, latest)
                 except Exception as exc:
                     if not asked.done():
                         asked.set_exception(exc)
                 else:
-                    _keep_latest(self._loop, found)
+                    _keep_latest(self._loop, found, again=found is latest)
                     if not asked.done():
                         asked.set_result(found)
                 finally:
@@ -247,19 +255,29 @@ class SharedWalk:
             self._walking = None
             if self._next is not None and not self._loop.is_closed():  # asked as it stopped
                 self._walking = asyncio.ensure_future(self._walk_while_asked())
-            elif _SHARED.get((self._loop, self.root)) is self:  # idle: a root of one sandbox
-                del _SHARED[(self._loop, self.root)]  # is not kept for the whole run
+            elif _SHARED.get(key := (self._loop, self.root, self.names)) is self:
+                del _SHARED[key]  # idle: a root of one sandbox is not kept for the whole run
+
+    def _round(self, latest: RootWalk | None) -> RootWalk:
+        """One round, on a worker thread: ``latest`` where its names still hold, else a walk."""
+        if latest is not None and unchanged_since(latest):
+            return latest
+        return (self._run or walk)(self.root)
 
 
-_SHARED: dict[tuple[asyncio.AbstractEventLoop, str], SharedWalk] = {}
+#: The walkers by event loop, root and whether they answer with names alone.
+_SHARED: dict[tuple[asyncio.AbstractEventLoop, str, bool], SharedWalk] = {}
 #: The latest walk of each root, by event loop (least recently used first).
 _LATEST: OrderedDict[tuple[asyncio.AbstractEventLoop, str], RootWalk] = OrderedDict()
-#: How many times :func:`current_names` took the latest walk instead of walking (for tests
-#: and the bench).
+#: How many rounds of :func:`current_names` took the latest walk instead of walking (for
+#: tests and the bench).
 reused = 0
 
 
-def _keep_latest(loop: asyncio.AbstractEventLoop, found: RootWalk) -> None:
+def _keep_latest(loop: asyncio.AbstractEventLoop, found: RootWalk, *, again: bool) -> None:
+    """Keep ``found`` as the root's latest walk (``again``: it was already)."""
+    global reused
+    reused += again
     for key in [k for k in _LATEST if k[0].is_closed()]:  # loops that ended (tests)
         del _LATEST[key]
     _LATEST[(loop, found.root)] = found
@@ -273,25 +291,22 @@ def _keep_latest(loop: asyncio.AbstractEventLoop, found: RootWalk) -> None:
 async def current_names(root: str) -> RootWalk:
     """A walk whose names are those under ``root`` now (for :meth:`RootWalk.names_digest`,
     not :meth:`RootWalk.since`): the latest walk of ``root`` in this event loop where
-    :func:`unchanged_since` says its names still hold, else a new :func:`shared_walk`."""
-    global reused
-    loop = asyncio.get_running_loop()
-    found = _LATEST.get((loop, root))
-    if found is not None:
-        _LATEST.move_to_end((loop, root))
-        if await asyncio.to_thread(unchanged_since, found):
-            reused += 1
-            return found
-    return await shared_walk(root)
+    :func:`unchanged_since` says its names still hold, else a new walk; either from a round
+    that started after this call, shared by everybody who asked before it started."""
+    return await _walker(root, names=True).get()
 
 
 async def shared_walk(root: str) -> RootWalk:
     """A walk of ``root`` that started after this call, shared by every episode of this event
     loop that asked for the same root before it started."""
+    return await _walker(root, names=False).get()
+
+
+def _walker(root: str, *, names: bool) -> SharedWalk:
     loop = asyncio.get_running_loop()
-    walker = _SHARED.get((loop, root))
+    walker = _SHARED.get((loop, root, names))
     if walker is None:
         for key in [k for k in _SHARED if k[0].is_closed()]:  # loops that ended (tests)
             del _SHARED[key]
-        walker = _SHARED[(loop, root)] = SharedWalk(root)
-    return await walker.get()
+        walker = _SHARED[(loop, root, names)] = SharedWalk(root, names=names)
+    return walker
