@@ -25,7 +25,7 @@ from dataclasses import dataclass, field, fields, is_dataclass
 from typing import TYPE_CHECKING, Any, TypeVar
 
 from uniagent.env.errors import EnvError
-from uniagent.grading import scripts
+from uniagent.grading import hosttools, scripts
 from uniagent.grading.sandbox import OUTPUT_LIMIT, GradingSandbox, grading_environment, off_loop
 from uniagent.grading.tamper import Tamper
 from uniagent.grading.tree import MAX_LINKS, Tree, judge, nested_roots, parse_links
@@ -456,11 +456,14 @@ async def toolchain(sandbox: GradingSandbox) -> dict[str, str]:
 async def _toolchain(
     sandbox: GradingSandbox, key: tuple[str, tuple[str, ...]] | None
 ) -> dict[str, str]:
-    variables = {"TOOLS": scripts.TOOLCHAIN_TOOLS, "PYCODE": scripts.TOOLCHAIN_PY}
-    # (it starts the interpreters on PATH, which the agent may have replaced: a one-off)
-    output = await run_script(
-        sandbox, scripts.TOOLCHAIN, variables, what="the toolchain check", resident=False
-    )
+    # Without isolation, answered from here but for the interpreters' own answer.
+    output = await hosttools.toolchain_output(sandbox, SCRIPT_TIMEOUT)
+    if output is None:
+        variables = {"TOOLS": scripts.TOOLCHAIN_TOOLS, "PYCODE": scripts.TOOLCHAIN_PY}
+        # (it starts the interpreters on PATH, which the agent may have replaced: a one-off)
+        output = await run_script(
+            sandbox, scripts.TOOLCHAIN, variables, what="the toolchain check", resident=False
+        )
     found: dict[str, str] = {}
     for line in output.splitlines():
         if line.startswith("bin "):

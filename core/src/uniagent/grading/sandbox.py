@@ -14,9 +14,11 @@ command's own output cannot grow the grader's memory), and every read of a
 sandbox file (:meth:`GradingSandbox.read_bytes`) is such a command, with a
 regular-file check, a size limit and a timeout; so a file that the tested code
 replaced (by a FIFO, a symlink, a huge file) can neither hang nor flood the grader.
-The one exception: without isolation, where the sandbox's paths are the host's, the test
+The exceptions: without isolation, where the sandbox's paths are the host's, the test
 environment's roots are listed from this process (:mod:`uniagent.grading.walks`: names and
-``lstat`` only, no file read, no link followed, a bounded number of names).
+``lstat`` only, no file read, no link followed, a bounded number of names), and so are the
+toolchain's tools and files (:mod:`uniagent.grading.hosttools`: ``stat`` and ``realpath``,
+and an interpreter's first bytes, read without blocking from a regular file).
 
 Under bubblewrap, the grader's own scripts (never the tested code) run one after another in a
 resident shell (:class:`_ResidentShell`): one ``bwrap`` for all of a grading sandbox's steps
