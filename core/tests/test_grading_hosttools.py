@@ -5,7 +5,9 @@ to tell bash's ``hash`` apart from a plain search."""
 from __future__ import annotations
 
 import os
+import subprocess
 import sys
+import time
 from collections.abc import AsyncIterator
 from pathlib import Path
 
@@ -13,8 +15,9 @@ import pytest
 
 from uniagent import open_env
 from uniagent.env import AgentEnv
-from uniagent.grading import hosttools, integrity, scripts
+from uniagent.grading import hosttools, integrity, scripts, walks
 from uniagent.grading.sandbox import GradingSandbox
+from uniagent.testing import MAKE_PREFIX
 
 
 @pytest.fixture
@@ -111,3 +114,63 @@ async def test_under_bubblewrap_the_script_runs() -> None:
 def test_a_timestamp_is_finds() -> None:
     assert hosttools._timestamp(1_796_565_810_020_582_866) == "1796565810.0205828660"
     assert hosttools._timestamp(5_000_000_000) == "5.0000000000"
+
+
+def _counted(sandbox: GradingSandbox, monkeypatch: pytest.MonkeyPatch) -> list[str]:
+    """The commands ``sandbox`` runs from now on."""
+    ran: list[str] = []
+    run = sandbox.run
+
+    async def counting(command: str, **kwargs: object) -> object:
+        ran.append(command)
+        return await run(command, **kwargs)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(sandbox, "run", counting)
+    return ran
+
+
+async def test_an_interpreters_answer_is_kept_while_the_names_it_read_hold(
+    env: AgentEnv, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """No slack here (a directory's ctime is before a run that started after it changed);
+    a name added to a package it listed, or its pyvenv.cfg changed, asks it again."""
+    monkeypatch.setattr(walks, "CTIME_SLACK_NS", 0)
+    prefix = tmp_path / "prefix"  # its own site-packages, which `-I -S` reads (a venv's not)
+    made = [sys.executable, "-c", MAKE_PREFIX, str(prefix)]
+    package = Path(subprocess.run(made, capture_output=True, text=True, check=True).stdout.strip())
+    (package / "pytest").mkdir()
+    (package / "pytest" / "__init__.py").write_text("")
+    path = f"{prefix}/bin:/usr/bin:/bin"
+    sandbox = await GradingSandbox.open(env, {"PATH": path}, workdir=env.workdir, lazy=True)
+    try:
+        # (its first run writes its standard library's bytecode, changing those directories)
+        await hosttools.toolchain_output(sandbox, 60)
+        ran = _counted(sandbox, monkeypatch)
+        first = await hosttools.toolchain_output(sandbox, 60)
+        assert first is not None and len(ran) == 1
+        assert f"{package}/pytest/__init__.py" in first
+        assert await hosttools.toolchain_output(sandbox, 60) == first
+        assert len(ran) == 1, "the kept answer was given again"
+        _past(tmp_path)
+        (package / "pytest" / "added.py").write_text("")
+        again = await hosttools.toolchain_output(sandbox, 60)
+        assert again is not None and len(ran) == 2
+        assert f"{package}/pytest/added.py" in again
+        _past(tmp_path)
+        (prefix / "pyvenv.cfg").write_text("# made\n")  # (read above the interpreter)
+        assert await hosttools.toolchain_output(sandbox, 60) == again
+        assert len(ran) == 3, "a pyvenv.cfg made: asked again"
+    finally:
+        await sandbox.close()
+    here, script = await _both(env, path)
+    assert here is not None and _lines(here) == _lines(script)
+
+
+def _past(tmp_path: Path) -> None:
+    """Until a change made now has a ctime after now (the file system's clock is coarser)."""
+    now = time.time_ns()
+    probe = tmp_path / "probe"
+    while True:
+        probe.write_text("")
+        if probe.stat().st_ctime_ns > now:
+            return
