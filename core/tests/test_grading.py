@@ -465,13 +465,17 @@ async def test_sandbox_files_are_read_bounded_regular_and_timed(env):
 
 async def test_a_lazy_grading_sandbox_runs_nothing_until_its_first_command(env, monkeypatch):
     calls: list[Any] = []
-    real = env.execute
 
-    async def counted(*args: Any, **kwargs: Any) -> Any:
-        calls.append(args)
-        return await real(*args, **kwargs)
+    def counting(real: Any) -> Any:
+        async def counted(*args: Any, **kwargs: Any) -> Any:
+            calls.append(args)
+            return await real(*args, **kwargs)
 
-    monkeypatch.setattr(env, "execute", counted)
+        return counted
+
+    # (one-off commands: through the wrapper, or without isolation run bounded from here)
+    monkeypatch.setattr(env, "execute", counting(env.execute))
+    monkeypatch.setattr(env, "run_bounded", counting(env.run_bounded))
     sandbox = await GradingSandbox.open(
         env, {"PATH": "/usr/bin:/bin"}, workdir=env.workdir, lazy=True
     )

@@ -9,7 +9,7 @@ import posixpath
 import secrets
 import shlex
 import warnings
-from collections.abc import Mapping, Sequence
+from collections.abc import Awaitable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from types import TracebackType
@@ -36,6 +36,7 @@ from uniagent.env.output import fit_output
 from uniagent.env.runtime import (
     BashAction,
     BashInterruptAction,
+    BoundedRun,
     CloseBashSessionRequest,
     Command,
     CommandResponse,
@@ -334,10 +335,7 @@ class AgentEnv:
         start-up environment (the deployment's, never the session's). stdout and
         stderr are merged.
         """
-        if self._closed:
-            raise TerminalNotAliveError("this environment was closed")
-        if not self._started:
-            raise EnvError("the environment is not started; await env.start() first")
+        self._check_running()
         command = Command(
             command=list(argv),
             env=dict(env) if env is not None else None,
@@ -345,14 +343,52 @@ class AgentEnv:
             timeout=timeout,
             merge_output_streams=True,
         )
+        response: CommandResponse = await self._gone_or_raise(self.runtime.execute(command))
+        return response
+
+    def _check_running(self) -> None:
+        if self._closed:
+            raise TerminalNotAliveError("this environment was closed")
+        if not self._started:
+            raise EnvError("the environment is not started; await env.start() first")
+
+    async def _gone_or_raise(self, work: Awaitable[Any]) -> Any:
+        """``work``'s result; its failure as :class:`TerminalNotAliveError` where the
+        sandbox is gone."""
         try:
-            return await self.runtime.execute(command)
+            return await work
         except Exception as exc:
             if _kind(exc) == "dead" or not await self.sandbox_alive():
                 raise TerminalNotAliveError(
                     f"the sandbox is gone: {type(exc).__name__}: {exc}"
                 ) from exc
             raise
+
+    async def run_bounded(
+        self,
+        command: str,
+        *,
+        env: Mapping[str, str],
+        cwd: str | None,
+        timeout: float,
+        max_bytes: int,
+        hold_grace: float,
+    ) -> BoundedRun | None:
+        """Run ``command`` with ``bash -c`` in the sandbox with its bounds kept by this
+        process (a process group of its own, the output cut after ``max_bytes`` bytes,
+        killed after ``timeout`` s, the reading stopped ``hold_grace`` s after it ended where
+        a process it left holds the output): the grader's one-off commands without their
+        wrapper's processes. ``None`` where the backend gives no such run (bubblewrap, where
+        the command's processes are in a PID namespace of their own, containers, Modal)."""
+        self._check_running()
+        run = getattr(self.runtime, "run_bounded", None)
+        if run is None:
+            return None
+        bounds = {"timeout": timeout, "max_bytes": max_bytes, "hold_grace": hold_grace}
+        done: BoundedRun | None = await self._gone_or_raise(
+            run(command, env=dict(env), cwd=cwd, **bounds)
+        )
+        return done
 
     async def spawn_private(
         self, argv: Sequence[str], *, env: Mapping[str, str], cwd: str = "/"
@@ -361,10 +397,7 @@ class AgentEnv:
         PID namespace of its own), with stdin and stdout pipes to this process and exactly
         ``env``; ``None`` where the backend gives none (no isolation, containers, Modal).
         The grader's resident shell (:mod:`uniagent.grading.sandbox`)."""
-        if self._closed:
-            raise TerminalNotAliveError("this environment was closed")
-        if not self._started:
-            raise EnvError("the environment is not started; await env.start() first")
+        self._check_running()
         spawn = getattr(self.runtime, "spawn_private", None)
         if spawn is None:
             return None

@@ -9,6 +9,7 @@ owns the episode directory and cgroup, the runtime what runs in them.
 from __future__ import annotations
 
 import asyncio
+import asyncio.subprocess
 import contextlib
 import os
 import shlex
@@ -24,6 +25,7 @@ from uniagent.env.bash_session import BASH_FLAGS, BashSession
 from uniagent.env.errors import CommandTimeoutError, EnvError, EnvStartError, NonZeroExitError
 from uniagent.env.runtime import (
     BashObservation,
+    BoundedRun,
     CloseBashSessionResponse,
     CloseResponse,
     CommandResponse,
@@ -82,6 +84,21 @@ async def _bounded_communicate(proc: asyncio.subprocess.Process) -> tuple[bytes,
     out, err = await asyncio.gather(_read_bounded(proc.stdout), _read_bounded(proc.stderr))
     await proc.wait()
     return out, err
+
+
+class _ExitProtocol(asyncio.subprocess.SubprocessStreamProtocol):
+    """asyncio's protocol of a subprocess, with the moment the process itself exited
+    (``exited``): its ``wait()`` also waits for the pipes, which a process it left behind
+    may hold open."""
+
+    def __init__(self, limit: int, loop: asyncio.AbstractEventLoop) -> None:
+        super().__init__(limit=limit, loop=loop)
+        self.exited: asyncio.Future[None] = loop.create_future()
+
+    def process_exited(self) -> None:
+        super().process_exited()
+        if not self.exited.done():
+            self.exited.set_result(None)
 
 
 class HostRuntime:
@@ -231,6 +248,78 @@ class HostRuntime:
                 str(command.command), proc.returncode, result.stdout + result.stderr
             )
         return result
+
+    async def run_bounded(
+        self,
+        command: str,
+        *,
+        env: dict[str, str],
+        cwd: str | None,
+        timeout: float,
+        max_bytes: int,
+        hold_grace: float,
+    ) -> BoundedRun | None:
+        """Run ``command`` with ``bash -c`` as the grader's wrapper
+        (:data:`uniagent.grading.sandbox._BOUNDED`) runs it, its bounds kept here instead of
+        by processes of its own: a process group of its own, stdin from ``/dev/null``, the
+        output merged and cut after ``max_bytes`` bytes (the rest read and counted), killed
+        with its group after ``timeout`` s, what is left of the group killed when it ends,
+        and the reading stopped ``hold_grace`` s after that where a process that left the
+        group holds the output open. ``None`` under bubblewrap (the wrapper runs inside)."""
+        if self._closed:
+            raise EnvError("the host runtime is closed")
+        if self.layout.bwrap is not None:
+            return None
+        loop = asyncio.get_running_loop()
+        transport, protocol = await loop.subprocess_exec(
+            lambda: _ExitProtocol(1 << 16, loop),
+            *self.layout.wrap(["bash", "--norc", "--noprofile", "-c", command]),
+            stdin=asyncio.subprocess.DEVNULL,
+            stdout=asyncio.subprocess.PIPE,
+            stderr=asyncio.subprocess.STDOUT,
+            cwd=cwd or self.layout.workdir,
+            env=env,
+            start_new_session=True,
+        )
+        proc = asyncio.subprocess.Process(transport, protocol, loop)
+        kept: list[bytes] = []
+        more = [0]
+
+        async def read() -> None:
+            assert proc.stdout is not None
+            room = max_bytes
+            while chunk := await proc.stdout.read(1 << 20):
+                if room > 0:
+                    kept.append(chunk[:room])
+                more[0] += max(0, len(chunk) - room)
+                room -= len(chunk)
+
+        reading = asyncio.ensure_future(read())
+        try:
+            timed_out = False
+            try:
+                await wait_for(asyncio.shield(protocol.exited), timeout)
+            except asyncio.TimeoutError:
+                timed_out = True
+            with contextlib.suppress(ProcessLookupError):  # it, or what it left in its group
+                os.killpg(proc.pid, signal.SIGKILL)
+            await protocol.exited
+            done, _ = await asyncio.wait({reading}, timeout=hold_grace)
+            held = not done
+            if done:
+                reading.result()
+        except BaseException:  # cancelled: leave nothing running
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(proc.pid, signal.SIGKILL)
+            raise
+        finally:
+            if not reading.done():
+                reading.cancel()
+                _close_pipes(proc)
+        code = transport.get_returncode()
+        if code is not None and code < 0:  # killed by a signal: as bash reports it
+            code = 128 - code
+        return BoundedRun(b"".join(kept), 137 if timed_out else code, timed_out, more[0], held)
 
     async def spawn_private(
         self, argv: list[str], *, env: dict[str, str], cwd: str

@@ -9,6 +9,7 @@ depend on ``swe-rex`` (an optional extra: ``pip install 'uniagent[swerex]'``).
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Literal, Protocol, runtime_checkable
 
 from pydantic import BaseModel
@@ -98,6 +99,20 @@ class Command(BaseModel):
     env: dict[str, str] | None = None
     cwd: str | None = None
     merge_output_streams: bool = False
+
+
+@dataclass(frozen=True)
+class BoundedRun:
+    """What a bounded run of a command saw (``AgentEnv.run_bounded``): the output kept, the
+    exit status (137 where it was killed at the time-out, 128 + N where signal N ended it),
+    whether it timed out, how many bytes were cut, and whether the output was held open
+    past the grace."""
+
+    output: bytes
+    exit_code: int | None
+    timed_out: bool
+    cut: int
+    held: bool
 
 
 class CommandResponse(BaseModel):

@@ -6,7 +6,12 @@ start-up environment, minus variables that hook into shells, interpreters,
 test runners or git), a fresh ``HOME`` and a fresh scratch directory made at
 grading time, so nothing the agent left behind in its shell (aliases,
 functions, exported variables, ``PATH``, ``BASH_ENV``, traps, background jobs)
-or in its home directory reaches the grader.
+or in its home directory reaches the grader. Its bounds (a process group of its own, the
+output cut at a limit, a time-out, an output held open past a grace) are kept by a small
+wrapper in the sandbox (:data:`_BOUNDED`), or, without isolation, where the sandbox's
+processes are this machine's, by the runtime in this process
+(:meth:`~uniagent.env.AgentEnv.run_bounded`: the same outcome, five processes fewer a
+command), which then also makes the scratch directory and writes the staged files.
 
 The grader reads nothing from the sandbox's files on the host side: every
 command's output comes back through the exec channel, cut at a size limit (the
@@ -40,6 +45,7 @@ import posixpath
 import re
 import secrets
 import shlex
+import shutil
 import signal
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
@@ -307,6 +313,31 @@ _READ = (
 )
 
 
+def _stage_here(scratch: str, staged: list[tuple[str, str, str]]) -> None:
+    """What :data:`_BOUNDED` does before the command, from this process where the sandbox's
+    paths are the host's: the scratch dir (with ``home`` and ``tmp``, mode 0700) made where
+    it is not there, each staged file decoded to its path."""
+    if not os.path.isdir(scratch):
+        try:
+            os.mkdir(scratch, 0o700)
+            os.mkdir(f"{scratch}/home", 0o700)
+            os.mkdir(f"{scratch}/tmp", 0o700)
+        except OSError as exc:
+            raise EnvError(f"could not make the grading scratch directory {scratch}") from exc
+    for kind, path, data in staged:
+        try:
+            if kind == "file":
+                with open(data, "rb") as encoded:
+                    raw = base64.b64decode(encoded.read())
+                os.unlink(data)
+            else:
+                raw = base64.b64decode(data)
+            with open(path, "wb") as out:
+                out.write(raw)
+        except (OSError, ValueError) as exc:
+            raise EnvError(f"could not write {path} in the sandbox") from exc
+
+
 async def off_loop(fn: Callable[..., T], *args: Any) -> T:
     """``fn(*args)`` on a worker thread: work on what the agent wrote (megabytes of patch,
     millions of paths, lines of any length) never holds the event loop, so other episodes
@@ -485,6 +516,11 @@ class GradingSandbox:
                 self._shell, self._no_shell = None, True
                 raise EnvError(f"the grading shell in the sandbox broke: {exc}") from None
             return self._finish(raw.decode("utf-8", "backslashreplace"), status)
+        if self._env.sees_host_files():  # without isolation: no wrapper, its bounds kept here
+            here = await self._run_here(command, staged, timeout, cwd or self.workdir, max_bytes)
+            if here is not None:
+                return here
+            args[-1] = ""  # (staged already)
         argv = ["bash", "--norc", "--noprofile", "-c", _BOUNDED, "bash", *args]
         try:
             response = await self._env.execute(
@@ -496,6 +532,34 @@ class GradingSandbox:
             self._made = True  # (most likely: it is removed at close if it is there)
             return GradingOutput(f"[killed after {timeout:g} s]", None, timed_out=True)
         return self._finish(response.stdout + response.stderr, response.exit_code)
+
+    async def _run_here(
+        self,
+        command: str,
+        staged: list[tuple[str, str, str]],
+        timeout: float,
+        cwd: str | None,
+        max_bytes: int,
+    ) -> GradingOutput | None:
+        """Without isolation (the sandbox's paths are the host's): the scratch dir made and
+        the staged files written from this process, the command run with its bounds kept by
+        the runtime (:meth:`~uniagent.env.AgentEnv.run_bounded`), not by :data:`_BOUNDED`'s
+        processes; the same output, status, cut, time-out and held output. ``None`` where
+        the runtime has no such run (the staged files are written then all the same)."""
+        await off_loop(_stage_here, self.scratch, staged)
+        self._made = True
+        done = await self._env.run_bounded(
+            command, env=self.environment, cwd=cwd, timeout=max(1.0, timeout),
+            max_bytes=max_bytes, hold_grace=HOLD_GRACE,
+        )  # fmt: skip
+        if done is None:
+            return None
+        if done.held:
+            note = f"[killed: the output was held open {HOLD_GRACE} s after the command ended]"
+            return GradingOutput(note, None, timed_out=True)
+        # (timed out only where the time ran out: a command that killed itself is not)
+        output = done.output.decode("utf-8", "backslashreplace")
+        return GradingOutput(output, done.exit_code, done.timed_out, done.cut > 0)
 
     async def _shell_ready(self) -> bool:
         """Whether a command can run in the resident shell (started here if need be): the
@@ -638,6 +702,8 @@ class GradingSandbox:
                     except BaseException:
                         self._shell = None  # ended by the failure: not handed over
                         raise
+                elif self._env.sees_host_files():
+                    await off_loop(shutil.rmtree, self.scratch, True)
                 else:
                     await self._env.execute(
                         ["rm", "-rf", "--", self.scratch], env=self.environment, timeout=60
