@@ -183,7 +183,7 @@ def unchanged_since(found: RootWalk) -> bool:
     start (less :data:`CTIME_SLACK_NS`), so each of them is ``lstat``-ed, nothing else (a
     file's content is no name). Only for a directory root walked whole; one on which
     another file system was mounted since (another device) has changed."""
-    if not found.is_dir or found.too_many:
+    if not found.is_dir or found.too_many or not found.entered:
         return False
     limit = found.started_ns - CTIME_SLACK_NS
     base = os.fsencode(found.root)
