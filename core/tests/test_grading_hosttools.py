@@ -18,6 +18,7 @@ from uniagent.env import AgentEnv
 from uniagent.grading import hosttools, integrity, scripts, walks
 from uniagent.grading.sandbox import GradingSandbox
 from uniagent.testing import MAKE_PREFIX
+from uniagent.testing.grading import wait_ctime_after
 
 
 @pytest.fixture
@@ -151,12 +152,12 @@ async def test_an_interpreters_answer_is_kept_while_the_names_it_read_hold(
         assert f"{package}/pytest/__init__.py" in first
         assert await hosttools.toolchain_output(sandbox, 60) == first
         assert len(ran) == 1, "the kept answer was given again"
-        _past(tmp_path)
+        wait_ctime_after(time.time_ns(), tmp_path)
         (package / "pytest" / "added.py").write_text("")
         again = await hosttools.toolchain_output(sandbox, 60)
         assert again is not None and len(ran) == 2
         assert f"{package}/pytest/added.py" in again
-        _past(tmp_path)
+        wait_ctime_after(time.time_ns(), tmp_path)
         (prefix / "pyvenv.cfg").write_text("# made\n")  # (read above the interpreter)
         assert await hosttools.toolchain_output(sandbox, 60) == again
         assert len(ran) == 3, "a pyvenv.cfg made: asked again"
@@ -164,13 +165,3 @@ async def test_an_interpreters_answer_is_kept_while_the_names_it_read_hold(
         await sandbox.close()
     here, script = await _both(env, path)
     assert here is not None and _lines(here) == _lines(script)
-
-
-def _past(tmp_path: Path) -> None:
-    """Until a change made now has a ctime after now (the file system's clock is coarser)."""
-    now = time.time_ns()
-    probe = tmp_path / "probe"
-    while True:
-        probe.write_text("")
-        if probe.stat().st_ctime_ns > now:
-            return

@@ -14,6 +14,7 @@ from pathlib import Path
 import pytest
 
 from uniagent.grading import walks
+from uniagent.testing.grading import wait_ctime_after
 
 FIND_NAMES = (
     'find "$1" -xdev \\( -path "$1/pkgs" -o -path "$1/envs" -o -path "$1/site-packages" '
@@ -196,16 +197,6 @@ async def test_a_root_nobody_waits_for_is_not_kept(tmp_path):
     assert all(key[1] != str(tmp_path) for key in walks._SHARED)
 
 
-def _past(started_ns: int, tmp_path: Path) -> None:
-    """Wait (on an event: a probe file's ctime, no clock) until a change made now carries a
-    ctime after ``started_ns``: the file system's clock is coarser than the walk's."""
-    probe = tmp_path / "probe"
-    while True:
-        probe.write_text("")
-        if probe.stat().st_ctime_ns > started_ns:
-            return
-
-
 async def test_the_names_of_a_root_whose_directories_did_not_change_come_from_its_last_walk(
     tmp_path, monkeypatch
 ):
@@ -220,14 +211,14 @@ async def test_the_names_of_a_root_whose_directories_did_not_change_come_from_it
     asked = [walks.current_names(str(root)) for _ in range(5)]  # all before the round starts
     assert all(found is first for found in await asyncio.gather(*asked))
     assert walks.reused == reused + 1, "one check of the directories served the five"
-    _past(first.started_ns, tmp_path)
+    wait_ctime_after(first.started_ns, tmp_path)
     (root / "pkg" / "sub" / "added.py").write_text("")
     again = await walks.current_names(str(root))
     assert again is not first and walks.reused == reused + 1
     assert again.names_digest() == shell(FIND_NAMES, str(root)).split()[0]
     assert again.names_digest() != first.names_digest()
     assert await walks.current_names(str(root)) is again  # the new walk is the latest
-    _past(again.started_ns, tmp_path)
+    wait_ctime_after(again.started_ns, tmp_path)
     (root / "pkg" / "sub" / "added.py").rename(root / "pkg" / "sub" / "renamed.py")
     renamed = await walks.current_names(str(root))
     assert renamed is not again

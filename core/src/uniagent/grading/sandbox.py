@@ -546,7 +546,8 @@ class GradingSandbox:
         the runtime (:meth:`~uniagent.env.AgentEnv.run_bounded`), not by :data:`_BOUNDED`'s
         processes; the same output, status, cut, time-out and held output. ``None`` where
         the runtime has no such run (the staged files are written then all the same)."""
-        await off_loop(_stage_here, self.scratch, staged)
+        if staged or not os.path.isdir(self.scratch):  # (one stat: no thread hop for it)
+            await off_loop(_stage_here, self.scratch, staged)
         self._made = True
         done = await self._env.run_bounded(
             command, env=self.environment, cwd=cwd, timeout=max(1.0, timeout),

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import warnings
 from collections.abc import Callable, Mapping, Sequence
+from pathlib import Path
 from typing import Any
 
 from uniagent.env import AgentEnv
@@ -111,3 +112,31 @@ if "--reach-base" in sys.argv[2:]:
         f.write("import site; " + reach + "\\n")
 print(own)
 """
+
+
+#: Grading commands whose outcome (output, status, truncation) must not depend on how the
+#: grader runs them: in its resident shell or as a one-off, with or without the bounding
+#: wrapper. Their output, stdin and exits cover what a wrapper could change: both streams,
+#: an exit status, a read of an empty stdin, bytes that are not UTF-8, a cut at the output
+#: limit, no final newline, the variables given, a shell that kills itself.
+SAME_COMMANDS = (
+    "echo out; echo err >&2; exit 3",
+    'pwd; ls -d "$TMPDIR" "$HOME"',
+    "cat; echo stdin-was-empty",
+    "printf '\\377\\376 not utf-8\\n'",
+    "head -c 5000 /dev/zero | tr '\\0' x",
+    "printf 'no newline at the end'",
+    "echo 'é ü 中' $ONLY_HERE",
+    "kill -TERM $$",
+)
+
+
+def wait_ctime_after(started_ns: int, directory: Path) -> None:
+    """Return once a change made in ``directory`` now carries a ctime after ``started_ns``
+    (a file system's clock can be coarser than ``time.time_ns()``): synchronised on the file
+    system's own timestamps, never on a sleep."""
+    probe = directory / ".ctime-probe"  # (left there: its removal would be a change too)
+    while True:
+        probe.write_text("")
+        if probe.stat().st_ctime_ns > started_ns:
+            return
