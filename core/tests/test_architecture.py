@@ -7,6 +7,7 @@ import json
 import logging
 import subprocess
 import sys
+import types
 import warnings
 from pathlib import Path
 
@@ -14,6 +15,7 @@ import pytest
 from pydantic import BaseModel
 
 import uniagent
+import uniagent.testing
 from uniagent import AgentConfig, RewardSpec, ServiceSpec
 from uniagent.testing import Reply, ScriptedChatServer, cli, tool_call
 
@@ -151,7 +153,15 @@ def test_the_cycle_check_finds_a_cycle() -> None:
     assert cycles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == [["a", "b", "c"]]
 
 
-@pytest.mark.parametrize("statement", ["import uniagent", "import uniagent.errors"])
+@pytest.mark.parametrize(
+    "statement",
+    [
+        "import uniagent",
+        "import uniagent.errors",
+        # pytest loads it in every run wherever uniagent is installed (pytest11 entry point)
+        "import uniagent.testing.pytest_plugin",
+    ],
+)
 def test_importing_the_front_door_loads_no_backend_grader_or_runner(statement: str) -> None:
     done = subprocess.run(
         [sys.executable, "-X", "importtime", "-c", statement],
@@ -163,35 +173,45 @@ def test_importing_the_front_door_loads_no_backend_grader_or_runner(statement: s
         if line.startswith("import time:") and "|" in line
     }
     assert "uniagent" in imported
+    light = {"uniagent.testing.pytest_plugin"}
     heavy = sorted(
         name for name in imported
-        if name.startswith(("uniagent.env", "uniagent.grading", "uniagent.run"))
+        if name.startswith(("uniagent.env", "uniagent.grading", "uniagent.run", "uniagent.models",
+                            "uniagent.testing."))
+        and name not in light
     )  # fmt: skip
     assert heavy == []
 
 
-def test_the_front_door_serves_each_name_it_lists() -> None:
-    for name in uniagent.__all__:
-        assert getattr(uniagent, name) is not None, name
+@pytest.mark.parametrize("door", [uniagent, uniagent.testing], ids=lambda m: m.__name__)
+def test_the_front_door_serves_each_name_it_lists(door: types.ModuleType) -> None:
+    for name in door.__all__:
+        assert getattr(door, name) is not None, name
     with pytest.raises(AttributeError, match="no attribute 'nope'"):
-        uniagent.nope  # noqa: B018
+        door.nope  # noqa: B018
 
 
-def test_the_front_doors_three_lists_agree() -> None:
+@pytest.mark.parametrize("door", [uniagent, uniagent.testing], ids=lambda m: m.__name__)
+def test_the_front_doors_three_lists_agree(door: types.ModuleType) -> None:
     """``__all__`` (what ``import *`` and type checkers export), ``_EXPORTS`` (what loads on
     first use) and the ``TYPE_CHECKING`` imports (what type checkers and IDEs see) name the
-    same names, each from the same module."""
-    tree = ast.parse(Path(uniagent.__file__).read_text())
+    same names, each from the same module (besides what the module itself defines)."""
+    assert door.__file__ is not None
+    tree = ast.parse(Path(door.__file__).read_text())
     checked: dict[str, str] = {}
+    own = {"__version__"}
     for node in tree.body:
         if isinstance(node, ast.If) and "TYPE_CHECKING" in ast.unparse(node.test):
             for imp in ast.walk(node):
                 if isinstance(imp, ast.ImportFrom) and imp.module:
                     checked.update((alias.asname or alias.name, imp.module) for alias in imp.names)
-    exports = uniagent._EXPORTS
-    assert set(uniagent.__all__) - {"__version__"} == set(exports), "__all__ and _EXPORTS"
+        elif isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+            own.add(node.name)
+    exports = door._EXPORTS
+    assert set(door.__all__) - own == set(exports), "__all__ and _EXPORTS"
     assert checked == exports, "the TYPE_CHECKING imports and _EXPORTS"
-    assert uniagent.__all__ == sorted(uniagent.__all__)
+    if door is uniagent:
+        assert door.__all__ == sorted(door.__all__)
 
 
 def test_names_that_moved_to_uniagent_sandbox_still_work_with_a_warning() -> None:

@@ -22,21 +22,63 @@ Plugin tests import from here and from ``uniagent``, nothing deeper:
 
 from __future__ import annotations
 
+import importlib
 from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from uniagent.grading.grader import EpisodeGrader, Grade
-from uniagent.testing.chat_server import Fail, Gate, Reply, ScriptedChatServer, tool_call
-from uniagent.testing.datasets import swe_bench_verified_rows
-from uniagent.testing.grading import MAKE_PREFIX, grade, prepare_grader
-from uniagent.testing.images import TEST_IMAGE, engine_with_test_image
-from uniagent.testing.scripted import ScriptedTokenModel, hermes_call, logprob_for
-from uniagent.testing.tokenizers import (
-    load_llama3_tokenizer,
-    load_qwen3_tokenizer,
-    qwen3_tokenizer_path,
-)
+#: Each public name and the module that defines it, imported on first use: this package is
+#: imported by uniagent's pytest plugin (``uniagent.testing.pytest_plugin``), which pytest
+#: loads in every run wherever uniagent is installed (a test environment's runs included),
+#: so importing it must not import the grader, the models or the servers.
+_EXPORTS: dict[str, str] = {
+    "EpisodeGrader": "uniagent.grading.grader",
+    "Grade": "uniagent.grading.grader",
+    "Fail": "uniagent.testing.chat_server",
+    "Gate": "uniagent.testing.chat_server",
+    "Reply": "uniagent.testing.chat_server",
+    "ScriptedChatServer": "uniagent.testing.chat_server",
+    "tool_call": "uniagent.testing.chat_server",
+    "swe_bench_verified_rows": "uniagent.testing.datasets",
+    "MAKE_PREFIX": "uniagent.testing.grading",
+    "grade": "uniagent.testing.grading",
+    "prepare_grader": "uniagent.testing.grading",
+    "TEST_IMAGE": "uniagent.testing.images",
+    "engine_with_test_image": "uniagent.testing.images",
+    "ScriptedTokenModel": "uniagent.testing.scripted",
+    "hermes_call": "uniagent.testing.scripted",
+    "logprob_for": "uniagent.testing.scripted",
+    "load_llama3_tokenizer": "uniagent.testing.tokenizers",
+    "load_qwen3_tokenizer": "uniagent.testing.tokenizers",
+    "qwen3_tokenizer_path": "uniagent.testing.tokenizers",
+}
+
+
+def __getattr__(name: str) -> Any:
+    module = _EXPORTS.get(name)
+    if module is None:
+        raise AttributeError(f"module 'uniagent.testing' has no attribute {name!r}")
+    value = getattr(importlib.import_module(module), name)
+    globals()[name] = value  # later look-ups skip __getattr__
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted([*globals(), *_EXPORTS])
+
+
+if TYPE_CHECKING:  # pragma: no cover - what type checkers and IDEs see
+    from uniagent.grading.grader import EpisodeGrader, Grade
+    from uniagent.testing.chat_server import Fail, Gate, Reply, ScriptedChatServer, tool_call
+    from uniagent.testing.datasets import swe_bench_verified_rows
+    from uniagent.testing.grading import MAKE_PREFIX, grade, prepare_grader
+    from uniagent.testing.images import TEST_IMAGE, engine_with_test_image
+    from uniagent.testing.scripted import ScriptedTokenModel, hermes_call, logprob_for
+    from uniagent.testing.tokenizers import (
+        load_llama3_tokenizer,
+        load_qwen3_tokenizer,
+        qwen3_tokenizer_path,
+    )
 
 
 def served_token_model(base_url: str, tokenizer: str | Path, model: str = "m") -> Any:
