@@ -10,6 +10,7 @@ import json
 import math
 import subprocess
 import sys
+import weakref
 from pathlib import Path
 from typing import Any
 
@@ -21,6 +22,7 @@ from uniagent.errors import ConfigError
 from uniagent.exit import ExitReason
 from uniagent.interaction.prompts import tool_instructions
 from uniagent.models import ModelError, from_spec
+from uniagent.models import guided as guided_module
 from uniagent.models.guided import GuidedDecoding, ToolCallGuide, tool_call_grammar
 from uniagent.models.hf import HFLocalModel, smollm2_gguf_path
 from uniagent.parsers import HermesParser, Qwen3CoderParser, ToolCallFormatError
@@ -279,6 +281,8 @@ async def test_a_failure_inside_llguidance_is_a_model_error_with_its_cause(
         raise ValueError("Only fast tokenizers are supported")  # what llguidance raises
 
     monkeypatch.setattr(llguidance.hf, "from_tokenizer", refuse)
+    # (llguidance's view of the tokenizer is kept per tokenizer: none is kept here)
+    monkeypatch.setattr(guided_module, "_LL_TOKENIZERS", weakref.WeakKeyDictionary())
     fresh = HFLocalModel(plain.model, plain.tokenizer, guided="tool_call")
     cache = first_turn_cache(fresh, agent, tasks[0], tools)
     with pytest.raises(ModelError, match="ValueError: Only fast tokenizers") as info:

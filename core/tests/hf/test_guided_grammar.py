@@ -16,6 +16,7 @@ import numpy as np
 import pytest
 
 from uniagent.models.base import ModelError
+from uniagent.models.gguf import converted_gguf
 from uniagent.models.guided import (
     GrammarCacheInfo,
     GuidedDecoding,
@@ -43,8 +44,10 @@ CALL = '<tool_call>\n{"name": "execute_bash", "arguments": {"command": "ls"}}\n<
 def smollm2_tokenizer() -> Any:
     from transformers import AutoTokenizer
 
-    path = smollm2_gguf_path()
-    return AutoTokenizer.from_pretrained(str(path.parent), gguf_file=path.name)
+    # As HFLocalModel loads it: from the file's converted folder (made once per machine; the
+    # same tokenizer as the file's, test_hf_model.py checks), not the GGUF file itself (about
+    # 8 s of CPU per load).
+    return AutoTokenizer.from_pretrained(str(converted_gguf(smollm2_gguf_path())))
 
 
 @pytest.fixture(params=["smollm2", "qwen3"])
@@ -268,6 +271,19 @@ def test_the_grammar_cache_is_a_bounded_lru_and_counts_its_hits(smollm2_tokenize
     assert guide.cache_info().size == 2
     with pytest.raises(ValueError, match="at least 1"):
         ToolCallGuide(smollm2_tokenizer, eot, GuidedDecoding(), max_grammars=0)
+
+
+def test_guides_of_one_tokenizer_share_llguidances_view_of_it(smollm2_tokenizer: Any) -> None:
+    """Building llguidance's tokenizer costs seconds: a second guide of the same tokenizer (a
+    task with other guided settings) reuses it; another end-of-turn token gets its own."""
+    first, second = guide_for(smollm2_tokenizer), guide_for(smollm2_tokenizer, thought_chars=10)
+    assert writes(first, CALL) and writes(second, CALL)
+    assert first._ll_tokenizer is not None and first._ll_tokenizer is second._ll_tokenizer
+    eot = first.end_of_turn
+    other_end = next(i for i in smollm2_tokenizer.all_special_ids if i != eot)
+    other = ToolCallGuide(smollm2_tokenizer, other_end, GuidedDecoding())
+    other.matcher(SCHEMAS, PARSER)
+    assert other._ll_tokenizer is not first._ll_tokenizer
 
 
 # -- closing the call within the turn's token budget ---------------------------------------

@@ -45,6 +45,7 @@ from __future__ import annotations
 import json
 import logging
 import threading
+import weakref
 from collections import OrderedDict
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
@@ -307,6 +308,28 @@ class GrammarCacheInfo:
         return self.hits / lookups if lookups else None
 
 
+#: llguidance's view of each tokenizer (about a second to build for a 50k vocabulary, three
+#: for Qwen3's 150k), shared by every guide of that tokenizer for as long as it lives: per
+#: end-of-turn token and vocabulary size (tokens added later make another).
+_LL_TOKENIZERS: weakref.WeakKeyDictionary[Any, dict[tuple[int, int], Any]] = (
+    weakref.WeakKeyDictionary()
+)
+_LL_LOCK = threading.Lock()
+
+
+def _ll_tokenizer(llguidance: Any, tokenizer: Any, end_of_turn: int) -> Any:
+    """llguidance's tokenizer for ``tokenizer`` ending turns with ``end_of_turn``, built once."""
+    key = (end_of_turn, len(tokenizer))
+    with _LL_LOCK:
+        try:
+            known = _LL_TOKENIZERS.setdefault(tokenizer, {})
+        except TypeError:  # a tokenizer that cannot be referred to weakly: built every time
+            return llguidance.hf.from_tokenizer(tokenizer, eos_token=end_of_turn)
+        if key not in known:
+            known[key] = llguidance.hf.from_tokenizer(tokenizer, eos_token=end_of_turn)
+        return known[key]
+
+
 class ToolCallGuide:
     """Compiles tool-call grammars for one tokenizer and hands out per-turn matchers.
 
@@ -361,10 +384,7 @@ class ToolCallGuide:
             ) from exc
         with self._lock:
             if self._ll_tokenizer is None:
-                # About a second for a 50k vocabulary: once per model.
-                self._ll_tokenizer = llguidance.hf.from_tokenizer(
-                    self.tokenizer, eos_token=self.end_of_turn
-                )
+                self._ll_tokenizer = _ll_tokenizer(llguidance, self.tokenizer, self.end_of_turn)
         return llguidance
 
     def grammar(self, tools: Sequence[Mapping[str, Any]], parser: ToolCallParser) -> str:
