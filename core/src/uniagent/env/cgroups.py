@@ -108,21 +108,26 @@ class SandboxCgroup:
         return sorted(found)
 
     def kill(self, timeout: float = 30.0) -> bool:
-        """SIGKILL every process of the sandbox; True when none is left (blocking: a thread)."""
+        """SIGKILL every process of the sandbox; True when none is left (blocking: a thread).
+        An empty group is left as it is: nothing outside can start a process in it, so a
+        sandbox whose processes already ended (the common close) costs one read a group."""
         deadline = time.monotonic() + timeout
-        while True:
+        left = self.pids()
+        while left:
+            if time.monotonic() > deadline:
+                log.warning("cgroup %s still holds %s after SIGKILL", self.name, left)
+                return False
             if self.v2 is not None:
                 with contextlib.suppress(OSError):
                     (self.v2 / "cgroup.kill").write_text("1")
-            for pid in self.pids():
+            for pid in left:
                 with contextlib.suppress(ProcessLookupError, PermissionError):
                     os.kill(pid, signal.SIGKILL)
-            if not self.pids():
-                return True
-            if time.monotonic() > deadline:
-                log.warning("cgroup %s still holds %s after SIGKILL", self.name, self.pids())
-                return False
-            time.sleep(0.01)  # dying processes leave their group as the kernel reaps them
+            left = self.pids()
+            if left:
+                time.sleep(0.01)  # dying processes leave their group as the kernel reaps them
+                left = self.pids()
+        return True
 
     def remove(self) -> None:
         """Kill what is left and remove the groups."""
