@@ -109,8 +109,9 @@ class SandboxCgroup:
 
     def kill(self, timeout: float = 30.0) -> bool:
         """SIGKILL every process of the sandbox; True when none is left (blocking: a thread).
-        An empty group is left as it is: nothing outside can start a process in it, so a
-        sandbox whose processes already ended (the common close) costs one read a group."""
+        An empty group is left as it is: no process is in it to start another, and none is
+        moved in while the sandbox closes, so a sandbox whose processes already ended (the
+        usual close) costs one read a group."""
         deadline = time.monotonic() + timeout
         left = self.pids()
         while left:
