@@ -213,6 +213,9 @@ def pytest(
     # for the others to be scheduled, made a SmolLM2 decoding step 20x slower (2 s against
     # 0.1 s) on a loaded 2-core machine. Set OMP_NUM_THREADS to choose another count.
     threads = {"OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS") or "1"}
+    # And its CPU, which a busy machine does not blur (the repository's conftest.py; a
+    # plugin's tests have their own root, where it is not loaded).
+    cpu = [] if all(p.startswith("plugins/") for p in paths) else ["--cpu-durations=15"]
     session.run(
         "python",
         "-m",
@@ -223,6 +226,7 @@ def pytest(
         "-q",
         "-ra",
         "--durations=15",  # where a suite's time goes, in every CI log
+        *cpu,
         f"--junitxml={report}",
         *spread,
         *session.posargs,

@@ -89,3 +89,38 @@ def test_process_accounting_records_are_summed_by_program():
     assert lines[2].split() == ["podman", "8s", "73%", "1"]
     assert lines[3].split() == ["git", "3s", "27%", "2"]
     assert CPU["report"](b"") == "ci: cpu by program: no processes were accounted"
+
+
+def test_the_cpu_report_lists_tests_by_the_cpu_they_used_workers_included(tmp_path):
+    """``--cpu-durations`` (the repository's conftest.py): a test that burns CPU in itself
+    and in a process it waits for comes first, with both counted; under xdist the workers'
+    figures reach the report."""
+    root = Path(__file__).resolve().parent.parent
+    (tmp_path / "conftest.py").write_text((root / "conftest.py").read_text())
+    (tmp_path / "test_burn.py").write_text(
+        "import subprocess, sys, time\n\n\n"
+        "def _burn(seconds):\n"
+        "    end = time.process_time() + seconds\n"
+        "    while time.process_time() < end:\n"
+        "        pass\n\n\n"
+        "def test_burns():\n"
+        "    _burn(0.3)\n"
+        "    code = 'import time\\nend = time.process_time() + 0.3\\n'\n"
+        "    code += 'while time.process_time() < end: pass'\n"
+        "    subprocess.run([sys.executable, '-c', code], check=True)\n\n\n"
+        "def test_idle():\n"
+        "    pass\n"
+    )
+    for extra in ([], ["-n", "2"]):
+        done = subprocess.run(
+            [sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "--cpu-durations=5",
+             *extra, str(tmp_path)],
+            capture_output=True, text=True, cwd=tmp_path,
+        )  # fmt: skip
+        assert done.returncode == 0, done.stdout + done.stderr
+        lines = done.stdout.splitlines()
+        head = next(i for i, line in enumerate(lines) if "slowest 2 tests by CPU" in line)
+        first, second = lines[head + 1].split(), lines[head + 2].split()
+        assert first[2].endswith("test_burns") and second[2].endswith("test_idle"), lines
+        assert float(first[0].rstrip("s")) >= 0.6  # its own 0.3 s and its child's
+        assert float(second[0].rstrip("s")) < 0.3
