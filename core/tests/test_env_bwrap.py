@@ -7,11 +7,13 @@ probe uses ``/usr/bin/python3`` when there is one, else bash's ``/dev/tcp``.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
 import random
 import shlex
 import shutil
 import socket
+import subprocess
 import time
 import uuid
 from collections.abc import AsyncIterator
@@ -261,7 +263,7 @@ async def test_staged_mounts_are_made_once_per_sandbox_and_held(tmp_path: Path) 
         holder.kill()
         await asyncio.to_thread(holder.wait)
         argv = layout.wrap(["true"])
-        assert "unshare" in argv and not any(a.startswith("--mount=/proc/") for a in argv)
+        assert "unshare" in argv and f"--mount=/proc/{holder.pid}/ns/mnt" not in argv, argv
         done = await env.execute(["cat", "/data/data.txt"], env=None)
         assert done.exit_code == 0 and done.stdout == "staged\n"
         layout.holder = holder  # (ended: released below without error)
@@ -280,3 +282,96 @@ async def test_a_stopped_sandbox_leaves_no_holder(tmp_path: Path) -> None:
         assert holder is not None
         assert holder.poll() is None
     assert holder.returncode is not None  # ended and reaped
+
+
+def _episode_mounts(table: str) -> list[str]:
+    from uniagent.env.mountns import episode_mounts
+
+    return episode_mounts(table)
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="the disk limit's tmpfs needs root")
+async def test_a_sandbox_starts_in_a_namespace_without_the_other_sandboxes_mounts(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """bwrap copies the mount namespace it starts in and reads its whole table once per bind,
+    so every sandbox's tmpfs in this process's namespace made each start cost more. With
+    many sandboxes open (here: any), each sandbox's commands start in a namespace of its own
+    (mountns.py), where its own episode directory is the only episode mount; this process's
+    namespace keeps them all, files written on either side are seen on the other, and a
+    stopped sandbox's namespace goes."""
+    from uniagent.env import mountns
+
+    monkeypatch.setattr(mountns, "OWN_NAMESPACE_ABOVE", 0)
+    config = {"type": "host", "isolation": "bwrap"}
+    async with open_env(config) as one, open_env(config) as two:
+        first = one.deployment._layout  # type: ignore[attr-defined]
+        second = two.deployment._layout  # type: ignore[attr-defined]
+        here = _episode_mounts(Path("/proc/self/mountinfo").read_text())
+        assert str(first.root) in here and str(second.root) in here
+        for layout in (first, second):
+            assert layout.namespace is not None
+            enter = layout.prefix[: layout.prefix.index("--") + 1]
+            assert enter[1] == f"--mount=/proc/{os.getpid()}/fd/{layout.namespace}", enter
+            done = await asyncio.to_thread(
+                subprocess.run, [*enter, "cat", "/proc/self/mountinfo"],
+                capture_output=True, text=True, check=True,
+            )  # fmt: skip
+            assert _episode_mounts(done.stdout) == [str(layout.root)], done.stdout
+        (second.root / "work" / "g").write_text("outside\n")
+        seen = await two.run_action("echo inside > f && cat g")
+        assert seen.output == "outside\n", seen.output
+        assert (second.root / "work" / "f").read_text() == "inside\n"
+        fd = second.namespace
+        inode = os.readlink(f"/proc/self/fd/{fd}")
+        assert inode.startswith("mnt:["), inode
+    assert first.namespace is None and second.namespace is None
+    with contextlib.suppress(OSError):
+        assert os.readlink(f"/proc/self/fd/{fd}") != inode  # closed (or another file now)
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="the disk limit's tmpfs needs root")
+async def test_where_no_namespace_can_be_made_the_sandbox_starts_as_before(
+    monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A kernel or a security module that refuses `open_tree`, `unshare` or `setns`: the
+    sandbox starts from this process's namespace (said in the log), and works."""
+    from uniagent.env import mountns
+
+    monkeypatch.setattr(mountns, "OWN_NAMESPACE_ABOVE", 0)
+    monkeypatch.setattr(mountns, "_namespaces", None)
+    monkeypatch.setattr(mountns, "_SYS_OPEN_TREE", 1 << 20)  # no such call: a kernel before 5.2
+    with caplog.at_level("INFO", logger="uniagent.env.mountns"):
+        async with open_env({"type": "host", "isolation": "bwrap"}) as env:
+            layout = env.deployment._layout  # type: ignore[attr-defined]
+            assert layout.namespace is None
+            assert not any(a.startswith("--mount=") for a in layout.prefix), layout.prefix
+            assert (await env.run_action("echo hi > f && cat f")).output == "hi\n"
+    assert "Function not implemented" in caplog.text, caplog.text
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="the disk limit's tmpfs needs root")
+async def test_with_few_sandboxes_open_they_start_in_this_processs_namespace() -> None:
+    """Below :data:`~uniagent.env.mountns.OWN_NAMESPACE_ABOVE` episode mounts, `nsenter`
+    would cost a command's start more than bwrap's reading them: no namespace is made."""
+    async with open_env({"type": "host", "isolation": "bwrap"}) as env:
+        layout = env.deployment._layout  # type: ignore[attr-defined]
+        assert layout.namespace is None
+        assert not any(a.startswith("--mount=") for a in layout.prefix), layout.prefix
+
+
+def test_episode_mounts_are_read_from_a_mount_table_deepest_first() -> None:
+    table = (
+        "27 1 254:0 / / rw,relatime - ext4 /dev/vda rw\n"
+        "71 27 0:44 / /tmp/uniagent-7-a rw,relatime - tmpfs uniagent-episode rw,size=1024k\n"
+        "72 71 0:45 / /tmp/uniagent-7-a/work rw - overlay uniagent-layers rw,lowerdir=/x\n"
+        "73 27 0:46 / /tmp/my\\040dir/uniagent-7-b rw - tmpfs uniagent-episode rw\n"
+        "74 27 0:47 / /tmp/other rw - tmpfs tmpfs rw\n"
+    )
+    points = _episode_mounts(table)
+    assert sorted(points) == [
+        "/tmp/my dir/uniagent-7-b",
+        "/tmp/uniagent-7-a",
+        "/tmp/uniagent-7-a/work",
+    ]
+    assert points.index("/tmp/uniagent-7-a/work") < points.index("/tmp/uniagent-7-a")

@@ -29,7 +29,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
-from uniagent.env import cgroups
+from uniagent.env import cgroups, mountns
 from uniagent.env.bwrap import (
     Mount,
     bind_mounts,
@@ -47,6 +47,7 @@ from uniagent.env.cgroups import SandboxCgroup
 from uniagent.env.config import renamed_keys
 from uniagent.env.errors import EnvError, EnvStartError
 from uniagent.env.host_runtime import HostRuntime
+from uniagent.env.mountns import enter_argv, sandbox_namespace
 
 log = logging.getLogger(__name__)
 
@@ -270,9 +271,13 @@ class EpisodeLayout:
         bwrap: str | None,
         cgroup: SandboxCgroup | None = None,
         uid: int | None = None,
+        namespace: int | None = None,
     ) -> None:
         self.root = root
         self.cgroup = cgroup
+        #: A file descriptor of the mount namespace bwrap starts in (mountns.py), or None.
+        self.namespace = namespace
+        self._enter: list[str] = []
         #: The host uid of the sandbox's files (bwrap as root maps its root to it).
         self.uid = uid
         for sub in ("work", "tools", "tmp", "home"):
@@ -323,7 +328,12 @@ class EpisodeLayout:
                 extra_args=config.bwrap_args,
                 uid=uid,
             )
-            self.prefix = stage + self._sandbox
+            nsenter = which("nsenter") if namespace is not None else None
+            if namespace is not None and nsenter is None:
+                self.close_namespace()
+            elif namespace is not None and nsenter is not None:
+                self._enter = enter_argv(nsenter, namespace)
+            self.prefix = self._enter + stage + self._sandbox
         self.env = env
         #: The process that holds the staged mounts' namespace (:meth:`hold_stage`).
         self.holder: subprocess.Popen[bytes] | None = None
@@ -351,7 +361,9 @@ class EpisodeLayout:
         # thread: a fork on the event loop would stall every other episode (seconds when
         # hundreds of sandboxes start at once).
         started = asyncio.ensure_future(
-            asyncio.to_thread(_start_holder, [*self._stage, "cat"], HOLD_STAGE_TIMEOUT)
+            asyncio.to_thread(
+                _start_holder, [*self._enter, *self._stage, "cat"], HOLD_STAGE_TIMEOUT
+            )
         )
         try:
             holder = await asyncio.shield(started)
@@ -368,6 +380,16 @@ class EpisodeLayout:
         holder, self.holder = self.holder, None
         if holder is not None:
             await asyncio.to_thread(_end_holder, holder)
+
+    def close_namespace(self) -> None:
+        """Let the sandbox's mount namespace go (once its processes have ended); idempotent.
+        A command started after this starts from this process's namespace."""
+        namespace, self.namespace = self.namespace, None
+        if namespace is not None:
+            os.close(namespace)
+            if self._enter:
+                self.prefix = self.prefix[len(self._enter) :]
+                self._enter = []
 
     def own(self, path: Path) -> None:
         """Give ``path`` to the sandbox's user (files written for it from the host side)."""
@@ -500,6 +522,7 @@ class HostDeployment:
         layers, self._layers = self._layers, None
 
         def remove() -> None:
+            layout.close_namespace()
             _remove_episode(layout.root, layout.cgroup)
             if layers is not None:
                 layers.release()
@@ -527,10 +550,9 @@ class HostDeployment:
             tempfile.mkdtemp(prefix=f"{EPISODE_PREFIX}{os.getpid()}-", dir=self.config.base_dir)
         )
         limits = self.config.limits
-        cgroup = None
+        cgroup, namespace = None, None
         try:
-            if limits.disk is not None:
-                _mount_tmpfs(root, limits.disk)
+            mounted = limits.disk is not None and _mount_tmpfs(root, limits.disk)
             cgroup = cgroups.create(pids=limits.pids, memory=limits.memory)
             if layers is not None:
                 assert copy_from is not None
@@ -538,8 +560,14 @@ class HostDeployment:
                 self._layers = layers.stack(root, copy_from)
             elif copy_from is not None:
                 _copy_dirs(copy_from, root)
-            return EpisodeLayout(self.config, root, bwrap, cgroup, uid)
+            # After every mount of the episode directory; only where there are enough others
+            # for bwrap to read (below that, `nsenter` costs more than they do).
+            if bwrap is not None and mounted and len(_mounted) > mountns.OWN_NAMESPACE_ABOVE:
+                namespace = sandbox_namespace(root)
+            return EpisodeLayout(self.config, root, bwrap, cgroup, uid, namespace)
         except BaseException:
+            if namespace is not None:
+                os.close(namespace)
             if self._layers is not None:
                 self._layers.release()
                 self._layers = None
@@ -574,6 +602,7 @@ class HostDeployment:
             await runtime.close()
         if self._layout is not None:
             await self._layout.release_stage()
+            self._layout.close_namespace()
         if root is not None:
             self._root = None
             cgroup = self._layout.cgroup if self._layout is not None else None
@@ -682,20 +711,26 @@ _fallback_warned = False
 _unisolated = False
 _writable_sources: set[str] = set()
 _mount_warned = False
+#: The episode directories this process mounted a tmpfs on that are still there.
+_mounted: set[str] = set()
 
 
-def _mount_tmpfs(root: Path, size: int) -> None:
-    """Make ``root`` a tmpfs of ``size`` bytes (the disk limit); warn once where not allowed."""
+def _mount_tmpfs(root: Path, size: int) -> bool:
+    """Make ``root`` a tmpfs of ``size`` bytes (the disk limit); warn once where not allowed.
+    Whether it is mounted."""
     global _mount_warned
     problem = _libc_call("mount", b"uniagent-episode", os.fsencode(root), b"tmpfs", 0,
                          f"size={size},mode=0755".encode())  # fmt: skip
-    if problem is not None and not _mount_warned:
+    if problem is None:
+        _mounted.add(str(root))
+    elif not _mount_warned:
         _mount_warned = True
         log.warning(
             "no disk limit for host sandboxes: mounting a tmpfs failed (%s); run as root or set "
             "limits.disk: null",
             problem,
         )
+    return problem is None
 
 
 def _libc_call(name: str, *args: Any) -> str | None:
@@ -844,6 +879,7 @@ def _remove_episode(root: Path, cgroup: SandboxCgroup | None) -> None:
         _libc_call("umount2", os.fsencode(root / "work"), _MNT_DETACH)
     if os.path.ismount(root):
         _libc_call("umount2", os.fsencode(root), _MNT_DETACH)
+    _mounted.discard(str(root))
     shutil.rmtree(root, ignore_errors=True)
 
 
