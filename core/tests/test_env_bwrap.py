@@ -291,18 +291,13 @@ def _episode_mounts(table: str) -> list[str]:
 
 
 @pytest.mark.skipif(os.geteuid() != 0, reason="the disk limit's tmpfs needs root")
-async def test_a_sandbox_starts_in_a_namespace_without_the_other_sandboxes_mounts(
-    monkeypatch: pytest.MonkeyPatch,
-) -> None:
+async def test_a_sandbox_starts_in_a_namespace_without_the_other_sandboxes_mounts() -> None:
     """bwrap copies the mount namespace it starts in and reads its whole table once per bind,
-    so every sandbox's tmpfs in this process's namespace made each start cost more. With
-    many sandboxes open (here: any), each sandbox's commands start in a namespace of its own
-    (mountns.py), where its own episode directory is the only episode mount; this process's
-    namespace keeps them all, files written on either side are seen on the other, and a
-    stopped sandbox's namespace goes."""
-    from uniagent.env import mountns
-
-    monkeypatch.setattr(mountns, "OWN_NAMESPACE_ABOVE", 0)
+    so every sandbox's tmpfs in this process's namespace made each start cost more. Each
+    sandbox's commands start in a namespace of its own (mountns.py), entered by the same
+    `nsenter` that makes them the sandbox's user, where its own episode directory is the
+    only episode mount; this process's namespace keeps them all, files written on either
+    side are seen on the other, and a stopped sandbox's namespace goes."""
     config = {"type": "host", "isolation": "bwrap"}
     async with open_env(config) as one, open_env(config) as two:
         first = one.deployment._layout  # type: ignore[attr-defined]
@@ -313,6 +308,7 @@ async def test_a_sandbox_starts_in_a_namespace_without_the_other_sandboxes_mount
             assert layout.namespace is not None
             enter = layout.prefix[: layout.prefix.index("--") + 1]
             assert enter[1] == f"--mount=/proc/{os.getpid()}/fd/{layout.namespace}", enter
+            assert "--setuid=65534" in enter and "setpriv" not in layout.prefix, enter
             done = await asyncio.to_thread(
                 subprocess.run, [*enter, "cat", "/proc/self/mountinfo"],
                 capture_output=True, text=True, check=True,
@@ -338,7 +334,6 @@ async def test_where_no_namespace_can_be_made_the_sandbox_starts_as_before(
     sandbox starts from this process's namespace (said in the log), and works."""
     from uniagent.env import mountns
 
-    monkeypatch.setattr(mountns, "OWN_NAMESPACE_ABOVE", 0)
     monkeypatch.setattr(mountns, "_namespaces", None)
     monkeypatch.setattr(mountns, "_SYS_OPEN_TREE", 1 << 20)  # no such call: a kernel before 5.2
     with caplog.at_level("INFO", logger="uniagent.env.mountns"):
@@ -348,16 +343,6 @@ async def test_where_no_namespace_can_be_made_the_sandbox_starts_as_before(
             assert not any(a.startswith("--mount=") for a in layout.prefix), layout.prefix
             assert (await env.run_action("echo hi > f && cat f")).output == "hi\n"
     assert "Function not implemented" in caplog.text, caplog.text
-
-
-@pytest.mark.skipif(os.geteuid() != 0, reason="the disk limit's tmpfs needs root")
-async def test_with_few_sandboxes_open_they_start_in_this_processs_namespace() -> None:
-    """Below :data:`~uniagent.env.mountns.OWN_NAMESPACE_ABOVE` episode mounts, `nsenter`
-    would cost a command's start more than bwrap's reading them: no namespace is made."""
-    async with open_env({"type": "host", "isolation": "bwrap"}) as env:
-        layout = env.deployment._layout  # type: ignore[attr-defined]
-        assert layout.namespace is None
-        assert not any(a.startswith("--mount=") for a in layout.prefix), layout.prefix
 
 
 def test_episode_mounts_are_read_from_a_mount_table_deepest_first() -> None:

@@ -91,11 +91,25 @@ def bwrap_problem(executable: str = "bwrap", uid: int | None = None) -> str | No
     return _probes[key]
 
 
-def drop_privileges(uid: int | None) -> list[str]:
-    """The ``setpriv`` prefix that runs a command as host ``uid`` (and gid), groups cleared."""
-    if uid is None:
+def drop_privileges(uid: int | None, mount_namespace: str | None = None) -> list[str]:
+    """The prefix that runs a command as host ``uid`` (and gid, no other groups), in the
+    mount namespace of the file ``mount_namespace`` where one is given: one ``nsenter``,
+    whose ``--setuid``/``--setgid`` (the latter clearing the groups) do what ``setpriv``
+    does for a millisecond less of each start. ``setpriv`` where ``nsenter`` is missing
+    (then no namespace can be asked for)."""
+    if uid is None and mount_namespace is None:
         return []
-    return ["setpriv", f"--reuid={uid}", f"--regid={uid}", "--clear-groups"]
+    nsenter = which("nsenter")
+    if nsenter is None:
+        if mount_namespace is not None:
+            raise EnvStartError("entering a mount namespace needs nsenter (util-linux)")
+        return ["setpriv", f"--reuid={uid}", f"--regid={uid}", "--clear-groups"]
+    argv = [nsenter]
+    if mount_namespace is not None:
+        argv.append(f"--mount={mount_namespace}")
+    if uid is not None:
+        argv += [f"--setuid={uid}", f"--setgid={uid}"]
+    return [*argv, "--"]
 
 
 def bwrap_argv(
@@ -106,10 +120,12 @@ def bwrap_argv(
     network: bool,
     extra_args: list[str] | tuple[str, ...] = (),
     uid: int | None = None,
+    mount_namespace: str | None = None,
 ) -> list[str]:
-    """The ``bwrap ...`` prefix that runs a command with ``mounts`` (in order) and ``chdir``."""
+    """The ``bwrap ...`` prefix that runs a command with ``mounts`` (in order) and ``chdir``,
+    started as ``uid`` in ``mount_namespace`` where given (:func:`drop_privileges`)."""
     argv = [
-        *drop_privileges(uid),
+        *drop_privileges(uid, mount_namespace),
         bwrap,
         "--die-with-parent",
         "--unshare-all",

@@ -15,6 +15,7 @@ import asyncio
 import contextlib
 import ctypes
 import fnmatch
+import functools
 import itertools
 import logging
 import os
@@ -29,12 +30,13 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
-from uniagent.env import cgroups, mountns
+from uniagent.env import cgroups
 from uniagent.env.bwrap import (
     Mount,
     bind_mounts,
     bwrap_argv,
     bwrap_problem,
+    drop_privileges,
     find_bwrap,
     host_path,
     read_only_source,
@@ -47,7 +49,7 @@ from uniagent.env.cgroups import SandboxCgroup
 from uniagent.env.config import renamed_keys
 from uniagent.env.errors import EnvError, EnvStartError
 from uniagent.env.host_runtime import HostRuntime
-from uniagent.env.mountns import enter_argv, sandbox_namespace
+from uniagent.env.mountns import namespace_path, sandbox_namespace
 
 log = logging.getLogger(__name__)
 
@@ -277,7 +279,6 @@ class EpisodeLayout:
         self.cgroup = cgroup
         #: A file descriptor of the mount namespace bwrap starts in (mountns.py), or None.
         self.namespace = namespace
-        self._enter: list[str] = []
         #: The host uid of the sandbox's files (bwrap as root maps its root to it).
         self.uid = uid
         for sub in ("work", "tools", "tmp", "home"):
@@ -291,7 +292,6 @@ class EpisodeLayout:
             self.mounts: list[Mount] = []
             self.prefix: list[str] = []
             self._stage: list[str] = []
-            self._sandbox: list[str] = []
             env.update(HOME=str(root / "home"), TMPDIR=str(root / "tmp"))
             # The work dir is no repository of its own until the task makes it one: git in
             # it must not find a checkout the sandbox root happens to lie in (a TMPDIR
@@ -320,7 +320,8 @@ class EpisodeLayout:
                 gitconfig.write_text("[safe]\n\tdirectory = *\n")
                 self.own(gitconfig)
             self._stage = stage
-            self._sandbox = bwrap_argv(
+            self._bwrap = functools.partial(
+                bwrap_argv,
                 bwrap,
                 mounts,
                 chdir=self.workdir,
@@ -328,12 +329,9 @@ class EpisodeLayout:
                 extra_args=config.bwrap_args,
                 uid=uid,
             )
-            nsenter = which("nsenter") if namespace is not None else None
-            if namespace is not None and nsenter is None:
+            if namespace is not None and which("nsenter") is None:
                 self.close_namespace()
-            elif namespace is not None and nsenter is not None:
-                self._enter = enter_argv(nsenter, namespace)
-            self.prefix = self._enter + stage + self._sandbox
+            self._set_prefix()
         self.env = env
         #: The process that holds the staged mounts' namespace (:meth:`hold_stage`).
         self.holder: subprocess.Popen[bytes] | None = None
@@ -360,11 +358,8 @@ class EpisodeLayout:
         # fails): a line echoed back says the namespace is ready. Started on a worker
         # thread: a fork on the event loop would stall every other episode (seconds when
         # hundreds of sandboxes start at once).
-        started = asyncio.ensure_future(
-            asyncio.to_thread(
-                _start_holder, [*self._enter, *self._stage, "cat"], HOLD_STAGE_TIMEOUT
-            )
-        )
+        argv = [*drop_privileges(None, self._entered()), *self._stage, "cat"]
+        started = asyncio.ensure_future(asyncio.to_thread(_start_holder, argv, HOLD_STAGE_TIMEOUT))
         try:
             holder = await asyncio.shield(started)
         except asyncio.CancelledError:  # the holder the thread still makes is ended
@@ -373,7 +368,7 @@ class EpisodeLayout:
         if holder is None:  # it failed to stage: each command stages (and says why)
             return
         self.holder = holder
-        self._held = [nsenter, f"--mount=/proc/{holder.pid}/ns/mnt", "--", *self._sandbox]
+        self._held = self._bwrap(mount_namespace=f"/proc/{holder.pid}/ns/mnt")
 
     async def release_stage(self) -> None:
         """End the holder of the staged mounts (:meth:`hold_stage`); idempotent."""
@@ -387,9 +382,20 @@ class EpisodeLayout:
         namespace, self.namespace = self.namespace, None
         if namespace is not None:
             os.close(namespace)
-            if self._enter:
-                self.prefix = self.prefix[len(self._enter) :]
-                self._enter = []
+            if self.bwrap is not None:
+                self._set_prefix()
+
+    def _entered(self) -> str | None:
+        """The path of the sandbox's mount namespace for ``nsenter`` (None: this process's)."""
+        return None if self.namespace is None else namespace_path(self.namespace)
+
+    def _set_prefix(self) -> None:
+        """The command prefix: into the sandbox's namespace, staged where sources must be (as
+        root), then bubblewrap as the sandbox's user."""
+        if self._stage:
+            self.prefix = [*drop_privileges(None, self._entered()), *self._stage, *self._bwrap()]
+        else:
+            self.prefix = self._bwrap(mount_namespace=self._entered())
 
     def own(self, path: Path) -> None:
         """Give ``path`` to the sandbox's user (files written for it from the host side)."""
@@ -560,9 +566,7 @@ class HostDeployment:
                 self._layers = layers.stack(root, copy_from)
             elif copy_from is not None:
                 _copy_dirs(copy_from, root)
-            # After every mount of the episode directory; only where there are enough others
-            # for bwrap to read (below that, `nsenter` costs more than they do).
-            if bwrap is not None and mounted and len(_mounted) > mountns.OWN_NAMESPACE_ABOVE:
+            if bwrap is not None and mounted:  # after every mount of the episode directory
                 namespace = sandbox_namespace(root)
             return EpisodeLayout(self.config, root, bwrap, cgroup, uid, namespace)
         except BaseException:
@@ -711,8 +715,6 @@ _fallback_warned = False
 _unisolated = False
 _writable_sources: set[str] = set()
 _mount_warned = False
-#: The episode directories this process mounted a tmpfs on that are still there.
-_mounted: set[str] = set()
 
 
 def _mount_tmpfs(root: Path, size: int) -> bool:
@@ -721,9 +723,7 @@ def _mount_tmpfs(root: Path, size: int) -> bool:
     global _mount_warned
     problem = _libc_call("mount", b"uniagent-episode", os.fsencode(root), b"tmpfs", 0,
                          f"size={size},mode=0755".encode())  # fmt: skip
-    if problem is None:
-        _mounted.add(str(root))
-    elif not _mount_warned:
+    if problem is not None and not _mount_warned:
         _mount_warned = True
         log.warning(
             "no disk limit for host sandboxes: mounting a tmpfs failed (%s); run as root or set "
@@ -879,7 +879,6 @@ def _remove_episode(root: Path, cgroup: SandboxCgroup | None) -> None:
         _libc_call("umount2", os.fsencode(root / "work"), _MNT_DETACH)
     if os.path.ismount(root):
         _libc_call("umount2", os.fsencode(root), _MNT_DETACH)
-    _mounted.discard(str(root))
     shutil.rmtree(root, ignore_errors=True)
 
 

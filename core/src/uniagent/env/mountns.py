@@ -12,14 +12,12 @@ copy of this process's, made once, with every episode's mount detached from it. 
 gets a copy of the base with only its own episode directory attached (a clone of its mounts,
 ``open_tree(2)`` and ``move_mount(2)``, Linux 5.2), held by a file descriptor of this process
 for the sandbox's life; its commands enter that namespace with ``nsenter`` before bwrap
-starts. This process keeps working on the episode's files at their usual paths, in its own
-namespace. That costs a command's start an `nsenter` (about 1.5 ms), more than a few dozen
-mounts cost bwrap: so a sandbox gets a namespace of its own only while this process has
-more than :data:`OWN_NAMESPACE_ABOVE` episode mounts. Where any step is refused (no root,
-an older kernel, a security module) the sandbox starts from this process's namespace, as
-before.
+starts, in the same ``nsenter`` that makes them the sandbox's user (which ``setpriv`` did:
+no process more than before). This process keeps working on the episode's files at their
+usual paths, in its own namespace. Where any step is refused (no root, an older kernel, a
+security module) the sandbox starts from this process's namespace, as before.
 
-The base is a copy taken when the first sandbox starts: a mount made on the host after that
+The base is a copy taken when the first such sandbox starts: a mount made on the host after that
 (under a path given to ``ro_binds``, say) is not seen by later sandboxes.
 """
 
@@ -36,11 +34,6 @@ from typing import Any
 
 log = logging.getLogger(__name__)
 
-#: A sandbox starts in a namespace of its own only while this process has more episode mounts
-#: than this (the new one included): bwrap's reading a few dozen mounts costs less than the
-#: `nsenter` that enters the namespace (about 1.5 ms of a command's start here, as much as
-#: some 20 mounts cost bwrap).
-OWN_NAMESPACE_ABOVE = 20
 #: The sources this package names its mounts with (host.py): the episode's tmpfs, a layered
 #: work dir's overlay. Every such mount is detached from the base namespace.
 EPISODE_SOURCES = frozenset({"uniagent-episode", "uniagent-layers"})
@@ -183,6 +176,6 @@ def sandbox_namespace(root: Path) -> int | None:
     return None
 
 
-def enter_argv(nsenter: str, fd: int) -> list[str]:
-    """The prefix that runs a command in the namespace ``fd`` of this process holds."""
-    return [nsenter, f"--mount=/proc/{os.getpid()}/fd/{fd}", "--"]
+def namespace_path(fd: int) -> str:
+    """A path of the namespace this process holds as ``fd``, for ``nsenter --mount``."""
+    return f"/proc/{os.getpid()}/fd/{fd}"
