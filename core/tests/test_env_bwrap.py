@@ -360,3 +360,25 @@ def test_episode_mounts_are_read_from_a_mount_table_deepest_first() -> None:
         "/tmp/uniagent-7-a/work",
     ]
     assert points.index("/tmp/uniagent-7-a/work") < points.index("/tmp/uniagent-7-a")
+
+
+def test_the_bwrap_probe_binds_only_the_system_directories(monkeypatch: pytest.MonkeyPatch) -> None:
+    """bwrap remounts a bind's submounts read-only one by one: a probe that bound `/` failed
+    whenever a mount of another process (another run's episode tmpfs) went away meanwhile,
+    and then every bwrap sandbox of the process was refused. The probe is a sandbox as
+    sessions get it: the system directories only."""
+    from uniagent.env import bwrap as module
+
+    seen: list[list[str]] = []
+    real = subprocess.run
+
+    def run(argv: list[str], **kwargs: object) -> subprocess.CompletedProcess[str]:
+        seen.append(list(argv))
+        return real(argv, **kwargs)  # type: ignore[call-overload]
+
+    monkeypatch.setattr(module, "_probes", {})
+    monkeypatch.setattr(module.subprocess, "run", run)
+    assert module.bwrap_problem("bwrap", 65534 if os.geteuid() == 0 else None) is None
+    (argv,) = seen
+    binds = [argv[i + 1] for i, arg in enumerate(argv) if arg in ("--bind", "--ro-bind")]
+    assert binds and set(binds) <= set(module.SYSTEM_DIRS), argv

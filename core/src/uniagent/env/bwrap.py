@@ -65,23 +65,20 @@ _probes: dict[tuple[str, int | None], str | None] = {}
 
 
 def bwrap_problem(executable: str = "bwrap", uid: int | None = None) -> str | None:
-    """Why bubblewrap cannot isolate a session here (``None``: it can); probed once."""
+    """Why bubblewrap cannot isolate a session here (``None``: it can); probed once.
+
+    The probe is a sandbox as sessions get it, with the system directories only: not a
+    bind of ``/``, which bwrap remounts read-only mount by mount, so that a mount of
+    another process (another run's episode tmpfs) going away meanwhile failed the probe
+    (5 probes of 231 beside a loop that mounts and removes tmpfs dirs), and every bwrap
+    sandbox of the process with it."""
     key = (executable, uid)
     if key not in _probes:
         path = shutil.which(executable)
         if path is None:
             _probes[key] = f"{executable!r} is not on PATH ({INSTALL_HINT})"
         else:
-            argv = [
-                *drop_privileges(uid),
-                path,
-                "--unshare-all",
-                "--die-with-parent",
-                "--ro-bind",
-                "/",
-                "/",
-                "true",
-            ]
+            argv = [*bwrap_argv(path, system_mounts(), chdir="/", network=False, uid=uid), "true"]
             try:
                 done = subprocess.run(argv, capture_output=True, text=True, timeout=60)
                 problem = done.stderr.strip()[-300:] or f"exit {done.returncode}"
