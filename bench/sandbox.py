@@ -226,7 +226,8 @@ async def concurrent(n: int, commands: int, isolation: str = "auto") -> dict[str
 
 def raise_fd_limit(sessions: int) -> str:
     soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
-    need = 6 * sessions + 200  # per session: 2 sockets, a pipe, a pty, a pidfd; plus headroom
+    # per session: 2 sockets, a pipe, a pty, a pidfd, a mount namespace (bwrap); plus headroom
+    need = 7 * sessions + 200
     if soft < need:
         resource.setrlimit(resource.RLIMIT_NOFILE, (min(hard, max(need, soft)), hard))
     new = resource.getrlimit(resource.RLIMIT_NOFILE)[0]
