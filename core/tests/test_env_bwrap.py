@@ -382,3 +382,27 @@ def test_the_bwrap_probe_binds_only_the_system_directories(monkeypatch: pytest.M
     (argv,) = seen
     binds = [argv[i + 1] for i, arg in enumerate(argv) if arg in ("--bind", "--ro-bind")]
     assert binds and set(binds) <= set(module.SYSTEM_DIRS), argv
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="a mount namespace of one's own needs root")
+def test_the_base_namespace_is_made_while_other_sandboxes_come_and_go(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    """The base namespace detaches every episode mount it finds in the mount table; one that
+    another process removed meanwhile (its directory gone, or no longer a mount point) is
+    not an error that would turn the namespaces off for the whole process."""
+    from uniagent.env import mountns
+
+    listed = mountns.episode_mounts
+    gone, unmounted = tmp_path / "uniagent-1-gone", tmp_path / "uniagent-1-unmounted"
+    unmounted.mkdir()
+    monkeypatch.setattr(
+        mountns, "episode_mounts", lambda table: [str(gone), str(unmounted), *listed(table)]
+    )
+    helper = mountns._Namespaces()
+    try:
+        fd = helper._pool.submit(helper._make_base).result()
+        assert os.readlink(f"/proc/self/fd/{fd}").startswith("mnt:[")
+        os.close(fd)
+    finally:
+        helper._pool.shutdown()

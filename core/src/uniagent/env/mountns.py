@@ -131,8 +131,10 @@ class _Namespaces:
         for point in episode_mounts(table):
             try:
                 _call("umount2", os.fsencode(point), _MNT_DETACH)
-            except OSError as exc:  # below one detached already (an overlay in a tmpfs)
-                if exc.errno != errno.EINVAL:  # not a mount point (any more)
+            except OSError as exc:
+                # Not a mount point any more (below one detached already: an overlay in a
+                # tmpfs), or gone (another process removed its sandbox meanwhile).
+                if exc.errno not in (errno.EINVAL, errno.ENOENT):
                     raise
         return os.open("/proc/thread-self/ns/mnt", os.O_RDONLY | os.O_CLOEXEC)
 
