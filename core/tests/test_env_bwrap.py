@@ -33,6 +33,7 @@ from uniagent.env import (
     HostDeploymentConfig,
 )
 from uniagent.env.host import BWRAP_WORKDIR
+from uniagent.env.mountns import episode_mounts
 from uniagent.env.procfs import group_members
 
 PYTHON = "/usr/bin/python3"
@@ -284,12 +285,6 @@ async def test_a_stopped_sandbox_leaves_no_holder(tmp_path: Path) -> None:
     assert holder.returncode is not None  # ended and reaped
 
 
-def _episode_mounts(table: str) -> list[str]:
-    from uniagent.env.mountns import episode_mounts
-
-    return episode_mounts(table)
-
-
 @pytest.mark.skipif(os.geteuid() != 0, reason="the disk limit's tmpfs needs root")
 async def test_a_sandbox_starts_in_a_namespace_without_the_other_sandboxes_mounts() -> None:
     """bwrap copies the mount namespace it starts in and reads its whole table once per bind,
@@ -302,7 +297,7 @@ async def test_a_sandbox_starts_in_a_namespace_without_the_other_sandboxes_mount
     async with open_env(config) as one, open_env(config) as two:
         first = one.deployment._layout  # type: ignore[attr-defined]
         second = two.deployment._layout  # type: ignore[attr-defined]
-        here = _episode_mounts(Path("/proc/self/mountinfo").read_text())
+        here = episode_mounts(Path("/proc/self/mountinfo").read_text())
         assert str(first.root) in here and str(second.root) in here
         for layout in (first, second):
             assert layout.namespace is not None
@@ -313,7 +308,7 @@ async def test_a_sandbox_starts_in_a_namespace_without_the_other_sandboxes_mount
                 subprocess.run, [*enter, "cat", "/proc/self/mountinfo"],
                 capture_output=True, text=True, check=True,
             )  # fmt: skip
-            assert _episode_mounts(done.stdout) == [str(layout.root)], done.stdout
+            assert episode_mounts(done.stdout) == [str(layout.root)], done.stdout
         (second.root / "work" / "g").write_text("outside\n")
         seen = await two.run_action("echo inside > f && cat g")
         assert seen.output == "outside\n", seen.output
@@ -345,6 +340,30 @@ async def test_where_no_namespace_can_be_made_the_sandbox_starts_as_before(
     assert "Function not implemented" in caplog.text, caplog.text
 
 
+@pytest.mark.skipif(os.geteuid() != 0, reason="the disk limit's tmpfs needs root")
+@pytest.mark.skipif(shutil.which("setpriv") is None, reason="needs setpriv (util-linux)")
+async def test_without_nsenter_no_namespace_is_made_and_setpriv_drops_privileges(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A sandbox's namespace is entered with nsenter: where it is missing none is made (the
+    sandbox starts from this process's namespace) and setpriv makes the commands the
+    sandbox's user."""
+    from uniagent.env import bwrap, host
+
+    def which(name: str) -> str | None:
+        return None if name == "nsenter" else shutil.which(name)
+
+    monkeypatch.setattr(bwrap, "which", which)
+    monkeypatch.setattr(host, "which", which)
+    made: list[int | None] = []
+    monkeypatch.setattr(host, "sandbox_namespace", lambda root: made.append(None))
+    async with open_env({"type": "host", "isolation": "bwrap"}) as env:
+        layout = env.deployment._layout  # type: ignore[attr-defined]
+        assert layout.namespace is None and made == []
+        assert layout.prefix[0] == "setpriv" and "--reuid=65534" in layout.prefix, layout.prefix
+        assert (await env.run_action("echo hi > f && cat f && id -u")).output == "hi\n0\n"
+
+
 def test_episode_mounts_are_read_from_a_mount_table_deepest_first() -> None:
     table = (
         "27 1 254:0 / / rw,relatime - ext4 /dev/vda rw\n"
@@ -353,7 +372,7 @@ def test_episode_mounts_are_read_from_a_mount_table_deepest_first() -> None:
         "73 27 0:46 / /tmp/my\\040dir/uniagent-7-b rw - tmpfs uniagent-episode rw\n"
         "74 27 0:47 / /tmp/other rw - tmpfs tmpfs rw\n"
     )
-    points = _episode_mounts(table)
+    points = episode_mounts(table)
     assert sorted(points) == [
         "/tmp/my dir/uniagent-7-b",
         "/tmp/uniagent-7-a",

@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import ctypes
 import fnmatch
 import functools
 import itertools
@@ -49,7 +48,7 @@ from uniagent.env.cgroups import SandboxCgroup
 from uniagent.env.config import renamed_keys
 from uniagent.env.errors import EnvError, EnvStartError
 from uniagent.env.host_runtime import HostRuntime
-from uniagent.env.mountns import namespace_path, sandbox_namespace
+from uniagent.env.mountns import MNT_DETACH, libc_call, namespace_path, sandbox_namespace
 
 log = logging.getLogger(__name__)
 
@@ -329,8 +328,6 @@ class EpisodeLayout:
                 extra_args=config.bwrap_args,
                 uid=uid,
             )
-            if namespace is not None and which("nsenter") is None:
-                self.close_namespace()
             self._set_prefix()
         self.env = env
         #: The process that holds the staged mounts' namespace (:meth:`hold_stage`).
@@ -568,7 +565,8 @@ class HostDeployment:
                 self._layers = layers.stack(root, copy_from)
             elif copy_from is not None:
                 _copy_dirs(copy_from, root)
-            if bwrap is not None and mounted:  # after every mount of the episode directory
+            # After every mount of the episode directory; its commands enter it with nsenter.
+            if bwrap is not None and mounted and which("nsenter") is not None:
                 namespace = sandbox_namespace(root)
             return EpisodeLayout(self.config, root, bwrap, cgroup, uid, namespace)
         except BaseException:
@@ -744,18 +742,12 @@ def _mount_tmpfs(root: Path, size: int) -> bool:
 
 
 def _libc_call(name: str, *args: Any) -> str | None:
-    """Call mount(2)/umount2(2) directly (no mount process per sandbox); the error, if any."""
-    global _libc
-    if _libc is None:
-        _libc = ctypes.CDLL(None, use_errno=True)
-    if getattr(_libc, name)(*args) == 0:
-        return None
-    return os.strerror(ctypes.get_errno())
-
-
-_libc: Any = None
-#: umount2(2) flag: detach now, clean up when no longer busy (``umount -l``).
-_MNT_DETACH = 2
+    """:func:`~uniagent.env.mountns.libc_call`; the error's text, if any."""
+    try:
+        libc_call(name, *args)
+    except OSError as exc:
+        return exc.strerror
+    return None
 
 
 def _copy_dirs(
@@ -787,7 +779,7 @@ def _try_overlay(parent: Path) -> str | None:
         problem = _mount_overlay(probe / "merged", [probe / "lower"], probe / "upper",
                                  probe / "scratch")  # fmt: skip
         if problem is None:
-            _libc_call("umount2", os.fsencode(probe / "merged"), _MNT_DETACH)
+            _libc_call("umount2", os.fsencode(probe / "merged"), MNT_DETACH)
         return problem
     finally:
         shutil.rmtree(probe, ignore_errors=True)
@@ -886,9 +878,9 @@ def _remove_episode(root: Path, cgroup: SandboxCgroup | None) -> None:
     if cgroup is not None:
         cgroup.remove()
     if os.path.ismount(root / "work"):  # a layered sandbox's overlay
-        _libc_call("umount2", os.fsencode(root / "work"), _MNT_DETACH)
+        _libc_call("umount2", os.fsencode(root / "work"), MNT_DETACH)
     if os.path.ismount(root):
-        _libc_call("umount2", os.fsencode(root), _MNT_DETACH)
+        _libc_call("umount2", os.fsencode(root), MNT_DETACH)
     shutil.rmtree(root, ignore_errors=True)
 
 

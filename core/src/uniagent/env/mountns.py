@@ -29,6 +29,7 @@ import errno
 import logging
 import os
 import re
+import threading
 from pathlib import Path
 from typing import Any
 
@@ -48,13 +49,15 @@ _MOVE_MOUNT_F_EMPTY_PATH = 0x4
 _CLONE_NEWNS = 0x00020000
 _MS_REC = 0x4000
 _MS_PRIVATE = 1 << 18
-_MNT_DETACH = 2
+#: umount2(2) flag: detach now, clean up when no longer busy (``umount -l``).
+MNT_DETACH = 2
 
 _libc: Any = None
 
 
-def _call(name: str, *args: Any) -> int:
-    """A libc call; its result, or an OSError with errno."""
+def libc_call(name: str, *args: Any) -> int:
+    """A libc call (mount(2), umount2(2), ...: no process per sandbox); its result, or an
+    OSError with errno."""
     global _libc
     if _libc is None:
         _libc = ctypes.CDLL(None, use_errno=True)
@@ -105,15 +108,15 @@ class _Namespaces:
             except OSError as exc:
                 self.problem = str(exc)
                 raise
-        _call("unshare", _CLONE_NEWNS)
+        libc_call("unshare", _CLONE_NEWNS)
         made = None
         try:
-            _call("syscall", _SYS_MOVE_MOUNT, clone, b"", _AT_FDCWD, os.fsencode(root),
+            libc_call("syscall", _SYS_MOVE_MOUNT, clone, b"", _AT_FDCWD, os.fsencode(root),
                   _MOVE_MOUNT_F_EMPTY_PATH)  # fmt: skip
             made = os.open("/proc/thread-self/ns/mnt", os.O_RDONLY | os.O_CLOEXEC)
         finally:
             try:
-                _call("setns", self._base, _CLONE_NEWNS)  # never left in a sandbox's
+                libc_call("setns", self._base, _CLONE_NEWNS)  # never left in a sandbox's
             except OSError as exc:
                 self.problem = f"back to the base namespace: {exc}"  # none made from here
                 if made is not None:
@@ -122,15 +125,15 @@ class _Namespaces:
         return made
 
     def _make_base(self) -> int:
-        _call("unshare", _CLONE_NEWNS)
+        libc_call("unshare", _CLONE_NEWNS)
         # Private: nothing mounted or unmounted here reaches this process's namespace, and
         # the host's later episode mounts do not reach here.
-        _call("mount", None, b"/", None, _MS_REC | _MS_PRIVATE, None)
+        libc_call("mount", None, b"/", None, _MS_REC | _MS_PRIVATE, None)
         with open("/proc/thread-self/mountinfo", encoding="utf-8", errors="surrogateescape") as f:
             table = f.read()
         for point in episode_mounts(table):
             try:
-                _call("umount2", os.fsencode(point), _MNT_DETACH)
+                libc_call("umount2", os.fsencode(point), MNT_DETACH)
             except OSError as exc:
                 # Not a mount point any more (below one detached already: an overlay in a
                 # tmpfs), or gone (another process removed its sandbox meanwhile).
@@ -140,12 +143,14 @@ class _Namespaces:
 
 
 _namespaces: _Namespaces | None = None
+_namespaces_lock = threading.Lock()
 
 
 def _forget() -> None:
-    """In a forked child: the thread (and its namespaces) stayed with the parent."""
-    global _namespaces
-    _namespaces = None
+    """In a forked child: the thread (and its namespaces) stayed with the parent, and the
+    lock may have been held by a thread that did not come along."""
+    global _namespaces, _namespaces_lock
+    _namespaces, _namespaces_lock = None, threading.Lock()
 
 
 os.register_at_fork(after_in_child=_forget)
@@ -157,12 +162,13 @@ def sandbox_namespace(root: Path) -> int | None:
     ``None`` where it cannot be made (said once, in the log). Blocking: call it from a worker
     thread; the caller closes it when the sandbox's processes have ended."""
     global _namespaces
-    if _namespaces is None:
-        _namespaces = _Namespaces()
+    with _namespaces_lock:  # one helper thread per process, whichever thread asks first
+        if _namespaces is None:
+            _namespaces = _Namespaces()
     if _namespaces.problem:
         return None
     try:
-        clone = _call("syscall", _SYS_OPEN_TREE, _AT_FDCWD, os.fsencode(root),
+        clone = libc_call("syscall", _SYS_OPEN_TREE, _AT_FDCWD, os.fsencode(root),
                       _OPEN_TREE_CLONE | _AT_RECURSIVE | os.O_CLOEXEC)  # fmt: skip
         try:
             return _namespaces.make(clone, str(root))
