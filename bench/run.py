@@ -28,6 +28,10 @@ The same tasks and server serve, at each concurrency, in turn:
   fresh sandbox of the task, started while the agent works); both rows' test command is
   ``test -s note.txt`` (no Python: the status channel records no run), or
   ``--test-command`` (``python3 -m unittest tests.test_note`` runs the repository's test);
+- ``...+warm`` (any uniagent row, e.g. ``uniagent+reward+warm``): the same with
+  ``--warm N`` (``--warm``, default 8): sandboxes set up and baselined ahead while the
+  agents run; worth measuring with ``--model-latency SECONDS`` (each reply waits that
+  long, as a model's generation would; by default replies are instant);
 - ``mini-swe-agent``: its batch runner (``mini-extra swebench`` 2.4.6, local
   environment: ``bash -c`` per command, one thread per worker) in a venv the bench
   makes (``bench/.venv-mini``, ``pip install mini-swe-agent==2.4.6``).
@@ -133,11 +137,17 @@ def script(body: dict[str, Any]) -> Any:
     return Reply("", tool_calls=[tool_call(bash, {"command": DONE}, "call_done")])
 
 
-def serve(url_file: Path) -> None:
-    """Run the scripted server until killed; its URL goes to ``url_file``."""
+def serve(url_file: Path, latency: float = 0.0) -> None:
+    """Run the scripted server until killed; its URL goes to ``url_file``. Each reply waits
+    ``latency`` seconds first (a model's generation time; the server answers requests in
+    threads, so they wait side by side)."""
     from uniagent.testing import ScriptedChatServer
 
-    with ScriptedChatServer(default=script, model="scripted") as server:
+    def slow(body: dict[str, Any]) -> Any:
+        time.sleep(latency)
+        return script(body)
+
+    with ScriptedChatServer(default=slow if latency else script, model="scripted") as server:
         url_file.write_text(server.base_url)
         while True:
             time.sleep(3600)
@@ -280,10 +290,15 @@ def write_inputs(
     return {"tasks": work / "tasks.jsonl", "dataset": work / "dataset"}
 
 
-def command(runner: str, work: Path, url: str, concurrency: int, out: Path) -> list[str]:
-    """The command line of one runner (a reward runner is ``RUNNER FILES:COMMITS``)."""
+def command(
+    runner: str, work: Path, url: str, concurrency: int, out: Path, warm: int = 0
+) -> list[str]:
+    """The command line of one runner (a reward runner is ``RUNNER FILES:COMMITS``; a
+    uniagent runner named ``...+warm`` prepares ``warm`` sandboxes ahead)."""
     if runner.startswith("uniagent"):
         name, _, size = runner.partition(" ")
+        ahead = ["--warm", str(warm)] if name.endswith("+warm") else []
+        name = name.removesuffix("+warm")
         config = work / (f"{name}-{size}.yaml" if size else "uniagent.yaml")
         return [
             sys.executable,
@@ -301,6 +316,7 @@ def command(runner: str, work: Path, url: str, concurrency: int, out: Path) -> l
             str(out),
             "--concurrency",
             str(concurrency),
+            *ahead,
         ]
     if runner == "floor":
         return [
@@ -348,7 +364,7 @@ def finished(runner: str, out: Path, tasks: int, stdout: str) -> int:
 def uniagent_split(out: Path) -> dict[str, float]:
     """Medians per episode (ms) of uniagent's phases and of model wait and env in the loop."""
     records = [json.loads(x) for x in (out / "results.jsonl").read_text().splitlines()]
-    keys = ("setup", "tools", "baseline", "agent", "grading", "close")
+    keys = ("setup", "tools", "baseline", "ready", "agent", "grading", "close")
     split = {k: statistics.median([r["timings"].get(k, 0.0) for r in records]) * 1000
              for k in keys}  # fmt: skip
     for name, key in (("model wait", "model_seconds"), ("env", "env_seconds")):
@@ -361,13 +377,15 @@ def uniagent_split(out: Path) -> dict[str, float]:
     return split
 
 
-def measure(runner: str, work: Path, url: str, concurrency: int, tasks: int) -> dict[str, Any]:
+def measure(
+    runner: str, work: Path, url: str, concurrency: int, tasks: int, warm: int = 0
+) -> dict[str, Any]:
     """Run one runner once; its figures."""
     out = Path(tempfile.mkdtemp(prefix=f"{runner}-{concurrency}-", dir=work))
     env = {**os.environ, "OPENAI_API_KEY": "bench", "MSWEA_COST_TRACKING": "ignore_errors",
            "MSWEA_CONFIGURED": "true", "TMPDIR": str(out)}  # fmt: skip
     started, busy = time.monotonic(), machine_busy()
-    done = subprocess.run(command(runner, work, url, concurrency, out), capture_output=True,
+    done = subprocess.run(command(runner, work, url, concurrency, out, warm), capture_output=True,
                           text=True, env=env, cwd=out, timeout=3600)  # fmt: skip
     wall, busy = time.monotonic() - started, machine_busy() - busy
     if done.returncode != 0:
@@ -474,7 +492,8 @@ def report(rows: list[dict[str, Any]], costs: dict[str, dict[str, float]]) -> No
                 cells.append(f"{value:>{width}{spec}}")
         print(" ".join(cells))
     print(
-        "\nuniagent per episode (median ms): setup, tools, baseline, agent loop "
+        "\nuniagent per episode (median ms): setup, tools, baseline, ready (a sandbox prepared "
+        "ahead waiting for its slot), agent loop "
         "(model wait, env), grading (fresh sandbox's set-up, the reward), close; the whole "
         "episode"
     )
@@ -484,7 +503,8 @@ def report(rows: list[dict[str, Any]], costs: dict[str, dict[str, float]]) -> No
             inner = ", ".join(f"{k} {s[k]:.1f}" for k in ("fresh setup", "reward") if k in s)
             print(
                 f"{r['concurrency']:>5} {r['runner']:<26} setup {s['setup']:.1f}  tools "
-                f"{s['tools']:.1f}  baseline {s['baseline']:.1f}  agent {s['agent']:.1f} "
+                f"{s['tools']:.1f}  baseline {s['baseline']:.1f}  ready {s.get('ready', 0.0):.1f}  "
+                f"agent {s['agent']:.1f} "
                 f"(model {s['model wait']:.1f}, env {s['env']:.1f})  grading "
                 f"{s['grading']:.1f}{f' ({inner})' if inner else ''}  close {s['close']:.1f}  "
                 f"episode {s['episode']:.1f}"
@@ -529,19 +549,33 @@ def main() -> None:
         "under the status channel)",
     )
     parser.add_argument(
+        "--model-latency",
+        type=float,
+        default=0.0,
+        metavar="SECONDS",
+        help="each model reply waits this long (default 0: instant, the runners' own cost)",
+    )
+    parser.add_argument(
+        "--warm",
+        type=int,
+        default=8,
+        help="sandboxes prepared ahead by the uniagent rows named ...+warm (e.g. "
+        "--runners uniagent+reward,uniagent+reward+warm; default 8)",
+    )
+    parser.add_argument(
         "--json", type=Path, metavar="FILE", help="also write the figures to FILE as JSON"
     )
     parser.add_argument("--serve", type=Path, help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.serve:
-        serve(args.serve)
+        serve(args.serve, args.model_latency)
         return
     figures = runpy.run_path(str(BENCH / "figures.py"))  # bench/ is kept off sys.path
     where = figures["provenance"]()
     sizes = repo_sizes(args.repo_size)
     runners = []
     for runner in args.runners.split(","):
-        if runner in REWARD_RUNNERS:
+        if runner.removesuffix("+warm") in REWARD_RUNNERS:
             runners += [f"{runner} {f}:{c}" for f, c in sizes]
         else:
             runners.append(runner)
@@ -558,7 +592,8 @@ def main() -> None:
                 make_repo(repos[label], files, commits)
                 costs[label] = command_cost(repos[label], work, command=args.test_command)
         url_file = work / "url"
-        server = subprocess.Popen([sys.executable, __file__, "--serve", str(url_file)])
+        server = subprocess.Popen([sys.executable, __file__, "--serve", str(url_file),
+                                   "--model-latency", str(args.model_latency)])  # fmt: skip
         try:
             while not url_file.exists():
                 if server.poll() is not None:
@@ -572,7 +607,7 @@ def main() -> None:
                 runs: dict[str, list[dict[str, Any]]] = {runner: [] for runner in runners}
                 for _ in range(args.repeats):  # runners alternate: machine noise hits all
                     for runner in runners:
-                        r = measure(runner, work, url, concurrency, tasks)
+                        r = measure(runner, work, url, concurrency, tasks, args.warm)
                         runs[runner].append(r)
                         print(
                             f"{runner} at {concurrency}: {r['ok']}/{tasks} ok, "

@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import json
 import shutil
 import types
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator, Callable, Iterator
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -98,6 +100,24 @@ def done_tool() -> Iterator[None]:
     load_plugins().register(types.SimpleNamespace(uniagent_tools=uniagent_tools), "test-tools")
     yield
     reset_plugins()
+
+
+@pytest.fixture
+def done_run_files(done_tool: None, tmp_path: Path) -> Callable[[int], tuple[Path, Path]]:
+    """For ``uniagent run`` on the command line: a config (the tool ``done``, host sandboxes
+    without isolation) and a task file of ``n`` tasks (``t0``, ``t1``, ...) in ``tmp_path``."""
+
+    def make(n: int) -> tuple[Path, Path]:
+        config = tmp_path / "agent.yaml"
+        config.write_text(json.dumps({
+            "tools": ["done"], "instance_template": "{q}",
+            "env": {"deployment": {"type": "host", "isolation": "none"}},
+        }))  # fmt: skip
+        data = tmp_path / "tasks.jsonl"
+        data.write_text("".join(json.dumps({"id": f"t{i}", "q": "go"}) + "\n" for i in range(n)))
+        return config, data
+
+    return make
 
 
 @pytest.fixture

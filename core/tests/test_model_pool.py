@@ -114,18 +114,14 @@ SERVER = textwrap.dedent(
 )
 
 
-def test_a_server_killed_mid_run_loses_no_episode(done_tool, tmp_path: Path, monkeypatch) -> None:
+def test_a_server_killed_mid_run_loses_no_episode(
+    done_run_files, tmp_path: Path, monkeypatch
+) -> None:
     """Two servers; the first holds its first episode's request and is then killed: that
     episode is retried on the other (infrastructure, not scored), every episode ends
     ``finished``, and the summary shows each server's share."""
     monkeypatch.setenv("OPENAI_API_KEY", "test")
-    config = tmp_path / "agent.yaml"
-    config.write_text(json.dumps({
-        "tools": ["done"], "instance_template": "{q}",
-        "env": {"deployment": {"type": "host", "isolation": "none"}},
-    }))  # fmt: skip
-    data = tmp_path / "tasks.jsonl"
-    data.write_text("".join(json.dumps({"id": f"t{i}", "q": "go"}) + "\n" for i in range(5)))
+    config, data = done_run_files(5)
     doomed = subprocess.Popen([sys.executable, "-c", SERVER], stdout=subprocess.PIPE, text=True)
     out = tmp_path / "out"
     try:

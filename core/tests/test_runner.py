@@ -120,6 +120,96 @@ async def test_sandboxes_close_off_the_episodes_path_at_most_limit_at_once():
     assert second.closed and third.closed and closer.closing == 0
 
 
+async def test_sandboxes_prepared_ahead_wait_for_an_agent_slot(config, qwen3_tokenizer, tmp_path):
+    """`warm: 1` beside `concurrency: 1`: while one episode's agent runs, the next sets up
+    and baselines its sandbox (the config has a reward) and waits in phase `ready`; its agent
+    starts once the running one's agent has ended (its grading goes on beside it). Never two
+    agents at once, and the third task waits for a place."""
+    events: list[tuple[str, str]] = []
+    two_ready = asyncio.Event()  # the running episode and the next one
+
+    class Watch(Progress):
+        def started(self, job, attempt=1):
+            state = super().started(job, attempt)
+            seen = state.phase
+
+            def phase(name):
+                seen(name)
+                events.append((job.task.id, name))
+                if sum(what == "ready" for _, what in events) == 2:
+                    two_ready.set()
+
+            state.phase = phase
+            return state
+
+    class Model(ScriptedTokenModel):
+        async def generate(self, cache, **kwargs):
+            if not any(what == "model" for _, what in events):
+                # The first agent's turn: another episode gets its sandbox ready meanwhile.
+                await asyncio.wait_for(two_ready.wait(), 120)
+            events.append(("", "model"))
+            return await super().generate(cache, **kwargs)
+
+    tasks = [Task(f"t{i}", {"q": f"task {i}", "test_command": "true"}) for i in range(3)]
+    model = Model(qwen3_tokenizer, policy=lambda cache: hermes_call("done"))
+    out = tmp_path / "out"
+    summary = await run(
+        config, tasks, [], lambda: model, out, concurrency=1, warm=1,
+        progress=Watch(io.StringIO(), live=False),
+    )  # fmt: skip
+    assert summary["episodes"] == 3 and summary["mean_reward"] == 1.0
+    agents, most = 0, 0
+    for _, what in events:
+        agents += {"agent": 1, "grading": -1}.get(what, 0)
+        most = max(most, agents)
+    assert most == 1, events  # one agent slot
+    first_model = events.index(("", "model"))
+    ready_then = {t for t, what in events[:first_model] if what == "ready"}
+    running = {t for t, what in events[:first_model] if what == "agent"}
+    assert len(running) == 1 and len(ready_then) == 2, events  # the other one: set up, waiting
+    for task in ("t0", "t1", "t2"):
+        mine = [what for t, what in events if t == task]
+        assert mine == ["setup", "tools", "baseline", "ready", "agent", "grading", "close"], mine
+    third = [t for t, what in events if what == "setup"][2]
+    first_closed = next(i for i, (_, what) in enumerate(events) if what == "close")
+    assert events.index((third, "setup")) > first_closed, events  # two places: one freed
+    records = [json.loads(line) for line in (out / "results.jsonl").read_text().splitlines()]
+    assert all("ready" in r["timings"] for r in records)
+
+
+async def test_warm_is_refused_where_it_cannot_be_kept(config, qwen3_tokenizer, tmp_path):
+    from uniagent.errors import ConfigError
+
+    model = ScriptedTokenModel(qwen3_tokenizer, policy=lambda cache: hermes_call("done"))
+    tasks = [Task("t0", {"q": "task", "test_command": "true"})]
+    with pytest.raises(ConfigError, match="--warm must be 0 or more"):
+        await run(config, tasks, [], lambda: model, tmp_path / "a", warm=-1)
+    with pytest.raises(ConfigError, match="not with --ray-address: set warm: 0"):
+        await run(
+            config.model_copy(update={"warm": 2}), tasks, [], lambda: model, tmp_path / "b",
+            ray_address="ray://127.0.0.1:1",
+        )  # fmt: skip
+    assert not (tmp_path / "b").exists()  # refused before the folder is taken
+
+
+def test_uniagent_run_takes_warm_from_the_command_line(done_run_files, tmp_path, monkeypatch):
+    from uniagent.testing import Reply, ScriptedChatServer, cli, tool_call
+
+    monkeypatch.setenv("OPENAI_API_KEY", "test")
+    config, data = done_run_files(3)
+    finish = Reply("Done.", tool_calls=[tool_call("done", {}, "call_done")])
+    with ScriptedChatServer(default=lambda body: finish) as server:
+        argv = ["run", str(config), "--data", str(data), "--model", f"openai:{server.base_url}#m",
+                "--concurrency", "1"]  # fmt: skip
+        with pytest.raises(SystemExit) as refused:  # argparse's exit: status 2, one line
+            cli([*argv, "--out", str(tmp_path / "bad"), "--warm", "-1"])
+        assert refused.value.code == 2
+        assert cli([*argv, "--out", str(tmp_path / "out"), "--warm", "2"]) == 0
+    records = [json.loads(x) for x in (tmp_path / "out" / "results.jsonl").read_text().splitlines()]
+    assert len(records) == 3 and all("ready" in r["timings"] for r in records)
+    assert not (tmp_path / "bad").exists()
+
+
 async def test_an_episode_hands_its_sandbox_to_the_closer(config, qwen3_tokenizer):
     from uniagent.episode import run_episode
     from uniagent.resolver import resolve

@@ -236,6 +236,7 @@ def _run(args: argparse.Namespace) -> int:
     tasks, bad_rows, exclusion = load_run_tasks(args, config)
     run_options = RunOptions(
         concurrency=args.concurrency,
+        warm=args.warm,
         n=args.n,
         limit=args.limit,
         retries=args.retries,
@@ -606,6 +607,14 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--out", required=True, help="output directory (results, episodes, summary)")
     run.add_argument(
         "--concurrency", type=positive, default=None, help="episodes at once (default: config)"
+    )
+    run.add_argument(
+        "--warm",
+        type=non_negative,
+        default=None,
+        metavar="N",
+        help="sandboxes prepared ahead: N more episodes set up (and baseline) their sandboxes "
+        "while the others run, then wait for a slot (default: config, 0)",
     )
     run.add_argument("--n", type=positive, default=1, help="samples per task (pass@k when > 1)")
     run.add_argument("--limit", type=positive, default=None, help="only the first M tasks")

@@ -377,6 +377,13 @@ class AgentConfig(_Strict):
         default_factory=SamplingConfig, description="sampling parameters for the model backend"
     )
     concurrency: int = Field(8, ge=1, description="episodes at once")
+    warm: int = Field(
+        0,
+        ge=0,
+        description="sandboxes prepared ahead: up to this many more episodes set up and "
+        "baseline their sandboxes (or are graded) while `concurrency` agents run; an episode "
+        "holds an agent slot only while its agent runs (`uniagent run` in one process)",
+    )
     services: dict[str, dict[str, Any]] = Field(
         default_factory=dict,
         description="process-wide services to start before the first episode, by name, with "

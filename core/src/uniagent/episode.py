@@ -9,6 +9,7 @@ exactly one exit reason. The agent, the built-in loop or a harness, is an
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import copy
 import logging
 import time
@@ -45,6 +46,10 @@ log = logging.getLogger(__name__)
 #: episodes' path (:class:`uniagent.run.jobs.BackgroundCloser`); by default it is closed, and
 #: waited for, by the episode itself.
 Closer = Callable[[AgentEnv], Awaitable[None]]
+#: Entered once the sandbox is set up (and baselined), for the agent's turns only (not the
+#: grading): a run that prepares sandboxes ahead (``warm``) passes a semaphore of its
+#: ``concurrency`` agent slots, which the episode waits for in phase ``ready``.
+Gate = contextlib.AbstractAsyncContextManager[Any]
 
 
 async def _close(env: AgentEnv, closer: Closer | None, observer: EpisodeObserver) -> None:
@@ -119,6 +124,7 @@ async def run_episode(
     logger: logging.Logger | None = None,
     observer: EpisodeObserver | None = None,
     closer: Closer | None = None,
+    gate: Gate | None = None,
 ) -> EpisodeResult:
     """Run one task to completion; failures become exit reasons, never exceptions.
 
@@ -129,10 +135,14 @@ async def run_episode(
     begin with (a field missing for ``instance_template``) raises, before any
     sandbox starts. ``observer`` is told each phase, turn and tool call (progress).
     ``closer`` takes the sandbox at the end (default: closed here, before this returns).
+    ``gate`` is held while the agent runs: entered after the sandbox's set-up (phase
+    ``ready`` while it waits), left before the grading.
     """
     grader = make_grader(agent, task)
     try:
-        return await _run_episode(agent, task, model, grader, messages, logger, observer, closer)
+        return await _run_episode(
+            agent, task, model, grader, messages, logger, observer, closer, gate
+        )
     finally:
         if grader is not None:  # a fresh sandbox started ahead and not used, however it ended
             await grader.close()
@@ -147,6 +157,7 @@ async def _run_episode(
     logger: logging.Logger | None,
     observer: EpisodeObserver | None,
     closer: Closer | None = None,
+    gate: Gate | None = None,
 ) -> EpisodeResult:
     logger = logger or log
     observer = observer or NULL_OBSERVER
@@ -174,8 +185,11 @@ async def _run_episode(
         metrics.setup_seconds = time.perf_counter() - started
 
     try:
-        observer.phase("agent")
-        run = await runner.run(env, metrics)
+        if gate is not None:  # the sandbox is ready; the agent waits for its slot
+            observer.phase("ready")
+        async with gate if gate is not None else contextlib.nullcontext():
+            observer.phase("agent")
+            run = await runner.run(env, metrics)
         if run.leaves is not None:
             return await _conclude_tree(
                 config, grader, env, run, integrity, logger, observer, closer

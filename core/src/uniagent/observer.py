@@ -11,8 +11,10 @@ from __future__ import annotations
 
 from typing import Literal, Protocol
 
-#: The phases of an episode, in order (``baseline`` and ``grading`` only with a reward).
-Phase = Literal["setup", "tools", "baseline", "agent", "grading", "close"]
+#: The phases of an episode, in order (``baseline`` and ``grading`` only with a reward;
+#: ``ready`` only in a run with sandboxes prepared ahead: the sandbox is set up and waits for
+#: one of the run's ``concurrency`` agent slots).
+Phase = Literal["setup", "tools", "baseline", "ready", "agent", "grading", "close"]
 
 
 class EpisodeObserver(Protocol):

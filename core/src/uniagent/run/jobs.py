@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from uniagent.env import AgentEnv
-from uniagent.episode import Closer, EpisodeResult, run_episode
+from uniagent.episode import Closer, EpisodeResult, Gate, run_episode
 from uniagent.exit import ExitReason
 from uniagent.interaction.metrics import EpisodeMetrics
 from uniagent.models.base import ModelError
@@ -124,6 +124,7 @@ async def execute_job(
     observer: EpisodeObserver | None = None,
     stream: logging.Handler | None = None,
     closer: Closer | None = None,
+    gate: Gate | None = None,
 ) -> dict[str, Any]:
     """Run one attempt of a job, logging to ``log_path`` (and ``stream``); return its payload.
 
@@ -139,7 +140,7 @@ async def execute_job(
         logger.info("task %s sample %d: start", job.task.id, job.sample)
         if isinstance(model, ModelPool):
             return await _on_a_server(
-                model, agent, job, logger=logger, observer=observer, closer=closer
+                model, agent, job, logger=logger, observer=observer, closer=closer, gate=gate
             )
         result = await run_episode(
             agent,
@@ -149,6 +150,7 @@ async def execute_job(
             logger=logger,
             observer=observer,
             closer=closer,
+            gate=gate,
         )
         logger.info("finished: %s reward=%s", result.exit_reason.value, result.reward)
         return episode_payload(job, result)
@@ -255,16 +257,18 @@ def local_attempt(
     out: Path,
     progress: Progress,
     closer: Closer | None = None,
+    agents: asyncio.Semaphore | None = None,
 ) -> Attempt:
     """Attempts run on this event loop: each writes its episode directory; ``closer`` takes
-    their sandboxes (:class:`BackgroundCloser`)."""
+    their sandboxes (:class:`BackgroundCloser`); with ``agents`` (a run that prepares
+    sandboxes ahead), each episode's agent runs while it holds one of its slots."""
 
     async def attempt_job(job: Job, attempt: int, state: EpisodeState) -> dict[str, Any]:
         directory = episode_dir(out, job)
         started = time.monotonic()
         payload = await execute_job(
             base, job, model, directory / LOG, observer=state, stream=progress.log_handler(job),
-            closer=closer,
+            closer=closer, gate=agents,
         )  # fmt: skip
         extra = attempt_extra(directory, attempt, state, started, payload["record"])
         # Off the loop: three files, a rollout of many turns megabytes of JSON; on the loop

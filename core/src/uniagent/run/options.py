@@ -17,7 +17,7 @@ if TYPE_CHECKING:  # pragma: no cover
 class RunOptions:
     """How to run a task set; every field has the CLI's default.
 
-    ``concurrency`` ``None`` takes the agent config's; ``breaker`` ``None`` a window
+    ``concurrency`` and ``warm`` ``None`` take the agent config's; ``breaker`` ``None`` a window
     that grows with the concurrency; ``model_info`` is what the manifest records of
     the model (its spec, never a key); ``ray_address`` runs the episodes on a Ray
     cluster (``ray_workers`` actors); ``exclude`` is what ``--exclude`` took out of the
@@ -25,6 +25,7 @@ class RunOptions:
     """
 
     concurrency: int | None = None
+    warm: int | None = None
     n: int = 1
     limit: int | None = None
     retries: int = 2
@@ -44,6 +45,8 @@ class RunOptions:
             raise ConfigError("--n must be at least 1")
         if self.concurrency is not None and self.concurrency < 1:
             raise ConfigError("--concurrency must be at least 1")
+        if self.warm is not None and self.warm < 0:
+            raise ConfigError("--warm must be 0 or more")
         if self.retries < 0:
             raise ConfigError("--retries must be 0 or more")
         if self.limit is not None and self.limit < 0:

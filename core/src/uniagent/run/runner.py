@@ -160,6 +160,11 @@ async def run_jobs(
             raise outcome
 
 
+def _warm(agent: ResolvedAgent, options: RunOptions) -> int:
+    """How many sandboxes the run prepares ahead (the option, else the config's)."""
+    return agent.config.warm if options.warm is None else options.warm
+
+
 def model_env(model_info: Mapping[str, Any]) -> dict[str, str]:
     """The model's API key variables that are set here, for workers on other machines."""
     names = {"OPENAI_API_KEY", model_info.get("api_key_env") or "OPENAI_API_KEY"}
@@ -210,6 +215,11 @@ async def run(
         agent = resolve(agent)  # every name and setting checked before any sandbox starts
     # Rows the reward cannot grade: refused now, not after their episodes ran.
     check_task_fields(agent, tasks[: options.limit] if options.limit is not None else tasks)
+    if options.ray_address and _warm(agent, options):
+        raise ConfigError(
+            "warm (sandboxes prepared ahead) works in this process's runner only, not with "
+            "--ray-address: set warm: 0 (or --warm 0)"
+        )
     lock = FolderLock(out)
     lock.acquire()
     try:
@@ -232,6 +242,7 @@ async def _run_locked(
     progress: Progress,
 ) -> dict[str, Any]:
     concurrency = options.concurrency or agent.config.concurrency
+    warm = _warm(agent, options)
     policy = RetryPolicy(options.retries, options.retry_delay)
     window = default_window(concurrency) if options.breaker is None else options.breaker
     model_info = options.model_info or {"spec": "(given in-process)"}
@@ -297,12 +308,15 @@ async def _run_locked(
             else:
                 # A sandbox closes while the next episode starts (at most `concurrency` at once).
                 closer = BackgroundCloser(concurrency)
+                # `concurrency` agents at once; `warm` more episodes set up their sandboxes (or
+                # are graded) meanwhile.
+                agents = asyncio.Semaphore(concurrency) if warm else None
+                attempt_job = local_attempt(agent, model, out, progress, closer, agents)
                 try:
                     async with running_services(agent):  # once, before the first episode
                         await run_jobs(
-                            jobs, local_attempt(agent, model, out, progress, closer), out,
-                            concurrency=concurrency, policy=policy, breaker=breaker,
-                            progress=progress, results=results,
+                            jobs, attempt_job, out, concurrency=concurrency + warm,
+                            policy=policy, breaker=breaker, progress=progress, results=results,
                         )  # fmt: skip
                 finally:
                     await wait_through_cancellation(closer.drain())

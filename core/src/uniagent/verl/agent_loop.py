@@ -61,6 +61,7 @@ from uniagent.verl.settings import (
 from uniagent.verl.tree_advantage import leaf_advantages, tree_token_scores
 
 log = logging.getLogger(__name__)
+_warm_warned = False
 
 #: verl's sampling keys win over the agent config's ``sampling`` (e.g. greedy validation).
 _VERL_SAMPLING_KEYS = frozenset({"temperature", "top_p", "top_k", "repetition_penalty", "logprobs"})
@@ -106,6 +107,15 @@ class UniAgentLoop(AgentLoopBase):
         self.agent = self._base_agent(kwargs)
         self.agent_config = self.agent.config
         self._check_tree_settings()
+        global _warm_warned
+        if self.agent_config.warm and not _warm_warned:
+            _warm_warned = True
+            log.warning(
+                "agent loop %r: warm: %d is not used under verl (each worker runs the episodes "
+                "of the batch it is given; only `uniagent run` prepares sandboxes ahead)",
+                self.loop_name,
+                self.agent_config.warm,
+            )
 
     def _check_tree_settings(self) -> None:
         """Tree rollouts (``interaction.branching``) and ``tree_advantage`` against the
