@@ -309,6 +309,19 @@ def test_phase_times_add_up_in_order():
     assert all(v >= 0 for v in state.timings().values())
 
 
+def test_progress_counts_the_episodes_waiting_for_an_agent_slot():
+    progress = Progress(io.StringIO(), live=False)
+    from uniagent.run.jobs import Job
+
+    first = progress.started(Job(Task("a", {}), 0))
+    second = progress.started(Job(Task("b", {}), 0))
+    first.phase("agent")
+    assert "running 2  infra" in progress.status()
+    second.phase("ready")
+    assert "running 2 (1 ready)  infra" in progress.status()
+    assert second.describe() == "ready · waiting for an agent slot"
+
+
 def test_results_file_drops_a_line_cut_short_by_a_crash(tmp_path: Path):
     path = tmp_path / "results.jsonl"
     path.write_text('{"task_id": "a", "sample": 0}\n{"task_id": "b", "sam')

@@ -67,6 +67,8 @@ class EpisodeState:
             return f"turn {self.turn_number} · waiting for the model"
         if self.doing == "tool":
             return f"turn {self.turn_number} · {self.last_tool}"
+        if self.doing == "ready":
+            return "ready · waiting for an agent slot"
         return self.doing
 
 
@@ -194,9 +196,11 @@ class Progress:
             reasons = ", ".join(f"{k}={v}" for k, v in self.exit_reasons.most_common(4))
             elapsed = time.monotonic() - self._started
             eta = self.eta(elapsed)
+            ready = sum(1 for state in self.running.values() if state.doing == "ready")
             return (
-                f"done {self.done}/{self.total}  running {len(self.running)}  "
-                f"infra failures {self.infra_failed}"
+                f"done {self.done}/{self.total}  running {len(self.running)}"
+                + (f" ({ready} ready)" if ready else "")
+                + f"  infra failures {self.infra_failed}"
                 + (f"  mean reward {mean:.3f}" if mean is not None else "")
                 + (f"  [{reasons}]" if reasons else "")
                 + f"  {_duration(elapsed)}"
