@@ -61,7 +61,6 @@ from uniagent.verl.settings import (
 from uniagent.verl.tree_advantage import leaf_advantages, tree_token_scores
 
 log = logging.getLogger(__name__)
-_warm_warned = False
 
 #: verl's sampling keys win over the agent config's ``sampling`` (e.g. greedy validation).
 _VERL_SAMPLING_KEYS = frozenset({"temperature", "top_p", "top_k", "repetition_penalty", "logprobs"})
@@ -79,7 +78,9 @@ class UniAgentLoop(AgentLoopBase):
     _server_keys: ClassVar[set[str]] = set()
     _configs_lock: ClassVar[threading.Lock] = threading.Lock()
     _semaphores: ClassVar[
-        weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, dict[int, asyncio.Semaphore]]
+        weakref.WeakKeyDictionary[
+            asyncio.AbstractEventLoop, dict[tuple[str, int], asyncio.Semaphore]
+        ]
     ] = weakref.WeakKeyDictionary()
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
@@ -107,15 +108,6 @@ class UniAgentLoop(AgentLoopBase):
         self.agent = self._base_agent(kwargs)
         self.agent_config = self.agent.config
         self._check_tree_settings()
-        global _warm_warned
-        if self.agent_config.warm and not _warm_warned:
-            _warm_warned = True
-            log.warning(
-                "agent loop %r: warm: %d is not used under verl (each worker runs the episodes "
-                "of the batch it is given; only `uniagent run` prepares sandboxes ahead)",
-                self.loop_name,
-                self.agent_config.warm,
-            )
 
     def _check_tree_settings(self) -> None:
         """Tree rollouts (``interaction.branching``) and ``tree_advantage`` against the
@@ -184,17 +176,26 @@ class UniAgentLoop(AgentLoopBase):
     # -- concurrency -------------------------------------------------------------------
     @property
     def per_worker_concurrency(self) -> int:
-        """``concurrency // num_workers`` (at least 1): episodes at once in this worker."""
+        """``concurrency // num_workers`` (at least 1): agents at once in this worker."""
         return max(1, self.agent_config.concurrency // self.settings.num_workers)
 
-    def semaphore(self) -> asyncio.Semaphore:
-        """The worker-wide semaphore, created lazily on the running event loop."""
+    @property
+    def per_worker_sandboxes(self) -> int:
+        """``(concurrency + warm) // num_workers``, at least the agents: sandboxes open at
+        once in this worker (``warm`` more than agents: set up ahead, or being graded)."""
+        config = self.agent_config
+        places = (config.concurrency + config.warm) // self.settings.num_workers
+        return max(self.per_worker_concurrency, places)
+
+    def semaphore(self, kind: str = "sandboxes") -> asyncio.Semaphore:
+        """A worker-wide semaphore, created lazily on the running event loop: of its open
+        ``sandboxes``, or of its running ``agents``."""
         loop = asyncio.get_running_loop()
-        limit = self.per_worker_concurrency
+        limit = self.per_worker_sandboxes if kind == "sandboxes" else self.per_worker_concurrency
         by_limit = self._semaphores.setdefault(loop, {})
-        if limit not in by_limit:
-            by_limit[limit] = asyncio.Semaphore(limit)
-        return by_limit[limit]
+        if (kind, limit) not in by_limit:
+            by_limit[kind, limit] = asyncio.Semaphore(limit)
+        return by_limit[kind, limit]
 
     # -- one sample ---------------------------------------------------------------------
     async def run(  # type: ignore[override, unused-ignore]  # a list: verl's v1 worker
@@ -234,13 +235,17 @@ class UniAgentLoop(AgentLoopBase):
                     response_length=self.settings.response_length,
                     chat_template_kwargs=self.settings.chat_template_kwargs,
                 )
-                async with self.semaphore():
+                # With `warm`, more sandboxes than agents: an episode sets up (and baselines) its
+                # sandbox, waits for an agent slot, and is graded after giving it back.
+                ahead = self.per_worker_sandboxes > self.per_worker_concurrency
+                async with self.semaphore("sandboxes"):
                     result = await run_episode(
                         agent,
                         task,
                         model,
                         messages=messages,
                         logger=dump.logger if dump is not None else log,
+                        gate=self.semaphore("agents") if ahead else None,
                     )
                 fields = self._fields(result, config, messages, want_logprobs)
         except Exception as exc:  # one bad episode must not break the batch
