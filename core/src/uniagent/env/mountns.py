@@ -112,7 +112,7 @@ class _Namespaces:
         made = None
         try:
             libc_call("syscall", _SYS_MOVE_MOUNT, clone, b"", _AT_FDCWD, os.fsencode(root),
-                  _MOVE_MOUNT_F_EMPTY_PATH)  # fmt: skip
+                      _MOVE_MOUNT_F_EMPTY_PATH)  # fmt: skip
             made = os.open("/proc/thread-self/ns/mnt", os.O_RDONLY | os.O_CLOEXEC)
         finally:
             try:
@@ -169,7 +169,7 @@ def sandbox_namespace(root: Path) -> int | None:
         return None
     try:
         clone = libc_call("syscall", _SYS_OPEN_TREE, _AT_FDCWD, os.fsencode(root),
-                      _OPEN_TREE_CLONE | _AT_RECURSIVE | os.O_CLOEXEC)  # fmt: skip
+                          _OPEN_TREE_CLONE | _AT_RECURSIVE | os.O_CLOEXEC)  # fmt: skip
         try:
             return _namespaces.make(clone, str(root))
         finally:
