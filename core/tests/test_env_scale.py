@@ -120,3 +120,22 @@ async def test_200_host_envs_share_one_event_loop(callback_cpu: list[float]) -> 
     assert worst < CALLBACK_CPU, f"a callback used {worst:.2f} s of CPU on the event loop"
     # No thread per child process (bash's exit is watched through a pidfd).
     assert max(peak_threads) < threads_before + 40
+
+
+def test_many_sandboxes_gc_raises_the_young_threshold_and_puts_it_back() -> None:
+    from uniagent.env import many_sandboxes_gc
+
+    before = gc.get_threshold()
+    try:
+        gc.set_threshold(700, 11, 12)
+        with many_sandboxes_gc(20_000):
+            assert gc.get_threshold() == (20_000, 11, 12)  # the older generations kept
+        assert gc.get_threshold() == (700, 11, 12)
+        gc.set_threshold(50_000, 11, 12)  # never lower than the application set it
+        with many_sandboxes_gc(20_000):
+            assert gc.get_threshold() == (50_000, 11, 12)
+        with pytest.raises(RuntimeError), many_sandboxes_gc(20_000):
+            raise RuntimeError("put back on the way out too")
+        assert gc.get_threshold() == (50_000, 11, 12)
+    finally:
+        gc.set_threshold(*before)

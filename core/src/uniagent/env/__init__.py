@@ -24,6 +24,7 @@ _EXPORTS: dict[str, str] = {
     "Snapshot": "uniagent.env.agent_env",
     "Observation": "uniagent.env.agent_env",
     "use_pidfd_child_watcher": "uniagent.env.aio",
+    "many_sandboxes_gc": "uniagent.env.aio",
     "DEFAULT_ENV": "uniagent.env.config",
     "DEFAULT_TOOLS_DIR": "uniagent.env.config",
     "EnvConfig": "uniagent.env.config",
@@ -80,6 +81,7 @@ __all__ = [
     "TerminalNotAliveError",
     "ToolInstallError",
     "make_runtime",
+    "many_sandboxes_gc",
     "use_pidfd_child_watcher",
 ]
 
@@ -95,7 +97,7 @@ def __getattr__(name: str) -> Any:
 
 if TYPE_CHECKING:  # pragma: no cover
     from uniagent.env.agent_env import AgentEnv, Fork, Observation, Snapshot
-    from uniagent.env.aio import use_pidfd_child_watcher
+    from uniagent.env.aio import many_sandboxes_gc, use_pidfd_child_watcher
     from uniagent.env.config import DEFAULT_ENV, DEFAULT_TOOLS_DIR, EnvConfig
     from uniagent.env.errors import (
         ActionError,

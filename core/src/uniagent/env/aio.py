@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import gc
 import logging
 import os
 import sys
 import threading
-from collections.abc import Awaitable
+from collections.abc import Awaitable, Iterator
 from typing import Any, TypeVar
 
 log = logging.getLogger(__name__)
@@ -109,6 +111,33 @@ def use_pidfd_child_watcher() -> bool:
         policy.set_child_watcher(PidfdChildWatcher())
         _checked = True
         return True
+
+
+#: The young generation's garbage-collection threshold while a process drives many
+#: sandboxes (CPython's default is 700 allocations).
+GC_THRESHOLD = 20_000
+
+
+@contextlib.contextmanager
+def many_sandboxes_gc(threshold: int = GC_THRESHOLD) -> Iterator[None]:
+    """Collect the young generation every ``threshold`` allocations instead of every 700
+    while the block runs (never lower than the application set it); the older generations'
+    thresholds are kept, and the setting is put back on exit.
+
+    Each sandbox command allocates futures, handles, timers and buffers, and every young
+    collection also walks whatever survived into the middle generation: with a thousand
+    sessions on one loop the collector ran about 1,100 times over one of
+    ``bench/sandbox.py``'s thousand-session rows (30 times at 20,000). Measured there
+    (four alternated runs, a quiet 2-core machine): commands/s +6%, the runner's CPU per
+    command -7%, the worst event-loop lag while commands run -15%; nothing at 64 sessions.
+    What a collection finds is the same: only when it runs changes (a few MB more of young
+    objects between runs)."""
+    old = gc.get_threshold()
+    gc.set_threshold(max(old[0], threshold), *old[1:])
+    try:
+        yield
+    finally:
+        gc.set_threshold(*old)
 
 
 async def wait_for(awaitable: Awaitable[T], timeout: float | None) -> T:
