@@ -184,7 +184,7 @@ async def test_warm_is_refused_where_it_cannot_be_kept(config, qwen3_tokenizer, 
     tasks = [Task("t0", {"q": "task", "test_command": "true"})]
     with pytest.raises(ConfigError, match="--warm must be 0 or more"):
         await run(config, tasks, [], lambda: model, tmp_path / "a", warm=-1)
-    with pytest.raises(ConfigError, match="not with --ray-address: set warm: 0"):
+    with pytest.raises(ConfigError, match=r"not on Ray workers \(--ray\): set warm: 0"):
         await run(
             config.model_copy(update={"warm": 2}), tasks, [], lambda: model, tmp_path / "b",
             ray_address="ray://127.0.0.1:1",

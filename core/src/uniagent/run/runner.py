@@ -217,14 +217,14 @@ async def run(
     check_task_fields(agent, tasks[: options.limit] if options.limit is not None else tasks)
     if options.ray_address and _warm(agent, options):
         raise ConfigError(
-            "warm (sandboxes prepared ahead) works in this process's runner only, not with "
-            "--ray-address: set warm: 0 (or --warm 0)"
+            "warm (sandboxes prepared ahead) works in this process's runner only, not on Ray "
+            "workers (--ray): set warm: 0 (or --warm 0)"
         )
     lock = FolderLock(out)
     lock.acquire()
     try:
-        # Its clean-up closes its own sandboxes, no other run's; the collector runs less
-        # often while they run (env/aio.py: a fifth of the runner's CPU a command at scale).
+        # Its clean-up closes its own sandboxes, no other run's; the garbage collector runs
+        # less often while they run (env/aio.py).
         with env_scope(), many_sandboxes_gc():
             return await _run_locked(
                 agent, tasks, bad_rows, model_factory, out, options,
