@@ -379,6 +379,8 @@ def test_ray_run_gives_the_same_results_as_a_local_run(tasks, tmp_path, sandbox_
         for mode, extra in (
             ("local", ()),
             ("ray", ("--ray", address, "--workers", "2")),
+            # Sandboxes prepared ahead: each actor runs its agents under slots of its own.
+            ("ray-warm", ("--ray", address, "--workers", "2", "--warm", "2")),
         ):
             outs[mode] = tmp_path / mode
             proc = subprocess.run(
@@ -397,8 +399,10 @@ def test_ray_run_gives_the_same_results_as_a_local_run(tasks, tmp_path, sandbox_
         }
 
     assert comparable(outs["ray"]) == comparable(outs["local"])
+    assert comparable(outs["ray-warm"]) == comparable(outs["local"])
     for record in results(outs["ray"]):
         assert (Path(record["episode_dir"]) / "log.txt").read_text()
+    assert all("ready" in r["timings"] for r in results(outs["ray-warm"]))
 
 
 @RAY_GROUP

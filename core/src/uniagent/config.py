@@ -382,7 +382,7 @@ class AgentConfig(_Strict):
         ge=0,
         description="sandboxes prepared ahead: up to this many more episodes set up and "
         "baseline their sandboxes (or are graded) while `concurrency` agents run; an episode "
-        "holds an agent slot only while its agent runs (`uniagent run`, verl's agent loop)",
+        "holds an agent slot only while its agent runs (`uniagent run`, also on Ray; verl)",
     )
     services: dict[str, dict[str, Any]] = Field(
         default_factory=dict,

@@ -51,7 +51,13 @@ NAMESPACE = "uniagent"
 class EpisodeWorker:
     """Body of the Ray actor: builds its model once, runs episodes concurrently."""
 
-    def __init__(self, agent: ResolvedAgent, model_factory: Callable[[], Any], run_id: str) -> None:
+    def __init__(
+        self,
+        agent: ResolvedAgent,
+        model_factory: Callable[[], Any],
+        run_id: str,
+        agents: int | None = None,
+    ) -> None:
         from uniagent.env import use_pidfd_child_watcher
 
         use_pidfd_child_watcher()
@@ -63,6 +69,10 @@ class EpisodeWorker:
         # sandboxes whose owner process is gone are touched, as by `uniagent clean`.
         self.agent.cleanup_leftovers([])
         self.model = model_factory()
+        #: With ``warm``: how many of this actor's episodes run their agent at once (the
+        #: others set up their sandboxes or are graded meanwhile); None: all of them.
+        self.agents = agents
+        self._gate: asyncio.Semaphore | None = None  # made on the actor's event loop
 
     async def run(self, job: Job) -> dict[str, Any]:
         """Run one job; return its payload, log text and phase times, or the task's error."""
@@ -71,7 +81,11 @@ class EpisodeWorker:
             log_path = Path(tmp) / LOG
             try:
                 await ensure_services(self.agent)  # once per actor process
-                payload = await execute_job(self.agent, job, self.model, log_path, observer=state)
+                if self.agents is not None and self._gate is None:
+                    self._gate = asyncio.Semaphore(self.agents)
+                payload = await execute_job(
+                    self.agent, job, self.model, log_path, observer=state, gate=self._gate
+                )
             except ConfigError as exc:  # the task's own settings: it cannot run anywhere
                 return {"error": str(exc)}
             except UniAgentError as exc:  # this worker's services: infrastructure, retried
@@ -110,8 +124,13 @@ async def ray_attempts(
     *,
     num_workers: int | None = None,
     env_vars: Mapping[str, str] | None = None,
+    warm: int = 0,
 ) -> AsyncIterator[tuple[Attempt, int]]:
     """Start the actors; yield a function running one attempt on them, and the slot count.
+
+    Each actor runs ``concurrency // workers`` agents at once; with ``warm``, it takes
+    ``warm // workers`` episodes more (at least one), which set up their sandboxes (or are
+    graded) while those agents run, as in a local run.
 
     ``env_vars`` (the model's API key) are set in every actor: on an existing cluster
     actors do not inherit the driver's environment. An actor that dies is replaced by a
@@ -127,6 +146,9 @@ async def ray_attempts(
         ray.init(address=address, ignore_reinit_error=True, log_to_driver=False)
     workers = num_workers or max(1, min(int(ray.available_resources().get("CPU", 1)), concurrency))
     per_worker = max(1, concurrency // workers)
+    agents = per_worker if warm else None
+    if warm:
+        per_worker += max(1, warm // workers)
     actor_cls: Any = ray.remote(num_cpus=0)(EpisodeWorker)
     runtime_env = {"env_vars": dict(env_vars)} if env_vars else None
     numbers = itertools.count()
@@ -140,7 +162,7 @@ async def ray_attempts(
             name=name, namespace=NAMESPACE, max_concurrency=per_worker + 1,
             runtime_env=runtime_env,
         )  # fmt: skip
-        return name, options.remote(agent, model_factory, run_id)
+        return name, options.remote(agent, model_factory, run_id, agents)
 
     actors: list[Any] = []
     for _ in range(workers):

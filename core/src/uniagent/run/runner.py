@@ -215,11 +215,6 @@ async def run(
         agent = resolve(agent)  # every name and setting checked before any sandbox starts
     # Rows the reward cannot grade: refused now, not after their episodes ran.
     check_task_fields(agent, tasks[: options.limit] if options.limit is not None else tasks)
-    if options.ray_address and _warm(agent, options):
-        raise ConfigError(
-            "warm (sandboxes prepared ahead) works in this process's runner only, not on Ray "
-            "workers (--ray): set warm: 0 (or --warm 0)"
-        )
     lock = FolderLock(out)
     lock.acquire()
     try:
@@ -301,7 +296,7 @@ async def _run_locked(
 
                 async with ray_attempts(
                     agent, model_factory, out, options.ray_address, concurrency, run_id,
-                    num_workers=options.ray_workers, env_vars=model_env(model_info),
+                    num_workers=options.ray_workers, env_vars=model_env(model_info), warm=warm,
                 ) as (attempt_job, slots):  # fmt: skip
                     await run_jobs(
                         jobs, attempt_job, out, concurrency=slots, policy=policy,
