@@ -622,3 +622,12 @@ def test_the_first_signal_is_said_at_once_before_the_run_stops(capsys, live) -> 
         "sandboxes; signal twice more to exit at once\n"
     ]
     assert bool(stream.getvalue()) is live  # through the progress view only when it is live
+
+
+def test_a_workers_slots_with_and_without_warm():
+    from uniagent.episode import worker_slots
+
+    assert worker_slots(4, 0, 2) == (2, 2)  # no warm: as many sandboxes as agents
+    assert worker_slots(2, 2, 2) == (1, 2)
+    assert worker_slots(2, 1, 2) == (1, 2)  # some warm: at least one more a worker
+    assert worker_slots(1, 8, 4) == (1, 3)  # at least one agent a worker

@@ -52,6 +52,14 @@ Closer = Callable[[AgentEnv], Awaitable[None]]
 Gate = contextlib.AbstractAsyncContextManager[Any]
 
 
+def worker_slots(concurrency: int, warm: int, workers: int) -> tuple[int, int]:
+    """(agents, sandboxes) one of ``workers`` workers keeps at once: ``concurrency //
+    workers`` agents (at least one) and, with ``warm``, ``warm // workers`` sandboxes more
+    (at least one), set up ahead or being graded (Ray actors, verl's agent-loop workers)."""
+    agents = max(1, concurrency // workers)
+    return agents, agents + (max(1, warm // workers) if warm else 0)
+
+
 async def _close(env: AgentEnv, closer: Closer | None, observer: EpisodeObserver) -> None:
     observer.phase("close")
     await (env.close() if closer is None else closer(env))

@@ -23,6 +23,7 @@ from typing import Any
 
 from uniagent.env.aio import wait_through_cancellation
 from uniagent.env.containers import RUN_ID_ENV
+from uniagent.episode import worker_slots
 from uniagent.errors import ConfigError, UniAgentError
 from uniagent.resolver import ResolvedAgent
 from uniagent.run.jobs import (
@@ -145,10 +146,7 @@ async def ray_attempts(
     if not ray.is_initialized():
         ray.init(address=address, ignore_reinit_error=True, log_to_driver=False)
     workers = num_workers or max(1, min(int(ray.available_resources().get("CPU", 1)), concurrency))
-    per_worker = max(1, concurrency // workers)
-    agents = per_worker if warm else None
-    if warm:
-        per_worker += max(1, warm // workers)
+    agents, per_worker = worker_slots(concurrency, warm, workers)
     actor_cls: Any = ray.remote(num_cpus=0)(EpisodeWorker)
     runtime_env = {"env_vars": dict(env_vars)} if env_vars else None
     numbers = itertools.count()
@@ -162,7 +160,7 @@ async def ray_attempts(
             name=name, namespace=NAMESPACE, max_concurrency=per_worker + 1,
             runtime_env=runtime_env,
         )  # fmt: skip
-        return name, options.remote(agent, model_factory, run_id, agents)
+        return name, options.remote(agent, model_factory, run_id, agents if warm else None)
 
     actors: list[Any] = []
     for _ in range(workers):

@@ -160,11 +160,6 @@ async def run_jobs(
             raise outcome
 
 
-def _warm(agent: ResolvedAgent, options: RunOptions) -> int:
-    """How many sandboxes the run prepares ahead (the option, else the config's)."""
-    return agent.config.warm if options.warm is None else options.warm
-
-
 def model_env(model_info: Mapping[str, Any]) -> dict[str, str]:
     """The model's API key variables that are set here, for workers on other machines."""
     names = {"OPENAI_API_KEY", model_info.get("api_key_env") or "OPENAI_API_KEY"}
@@ -239,7 +234,7 @@ async def _run_locked(
     progress: Progress,
 ) -> dict[str, Any]:
     concurrency = options.concurrency or agent.config.concurrency
-    warm = _warm(agent, options)
+    warm = agent.config.warm if options.warm is None else options.warm
     policy = RetryPolicy(options.retries, options.retry_delay)
     window = default_window(concurrency) if options.breaker is None else options.breaker
     model_info = options.model_info or {"spec": "(given in-process)"}

@@ -26,7 +26,7 @@ from verl.experimental.agent_loop.agent_loop import (
 )
 
 from uniagent.config import AgentConfig
-from uniagent.episode import EpisodeResult, first_messages, run_episode
+from uniagent.episode import EpisodeResult, first_messages, run_episode, worker_slots
 from uniagent.errors import ConfigError
 from uniagent.exit import ExitReason
 from uniagent.interaction.metrics import EpisodeMetrics
@@ -177,15 +177,18 @@ class UniAgentLoop(AgentLoopBase):
     @property
     def per_worker_concurrency(self) -> int:
         """``concurrency // num_workers`` (at least 1): agents at once in this worker."""
-        return max(1, self.agent_config.concurrency // self.settings.num_workers)
+        return self._slots[0]
 
     @property
     def per_worker_sandboxes(self) -> int:
-        """``(concurrency + warm) // num_workers``, at least the agents: sandboxes open at
-        once in this worker (``warm`` more than agents: set up ahead, or being graded)."""
+        """Sandboxes open at once in this worker: its agents', and with ``warm`` some more
+        (set up ahead, or being graded): :func:`uniagent.episode.worker_slots`."""
+        return self._slots[1]
+
+    @property
+    def _slots(self) -> tuple[int, int]:
         config = self.agent_config
-        places = (config.concurrency + config.warm) // self.settings.num_workers
-        return max(self.per_worker_concurrency, places)
+        return worker_slots(config.concurrency, config.warm, self.settings.num_workers)
 
     def semaphore(self, kind: str = "sandboxes") -> asyncio.Semaphore:
         """A worker-wide semaphore, created lazily on the running event loop: of its open
