@@ -69,8 +69,15 @@ async def test_the_grader_commands_share_one_shell_in_a_namespace_of_their_own(
         await sandbox.close()
 
 
-#: Commands whose outcome must be the same in the resident shell and as a one-off.
-SAME = [*SAME_COMMANDS, "env | LC_ALL=C sort"]
+#: Commands whose outcome must be the same in the resident shell and as a one-off (their
+#: output cut at 3000 bytes: exactly that many, and one NUL byte more).
+SAME = [
+    *SAME_COMMANDS,
+    "env | LC_ALL=C sort",
+    "head -c 3000 /dev/zero | tr '\\0' y",
+    "head -c 3001 /dev/zero",
+    "head -c 3000 /dev/zero; printf '\\n'",
+]
 
 
 @pytest.mark.parametrize("command", SAME)
@@ -84,6 +91,42 @@ async def test_a_command_runs_the_same_in_the_resident_shell(env: AgentEnv, comm
             one_off = await sandbox.run(command, timeout=60, cwd=cwd, max_bytes=3000)
             assert resident == one_off
         assert sandbox._shell is not None
+    finally:
+        await sandbox.close()
+
+
+async def test_variables_the_shell_cannot_export_reach_the_command_as_they_would_one_off(
+    env: AgentEnv,
+) -> None:
+    """Names that are bash's own (read-only or set at start-up) or the resident shell's
+    loop variables: the command gets them as a one-off command does (under ``env -i``)."""
+    variables = {"PATH": READ_ONLY_PATH, "UID": "5", "SHLVL": "7", "fields": "a b", "OK": "1"}
+    sandbox = await GradingSandbox.open(env, variables, workdir=env.workdir, lazy=True)
+    try:
+        command = "env | LC_ALL=C sort; echo $UID $SHLVL"
+        resident = await sandbox.run(command, timeout=60, cwd="/", resident=True)
+        one_off = await sandbox.run(command, timeout=60, cwd="/")
+        assert resident == one_off and resident.exit_code == 0
+        assert "fields=a b\n" in resident.output and "OK=1\n" in resident.output
+        assert sandbox._shell is not None
+    finally:
+        await sandbox.close()
+
+
+@pytest.mark.parametrize("resident", [True, False], ids=["resident", "one-off"])
+async def test_a_command_that_closes_its_output_is_still_killed_on_time(
+    env: AgentEnv, resident: bool
+) -> None:
+    """The time-out does not hang on the output: a command that closes it and goes on is
+    killed with its group when its time runs out."""
+    sandbox = await _sandbox(env)
+    try:
+        done = await sandbox.run(
+            "echo before; exec >&- 2>&-; sleep 300", timeout=1, cwd="/", resident=resident
+        )
+        assert done.timed_out and done.exit_code == 137 and done.output == "before\n"
+        after = await sandbox.run("echo still here", timeout=60, cwd="/", resident=resident)
+        assert after.output == "still here\n" and not after.timed_out
     finally:
         await sandbox.close()
 
@@ -107,6 +150,10 @@ async def test_staged_files_limits_and_timeouts_in_the_resident_shell(env: Agent
         cut = await sandbox.run("yes | head -c 100000", timeout=60, cwd="/", resident=True,
                                 max_bytes=1000)  # fmt: skip
         assert cut.truncated and len(cut.output) == 1000 and cut.exit_code == 0
+        for size, truncated in ((1000, False), (1001, True)):  # (past the limit: a NUL byte)
+            nul = await sandbox.run(f"head -c {size} /dev/zero", timeout=60, cwd="/",
+                                    resident=True, max_bytes=1000)  # fmt: skip
+            assert (nul.truncated, nul.output) == (truncated, "\0" * 1000)
         slow = await sandbox.run("sleep 30", timeout=1, cwd="/", resident=True)
         assert slow.timed_out
         after = await sandbox.run("echo still here", timeout=60, cwd="/", resident=True)

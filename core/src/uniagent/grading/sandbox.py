@@ -113,30 +113,35 @@ _NOT_REGULAR = 66
 #: its group), before the reading stops and the command counts as timed out.
 HOLD_GRACE = 5
 
-#: Runs ``$1`` (under ``timeout -s KILL $4`` where ``$5`` asks for it and the sandbox's ``PATH``
-#: has a ``timeout``) in a process group of its own, its output cut at ``$2`` bytes: what was
-#: cut is counted (and drained) and reported on a last line starting with ``$3``. When the
-#: command ends, what is left of its process group is killed. Its output goes through a pipe
-#: to a reader (a ``coproc``) that only the command holds open, so the reading ends when the
-#: command ends; a process that left the group and holds it open (or opened it again through
-#: ``/proc``) gets ``$6`` seconds, then the reading is stopped and ``$3 held`` is the last
-#: line. The reader's end is seen on the coproc's other pipe, which it holds open: waiting for
-#: it costs no process, and no timer runs when the output is not held. Exits with the
-#: command's status. (Pipes, not FIFOs in ``$TMPDIR``: no ``mkfifo`` or ``rm`` per command,
-#: nothing to name or clean up.)
+#: Runs ``$1`` (killed with its process group after ``$4`` seconds where ``$5`` asks for it)
+#: in a process group of its own, its output cut at ``$2`` bytes: what was cut is counted (and
+#: drained) and reported on a last line starting with ``$3``. When the command ends, what is
+#: left of its process group is killed. Its output goes through a pipe to a reader (a
+#: ``coproc``) that only the command holds open, so the reading ends when the command ends; a
+#: process that left the group and holds it open (or opened it again through ``/proc``) gets
+#: ``$6`` seconds, then the reading is stopped and ``$3 held`` is the last line. The reader's
+#: end is seen on the coproc's other pipe, which it holds open: waiting for it costs no
+#: process, and no timer runs when the output is not held. Exits with the command's status
+#: (137 when the time ran out). (Pipes, not FIFOs in ``$TMPDIR``: no ``mkfifo`` or ``rm`` per
+#: command, nothing to name or clean up.)
+#:
+#: Every program started here costs about a millisecond of CPU (the dynamic loader's start
+#: alone, on a virtual machine), so the wrapper starts one besides the command's ``bash``:
+#: the reader's ``head`` (``wc`` only where the output was cut). The time-out is a subshell
+#: (a fork, no program) that waits on a pipe it holds both ends of (``read -t``; ``sleep``
+#: where that fails), then kills the command's group; the wrapper ends it when the command
+#: ends first.
 #:
 #: Before that, in the same process (no command of its own): the grading scratch dir ``$7``
 #: (with ``home`` and ``tmp``, mode 0700) is made where it is not there yet, and each file
 #: ``PATH`` of the lines ``file<TAB>PATH<TAB>STAGED`` (or ``data<TAB>PATH<TAB>BASE64``) of
 #: ``$8`` is decoded from its base64 file ``STAGED`` (or from the line).
-#: A first line ``$3 untimed`` says no ``timeout`` was found (the command ran without one);
-#: ``$3 noscratch`` or ``$3 unstaged PATH`` (exit 125) that the scratch dir or a file could
-#: not be made.
+#: ``$3 noscratch`` or ``$3 unstaged PATH`` (exit 125) says that the scratch dir or a file
+#: could not be made.
 _BOUNDED = r"""exec 2>/dev/null
 set -m
 if [ -n "$7" ] && [ ! -d "$7" ]; then
-  { mkdir -m 700 -- "$7" && mkdir -m 700 -- "$7/home" "$7/tmp"; } \
-    || { printf '%s noscratch\n' "$3"; exit 125; }
+  mkdir -m 700 -- "$7" "$7/home" "$7/tmp" || { printf '%s noscratch\n' "$3"; exit 125; }
 fi
 if [ -n "$8" ]; then
   set -f; IFS=$'\n'
@@ -150,29 +155,35 @@ if [ -n "$8" ]; then
   done
   set +f; IFS=$' \t\n'
 fi
-t=
-if [ -n "$5" ]; then
-  hash timeout && t=${BASH_CMDS[timeout]}
-  case "$t" in /*) ;; *) t=; printf '%s untimed\n' "$3" ;; esac
-fi
 # The reader writes to the wrapper's stdout (fd 5 here) and holds the coproc's stdout (fd 7):
 # EOF there is its end. Its pipes move to fds 3 and 4 (bash closes a coproc's own fds, by
 # number, when it reaps it).
 exec 5>&1
 coproc {
   exec 7>&1 1>&5 5>&-
-  head -c "$2"; n=$(wc -c)
-  if [ "$n" -gt 0 ]; then printf '\n%s %s\n' "$3" "$n"; fi
+  head -c "$2"
+  # (a byte more, read in the C locale: NUL, newline or any other, then the rest counted)
+  LC_ALL=C
+  if IFS= read -r -d '' -n 1 _; then n=$(wc -c); printf '\n%s %s\n' "$3" "$((n + 1))"; fi
 }
 reader=$COPROC_PID
 exec 3>&"${COPROC[1]}" 4<&"${COPROC[0]}" 5>&-
 eval "exec ${COPROC[1]}>&- ${COPROC[0]}<&-"
-if [ -n "$t" ]; then "$t" -s KILL "$4" bash --norc --noprofile -c "$1" >&3 2>&3 3>&- 4<&- &
-else bash --norc --noprofile -c "$1" >&3 2>&3 3>&- 4<&- &
-fi
+bash --norc --noprofile -c "$1" >&3 2>&3 3>&- 4<&- &
 pid=$!
 exec 3>&-
+dog=
+if [ -n "$5" ]; then
+  {
+    exec 4<&-
+    read -r -t "$4" _ <> <(:); st=$?
+    [ "$st" -gt 128 ] || sleep "$4" || exit 0
+    kill -KILL -- "-$pid"
+  } > /dev/null 2>&1 &
+  dog=$!
+fi
 wait "$pid"; rc=$?
+[ -z "$dog" ] || { kill -KILL "$dog"; wait "$dog"; }
 kill -KILL -- "-$pid"
 # The reader's end (EOF on fd 4) within $6 s; what else comes there is read past.
 held=1 left=$6 end=$((SECONDS + $6))
@@ -192,11 +203,17 @@ exit "$rc"
 #: and then fields of exactly those byte lengths: the working directory, ``NENV`` variables
 #: (``NAME=VALUE``) and the arguments of :data:`_BOUNDED`; it runs the wrapper with exactly
 #: those variables, stdin from ``/dev/null``, and ends its output with ``\nTOKEN STATUS\n``.
+#: The wrapper runs in a subshell (a fork, no program), the environment reset there with
+#: builtins to exactly the request's, as ``env -i`` would give a new ``bash``; ``NENV`` written
+#: ``xN`` (a variable :func:`_exportable` refuses) runs it under ``env -i`` and a new ``bash``.
 #: ``read -N`` (not ``-d ''``, a read(2) per byte) in the C locale: lengths are bytes. A
 #: request ``TOKEN rm LEN`` and one field, a path, removes that path (``rm -rf``) without the
 #: wrapper (the scratch dir at close: no output to bound, nothing of the agent's to run).
 _SHELL = r"""export LC_ALL=C
 wrapper=$1
+eval "bounded() {
+$wrapper
+}"
 while IFS= read -r head; do
   set -f; set -- $head; set +f
   tok=$1 n=$2; shift 2
@@ -212,12 +229,35 @@ while IFS= read -r head; do
     continue
   fi
   (
-    cd -- "${fields[0]}" 2>/dev/null || { printf 'cannot enter %s\n' "${fields[0]}"; exit 1; }
-    exec env -i "${fields[@]:1:n}" bash --norc --noprofile -c "$wrapper" bash "${fields[@]:n+1}"
+    cd -P -- "${fields[0]}" 2>/dev/null || { printf 'cannot enter %s\n' "${fields[0]}"; exit 1; }
+    if [ "${n#x}" != "$n" ]; then
+      n=${n#x}
+      exec env -i "${fields[@]:1:n}" bash --norc --noprofile -c "$wrapper" bash "${fields[@]:n+1}"
+    fi
+    unset -v PATH LC_ALL OLDPWD
+    export SHLVL=1 "${fields[@]:1:n}" || exit 126
+    hash -r
+    bounded "${fields[@]:n+1}"
   ) < /dev/null 2>/dev/null
   printf '\n%s %d\n' "$tok" "$?"
 done
 """
+#: Names of variables the resident shell cannot set with ``export`` as ``env -i`` would pass
+#: them: bash's own (read-only, dynamic or set at start-up) and the shell's loop variables.
+_BASH_OWN = frozenset((
+    "UID", "EUID", "PPID", "GROUPS", "SHELLOPTS", "FUNCNAME", "DIRSTACK", "PIPESTATUS", "RANDOM",
+    "SRANDOM", "SECONDS", "LINENO", "HISTCMD", "EPOCHSECONDS", "EPOCHREALTIME", "PWD", "OLDPWD",
+    "SHLVL", "IFS", "OPTIND", "OPTARG", "OPTERR", "REPLY", "MAPFILE", "_",
+    "head", "tok", "n", "fields", "len", "f", "wrapper",
+))  # fmt: skip
+_SHELL_NAME = re.compile(r"(?!BASH|COMP_|COPROC|READLINE_)[A-Za-z_][A-Za-z0-9_]*")
+
+
+def _exportable(env: Mapping[str, str]) -> bool:
+    """Whether the resident shell can give a command exactly ``env`` with builtins."""
+    return all(_SHELL_NAME.fullmatch(k) and k not in _BASH_OWN for k in env)
+
+
 #: Bytes a resident shell's answer may hold beyond the command's own limit (the wrapper's
 #: lines about the cut, the time-out, a held output): more is a broken shell.
 _SHELL_SLACK = 4096
@@ -266,7 +306,7 @@ class _ResidentShell:
         token = f"[uniagent-done-{secrets.token_hex(12)}]".encode()
         fields = [os.fsencode(cwd), *(os.fsencode(f"{k}={v}") for k, v in env.items())]
         fields += [os.fsencode(a) for a in argv]
-        kind = b"rm" if remove else b"%d" % len(env)
+        kind = b"rm" if remove else (b"%d" if _exportable(env) else b"x%d") % len(env)
         head = b" ".join([token, kind, *(b"%d" % len(f) for f in fields)])
         try:
             stdin.write(head + b"\n" + b"".join(fields))
@@ -396,14 +436,14 @@ class GradingSandbox:
         *,
         workdir: str | None,
         scratch: str,
-        timeout_bin: str | None = "timeout",
+        timed: bool = True,
     ) -> None:
         self._env = env
         self.environment = dict(environment)
         self.workdir = workdir
         self.scratch = scratch
-        #: Commands run under ``timeout`` where the sandbox has one (None: never).
-        self._timeout_bin = timeout_bin
+        #: Commands are killed when their time runs out (False: never).
+        self._timed = timed
         self._cut = f"[uniagent-output-cut-{secrets.token_hex(8)}]"
         #: The scratch dir is made by the first command (none was run yet: not there).
         self._made = False
@@ -498,7 +538,7 @@ class GradingSandbox:
             str(max_bytes),
             self._cut,
             f"{max(1.0, timeout):g}",
-            "1" if self._timeout_bin else "",
+            "1" if self._timed else "",
             str(HOLD_GRACE),
             self.scratch,
             "".join(f"{kind}\t{path}\t{data}\n" for kind, path, data in staged),
@@ -593,16 +633,13 @@ class GradingSandbox:
 
     def _finish(self, output: str, code: int | None) -> GradingOutput:
         """The wrapper's output and status as the command's."""
-        timed = bool(self._timeout_bin)
-        if output.startswith(f"{self._cut} untimed\n"):
-            output, timed = output.split("\n", 1)[1], False
         if output.startswith(f"{self._cut} noscratch\n") and code == 125:
             raise EnvError(f"could not make the grading scratch directory {self.scratch}")
         self._made = True
         if output.startswith(f"{self._cut} unstaged ") and code == 125:
             path = output.split("\n", 1)[0].removeprefix(f"{self._cut} unstaged ")
             raise EnvError(f"could not write {path} in the sandbox")
-        timed_out = timed and code in (137, -9)
+        timed_out = self._timed and code in (137, -9)
         if output.endswith(f"\n{self._cut} held\n"):
             # What was read may hold what the leftover wrote after the command: not used.
             note = f"[killed: the output was held open {HOLD_GRACE} s after the command ended]"
