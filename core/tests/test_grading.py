@@ -300,6 +300,47 @@ async def test_history_scrub_reads_a_commits_parents_from_its_header_not_its_mes
         await env.close()
 
 
+#: Repositories in unusual states, the base commit to grade against (``~1``: HEAD~1), and
+#: what the baseline reports: ``head``, ``tree`` (of the base) and the scrub's answer.
+UNUSUAL_REPOSITORIES = {
+    "detached, an older base": (
+        f"{SETUP} && echo 2 >> calc.py && git commit -qam two && git checkout -q --detach",
+        "~1",
+        {"head": "HEAD", "tree": "HEAD~1^{tree}", "refs_removed": 1},  # its branch too
+    ),
+    "a base that does not resolve": (SETUP, "0" * 40, {"head": "HEAD", "head_is_base": 1}),
+    "no commit, a file named HEAD": ("git init -q && echo x > HEAD", "", {"no_head": 1}),
+}
+
+
+@pytest.mark.parametrize("state", list(UNUSUAL_REPOSITORIES))
+async def test_the_baseline_of_a_repository_in_an_unusual_state(state):
+    from uniagent.grading import integrity, scripts
+
+    setup, base, expected = UNUSUAL_REPOSITORIES[state]
+    env = open_env({"type": "host", "isolation": "none"}, {"post_setup": [setup]})
+    await env.start()
+    try:
+        revs = await env.run_action(
+            "for r in HEAD HEAD~1 'HEAD~1^{tree}'; do git rev-parse -q --verify $r || echo -; done",
+            timeout=30,
+        )
+        shas = dict(zip(("HEAD", "~1", "HEAD~1^{tree}"), revs.output.split(), strict=False))
+        sandbox = await GradingSandbox.open(env, {"PATH": "/usr/bin:/bin"}, workdir=None)
+        try:
+            variables = {"REPO": env.workdir, "BASE": shas.get(base, base), "SCRUB": "1"}
+            output = await integrity.run_script(sandbox, scripts.PREPARE, variables, what="t")
+        finally:
+            await sandbox.close()
+        report = integrity.key_values(output)
+        for key, value in expected.items():
+            assert report.get(key) == shas.get(value, value), (key, report)
+        assert ("tree" in report) == ("tree" in expected), report
+        assert ("head_is_base" in report) == ("head_is_base" in expected), report
+    finally:
+        await env.close()
+
+
 @pytest.mark.parametrize("scrub", [False, True])
 async def test_a_work_dir_inside_another_checkout_is_graded_as_no_repository(tmp_path, scrub):
     # A host sandbox whose root lies in a project's ignored temporary directory (nox's

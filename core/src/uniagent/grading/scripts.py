@@ -44,9 +44,10 @@ def _find_names(patterns: tuple[str, ...]) -> str:
 #: .git's bulk skipped but for what in it is not git's: importable files anywhere in it,
 #: and files of objects/ and lfs/ that are not git's shape. With $SINCE (the baseline's
 #: clock, at grading) the same walk also notes the symlinks made or changed since then:
-#: ``links=N`` and ``blob:links=`` (the repository's real path, then ``PATH\0WHERE\0KIND\0``
-#: for at most $MAX_LINKS of them, WHERE the path it resolves to, KIND what is there: ``d``
-#: a directory, ``f`` a file, ``-`` nothing), and ``blob:nested_changed=``
+#: ``links=N`` and ``blob:links=`` (empty where N is 0; else the repository's real path, then
+#: ``PATH\0WHERE\0KIND\0`` for at most $MAX_LINKS of them, WHERE the path it resolves to,
+#: KIND what is there: ``d`` a directory, ``f`` a file, ``-`` nothing), and
+#: ``blob:nested_changed=``
 #: the files changed since then below the nested repositories of the baseline ($NESTED,
 #: one per line).
 LIST = (
@@ -62,12 +63,18 @@ printf 'blob:list='
   find . \( -path ./.git/objects -o -path ./.git/refs -o -path ./.git/logs -o -path ./.git/lfs \
       -o -path ./.git/modules -o -path ./.git/worktrees \) -prune -o -printf '%y %P\0' \
       "${links[@]}" 2>"$TMPDIR/list.err" || exit 4
-  if [ -d .git/objects/info ]; then find .git/objects/info -printf '%y %p\0' 2>/dev/null; fi
-  for d in .git/refs .git/logs .git/modules .git/worktrees; do
-    if [ -d "$d" ]; then
-      find "$d" \( -type f -o -type l \) __CODE__ -printf '%y %p\0' 2>/dev/null
-    fi
-  done
+  info=.git/objects/info entries=(x)
+  if [ -d "$info" ] && [ ! -L "$info" ]; then
+    shopt -s nullglob dotglob; entries=("$info"/*); shopt -u nullglob dotglob
+  fi
+  # (an empty directory, as the scrub leaves it: its own line, as find prints it, no find)
+  if [ "${#entries[@]}" -eq 0 ]; then printf 'd %s\0' "$info"
+  elif [ -d "$info" ]; then find "$info" -printf '%y %p\0' 2>/dev/null; fi
+  dirs=()
+  for d in .git/refs .git/logs .git/modules .git/worktrees; do [ ! -d "$d" ] || dirs+=("$d"); done
+  if [ "${#dirs[@]}" -gt 0 ]; then
+    find "${dirs[@]}" \( -type f -o -type l \) __CODE__ -printf '%y %p\0' 2>/dev/null
+  fi
   if [ -d .git/objects ]; then
     find .git/objects -path .git/objects/info -prune -o \( -type f -o -type l \) \
       ! -regex '\.git/objects/[0-9a-f][0-9a-f]/[0-9a-f]+' \
@@ -83,23 +90,30 @@ printf 'blob:list='
 } | base64 -w0 || { echo; cat "$TMPDIR/list.err"; exit 4; }
 echo
 if [ -n "${SINCE:-}" ]; then
-  printf 'links=%s\n' "$(tr -cd '\0' < "$TMPDIR/links" | wc -c)"
-  printf 'blob:links='
-  {
-    printf '%s\0' "$(pwd -P)"
-    head -z -n "${MAX_LINKS:-10000}" "$TMPDIR/links" | while IFS= read -r -d '' p; do
-      where=$(realpath -m -- "$p" 2>/dev/null || readlink -f -- "$p" 2>/dev/null)
-      if [ -d "$p" ]; then kind=d; elif [ -f "$p" ]; then kind=f; else kind=-; fi
-      printf '%s\0%s\0%s\0' "$p" "$where" "$kind"
-    done
-  } | base64 -w0
-  echo
+  # (no link made since then, no nested repository: nothing to count or encode)
+  if [ -s "$TMPDIR/links" ]; then
+    printf 'links=%s\n' "$(tr -cd '\0' < "$TMPDIR/links" | wc -c)"
+    printf 'blob:links='
+    {
+      printf '%s\0' "$(pwd -P)"
+      head -z -n "${MAX_LINKS:-10000}" "$TMPDIR/links" | while IFS= read -r -d '' p; do
+        where=$(realpath -m -- "$p" 2>/dev/null || readlink -f -- "$p" 2>/dev/null)
+        if [ -d "$p" ]; then kind=d; elif [ -f "$p" ]; then kind=f; else kind=-; fi
+        printf '%s\0%s\0%s\0' "$p" "$where" "$kind"
+      done
+    } | base64 -w0
+    echo
+  else
+    printf 'links=0\nblob:links=\n'
+  fi
   printf 'blob:nested_changed='
-  printf '%s\n' "${NESTED:-}" | while IFS= read -r d; do
-    [ -n "$d" ] && [ -d "./$d" ] || continue
-    find "./$d" -path "./$d/.git" -prune -o ! -type d -newerct "@$SINCE" -printf '%p\0' \
-      2>/dev/null
-  done | head -z -n 100 | sed -z 's|^\./||' | base64 -w0
+  if [ -n "${NESTED:-}" ]; then
+    printf '%s\n' "$NESTED" | while IFS= read -r d; do
+      [ -n "$d" ] && [ -d "./$d" ] || continue
+      find "./$d" -path "./$d/.git" -prune -o ! -type d -newerct "@$SINCE" -printf '%p\0' \
+        2>/dev/null
+    done | head -z -n 100 | sed -z 's|^\./||' | base64 -w0
+  fi
   echo
 fi
 exit 0
@@ -134,16 +148,26 @@ exit 0
 #: back to ``gc --prune=now``.
 SCRUB = r"""
 cd "$REPO" || exit 3
-gd=$(gitc rev-parse --absolute-git-dir 2>/dev/null) || { echo "not_a_repository=1"; exit 0; }
-head=$(gitc rev-parse -q --verify HEAD) || { echo "no_head=1"; exit 0; }
-base=$head
-if [ -n "$BASE" ]; then
-  base=$(gitc rev-parse -q --verify "$BASE^{commit}" 2>/dev/null) || base=$head
+# (PREPARE asks git for these four in one call and sets them; alone, they are asked here)
+if [ -z "${gd:-}" ]; then
+  gd=$(gitc rev-parse --absolute-git-dir 2>/dev/null) || { echo "not_a_repository=1"; exit 0; }
+  head=$(gitc rev-parse -q --verify HEAD) || { echo "no_head=1"; exit 0; }
+  base=$head
+  if [ -n "$BASE" ]; then
+    base=$(gitc rev-parse -q --verify "$BASE^{commit}" 2>/dev/null) || base=$head
+  fi
+  cur=$(gitc symbolic-ref -q HEAD || true)
 fi
-cur=$(gitc symbolic-ref -q HEAD || true)
 echo "head=$head"
 [ "$head" = "$base" ] && echo "head_is_base=1"
-before=$(gitc count-objects -v | awk '/^(count|in-pack):/ {n += $2} END {print n + 0}')
+# loose and packed objects, as count-objects -v counts them (read here: no awk)
+objects() {
+  local k v n=0
+  while read -r k v; do case $k in count:|in-pack:) n=$((n + v)) ;; esac; done \
+    < <(gitc count-objects -v)
+  echo "$n"
+}
+before=$(objects)
 gitc for-each-ref --format='%(objectname) %(*objectname) %(refname)' > "$TMPDIR/refs" || exit 4
 awk -v cur="$cur" -v head="$head" -v base="$base" -v kept="$TMPDIR/tags.kept" '
   { peel = NF == 3 ? $2 : $1; ref = $NF }
@@ -151,24 +175,25 @@ awk -v cur="$cur" -v head="$head" -v base="$base" -v kept="$TMPDIR/tags.kept" '
   ref ~ /^refs\/tags\// && (peel == head || peel == base) { print $1 > kept; next }
   { print "delete " ref }
 ' "$TMPDIR/refs" > "$TMPDIR/refs.del" || exit 4
-[ -f "$TMPDIR/tags.kept" ] || : > "$TMPDIR/tags.kept"
-removed=$(wc -l < "$TMPDIR/refs.del")
-kept_tags=$(wc -l < "$TMPDIR/tags.kept")
-if [ -s "$TMPDIR/refs.del" ]; then
+mapfile -t deleted < "$TMPDIR/refs.del"
+kept=()
+[ ! -f "$TMPDIR/tags.kept" ] || mapfile -t kept < "$TMPDIR/tags.kept"
+if [ "${#deleted[@]}" -gt 0 ]; then
   gitc update-ref --no-deref --stdin < "$TMPDIR/refs.del" || exit 4
 fi
 for remote in $(gitc remote); do gitc remote remove "$remote" >/dev/null 2>&1; done
 # (the reflogs of a repository whose git dir is its .git go with .git/logs)
 [ -d .git ] && [ "$gd" -ef .git ] || gitc reflog expire --expire=now --all >/dev/null 2>&1
-rm -rf .git/logs .git/refs/original .git/rr-cache
-rm -f .git/ORIG_HEAD .git/FETCH_HEAD .git/MERGE_HEAD .git/CHERRY_PICK_HEAD .git/REVERT_HEAD \
-  .git/AUTO_MERGE .git/BISECT_LOG .git/BISECT_START .git/BISECT_EXPECTED_REV
+new="$gd/objects.scrub"
+rm -rf .git/logs .git/refs/original .git/rr-cache .git/ORIG_HEAD .git/FETCH_HEAD \
+  .git/MERGE_HEAD .git/CHERRY_PICK_HEAD .git/REVERT_HEAD .git/AUTO_MERGE .git/BISECT_LOG \
+  .git/BISECT_START .git/BISECT_EXPECTED_REV "$new"
 if [ ! -e "$gd/commondir" ] && [ -d "$gd/objects" ] && [ ! -L "$gd/objects" ]; then
   # A new object store with only what the kept commits, kept tags and the index name (one
   # pack: its cost is the tree's, not the history's); the old store goes whole.
-  new="$gd/objects.scrub"
-  rm -rf "$new" && mkdir -p "$new/pack" "$new/info" || exit 5
-  { gitc rev-list --objects --no-walk "$head" "$base" && cat "$TMPDIR/tags.kept" \
+  mkdir -p "$new/pack" "$new/info" || exit 5
+  { gitc rev-list --objects --no-walk "$head" "$base" \
+      && { [ "${#kept[@]}" -eq 0 ] || printf '%s\n' "${kept[@]}"; } \
       && gitc ls-files -s | awk '$1 != "160000" { print $2 }'; } > "$TMPDIR/objects" || exit 6
   gitc pack-objects -q --window=0 "$new/pack/pack" < "$TMPDIR/objects" > /dev/null || exit 6
   # shallow: the commits whose parents are gone (read from the object's header: a shallow
@@ -176,22 +201,23 @@ if [ ! -e "$gd/commondir" ] && [ -d "$gd/objects" ] && [ ! -L "$gd/objects" ]; t
   commits=("$head")
   if [[ $base < $head ]]; then commits=("$base" "$head"); elif [[ $base > $head ]]; then
     commits+=("$base"); fi
+  shallow=()
   for c in "${commits[@]}"; do
     header=$(gitc cat-file commit "$c") || continue
     header=$'\n'${header%%$'\n\n'*}
-    case $header in *$'\n''parent '*) echo "$c" ;; esac
-  done > "$TMPDIR/shallow"
-  rm -rf "$gd/objects" && mv "$new" "$gd/objects" || exit 6
-  if [ -s "$TMPDIR/shallow" ]; then cp "$TMPDIR/shallow" "$gd/shallow"; else rm -f "$gd/shallow"; fi
+    case $header in *$'\n''parent '*) shallow+=("$c") ;; esac
+  done
+  rm -rf "$gd/objects" "$gd/shallow" && mv "$new" "$gd/objects" || exit 6
+  if [ "${#shallow[@]}" -gt 0 ]; then printf '%s\n' "${shallow[@]}" > "$gd/shallow" || exit 6; fi
 else
   if [ -s .git/objects/info/alternates ]; then
     gitc repack -a -d -q && rm -f .git/objects/info/alternates || exit 5
   fi
   gitc -c gc.reflogExpire=now -c gc.reflogExpireUnreachable=now gc --prune=now -q || exit 6
 fi
-after=$(gitc count-objects -v | awk '/^(count|in-pack):/ {n += $2} END {print n + 0}')
-echo "refs_removed=$removed"
-echo "tags_kept=$kept_tags"
+after=$(objects)
+echo "refs_removed=${#deleted[@]}"
+echo "tags_kept=${#kept[@]}"
 echo "objects_before=$before"
 echo "objects_after=$after"
 exit 0
@@ -357,13 +383,17 @@ if [ -f .git/index ]; then cp -p .git/index "$idx" || exit 4; else rm -f "$idx";
 export GIT_INDEX_FILE="$idx"
 gitc add -A . >/dev/null || exit 5
 gitc ls-files -z -o -i --exclude-standard | LC_ALL=C sort -z > "$TMPDIR/ign.now" || exit 9
-LC_ALL=C comm -z -23 "$TMPDIR/ign.now" "$IGNORED" > "$TMPDIR/ign.new" || exit 9
+# (no ignored file now, or none at the baseline: nothing to compare, no process for it)
+: > "$TMPDIR/ign.new"
+: > "$TMPDIR/ign.changed"
+if [ -s "$TMPDIR/ign.now" ]; then
+  LC_ALL=C comm -z -23 "$TMPDIR/ign.now" "$IGNORED" > "$TMPDIR/ign.new" || exit 9
+fi
 if [ -s "$TMPDIR/ign.new" ]; then
   gitc --literal-pathspecs add -f --pathspec-from-file="$TMPDIR/ign.new" --pathspec-file-nul \
     >/dev/null || exit 5
 fi
-: > "$TMPDIR/ign.changed"
-if [ -n "$SINCE" ]; then
+if [ -n "$SINCE" ] && [ -s "$TMPDIR/ign.now" ] && [ -s "$IGNORED" ]; then
   LC_ALL=C comm -z -12 "$TMPDIR/ign.now" "$IGNORED" | sed -z 's|^|./|' \
     | xargs -0 -r sh -c 'find "$@" -maxdepth 0 -newerct "@$0" -print0 2>/dev/null; true' "$SINCE" \
     | sed -z 's|^\./||' > "$TMPDIR/ign.changed"
@@ -373,8 +403,10 @@ gitc diff --cached --binary --full-index --no-color --no-ext-diff --no-textconv 
 size=$(wc -c < "$out") || exit 7
 echo "size=$size"
 if [ "$size" -le "$LIMIT" ]; then printf 'blob:patch='; base64 -w0 < "$out" || exit 8; echo; fi
-printf 'blob:ignored_new='; base64 -w0 < "$TMPDIR/ign.new"; echo
-printf 'blob:ignored_changed='; base64 -w0 < "$TMPDIR/ign.changed"; echo
+printf 'blob:ignored_new='; [ ! -s "$TMPDIR/ign.new" ] || base64 -w0 < "$TMPDIR/ign.new"; echo
+printf 'blob:ignored_changed='
+[ ! -s "$TMPDIR/ign.changed" ] || base64 -w0 < "$TMPDIR/ign.changed"
+echo
 rm -f "$out"
 exit 0
 """
@@ -450,11 +482,29 @@ PREPARE = (
     + r"""
 cd "$REPO" 2>/dev/null || { echo "missing=1"; exit 0; }
 pin_pyenv
+# The git dir, HEAD, the base commit and its tree, HEAD's branch: one call where all resolve
+# (the scrub keeps them), else each asked on its own as before.
+gd= head= base= tree= cur=
+if facts=$(gitc rev-parse --absolute-git-dir HEAD "${BASE:-HEAD}^{commit}" "${BASE:-HEAD}^{tree}" \
+    --symbolic-full-name HEAD -- 2>/dev/null); then
+  mapfile -t facts <<< "$facts"
+  hex='^[0-9a-f]{40}([0-9a-f]{24})?$'
+  if [ "${#facts[@]}" -eq 6 ] && [ "${facts[5]}" = -- ] && [[ ${facts[0]} == /* ]] \
+      && [[ ${facts[1]} =~ $hex ]] && [[ ${facts[2]} =~ $hex ]] && [[ ${facts[3]} =~ $hex ]]
+  then
+    gd=${facts[0]} head=${facts[1]} base=${facts[2]} tree=${facts[3]} cur=${facts[4]}
+    [ "$cur" != HEAD ] || cur=
+  fi
+fi
 if [ "$SCRUB" = 1 ]; then
   ( __SCRUB__ ) || exit $?
 fi
-head=$(gitc rev-parse -q --verify HEAD 2>/dev/null) && echo "head=$head"
-tree=$(gitc rev-parse -q --verify "${BASE:-HEAD}^{tree}" 2>/dev/null) && echo "tree=$tree"
+if [ -z "$gd" ]; then
+  head=$(gitc rev-parse -q --verify HEAD 2>/dev/null)
+  tree=$(gitc rev-parse -q --verify "${BASE:-HEAD}^{tree}" 2>/dev/null)
+fi
+[ -z "$head" ] || echo "head=$head"
+[ -z "$tree" ] || echo "tree=$tree"
 # (the shell's clock, to the microsecond: no `date` process; a decimal comma read as a point)
 now=${EPOCHREALTIME:-}; now=${now/,/.}; [ -n "$now" ] || now=$(date +%s.%N)
 echo "epoch=$now"
