@@ -122,6 +122,23 @@ async def test_a_shared_config_file_made_a_symlink_is_tampering(env, grade_in):
     assert ("setup.cfg", "modified", "runner-config-sections") in tampered(result)
 
 
+async def test_a_new_config_file_is_tampering_only_with_a_runner_section(env):
+    """A shared config file the agent adds is read (its bytes decide): one with only
+    package metadata stays, one that configures the runner is tampering and removed."""
+    grader = await prepare_grader(env, "check", {}, integrity={"on_tamper": "report"})
+    await act(
+        env,
+        "mkdir -p a b && printf '[metadata]\\nname = a\\n' > a/setup.cfg",
+        "printf '[tool.pytest.ini_options]\\naddopts = \"-p evil\"\\n' > b/pyproject.toml",
+        f"printf %s {shlex.quote(FIXED)} > calc.py",
+    )
+    result = await grade(grader, env)
+    assert tampered(result) == {("b/pyproject.toml", "added", "runner-config-sections")}
+    for path, kept in (("a/setup.cfg", True), ("b/pyproject.toml", False)):
+        there = await env.execute(["test", "-e", path], env=None, cwd=env.workdir, timeout=30)
+        assert (there.exit_code == 0) == kept, path
+
+
 async def test_a_new_symlinked_config_file_is_tampering(env):
     grader = await prepare_grader(env, "check", {})
     await act(env, "printf '[metadata]\\n' > a.cfg && mkdir -p sub && ln -s ../a.cfg sub/setup.cfg")

@@ -366,23 +366,37 @@ def key_values(output: str) -> dict[str, Any]:
 
 
 async def list_tree(
-    sandbox: GradingSandbox, repo: str, *, since: str = "", nested: list[str] | None = None
-) -> Tree:
+    sandbox: GradingSandbox,
+    repo: str,
+    *,
+    since: str = "",
+    nested: list[str] | None = None,
+    packed: list[str] | None = None,
+) -> tuple[Tree, dict[str, Member]]:
     """Every entry under ``repo``: path -> ``f`` / ``l`` / ``d`` (git's bulk skipped); with
     ``since`` (the baseline's clock), also the symlinks made since then and where each leads,
-    and the files changed since then below the ``nested`` repositories."""
+    and the files changed since then below the ``nested`` repositories; and the files and
+    symlinks of ``packed`` that are there, read as :func:`pack` reads them (the same call)."""
     variables = {"REPO": repo, "SINCE": since, "NESTED": "\n".join(nested or ())}
     variables["MAX_LINKS"] = str(MAX_LINKS)
-    output = await run_script(sandbox, scripts.LIST, variables, what="listing the repo")
+    max_bytes = OUTPUT_LIMIT
+    if packed:
+        names = f"{sandbox.scratch}/names"
+        await sandbox.stage_bytes(names, _nul_list(packed))
+        variables["PACK_LIST"] = names
+        max_bytes += _pack_output(1 << 62)
+    output = await run_script(
+        sandbox, scripts.LIST, variables, what="listing the repo", max_bytes=max_bytes
+    )
 
-    def parse() -> Tree:
+    def parse() -> tuple[Tree, dict[str, Member]]:
         tree = Tree(_parse_listing(blob(output, "list")))
         if since:
             tree.real, tree.links = parse_links(blob(output, "links"))
             count = key_values(output).get("links")
             tree.links_total = count if isinstance(count, int) else len(tree.links)
             tree.nested_changed = nul_list(blob(output, "nested_changed"))
-        return tree
+        return tree, (_unpack(blob(output, "pack")) if packed else {})
 
     return await off_loop(parse)
 
@@ -410,7 +424,7 @@ async def pack(
         scripts.PACK,
         {"REPO": repo, "LIST": names},
         what="packing files",
-        max_bytes=min(limit, 1 << 40) * 4 // 3 + (1 << 20),
+        max_bytes=_pack_output(limit),
     )
     raw = await off_loop(blob, output, "pack")
     if len(raw) > limit:
@@ -419,6 +433,11 @@ async def pack(
             f"({limit}); narrow reward.integrity.protect_paths"
         )
     return await off_loop(_unpack, raw)
+
+
+def _pack_output(limit: int) -> int:
+    """Bytes a pack of at most ``limit`` bytes takes in a script's output (base64, a line)."""
+    return min(limit, 1 << 40) * 4 // 3 + (1 << 20)
 
 
 def _unpack(raw: bytes) -> dict[str, Member]:
@@ -619,13 +638,25 @@ async def screen(sandbox: GradingSandbox, baseline: Baseline, *, restore: bool) 
     repo, rules = baseline.repo, baseline.rules
     if repo is None:
         return []
-    tree = await list_tree(
-        sandbox, repo, since=baseline.epoch or "", nested=nested_roots(baseline.listing)
+    # The snapshot's paths are read in the listing's call; a protected file added since is
+    # read in a call of its own only where its content decides (a shared config file).
+    tree, packed = await list_tree(
+        sandbox,
+        repo,
+        since=baseline.epoch or "",
+        nested=nested_roots(baseline.listing),
+        packed=list(baseline.snapshot),
     )
     listing = tree.listing
     purged = [p for p in listing if rules.purges(p) and not rules.purges(posixpath.dirname(p))]
     current_paths = [p for p, k in listing.items() if k in "fl" and is_protected(rules, p)]
-    current = await pack(sandbox, repo, current_paths, 1 << 62)
+    current = {p: packed[p] for p in current_paths if p in packed}
+    added = [p for p in current_paths if p not in baseline.snapshot]
+    current.update(
+        await pack(sandbox, repo, [p for p in added if rules.protects_section(p)], 1 << 62)
+    )
+    for path in added:  # (its bytes are not read: it is removed whatever they are)
+        current.setdefault(path, Member(listing[path]))
     # What git's summary hides (nested repositories, symlinks out): reported, and removed
     # before the patch is taken.
     tampered, remove = judge(baseline.listing, tree)

@@ -49,7 +49,8 @@ def _find_names(patterns: tuple[str, ...]) -> str:
 #: KIND what is there: ``d`` a directory, ``f`` a file, ``-`` nothing), and
 #: ``blob:nested_changed=``
 #: the files changed since then below the nested repositories of the baseline ($NESTED,
-#: one per line).
+#: one per line). With $PACK_LIST, also ``blob:pack=`` as :data:`PACK` prints it (one call
+#: for the listing and the protected files' bytes).
 LIST = (
     r"""
 cd "$REPO" || exit 3
@@ -114,6 +115,12 @@ if [ -n "${SINCE:-}" ]; then
         2>/dev/null
     done | head -z -n 100 | sed -z 's|^\./||' | base64 -w0
   fi
+  echo
+fi
+if [ -n "${PACK_LIST:-}" ]; then
+  printf 'blob:pack='
+  # (as PACK: an unreadable file is missing from the pack, a change)
+  { tar --null --no-recursion -T "$PACK_LIST" -cf - 2>/dev/null; true; } | base64 -w0 || exit 4
   echo
 fi
 exit 0
