@@ -134,8 +134,9 @@ HOLD_GRACE = 5
 #:
 #: Before that, in the same process (no command of its own): the grading scratch dir ``$7``
 #: (with ``home`` and ``tmp``, mode 0700) is made where it is not there yet, and each file
-#: ``PATH`` of the lines ``file<TAB>PATH<TAB>STAGED`` (or ``data<TAB>PATH<TAB>BASE64``) of
-#: ``$8`` is decoded from its base64 file ``STAGED`` (or from the line).
+#: ``PATH`` of the lines ``file<TAB>PATH<TAB>STAGED`` (or ``data<TAB>PATH<TAB>ESCAPED``) of
+#: ``$8`` is decoded from its base64 file ``STAGED`` (or from the line, as bash's ``printf
+#: %b`` reads it: every byte but printable ASCII written ``\xHH``, no program started).
 #: ``$3 noscratch`` or ``$3 unstaged PATH`` (exit 125) says that the scratch dir or a file
 #: could not be made.
 _BOUNDED = r"""exec 2>/dev/null
@@ -150,7 +151,7 @@ if [ -n "$8" ]; then
     p=${line%%$'\t'*} data=${line#*$'\t'}
     case "$kind" in
       file) { base64 -d < "$data" > "$p" && rm -f -- "$data"; } ;;
-      *) base64 -d <<< "$data" > "$p" ;;
+      *) printf '%b' "$data" > "$p" ;;
     esac || { printf '%s unstaged %s\n' "$3" "$p"; exit 125; }
   done
   set +f; IFS=$' \t\n'
@@ -371,11 +372,27 @@ def _stage_here(scratch: str, staged: list[tuple[str, str, str]]) -> None:
                     raw = base64.b64decode(encoded.read())
                 os.unlink(data)
             else:
-                raw = base64.b64decode(data)
+                raw = _unescaped(data)
             with open(path, "wb") as out:
                 out.write(raw)
         except (OSError, ValueError) as exc:
             raise EnvError(f"could not write {path} in the sandbox") from exc
+
+
+#: Bytes :func:`_escaped` writes as they are (printable ASCII but the backslash).
+_PLAIN = re.compile(rb"[^\x20-\x5b\x5d-\x7e]+")
+_HEX = re.compile(r"\\x([0-9a-f]{2})")
+
+
+def _escaped(data: bytes) -> str:
+    """``data`` as bash's ``printf %b`` writes it back: every byte that is not printable
+    ASCII, and the backslash, as ``\\xHH`` (no tab or newline: the staged lines' separators)."""
+    return _PLAIN.sub(lambda m: "".join(f"\\x{b:02x}" for b in m[0]).encode(), data).decode()
+
+
+def _unescaped(text: str) -> bytes:
+    """The bytes of :func:`_escaped`'s ``text`` (as ``printf %b`` writes them)."""
+    return _HEX.sub(lambda m: chr(int(m[1], 16)), text).encode("latin-1")
 
 
 async def off_loop(fn: Callable[..., T], *args: Any) -> T:
@@ -448,7 +465,7 @@ class GradingSandbox:
         #: The scratch dir is made by the first command (none was run yet: not there).
         self._made = False
         #: Files the next command decodes first: (``file``, path, staged base64 file) or
-        #: (``data``, path, base64), and the bytes of base64 those hold.
+        #: (``data``, path, :func:`_escaped` bytes), and the characters those hold.
         self._staged: list[tuple[str, str, str]] = []
         self._inline = 0
         #: The resident shell once started; ``_no_shell``: the sandbox gives none, or one
@@ -699,7 +716,7 @@ class GradingSandbox:
         await self._env.write_file(path, content)
 
     async def write_bytes(self, path: str, data: bytes, *, timeout: float = 120) -> None:
-        """Write a file byte for byte (sent as base64, decoded in the sandbox)."""
+        """Write a file byte for byte (sent escaped or as base64, decoded in the sandbox)."""
         await self.stage_bytes(path, data)
         done = await self.run(":", timeout=timeout, cwd="/", resident=True)
         if done.exit_code != 0:
@@ -709,11 +726,13 @@ class GradingSandbox:
         """Write a file byte for byte, as :meth:`write_bytes` does, but decoded in the sandbox
         by the next command, before it runs (no command of its own). Up to
         :data:`INLINE_BYTES` in all go with that command's arguments; more is sent as a file."""
+        if self._inline + len(data) <= INLINE_BYTES:  # (at most 4 characters a byte)
+            inline = _escaped(data)
+            if self._inline + len(inline) <= INLINE_BYTES:
+                self._inline += len(inline)
+                self._staged.append(("data", path, inline))
+                return
         encoded = base64.b64encode(data).decode("ascii")
-        if self._inline + len(encoded) <= INLINE_BYTES:
-            self._inline += len(encoded)
-            self._staged.append(("data", path, encoded))
-            return
         await self._ensure_scratch()
         staged = f"{path}.{secrets.token_hex(6)}.b64"
         await self._env.write_file(staged, encoded)
