@@ -425,3 +425,29 @@ def test_the_base_namespace_is_made_while_other_sandboxes_come_and_go(
         os.close(fd)
     finally:
         helper._pool.shutdown()
+
+
+@pytest.mark.parametrize(
+    ("path", "expected"),
+    [
+        ("/opt/data", None),  # a read-only bind with a writable one below it
+        ("/opt/data/sub/x", "/srv/data/sub/x"),
+        ("/opt/database", None),  # a sibling whose name starts alike: no bind of its own
+        ("/opt/data/out", None),  # a writable bind (given with a trailing slash)
+        ("/opt/data/out/x", None),
+        ("/opt/data/outside", "/srv/data/outside"),
+        ("/opt//data/./sub/", "/srv/data/sub"),  # not normalised
+        ("/opt", None),  # a writable bind below it
+        ("/elsewhere", None),  # outside every mount
+    ],
+)
+def test_a_read_only_source_is_found_by_whole_path_components(path, expected):
+    from uniagent.env.bwrap import Mount, read_only_source
+
+    mounts = [
+        Mount("/opt/data", "/srv/data", False),
+        Mount("/opt/data/out/", "/srv/out", True),
+        Mount("/opt/databaseless", "/srv/x", False),
+    ]
+    assert mounts[1].inside == "/opt/data/out"
+    assert read_only_source(mounts, path) == expected

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import functools
 import os
+import posixpath
 import shutil
 import stat
 import subprocess
@@ -31,11 +32,14 @@ SYSTEM_DIRS = ("/usr", "/bin", "/sbin", "/lib", "/lib32", "/lib64", "/libx32", "
 
 @dataclass(frozen=True)
 class Mount:
-    """A host directory and where the sandbox sees it."""
+    """A host directory and where the sandbox sees it (``inside`` normalised)."""
 
     inside: str
     host: str
     writable: bool
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "inside", posixpath.normpath(self.inside))
 
 
 def which(executable: str) -> str | None:
@@ -312,10 +316,9 @@ def read_only_source(mounts: list[Mount], path: str) -> str | None:
     mount = _mount_of(mounts, inside)
     if mount is None or mount.writable:
         return None
-    for other in mounts:
-        below = PurePosixPath(other.inside)
-        if other.writable and (below == inside or inside in below.parents):
-            return None
+    text = str(inside)
+    if any(other.writable and _at_or_below(other.inside, text) for other in mounts):
+        return None
     return str(PurePosixPath(mount.host) / inside.relative_to(mount.inside))
 
 
@@ -327,20 +330,24 @@ def _through_system_link(mounts: list[Mount], inside: PurePosixPath) -> PurePosi
     top = PurePosixPath("/", inside.parts[1])
     if str(top) not in SYSTEM_DIRS or not os.path.islink(top):
         return inside
-    if any(
-        top == PurePosixPath(m.inside) or top in PurePosixPath(m.inside).parents for m in mounts
-    ):
+    if any(_at_or_below(m.inside, str(top)) for m in mounts):
         return inside  # a mount there (never with the link): as it is
     target = PurePosixPath(os.path.normpath(os.path.join(str(top.parent), os.readlink(top))))
     return PurePosixPath(target, *inside.parts[2:])
 
 
 def _mount_of(mounts: list[Mount], inside: PurePosixPath) -> Mount | None:
-    best: Mount | None = None
+    """The deepest mount at or above ``inside`` (the first of equally deep ones)."""
+    path, best, depth = str(inside), None, -1
     for mount in mounts:
-        root = PurePosixPath(mount.inside)
-        if (inside == root or root in inside.parents) and (
-            best is None or len(root.parts) > len(PurePosixPath(best.inside).parts)
-        ):
-            best = mount
+        if _at_or_below(path, mount.inside):
+            level = 0 if mount.inside == "/" else mount.inside.count("/")
+            if level > depth:
+                best, depth = mount, level
     return best
+
+
+def _at_or_below(path: str, root: str) -> bool:
+    """Whether the normalised absolute ``path`` is ``root`` or lies below it (strings, not
+    ``PurePosixPath.parents``: asked for every directory of a test environment)."""
+    return path == root or path.startswith(root.rstrip("/") + "/")
