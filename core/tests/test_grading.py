@@ -448,6 +448,19 @@ async def test_a_fresh_sandbox_that_cannot_start_is_infrastructure(env):
         await grade(grader, env)
 
 
+async def test_a_fresh_sandbox_that_does_not_reproduce_the_base_is_infrastructure(env):
+    # Its set-up made another commit: nothing graded there says anything about the agent,
+    # whether the agent's patch applies to it or not.
+    def other() -> AgentEnv:
+        setup = f"{SETUP} && echo '# other' >> calc.py && git commit -qam other"
+        return open_env({"type": "host", "isolation": "none"}, {"post_setup": [setup]})
+
+    grader = await prepare_grader(env, "scrubbed_command", {}, grade_in="fresh", fresh_env=other)
+    await act(env, f"printf %s {shlex.quote(FIXED)} > calc.py")
+    with pytest.raises(GradingInfraError, match="not the episode's base tree"):
+        await grade(grader, env)
+
+
 # -- failures ------------------------------------------------------------------------------
 
 

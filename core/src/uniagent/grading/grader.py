@@ -355,13 +355,6 @@ class EpisodeGrader:
         baseline = self.baseline
         assert baseline is not None
         try:
-            tree = await integrity.tree_of(probe, repo)
-            if tree is None or tree != baseline.base_tree:
-                raise GradingInfraError(
-                    f"the fresh sandbox's {repo} holds tree {tree}, not the episode's base "
-                    f"tree {baseline.base_tree} (commit {baseline.base}): the task's set-up "
-                    "is not reproducible"
-                )
             # What the fresh sandbox shares with the episode's (the host's directories
             # without isolation) must be as it was before the agent's first command.
             shared = await integrity.verify_toolchain(probe, baseline)
@@ -370,7 +363,14 @@ class EpisodeGrader:
                 probe, baseline, since_baseline=False, repo=repo,
                 moved=lambda path: integrity.moved_path(path, episode, fresh),
             ))[0]  # fmt: skip
-            problem = await apply_patch(probe, repo, patch)
+            # (HEAD's tree asked in the same command: the patch leaves it as it is)
+            tree, problem = await apply_patch(probe, repo, patch)
+            if tree is None or tree != baseline.base_tree:
+                raise GradingInfraError(
+                    f"the fresh sandbox's {repo} holds tree {tree}, not the episode's base "
+                    f"tree {baseline.base_tree} (commit {baseline.base}): the task's set-up "
+                    "is not reproducible"
+                )
         finally:
             await probe.close(hand_to=sandbox)
         info["fresh_setup_seconds"] = round(time.perf_counter() - started, 3)

@@ -332,15 +332,6 @@ def forked_baseline(baseline: _T, moved: Mapping[str, str]) -> _T:
 _T = TypeVar("_T")
 
 
-async def tree_of(sandbox: GradingSandbox, repo: str, commit: str = "HEAD") -> str | None:
-    """The tree hash of ``commit`` in ``repo`` (``None`` when there is none)."""
-    out = await run_script(
-        sandbox, scripts.TREE, {"REPO": repo, "COMMIT": commit}, what="git rev-parse"
-    )
-    lines = out.strip().splitlines()
-    return lines[-1] if lines else None
-
-
 def is_protected(rules: RuleSet, path: str) -> bool:
     """Whether the grader protects ``path`` (a whole file, or its test section)."""
     return rules.is_protected(path)

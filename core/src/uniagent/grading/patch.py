@@ -241,20 +241,27 @@ def screen_patch(taken: AgentPatch, rules: RuleSet) -> list[Tamper]:
     return found
 
 
-async def apply_patch(sandbox: GradingSandbox, repo: str, patch: bytes) -> str | None:
-    """Apply ``patch`` in ``repo``; ``None`` on success, else git's complaint."""
-    if not patch.strip():
-        return None
-    staged = f"{sandbox.scratch}/apply.b64"
-    await sandbox.write_file(staged, base64.b64encode(patch).decode("ascii"))
+async def apply_patch(
+    sandbox: GradingSandbox, repo: str, patch: bytes
+) -> tuple[str | None, str | None]:
+    """The tree of ``repo``'s HEAD (``None`` when there is none), then ``patch`` applied
+    there: ``None`` on success, else git's complaint. One command for both (applying
+    leaves HEAD's tree as it is)."""
+    variables = {"REPO": repo, "PATCH": ""}
+    if patch.strip():
+        variables["PATCH"] = f"{sandbox.scratch}/apply.b64"
+        await sandbox.write_file(variables["PATCH"], base64.b64encode(patch).decode("ascii"))
     done = await sandbox.run(
-        scripts.with_vars(scripts.APPLY, {"REPO": repo, "PATCH": staged}),
+        scripts.with_vars(scripts.APPLY, variables),
         timeout=SCRIPT_TIMEOUT,
         cwd="/",
         resident=True,
     )
+    first, _, rest = done.output.partition("\n")
+    tree = first.removeprefix("tree=") if first.startswith("tree=") else ""
+    tree_or_none = tree if re.fullmatch(r"[0-9a-f]{40,64}", tree) else None
     if done.exit_code == 0:
-        return None
+        return tree_or_none, None
     if done.exit_code == 7:
-        return done.output[-2000:]
+        return tree_or_none, rest[-2000:]
     raise GradingSetupError(f"applying the patch failed (exit {done.exit_code}): {done.output}")

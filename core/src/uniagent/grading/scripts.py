@@ -436,10 +436,12 @@ echo
 exit 0
 """
 
-#: Apply $PATCH (base64) to the tree; exit 7 when it does not apply.
+#: ``tree=`` and the tree of HEAD (empty without one), then $PATCH (base64; none where $PATCH
+#: is empty) applied to the work tree; exit 7 when it does not apply.
 APPLY = r"""
 cd "$REPO" || exit 3
-[ -s "$PATCH" ] || exit 0
+printf 'tree=%s\n' "$(gitc rev-parse -q --verify 'HEAD^{tree}' 2>/dev/null)"
+[ -n "$PATCH" ] && [ -s "$PATCH" ] || exit 0
 base64 -d "$PATCH" > "$PATCH.diff" || exit 4
 gitc apply --binary --whitespace=nowarn "$PATCH.diff" || exit 7
 exit 0
@@ -522,20 +524,6 @@ echo
 exit 0
 """
 )
-
-#: The tree of $COMMIT (default HEAD), or nothing when there is none.
-TREE = r"""
-cd "$REPO" || exit 3
-gitc rev-parse -q --verify "${COMMIT:-HEAD}^{tree}" 2>/dev/null || true
-exit 0
-"""
-
-#: The current commit, or nothing when the directory is not a git work tree.
-HEAD = r"""
-cd "$REPO" || exit 3
-gitc rev-parse -q --verify HEAD 2>/dev/null || true
-exit 0
-"""
 
 PREPARE = PREPARE.replace("__SCRUB__", SCRUB.replace("exit 0\n", "true\n")).replace(
     "__LIST__", LIST.replace("exit 0\n", "true\n")
