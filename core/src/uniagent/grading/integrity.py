@@ -379,6 +379,9 @@ async def list_tree(
     output = await run_script(
         sandbox, scripts.LIST, variables, what="listing the repo", max_bytes=max_bytes
     )
+    at = output.find("\nblob:pack=") if packed else -1
+    if (at if at >= 0 else len(output)) > OUTPUT_LIMIT:  # (the listing's own bound, as before)
+        raise GradingSetupError(f"listing the repo printed more than {OUTPUT_LIMIT} bytes")
 
     def parse() -> tuple[Tree, dict[str, Member]]:
         tree = Tree(_parse_listing(blob(output, "list")))
