@@ -255,10 +255,9 @@ _SHELL_NAME = re.compile(r"(?!BASH|COMP_|COPROC|READLINE_)[A-Za-z_][A-Za-z0-9_]*
 
 
 def _exportable(env: Mapping[str, str]) -> bool:
-    """Whether the resident shell can give a command exactly ``env`` with builtins (not
-    without a ``PATH``, where ``env -i`` gives bash its default one; the shell runs only for
-    a read-only ``PATH``, so that is for callers of the protocol other than ``run``)."""
-    return "PATH" in env and all(_SHELL_NAME.fullmatch(k) and k not in _BASH_OWN for k in env)
+    """Whether the resident shell can give a command exactly ``env`` with builtins (the
+    shell runs only with a read-only ``PATH``: ``env`` always has one)."""
+    return all(_SHELL_NAME.fullmatch(k) and k not in _BASH_OWN for k in env)
 
 
 #: Bytes a resident shell's answer may hold beyond the command's own limit (the wrapper's
