@@ -27,6 +27,7 @@ import sys
 import time
 import xml.etree.ElementTree as ET
 from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
@@ -202,11 +203,15 @@ def pytest(
     *paths: str,
     workers: int | str = 0,
     dist: str = "loadgroup",
-) -> None:
+    report: str = "junit.xml",
+    silent: bool = False,
+) -> str | None:
     """pytest over ``paths``; ``workers``: pytest-xdist processes (0: in this process),
-    ``dist`` xdist's mode (``each``: every test on every worker)."""
+    ``dist`` xdist's mode (``each``: every test on every worker); ``report``: the JUnit
+    file's name (``junit*.xml``, counted in the duration table); ``silent``: its output
+    returned (and printed by nox where it fails), not printed as it comes."""
     spread = ["-n", str(workers), "--dist", dist] if workers else []
-    report = _files(session) / "junit.xml"
+    junit = _files(session) / report
     check_cpu_torch(session)  # in every venv that runs tests
     # One OpenMP thread for torch (and numpy's BLAS): the lanes and xdist workers already
     # keep every core busy, and OpenMP's threads, each waiting at every operator's barrier
@@ -216,7 +221,7 @@ def pytest(
     # And its CPU, which a busy machine does not blur (the repository's conftest.py; a
     # plugin's tests have their own root, where it is not loaded).
     cpu = [] if all(p.startswith("plugins/") for p in paths) else ["--cpu-durations=15"]
-    session.run(
+    output = session.run(
         "python",
         "-m",
         "pytest",
@@ -227,11 +232,13 @@ def pytest(
         "-ra",
         "--durations=15",  # where a suite's time goes, in every CI log
         *cpu,
-        f"--junitxml={report}",
+        f"--junitxml={junit}",
         *spread,
         *session.posargs,
         env=threads,
+        silent=silent,
     )
+    return output if isinstance(output, str) else None
 
 
 SUITES = [
@@ -435,15 +442,14 @@ def quick(session: nox.Session) -> None:
     pytest(session, "core/tests", *ignore, "-m", "not slow", workers=WORKERS)
 
 
-#: The sandbox tests the stress session repeats on a saturated machine.
+#: The sandbox tests the stress session repeats on a saturated machine, in two groups that
+#: run side by side (each about half of a round's wall time, most of it waiting on the
+#: tests' own time-outs, not CPU).
 SANDBOX_TESTS = [
-    f"core/tests/{name}.py"
-    for name in (
-        "test_env_host",
-        "test_env_hostile",
-        "test_env_interactive",
-        "test_env_bwrap",
-        "test_env_scale",
+    [f"core/tests/{name}.py" for name in group]
+    for group in (
+        ("test_env_hostile",),
+        ("test_env_host", "test_env_interactive", "test_env_bwrap", "test_env_scale"),
     )
 ]
 
@@ -453,16 +459,32 @@ SANDBOX_TESTS = [
 def stress(session: nox.Session) -> None:
     """The sandbox tests three times over, at once, with every CPU busy (two busy loops per
     core, and the three rounds beside each other: xdist's ``each`` runs every test on each
-    of three workers). The loops are started and stopped here; any failure in any round
-    fails the session."""
+    of three workers). The tests are split in two groups, each run that way, side by side:
+    the rounds' wall time is mostly the tests' own waits, so one after the other they took
+    about twice as long. The loops are started and stopped here; any failure in any round
+    fails the session (each group's output is printed when both have ended)."""
     install(session, "./core[test]")
     burners = [
         subprocess.Popen([sys.executable, "-c", "while True: pass"])
         for _ in range(2 * (os.cpu_count() or 1))
     ]
     session.log(f"{len(burners)} busy loops on {os.cpu_count()} CPUs")
+
+    def rounds_of(number: int, group: list[str]) -> str | None:
+        report = f"junit-{number}.xml"
+        return pytest(session, *group, workers=3, dist="each", report=report, silent=True)
+
     try:
-        pytest(session, *SANDBOX_TESTS, workers=3, dist="each")
+        with ThreadPoolExecutor(len(SANDBOX_TESTS)) as pool:
+            rounds = [pool.submit(rounds_of, *numbered) for numbered in enumerate(SANDBOX_TESTS)]
+            failed = 0
+            for done in rounds:
+                try:
+                    print(done.result() or "", flush=True)
+                except nox.command.CommandFailed:
+                    failed += 1  # (nox printed its output)
+        if failed:
+            session.error(f"{failed} of {len(rounds)} groups of the stress rounds failed")
     finally:
         for burner in burners:
             burner.kill()
