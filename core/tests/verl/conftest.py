@@ -25,6 +25,15 @@ for _name, _value in {
     os.environ.setdefault(_name, _value)
 
 
+@pytest.hookimpl(tryfirst=True)  # before xdist reads the groups (--dist loadgroup)
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """Under xdist, a file's tests run in one worker (its module fixtures are made once),
+    and every test on the Ray cluster in one worker too (one cluster, not one a worker)."""
+    for item in items:
+        group = "ray" if "ray_cluster" in getattr(item, "fixturenames", ()) else item.path.name
+        item.add_marker(pytest.mark.xdist_group(group))
+
+
 @pytest.fixture(scope="session")
 def verl_model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """A model folder: the real Qwen3 tokenizer plus a tiny Qwen3 ``config.json``."""
