@@ -17,9 +17,11 @@ from hypothesis import strategies as st
 
 from uniagent import RewardSpec, hookimpl, open_env
 from uniagent.env import AgentEnv
+from uniagent.grading.integrity import ADDED_CONFIG_MAX
+from uniagent.grading.sandbox import GradingSandbox
 from uniagent.plugins import load_plugins, reset_plugins
 from uniagent.protect.rules import PYTHON_CONTENT, PathRules, RuleSet, runner_section
-from uniagent.protect.settings import IntegrityDefaults, IntegritySettings
+from uniagent.protect.settings import IntegrityDefaults, IntegritySettings, Workspace
 from uniagent.reward import RewardContext, RewardResult
 from uniagent.testing.grading import grade, prepare_grader
 
@@ -275,6 +277,131 @@ async def test_changed_ignored_sources_are_screened_whole(env):
     await act(env, "printf 'import os\\nos._exit(0)\\n' >> build/gen.py")
     result = await grade(grader, env)
     assert ("build/gen.py", "hit", "exit-hijack") in tampered(result)
+
+
+@pytest.fixture
+def read_sizes(monkeypatch: pytest.MonkeyPatch) -> list[int]:
+    """The length of every grading command's output from now on."""
+    sizes: list[int] = []
+    real = GradingSandbox.run
+
+    async def run(self: GradingSandbox, command: str, **kwargs: Any) -> Any:
+        done = await real(self, command, **kwargs)
+        sizes.append(len(done.output))
+        return done
+
+    monkeypatch.setattr(GradingSandbox, "run", run)
+    return sizes
+
+
+#: Bytes the agent adds to a file below: far more than the files the grader reads took.
+GROWN = 20_000_000
+
+
+@pytest.mark.parametrize("form", ["gnu", "oldgnu", "posix"])
+def test_a_tar_of_unchanged_files_is_never_longer_than_its_bound(tmp_path, form):
+    """What the grader allows a pack of the snapshot's files at grading: never less than a
+    tar of them as they were takes, in any format a sandbox's tar may default to (a
+    bound too tight would call unchanged files grown)."""
+    import subprocess
+
+    from uniagent.grading.integrity import _unpack, tar_bound
+
+    names = ["a", "é" * 60, "d/" + "n" * 150 + ".py", "e" * 99, "f" * 100, "g" * 255]
+    for number, name in enumerate(names):
+        (tmp_path / name).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / name).write_bytes(b"x" * (number * 700 + 511 * (number % 2)))
+    (tmp_path / "link").symlink_to("l" * 200)
+    names.append("link")
+    (tmp_path / "many").mkdir()
+    for number in range(300):  # (small files: a header or two each, most of what tar writes)
+        (tmp_path / "many" / f"{number}").write_bytes(b"y")
+        names.append(f"many/{number}")
+    listed = tmp_path / "names.txt"
+    listed.write_bytes(b"".join(n.encode() + b"\0" for n in names))
+    done = subprocess.run(
+        ["tar", f"--format={form}", "--null", "--no-recursion", "-T", str(listed), "-cf", "-"],
+        cwd=tmp_path, capture_output=True, check=True,
+    )  # fmt: skip
+    members = _unpack(done.stdout)
+    assert sorted(members) == sorted(names) and not members.cut
+    assert len(done.stdout) <= tar_bound(members)
+    assert not _unpack(done.stdout, tar_bound(members)).cut
+
+
+async def test_a_protected_file_grown_huge_is_read_bounded_changed_and_put_back(env, read_sizes):
+    """The grader reads the protected files at grading only up to what they took at the
+    baseline (the runner's memory is not the agent's to fill): one grown past that is
+    changed, whatever its bytes, and put back."""
+    grader = await prepare_grader(env, "check", {}, integrity={"protect_paths": ["tests/"]})
+    await act(
+        env,
+        f"head -c {GROWN} /dev/zero | tr '\\0' '#' >> tests/check.py",
+        f"printf %s {shlex.quote(FIXED)} > calc.py",
+    )
+    read_sizes.clear()
+    result = await grade(grader, env)
+    assert result.score == 0.0
+    assert {(p, c) for p, c, _ in tampered(result)} == {("tests/check.py", "modified")}
+    assert await env.read_file("tests/check.py") == TESTS
+    assert read_sizes and max(read_sizes) < 1 << 20, read_sizes
+
+
+async def test_a_new_config_file_too_large_to_read_is_judged_a_runner_config(env, read_sizes):
+    """A shared config file added since the baseline is read up to ADDED_CONFIG_MAX: one
+    larger is judged as one with a test-runner section (removed, tampering), unread."""
+    grader = await prepare_grader(env, "check", {}, integrity={"on_tamper": "report"})
+    await act(
+        env,
+        f"mkdir -p a && {{ printf '[metadata]\\nname = a\\n'; head -c {GROWN} /dev/zero "
+        "| tr '\\0' '\\n'; } > a/setup.cfg",
+        f"printf %s {shlex.quote(FIXED)} > calc.py",
+    )
+    read_sizes.clear()
+    result = await grade(grader, env)
+    assert tampered(result) == {("a/setup.cfg", "added", "runner-config-sections")}
+    there = await env.execute(["test", "-e", "a/setup.cfg"], env=None, cwd=env.workdir, timeout=30)
+    assert there.exit_code != 0
+    assert max(read_sizes) < 2 * ADDED_CONFIG_MAX, read_sizes
+
+
+async def test_changed_ignored_sources_larger_than_a_patch_may_be_score_zero_as_such(env):
+    """An ignored source file the agent grew past max_patch_bytes is the agent's doing:
+    ``patch_too_large``, as a patch that large is (not a failure of the grader)."""
+    grader = await prepare_grader(env, "check", {}, integrity={"max_patch_bytes": 100_000})
+    await act(
+        env,
+        "head -c 200000 /dev/zero | tr '\\0' '#' >> build/gen.py",
+        f"printf %s {shlex.quote(FIXED)} > calc.py",
+    )
+    result = await grade(grader, env)
+    assert result.score == 0.0
+    assert result.info["score_reason"] == "patch_too_large", result.info
+
+
+async def test_an_outside_path_grown_huge_is_read_bounded_changed_and_put_back(
+    env, read_sizes, tmp_path
+):
+    """The benchmark's paths outside the repository are read at grading only up to what
+    they took at the baseline, as the protected files are."""
+    outside = tmp_path / "run_tests.sh"
+    outside.write_text("#!/bin/sh\nexec python3 tests/check.py\n")
+    workspace = Workspace(outside_paths=(str(outside),))
+
+    @hookimpl
+    def uniagent_rewards():
+        defaults = IntegrityDefaults(workspace=lambda task, settings: workspace)
+        yield RewardSpec(name="check-outside", fn=command, integrity=defaults)
+
+    load_plugins().register(types.SimpleNamespace(uniagent_rewards=uniagent_rewards), "o")
+    grader = await prepare_grader(env, "check-outside", {})
+    await act(env, f"head -c {GROWN} /dev/zero | tr '\\0' '#' >> {outside}")
+    read_sizes.clear()
+    result = await grade(grader, env)
+    assert result.score == 0.0
+    assert tampered(result) == {(str(outside), "modified", "outside-paths")}
+    assert outside.read_text() == "#!/bin/sh\nexec python3 tests/check.py\n"
+    assert max(read_sizes) < 1 << 20, read_sizes
 
 
 async def test_code_hidden_under_git_is_removed_before_grading(env):

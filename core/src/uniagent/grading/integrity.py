@@ -39,6 +39,10 @@ log = logging.getLogger(__name__)
 
 #: Seconds one of :mod:`uniagent.grading.scripts` may run.
 SCRIPT_TIMEOUT = 600.0
+#: Bytes of tar read at most, at grading, of the shared config files (``setup.cfg``,
+#: ``tox.ini``, ...) added since the baseline, whose test-runner section decides whether
+#: they may stay: one not read whole within it is judged as one with such a section.
+ADDED_CONFIG_MAX = 4 << 20
 
 
 class GradingSetupError(EnvError):
@@ -363,11 +367,13 @@ async def list_tree(
     since: str = "",
     nested: list[str] | None = None,
     packed: list[str] | None = None,
-) -> tuple[Tree, dict[str, Member]]:
+    pack_limit: int = 1 << 30,
+) -> tuple[Tree, Packed]:
     """Every entry under ``repo``: path -> ``f`` / ``l`` / ``d`` (git's bulk skipped); with
     ``since`` (the baseline's clock), also the symlinks made since then and where each leads,
     and the files changed since then below the ``nested`` repositories; and the files and
-    symlinks of ``packed`` that are there, read as :func:`pack` reads them (the same call)."""
+    symlinks of ``packed`` that are there, read as :func:`pack_bounded` reads them, at most
+    ``pack_limit`` bytes of tar (the same call)."""
     variables = {"REPO": repo, "SINCE": since, "NESTED": "\n".join(nested or ())}
     variables["MAX_LINKS"] = str(MAX_LINKS)
     max_bytes = OUTPUT_LIMIT
@@ -375,7 +381,8 @@ async def list_tree(
         names = f"{sandbox.scratch}/names"
         await sandbox.stage_bytes(names, _nul_list(packed))
         variables["PACK_LIST"] = names
-        max_bytes += _pack_output(1 << 62)
+        variables["PACK_MAX"] = str(pack_limit + 1)
+        max_bytes += _pack_output(pack_limit + 1)
     output = await run_script(
         sandbox, scripts.LIST, variables, what="listing the repo", max_bytes=max_bytes
     )
@@ -383,14 +390,14 @@ async def list_tree(
     if (at if at >= 0 else len(output)) > OUTPUT_LIMIT:  # (the listing's own bound, as before)
         raise GradingSetupError(f"listing the repo printed more than {OUTPUT_LIMIT} bytes")
 
-    def parse() -> tuple[Tree, dict[str, Member]]:
+    def parse() -> tuple[Tree, Packed]:
         tree = Tree(_parse_listing(blob(output, "list")))
         if since:
             tree.real, tree.links = parse_links(blob(output, "links"))
             count = key_values(output).get("links")
             tree.links_total = count if isinstance(count, int) else len(tree.links)
             tree.nested_changed = nul_list(blob(output, "nested_changed"))
-        return tree, (_unpack(blob(output, "pack")) if packed else {})
+        return tree, (_unpack(blob(output, "pack"), pack_limit) if packed else Packed({}))
 
     return await off_loop(parse)
 
@@ -405,28 +412,49 @@ def _parse_listing(data: bytes) -> dict[str, str]:
     return listing
 
 
+class Packed(dict[str, Member]):
+    """What a pack read: path -> member; ``cut``: its tar was longer than the limit, so the
+    member it was cut in and those after it are not here (nor read whole in the sandbox)."""
+
+    cut: bool = False
+
+    def __init__(self, members: dict[str, Member], *, cut: bool = False) -> None:
+        super().__init__(members)
+        self.cut = cut
+
+
 async def pack(
     sandbox: GradingSandbox, repo: str, paths: list[str], limit: int
 ) -> dict[str, Member]:
-    """The bytes of ``paths`` (files and symlinks) in the sandbox, read through one tar."""
+    """The bytes of ``paths`` (files and symlinks) in the sandbox, read through one tar: a
+    :class:`GradingSetupError` where they take more than ``limit`` bytes (the baseline's
+    files: narrow what is protected)."""
+    members = await pack_bounded(sandbox, repo, paths, limit)
+    if members.cut:
+        raise GradingSetupError(
+            f"the protected files of {repo} take more than snapshot_max_bytes ({limit} bytes); "
+            "narrow reward.integrity.protect_paths"
+        )
+    return dict(members)
+
+
+async def pack_bounded(sandbox: GradingSandbox, repo: str, paths: list[str], limit: int) -> Packed:
+    """The bytes of ``paths`` as :func:`pack` reads them, at most ``limit`` bytes of tar: what
+    the agent could have grown is read up to a bound (the runner's memory, the sandbox's
+    time), and what lies past it is missing from the answer (``cut``)."""
     if not paths:
-        return {}
+        return Packed({})
     names = f"{sandbox.scratch}/names"
     await sandbox.stage_bytes(names, _nul_list(paths))  # byte for byte (names need no UTF-8)
     output = await run_script(
         sandbox,
         scripts.PACK,
-        {"REPO": repo, "LIST": names},
+        {"REPO": repo, "LIST": names, "MAX": str(limit + 1)},
         what="packing files",
-        max_bytes=_pack_output(limit),
+        max_bytes=_pack_output(limit + 1),
     )
     raw = await off_loop(blob, output, "pack")
-    if len(raw) > limit:
-        raise GradingSetupError(
-            f"the protected files of {repo} take {len(raw)} bytes, more than snapshot_max_bytes "
-            f"({limit}); narrow reward.integrity.protect_paths"
-        )
-    return await off_loop(_unpack, raw)
+    return await off_loop(_unpack, raw, limit)
 
 
 def _pack_output(limit: int) -> int:
@@ -434,19 +462,42 @@ def _pack_output(limit: int) -> int:
     return min(limit, 1 << 40) * 4 // 3 + (1 << 20)
 
 
-def _unpack(raw: bytes) -> dict[str, Member]:
+def tar_bound(members: Mapping[str, Member]) -> int:
+    """Bytes a tar of ``members`` as they are takes at most, in any of tar's formats (a
+    member: its header, a long name's or a pax header's block and records, the data padded
+    to a block; the end and the record's padding): a pack of the same files is never cut
+    at this bound, so one that is cut holds a file that grew."""
+    size = 2 * 10240
+    for path, member in members.items():
+        size += 5 * 512 + 2 * len(path.encode("utf-8", "surrogateescape"))
+        size += len(member.data) + 2 * len(member.link.encode("utf-8", "surrogateescape"))
+    return size
+
+
+def _unpack(raw: bytes, limit: int | None = None) -> Packed:
+    """The members of a tar; longer than ``limit``: those wholly before the cut (``cut``)."""
+    cut = limit is not None and len(raw) > limit
     members: dict[str, Member] = {}
     if not raw:
-        return members
-    with tarfile.open(fileobj=io.BytesIO(raw), mode="r:") as tar:
-        for info in tar:
-            path = info.name.removeprefix("./")
-            if info.issym():
-                members[path] = Member("l", link=info.linkname, mode=info.mode)
-            elif info.isfile():
-                handle = tar.extractfile(info)
-                members[path] = Member("f", handle.read() if handle else b"", mode=info.mode)
-    return members
+        return Packed(members)
+    if cut:
+        raw = raw[:limit]
+    try:
+        with tarfile.open(fileobj=io.BytesIO(raw), mode="r:") as tar:
+            for info in tar:
+                path = info.name.removeprefix("./")
+                if info.issym():
+                    members[path] = Member("l", link=info.linkname, mode=info.mode)
+                elif info.isfile():
+                    handle = tar.extractfile(info)
+                    data = handle.read() if handle else b""
+                    if len(data) != info.size:
+                        raise tarfile.ReadError("unexpected end of data")
+                    members[path] = Member("f", data, mode=info.mode)
+    except (tarfile.TarError, EOFError):
+        if not cut:
+            raise GradingSetupError("the sandbox's pack is not a whole tar") from None
+    return Packed(members, cut=cut)
 
 
 async def toolchain(sandbox: GradingSandbox) -> dict[str, str]:
@@ -633,22 +684,32 @@ async def screen(sandbox: GradingSandbox, baseline: Baseline, *, restore: bool) 
     if repo is None:
         return []
     # The snapshot's paths are read in the listing's call; a protected file added since is
-    # read in a call of its own only where its content decides (a shared config file).
+    # read in a call of its own only where its content decides (a shared config file). Both
+    # reads are bounded: the snapshot's files as they were fit in tar_bound(snapshot), so
+    # one not read before that bound grew (changed); a new config file past
+    # ADDED_CONFIG_MAX is judged as one with a test-runner section.
     tree, packed = await list_tree(
         sandbox,
         repo,
         since=baseline.epoch or "",
         nested=nested_roots(baseline.listing),
         packed=list(baseline.snapshot),
+        pack_limit=tar_bound(baseline.snapshot),
     )
     listing = tree.listing
     purged = [p for p in listing if rules.purges(p) and not rules.purges(posixpath.dirname(p))]
     current_paths = [p for p, k in listing.items() if k in "fl" and is_protected(rules, p)]
+    grown: set[str] = set()
+    if packed.cut:
+        present = {p for p, k in listing.items() if k in "fl"}
+        unread = [p for p in baseline.snapshot if p in present and p not in packed]
+        grown = await _read_past_a_cut(sandbox, baseline, unread, packed)
     current = {p: packed[p] for p in current_paths if p in packed}
     added = [p for p in current_paths if p not in baseline.snapshot]
-    current.update(
-        await pack(sandbox, repo, [p for p in added if rules.protects_section(p)], 1 << 62)
+    sections = await pack_bounded(
+        sandbox, repo, [p for p in added if rules.protects_section(p)], ADDED_CONFIG_MAX
     )
+    current.update(sections)
     for path in added:  # (its bytes are not read: it is removed whatever they are)
         current.setdefault(path, Member(listing[path]))
     # What git's summary hides (nested repositories, symlinks out): reported, and removed
@@ -659,8 +720,8 @@ async def screen(sandbox: GradingSandbox, baseline: Baseline, *, restore: bool) 
         now = current.get(path)
         if now is not None and (now.same(before) or _same_section(rules, path, before, now)):
             continue
-        change = "deleted" if now is None else "modified"
-        if now is not None:
+        change = "deleted" if now is None and path not in grown else "modified"
+        if now is not None or path in grown:
             remove.add(path)
         put_back.append(path)
         tampered.append(_file_tamper(rules, path, change))
@@ -670,6 +731,7 @@ async def screen(sandbox: GradingSandbox, baseline: Baseline, *, restore: bool) 
         if (
             rules.protects_section(path)
             and now.kind == "f"
+            and path in sections
             and runner_section(path, _text(now)) is None
         ):
             continue  # a new shared config file without a test-runner section (not a link)
@@ -689,6 +751,37 @@ async def screen(sandbox: GradingSandbox, baseline: Baseline, *, restore: bool) 
     if restore and (remove or put_back or new_dirs or purged):
         await _restore(sandbox, baseline, sorted(remove | set(purged)), put_back, new_dirs)
     return tampered
+
+
+#: Packs at most, after the listing's was cut, to tell which protected files grew.
+MAX_REPACKS = 8
+
+
+async def _read_past_a_cut(
+    sandbox: GradingSandbox, baseline: Baseline, unread: list[str], packed: Packed
+) -> set[str]:
+    """The protected files that grew past what they took at the baseline, of ``unread`` (in
+    the snapshot's order: those a cut pack did not read), the others read into ``packed``.
+
+    The files from the first unread one on are packed again within what they took at the
+    baseline: a pack cut in its first file means that file grew (it alone had the whole
+    bound); else the files read are read, and the rest is tried again. After
+    :data:`MAX_REPACKS` packs, what is still unread counts as grown (changed)."""
+    assert baseline.repo is not None
+    grown: set[str] = set()
+    for _ in range(MAX_REPACKS):
+        if not unread:
+            break
+        bound = tar_bound({p: baseline.snapshot[p] for p in unread})
+        more = await pack_bounded(sandbox, baseline.repo, unread, bound)
+        packed.update(more)
+        if not more.cut:
+            return grown
+        rest = [p for p in unread if p not in more]
+        if rest and rest[0] == unread[0]:
+            grown.add(rest.pop(0))
+        unread = rest
+    return grown | set(unread)
 
 
 def _file_tamper(rules: RuleSet, path: str, change: str) -> Tamper:

@@ -26,7 +26,9 @@ from uniagent.grading.integrity import (
     blob,
     nul_list,
     pack,
+    pack_bounded,
     run_script,
+    tar_bound,
 )
 from uniagent.grading.sandbox import GradingSandbox
 
@@ -83,7 +85,10 @@ async def screen(sandbox: GradingSandbox, baseline: Baseline) -> list[Tamper]:
         return []
     listing = await _listing(sandbox, baseline.outside_paths)
     now = [p.lstrip("/") for p, kind in listing.items() if kind in "fl"]
-    current = {"/" + p: m for p, m in (await pack(sandbox, "/", now, 1 << 62)).items()}
+    # (at most what the snapshot's files took: one listed but not read within that bound,
+    # the pack cut in or before it, counts as modified, whatever its bytes)
+    packed = await pack_bounded(sandbox, "/", now, tar_bound(baseline.outside))
+    current = {"/" + p: m for p, m in packed.items()}
     tampered: list[Tamper] = []
     remove: list[str] = []
     put_back: list[str] = []

@@ -28,7 +28,7 @@ from uniagent.grading.integrity import (
     is_protected,
     key_values,
     nul_list,
-    pack,
+    pack_bounded,
     run_script,
     sorted_nul_list,
 )
@@ -121,7 +121,10 @@ async def take_patch(sandbox: GradingSandbox, baseline: Baseline, limit: int) ->
         taken.text_parts = await off_loop(lambda: split_patch(blob(text, "patch")))
     sources = [p for p in taken.ignored_changed if baseline.rules.is_source(p)]
     if sources:
-        members = await pack(sandbox, baseline.repo, sources, limit)
+        # (bounded as the patch is: the agent's files, whatever it made of them)
+        members = await pack_bounded(sandbox, baseline.repo, sources, limit)
+        if members.cut:
+            raise PatchTooLarge(limit + 1, limit, "the ignored source files the agent changed take")
         taken.changed_sources = {
             path: m.data.decode("utf-8", "surrogateescape")
             for path, m in members.items()
@@ -149,8 +152,12 @@ def _parse_taken(output: str, limit: int) -> AgentPatch:
 class PatchTooLarge(Exception):
     """The agent's patch is over ``max_patch_bytes`` (the agent's doing: scores 0)."""
 
-    def __init__(self, size: int, limit: int) -> None:
-        super().__init__(f"the agent's patch has {size} bytes, more than max_patch_bytes ({limit})")
+    def __init__(self, size: int, limit: int, what: str = "") -> None:
+        super().__init__(
+            f"{what} more than max_patch_bytes ({limit}) bytes"
+            if what
+            else f"the agent's patch has {size} bytes, more than max_patch_bytes ({limit})"
+        )
 
 
 def split_patch(patch: bytes) -> list[FilePatch]:

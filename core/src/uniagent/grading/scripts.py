@@ -49,8 +49,8 @@ def _find_names(patterns: tuple[str, ...]) -> str:
 #: KIND what is there: ``d`` a directory, ``f`` a file, ``-`` nothing), and
 #: ``blob:nested_changed=``
 #: the files changed since then below the nested repositories of the baseline ($NESTED,
-#: one per line). With $PACK_LIST, also ``blob:pack=`` as :data:`PACK` prints it (one call
-#: for the listing and the protected files' bytes).
+#: one per line). With $PACK_LIST, also ``blob:pack=`` as :data:`PACK` prints it, at most
+#: $PACK_MAX bytes (one call for the listing and the protected files' bytes).
 LIST = (
     r"""
 cd "$REPO" || exit 3
@@ -119,8 +119,9 @@ if [ -n "${SINCE:-}" ]; then
 fi
 if [ -n "${PACK_LIST:-}" ]; then
   printf 'blob:pack='
-  # (as PACK: an unreadable file is missing from the pack, a change)
-  { tar --null --no-recursion -T "$PACK_LIST" -cf - 2>/dev/null; true; } | base64 -w0 || exit 4
+  # (as PACK: an unreadable file is missing from the pack, a change; at most $PACK_MAX bytes)
+  { tar --null --no-recursion -T "$PACK_LIST" -cf - 2>/dev/null; true; } \
+    | head -c "$PACK_MAX" | base64 -w0 || exit 4
   echo
 fi
 exit 0
@@ -128,12 +129,14 @@ exit 0
 ).replace("__CODE__", _find_names(CODE_PATTERNS))
 
 #: ``blob:pack=``: a tar of the NUL-separated paths in $LIST, without recursing into
-#: directories.
+#: directories; its first $MAX bytes (tar stops reading there: a file the agent grew is
+#: not read whole).
 PACK = r"""
 cd "$REPO" || exit 3
 printf 'blob:pack='
 # tar's own status is not checked: an unreadable file is missing from the pack (a change).
-tar --null --no-recursion -T "$LIST" -cf - 2>/dev/null | base64 -w0 || exit 4
+{ tar --null --no-recursion -T "$LIST" -cf - 2>/dev/null; true; } | head -c "$MAX" \
+  | base64 -w0 || exit 4
 echo
 exit 0
 """
