@@ -347,6 +347,29 @@ async def test_a_protected_file_grown_huge_is_read_bounded_changed_and_put_back(
     assert read_sizes and max(read_sizes) < 1 << 20, read_sizes
 
 
+async def test_protected_files_grown_and_changed_are_each_reported_as_they_are(env):
+    """Where the pack is cut, the files after the cut are read again: each file the agent
+    grew is named, one it changed within its size is compared, the others are unchanged."""
+    grow = f"head -c {GROWN} /dev/zero | tr '\\0' '#'"
+    await act(env, "printf 'a\\n' > tests/a.py && printf 'b\\n' > tests/b.py")
+    grader = await prepare_grader(
+        env, "check", {}, integrity={"protect_paths": ["tests/", "calc.py"]}
+    )
+    await act(
+        env,
+        f"{grow} >> tests/a.py",
+        "printf 'c\\n' > tests/b.py",
+        f"{grow} >> calc.py",
+    )
+    result = await grade(grader, env)
+    assert {(p, c) for p, c, _ in tampered(result)} == {
+        ("tests/a.py", "modified"),
+        ("tests/b.py", "modified"),
+        ("calc.py", "modified"),
+    }
+    assert await env.read_file("tests/b.py") == "b\n"
+
+
 async def test_a_new_config_file_too_large_to_read_is_judged_a_runner_config(env, read_sizes):
     """A shared config file added since the baseline is read up to ADDED_CONFIG_MAX: one
     larger is judged as one with a test-runner section (removed, tampering), unread."""
