@@ -343,7 +343,10 @@ def tests(session: nox.Session, suite: str) -> None:
             *(f"./plugins/{p}" for p in PLUGINS),
         )
         # In one process: under xdist its machine-wide groups were its floor and the two
-        # workers' end-to-end runs slowed each other (longer than one process).
+        # workers' end-to-end runs slowed each other (longer than one process); the
+        # integration suite alone with -n 2 took 357 s of CPU against 221-252 s in one
+        # process (each worker bakes its own templates and builds its own venvs), and CI is
+        # CPU-bound.
         if suite == "integrity":
             pytest(session, INTEGRITY, "-m", "not isolated")
         elif suite == "integrity-isolated":
