@@ -118,6 +118,7 @@ if [ -n "${SINCE:-}" ]; then
   echo
 fi
 if [ -n "${PACK_LIST:-}" ]; then
+  : "${PACK_MAX:?}"
   printf 'blob:pack='
   # (as PACK: an unreadable file is missing from the pack, a change; at most $PACK_MAX bytes)
   { tar --null --no-recursion -T "$PACK_LIST" -cf - 2>/dev/null; true; } \
@@ -133,6 +134,7 @@ exit 0
 #: not read whole).
 PACK = r"""
 cd "$REPO" || exit 3
+: "${MAX:?}"
 printf 'blob:pack='
 # tar's own status is not checked: an unreadable file is missing from the pack (a change).
 { tar --null --no-recursion -T "$LIST" -cf - 2>/dev/null; true; } | head -c "$MAX" \
