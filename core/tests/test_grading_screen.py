@@ -344,7 +344,23 @@ async def test_a_protected_file_grown_huge_is_read_bounded_changed_and_put_back(
     assert result.score == 0.0
     assert {(p, c) for p, c, _ in tampered(result)} == {("tests/check.py", "modified")}
     assert await env.read_file("tests/check.py") == TESTS
-    assert read_sizes and max(read_sizes) < 1 << 20, read_sizes
+    # (the bound: the snapshot's bytes, and room for setup.cfg, a shared config file, to grow)
+    assert read_sizes and max(read_sizes) < 2 * ADDED_CONFIG_MAX, read_sizes
+
+
+async def test_a_shared_config_file_grown_outside_its_runner_section_is_still_read(env):
+    """The bound on what is read at grading leaves a shared config file room to grow: the
+    agent may edit it but for its runner section, and it is read whole to compare that."""
+    grader = await prepare_grader(env, "check", {})
+    await act(
+        env,
+        "{ printf '\\n[notes]\\n'; for i in $(seq 30000); do echo \"x$i = $i\"; done; }"
+        " >> setup.cfg",
+        f"printf %s {shlex.quote(FIXED)} > calc.py",
+    )
+    result = await grade(grader, env)
+    assert tampered(result) == set()
+    assert result.score == 1.0
 
 
 async def test_protected_files_grown_and_changed_are_each_reported_as_they_are(env):

@@ -462,12 +462,14 @@ def _pack_output(limit: int) -> int:
     return min(limit, 1 << 40) * 4 // 3 + (1 << 20)
 
 
-def tar_bound(members: Mapping[str, Member]) -> int:
+def tar_bound(members: Mapping[str, Member], *, more: Iterable[str] = ()) -> int:
     """Bytes a tar of ``members`` as they are takes at most, in any of tar's formats (a
     member: its header, a long name's or a pax header's block and records, the data padded
     to a block; the end and the record's padding): a pack of the same files is never cut
-    at this bound, so one that is cut holds a file that grew."""
-    size = 2 * 10240
+    at this bound, so one that is cut holds a file that grew. Each path of ``more`` may
+    also grow by :data:`ADDED_CONFIG_MAX` (a shared config file: the agent's to edit but
+    for its runner section, so read whole)."""
+    size = 2 * 10240 + ADDED_CONFIG_MAX * len(set(more))
     for path, member in members.items():
         size += 5 * 512 + 2 * len(path.encode("utf-8", "surrogateescape"))
         size += len(member.data) + 2 * len(member.link.encode("utf-8", "surrogateescape"))
@@ -685,16 +687,17 @@ async def screen(sandbox: GradingSandbox, baseline: Baseline, *, restore: bool) 
         return []
     # The snapshot's paths are read in the listing's call; a protected file added since is
     # read in a call of its own only where its content decides (a shared config file). Both
-    # reads are bounded: the snapshot's files as they were fit in tar_bound(snapshot), so
-    # one not read before that bound grew (changed); a new config file past
-    # ADDED_CONFIG_MAX is judged as one with a test-runner section.
+    # reads are bounded: the snapshot's files as they were (a shared config file up to
+    # ADDED_CONFIG_MAX more) fit in _snapshot_bound, so one not read within it grew
+    # (changed); a new config file past ADDED_CONFIG_MAX is judged as one with a
+    # test-runner section.
     tree, packed = await list_tree(
         sandbox,
         repo,
         since=baseline.epoch or "",
         nested=nested_roots(baseline.listing),
         packed=list(baseline.snapshot),
-        pack_limit=tar_bound(baseline.snapshot),
+        pack_limit=_snapshot_bound(baseline, baseline.snapshot),
     )
     listing = tree.listing
     purged = [p for p in listing if rules.purges(p) and not rules.purges(posixpath.dirname(p))]
@@ -757,6 +760,15 @@ async def screen(sandbox: GradingSandbox, baseline: Baseline, *, restore: bool) 
 MAX_REPACKS = 8
 
 
+def _snapshot_bound(baseline: Baseline, paths: Iterable[str]) -> int:
+    """What a pack of the snapshot's ``paths`` may take at grading: as they were, and the
+    shared config files among them grown by up to :data:`ADDED_CONFIG_MAX` (the agent may
+    edit all but their runner section, which is compared)."""
+    members = {p: baseline.snapshot[p] for p in paths}
+    sections = [p for p in members if baseline.rules.protects_section(p)]
+    return tar_bound(members, more=sections)
+
+
 async def _read_past_a_cut(
     sandbox: GradingSandbox, baseline: Baseline, unread: list[str], packed: Packed
 ) -> set[str]:
@@ -772,7 +784,7 @@ async def _read_past_a_cut(
     for _ in range(MAX_REPACKS):
         if not unread:
             break
-        bound = tar_bound({p: baseline.snapshot[p] for p in unread})
+        bound = _snapshot_bound(baseline, unread)
         more = await pack_bounded(sandbox, baseline.repo, unread, bound)
         packed.update(more)
         if not more.cut:
