@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import os
+import select
 import signal
 import subprocess
 import sys
@@ -29,13 +30,18 @@ def config(isolation: str, **settings: object) -> dict:
     return {"type": "host", "isolation": isolation, "limits": SMALL, **settings}
 
 
-def alive(pid: int) -> bool:
+def alive(pid: int, timeout: float = 30.0) -> bool:
+    """Whether ``pid`` still runs ``timeout`` s from now at the latest. A process killed as
+    the sandbox closed leaves its cgroup as it starts to exit, a moment before it has ended
+    (on a loaded machine, a noticeable one): its pidfd becomes readable when it has."""
     try:
-        os.kill(pid, 0)
+        fd = os.pidfd_open(pid)
     except ProcessLookupError:
         return False
-    state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[-1].split()[0]
-    return state != "Z"
+    try:
+        return not select.select([fd], [], [], timeout)[0]
+    finally:
+        os.close(fd)
 
 
 async def host_pids(env: AgentEnv) -> list[int]:
