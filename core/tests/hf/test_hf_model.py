@@ -260,8 +260,18 @@ def test_a_gguf_file_is_converted_once_and_loads_as_the_file_does(
 
     from uniagent.models.gguf import converted_gguf
 
-    monkeypatch.setenv("UNIAGENT_CACHE_DIR", str(tmp_path / "cache"))
     path = smollm2_gguf_path()
+    # Turned off: the file is read as transformers reads it (the tokenizer and the model
+    # compared with the converted folder below), and nothing is cached.
+    monkeypatch.setenv("UNIAGENT_GGUF_CACHE", "0")
+    monkeypatch.setenv("UNIAGENT_CACHE_DIR", str(tmp_path / "other"))
+    plain = HFLocalModel(path, sampling_params={"max_tokens": 2}, dtype="float32")
+    assert plain.gguf_file == path.name
+    direct_tokenizer, direct = plain.tokenizer, plain.model
+    assert not (tmp_path / "other" / "gguf").exists()
+
+    monkeypatch.delenv("UNIAGENT_GGUF_CACHE")
+    monkeypatch.setenv("UNIAGENT_CACHE_DIR", str(tmp_path / "cache"))
     with caplog.at_level("WARNING", logger="uniagent.models.gguf"):
         folder = converted_gguf(path)
         assert converted_gguf(path) == folder  # the second call finds it
@@ -270,7 +280,6 @@ def test_a_gguf_file_is_converted_once_and_loads_as_the_file_does(
     assert folder.parent == tmp_path / "cache" / "gguf"
 
     # The tokenizer: the same vocabulary, special tokens, chat template and ids.
-    direct_tokenizer = AutoTokenizer.from_pretrained(str(path.parent), gguf_file=path.name)
     tokenizer = AutoTokenizer.from_pretrained(str(folder))
     assert tokenizer.get_vocab() == direct_tokenizer.get_vocab()
     assert tokenizer.chat_template == direct_tokenizer.chat_template
@@ -282,9 +291,6 @@ def test_a_gguf_file_is_converted_once_and_loads_as_the_file_does(
     ids = direct_tokenizer(text)["input_ids"]
     assert tokenizer(text)["input_ids"] == ids
     # The model: the same tensors, so the same logits.
-    direct = AutoModelForCausalLM.from_pretrained(
-        str(path.parent), gguf_file=path.name, dtype=torch.float32
-    )
     loaded = AutoModelForCausalLM.from_pretrained(str(folder), dtype=torch.float32)
     mine = loaded.state_dict()
     assert set(mine) == set(direct.state_dict())
@@ -292,10 +298,3 @@ def test_a_gguf_file_is_converted_once_and_loads_as_the_file_does(
     with torch.no_grad():
         x = torch.tensor([ids])
         assert torch.equal(loaded(x).logits, direct(x).logits)
-
-    # Turned off: the file is read as transformers reads it, and nothing is cached.
-    monkeypatch.setenv("UNIAGENT_GGUF_CACHE", "0")
-    monkeypatch.setenv("UNIAGENT_CACHE_DIR", str(tmp_path / "other"))
-    plain = HFLocalModel(path, sampling_params={"max_tokens": 2})
-    assert plain.tokenizer.get_vocab() == tokenizer.get_vocab()
-    assert not (tmp_path / "other" / "gguf").exists()
