@@ -7,6 +7,7 @@ real cgroups and tmpfs mounts where this machine allows them: CI runs as root).
 from __future__ import annotations
 
 import asyncio
+import json
 import os
 import select
 import signal
@@ -247,3 +248,52 @@ def _groups_of(pid: int) -> list[cgroup_module.SandboxCgroup]:
                 entry
             )
     return list(found.values())
+
+
+#: What the process that starts a sandbox may carry to it: a Ray worker (verl's agent-loop
+#: workers) blocks SIGINT in all its threads; a script's background job ignores SIGINT and
+#: SIGQUIT. A blocked or ignored signal stays so across exec.
+INHERITED = {
+    "blocked": "signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT, signal.SIGQUIT})",
+    "ignored": "signal.signal(signal.SIGINT, signal.SIG_IGN); "
+    "signal.signal(signal.SIGQUIT, signal.SIG_IGN)",
+}
+
+
+@pytest.mark.parametrize("inherited", sorted(INHERITED))
+@pytest.mark.parametrize("isolation", ISOLATIONS)
+def test_a_timeout_interrupts_whatever_signals_the_starter_blocks_or_ignores(
+    isolation: str, inherited: str
+) -> None:
+    """The shell gets signals as a login shell does, so a timed-out command is interrupted
+    and the session goes on (before: the interrupt never arrived and the session was
+    killed: every command timeout of a verl rollout lost its sandbox)."""
+    script = textwrap.dedent(
+        f"""
+        import asyncio, json, signal
+        {INHERITED[inherited]}
+        from uniagent import open_env
+        from uniagent.env.errors import ActionTimeoutError
+
+        async def main():
+            async with open_env({config(isolation)!r}) as env:
+                try:
+                    await env.run_action("echo before; sleep 1000", timeout=1)
+                except ActionTimeoutError:
+                    timed_out = True
+                else:
+                    timed_out = False
+                obs = await env.run_action("cd /tmp && grep -E '^Sig(Blk|Ign):' /proc/self/status")
+                print(json.dumps({{"timed_out": timed_out, "status": obs.output}}))
+
+        asyncio.run(main())
+        """
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", script], capture_output=True, text=True, timeout=300
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    result = json.loads(done.stdout.splitlines()[-1])
+    assert result["timed_out"], result
+    # what the session's commands get: no signal blocked, none ignored
+    assert result["status"].split() == ["SigBlk:", "0" * 16, "SigIgn:", "0" * 16], result
