@@ -267,10 +267,11 @@ def test_a_timeout_interrupts_whatever_signals_the_starter_blocks_or_ignores(
 ) -> None:
     """The shell gets signals as a login shell does, so a timed-out command is interrupted
     and the session goes on (before: the interrupt never arrived and the session was
-    killed: every command timeout of a verl rollout lost its sandbox)."""
+    killed: every command timeout of a verl rollout lost its sandbox); so do the one-off
+    processes (a reward's tests see the signals they see under ``uniagent run``)."""
     script = textwrap.dedent(
         f"""
-        import asyncio, json, signal
+        import asyncio, json, os, signal
         {INHERITED[inherited]}
         from uniagent import open_env
         from uniagent.env.errors import ActionTimeoutError
@@ -283,8 +284,17 @@ def test_a_timeout_interrupts_whatever_signals_the_starter_blocks_or_ignores(
                     timed_out = True
                 else:
                     timed_out = False
-                obs = await env.run_action("cd /tmp && grep -E '^Sig(Blk|Ign):' /proc/self/status")
-                print(json.dumps({{"timed_out": timed_out, "status": obs.output}}))
+                status = "grep -E '^Sig(Blk|Ign):' /proc/self/status"
+                obs = await env.run_action(f"cd /tmp && {{status}}")
+                # and the one-off processes (the grader's, the reward's tests)
+                one_off = await env.execute(["bash", "-c", status], env=None)
+                bounded = await env.run_bounded(
+                    status, env=dict(os.environ), cwd=None, timeout=60, max_bytes=1024,
+                    hold_grace=1,
+                )
+                statuses = [obs.output, one_off.stdout]
+                statuses += [bounded.output.decode()] if bounded is not None else []
+                print(json.dumps({{"timed_out": timed_out, "statuses": statuses}}))
 
         asyncio.run(main())
         """
@@ -295,5 +305,6 @@ def test_a_timeout_interrupts_whatever_signals_the_starter_blocks_or_ignores(
     assert done.returncode == 0, done.stderr[-3000:]
     result = json.loads(done.stdout.splitlines()[-1])
     assert result["timed_out"], result
-    # what the session's commands get: no signal blocked, none ignored
-    assert result["status"].split() == ["SigBlk:", "0" * 16, "SigIgn:", "0" * 16], result
+    # what the session's commands and the one-off processes get: no signal blocked or ignored
+    expected = ["SigBlk:", "0" * 16, "SigIgn:", "0" * 16]
+    assert [s.split() for s in result["statuses"]] == [expected] * (3 - (isolation != "none"))

@@ -31,6 +31,7 @@ from typing import Any
 from uniagent.env import procfs
 from uniagent.env.aio import pidfd_supported, wait_for
 from uniagent.env.bash_protocol import Marker, MarkerParser, OutputBuffer, new_nonce
+from uniagent.env.child_signals import login_signals
 from uniagent.env.errors import EnvError, ShellKilledError, TerminalNotAliveError
 from uniagent.env.output import render_output
 
@@ -168,7 +169,7 @@ class BashWire:
                 cwd=self.cwd,
                 env=self.env,
                 start_new_session=True,  # its own process group: signals reach all it runs
-                preexec_fn=_signals_as_at_login(),
+                preexec_fn=login_signals(),  # no signal blocked or ignored
             )
         except BaseException:
             ours_in.close()
@@ -543,39 +544,6 @@ class BashWire:
             f"{base}: a command disabled it (a read-only PS1 or PROMPT_COMMAND, a DEBUG trap "
             "with extdebug, or a disabled builtin)"
         )
-
-
-#: Dispositions ``subprocess`` resets in every child itself (Python ignores both signals).
-_RESET_BY_SUBPROCESS = frozenset({signal.SIGPIPE, getattr(signal, "SIGXFSZ", signal.SIGPIPE)})
-
-
-def _signals_as_at_login() -> Callable[[], None] | None:
-    """What the shell's child must do before it starts so that it gets signals as a login
-    shell does (``None``: nothing, the common case).
-
-    A blocked signal stays blocked and an ignored one ignored across ``exec``, in the shell
-    and in every command it runs. A Ray worker (verl's agent-loop workers) blocks SIGINT in
-    all its threads, and a script's background job ignores it: a timed-out command's
-    interrupt then never arrived, and the whole session was killed instead. Only then is
-    the child forked with this function (a ``preexec_fn``, which costs a ``fork`` instead
-    of a ``vfork``): it unblocks every signal and resets every ignored one to its default."""
-    blocked = signal.pthread_sigmask(signal.SIG_BLOCK, ())  # this thread's, which a child gets
-    ignored = tuple(
-        number
-        for number in signal.valid_signals()
-        if number not in _RESET_BY_SUBPROCESS
-        and number not in (signal.SIGKILL, signal.SIGSTOP)
-        and signal.getsignal(number) is signal.SIG_IGN
-    )
-    if not blocked and not ignored:
-        return None
-
-    def reset() -> None:  # in the child, between fork and exec
-        signal.pthread_sigmask(signal.SIG_SETMASK, ())
-        for number in ignored:
-            signal.signal(number, signal.SIG_DFL)
-
-    return reset
 
 
 def _configure_pty(fd: int) -> None:

@@ -22,6 +22,7 @@ from typing import TYPE_CHECKING, Any
 
 from uniagent.env.aio import wait_for
 from uniagent.env.bash_session import BASH_FLAGS, BashSession
+from uniagent.env.child_signals import login_signals
 from uniagent.env.errors import CommandTimeoutError, EnvError, EnvStartError, NonZeroExitError
 from uniagent.env.runtime import (
     BashObservation,
@@ -220,6 +221,7 @@ class HostRuntime:
             cwd=cwd,
             env=env,
             start_new_session=True,
+            preexec_fn=login_signals(),
         )
         try:
             out, err = await wait_for(_bounded_communicate(proc), command.timeout)
@@ -280,6 +282,7 @@ class HostRuntime:
             cwd=cwd or self.layout.workdir,
             env=env,
             start_new_session=True,
+            preexec_fn=login_signals(),
         )
         proc = asyncio.subprocess.Process(transport, protocol, loop)
         kept: list[bytes] = []
@@ -341,6 +344,7 @@ class HostRuntime:
             cwd=str(self.layout.root),
             env=env,
             start_new_session=True,
+            preexec_fn=login_signals(),
         )
         self._spawned = {p for p in self._spawned if p.returncode is None} | {process}
         return process
