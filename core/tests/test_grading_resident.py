@@ -5,6 +5,7 @@ command would, and the tested code never runs in it."""
 
 from __future__ import annotations
 
+import asyncio
 import hashlib
 import os
 import signal
@@ -173,6 +174,9 @@ async def test_a_broken_shell_is_an_error_and_later_commands_run_as_one_offs(
         first = await sandbox.run(PID_NS, timeout=60, cwd="/", resident=True)
         assert sandbox._shell is not None
         os.killpg(sandbox._shell._process.pid, signal.SIGKILL)
+        # Ended (bwrap, killed; what runs in its PID namespace, killed as it ends): on a busy
+        # machine the next command could otherwise still be answered before the kill lands.
+        await asyncio.wait_for(sandbox._shell._process.wait(), 60)
         with pytest.raises(EnvError, match="grading shell"):
             await sandbox.run("echo lost", timeout=60, cwd="/", resident=True)
         again = await sandbox.run(PID_NS, timeout=60, cwd="/", resident=True)
