@@ -164,7 +164,9 @@ async def test_without_isolation_the_grader_walks_the_roots_as_the_shell_check_d
     one the shell check in the sandbox records for the same tree."""
     assert env.sees_host_files()
     ran = []
-    monkeypatch.setattr(walks, "walk", lambda root, limit=None: ran.append(root) or walk(root))
+    monkeypatch.setattr(
+        walks, "walk", lambda root, *args, **kwargs: ran.append(root) or walk(root, *args, **kwargs)
+    )
     shared = await prepare_grader(env, "venv", {})
     assert str(venv / "lib" / PY) in ran
     monkeypatch.setattr(env, "sees_host_files", lambda: False)

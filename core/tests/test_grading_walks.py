@@ -67,6 +67,36 @@ def test_the_names_digest_is_the_shell_checks(tmp_path):
     assert walks.walk(str(root)).names_digest() == shell(FIND_NAMES, str(root)).split()[0]
 
 
+def test_a_walk_of_the_names_alone_lists_what_a_full_walk_and_find_list(tmp_path):
+    """The names (a baseline's digest, a fresh sandbox's comparison) need no file's ctime: a
+    walk of them reads the listings and ``lstat``s only directories, and answers nothing
+    about what changed."""
+    root = tree(tmp_path / "root")
+    full, names = walks.walk(str(root)), walks.walk(str(root), names_only=True)
+    assert names.names_only and not full.names_only
+    assert names.names_digest() == full.names_digest() == shell(FIND_NAMES, str(root)).split()[0]
+    assert sorted(e[2] for e in names.entries) == sorted(e[2] for e in full.entries)
+    assert names.entered == full.entered and names.is_dir and names.dev == full.dev
+    kinds = {path: kind for _, kind, path in names.entries}
+    assert kinds[b"pkg"] == kinds[b"pkg/sub"] == "d" and kinds[b"link"] == kinds[b"fifo"] == ""
+    with pytest.raises(ValueError, match="no ctimes"):
+        names.since(0, 50)
+    assert walks.walk(str(root), limit=3, names_only=True).too_many
+    file = tmp_path / "pyvenv.cfg"
+    file.write_text("")
+    assert (
+        walks.walk(str(file), names_only=True).names_digest()
+        == walks.walk(str(file)).names_digest()
+    )
+    assert not walks.walk(str(tmp_path / "absent"), names_only=True).exists
+
+
+async def test_the_names_are_walked_alone_what_changed_with_every_ctime(tmp_path):
+    root = tree(tmp_path / "root")
+    assert (await walks.current_names(str(root))).names_only
+    assert not (await walks.shared_walk(str(root))).names_only
+
+
 def test_a_file_root_and_a_missing_one(tmp_path):
     file = tmp_path / "pyvenv.cfg"
     file.write_text("home = /usr\n")

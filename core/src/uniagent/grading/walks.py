@@ -23,6 +23,10 @@ directory that walk entered has changed since shortly before it started
 (:func:`unchanged_since`: an ``lstat`` of each directory, a tenth of the walk's cost on a
 site-packages), the names under the root are still the ones it listed
 (:func:`current_names`). Episodes run one after another so walk once each, not twice.
+Where the names need a walk of their own, it reads the directories and ``lstat``s only the
+directories among their entries (to enter them, on the same file system): no file's ctime
+is needed for names, and a file's ``lstat`` was most of a walk's cost (``names_only``: a
+site-packages of 51,000 names in 0.08 s of CPU instead of 0.19 s).
 
 The walk runs in this process with :func:`os.scandir` and ``lstat``, not a ``find`` from
 the ``PATH`` (which the agent could have replaced): on a worker thread, so the event loop
@@ -72,13 +76,16 @@ def _kind(mode: int) -> str:
 @dataclass
 class RootWalk:
     """What one walk of ``root`` found: each entry's ctime (ns), kind and path below the root
-    (``b""``: the root itself), in ctime order."""
+    (``b""``: the root itself), in ctime order. A ``names_only`` walk knows the names, the
+    root's own entry and which entries are directories, no file's ctime or kind (0, ``""``):
+    its :meth:`names_digest`, never :meth:`since`."""
 
     root: str
     exists: bool
     entries: list[tuple[int, str, bytes]] = field(default_factory=list)
     #: More than :data:`MAX_ENTRIES` names: the walk stopped there.
     too_many: bool = False
+    names_only: bool = False
     #: When the walk started (``time.time_ns()``), the root's device, and the directories it
     #: entered (``b""``: the root; none under a ``__pycache__``, whose names are not counted):
     #: what :func:`unchanged_since` checks.
@@ -118,6 +125,8 @@ class RootWalk:
         files (not directories, not bytecode; names that are not UTF-8 shown with U+FFFD),
         the bytecode paths to delete (files under a ``__pycache__``), and whether a
         directory changed (its names may differ)."""
+        if self.names_only:
+            raise ValueError(f"a walk of the names of {self.root} has no ctimes to compare")
         changed: list[str] = []
         purge: list[str] = []
         dir_changed = False
@@ -134,17 +143,21 @@ class RootWalk:
         return changed, purge, dir_changed
 
 
-def walk(root: str, limit: int | None = None) -> RootWalk:
+def walk(root: str, limit: int | None = None, *, names_only: bool = False) -> RootWalk:
     """One walk of ``root`` as ``find ROOT -xdev`` sees it (no link followed; a directory on
     another file system listed, not entered; :data:`PRUNED` right under it skipped); the
-    entries it cannot read are left out, as ``find 2>/dev/null`` leaves them."""
+    entries it cannot read are left out, as ``find 2>/dev/null`` leaves them.
+
+    ``names_only``: the directories' listings alone, an ``lstat`` only of the entries that
+    are directories (the listing's file type says which, where the file system gives it);
+    the result has no file's ctime (:class:`RootWalk`)."""
     started = time.time_ns()
     if not os.path.exists(root):  # as the shell's [ -e ]: a link to nothing is missing
-        return RootWalk(root, False, started_ns=started)
+        return RootWalk(root, False, started_ns=started, names_only=names_only)
     try:
         top = os.lstat(root)
     except OSError:
-        return RootWalk(root, False, started_ns=started)
+        return RootWalk(root, False, started_ns=started, names_only=names_only)
     entries = [(top.st_ctime_ns, _kind(top.st_mode), b"")]
     entered: list[bytes] = []
     limit = MAX_ENTRIES if limit is None else limit
@@ -165,16 +178,26 @@ def walk(root: str, limit: int | None = None) -> RootWalk:
                 if not rel and name in PRUNED:
                     continue
                 try:
-                    info = entry.stat(follow_symlinks=False)
+                    if names_only and not entry.is_dir(follow_symlinks=False):
+                        ctime = mode = dev = 0
+                    else:
+                        info = entry.stat(follow_symlinks=False)
+                        ctime, mode, dev = info.st_ctime_ns, info.st_mode, info.st_dev
                 except OSError:
                     continue
                 path = rel + b"/" + name if rel else name
-                entries.append((info.st_ctime_ns, _kind(info.st_mode), path))
+                entries.append((ctime, _kind(mode) if mode else "", path))
                 if len(entries) > limit:
-                    return RootWalk(root, True, entries, too_many=True, started_ns=started)
-                if stat.S_ISDIR(info.st_mode) and info.st_dev == top.st_dev:
+                    return RootWalk(
+                        root, True, entries, too_many=True, started_ns=started,
+                        names_only=names_only,
+                    )  # fmt: skip
+                if stat.S_ISDIR(mode) and dev == top.st_dev:
                     stack.append(path)
-    return RootWalk(root, True, entries, started_ns=started, dev=top.st_dev, entered=entered)
+    return RootWalk(
+        root, True, entries, started_ns=started, dev=top.st_dev, entered=entered,
+        names_only=names_only,
+    )  # fmt: skip
 
 
 def unchanged_since(found: RootWalk) -> bool:
@@ -259,10 +282,13 @@ class SharedWalk:
                 del _SHARED[key]  # idle: a root of one sandbox is not kept for the whole run
 
     def _round(self, latest: RootWalk | None) -> RootWalk:
-        """One round, on a worker thread: ``latest`` where its names still hold, else a walk."""
+        """One round, on a worker thread: ``latest`` where its names still hold, else a walk
+        (of the names alone where only they are asked for)."""
         if latest is not None and unchanged_since(latest):
             return latest
-        return (self._run or walk)(self.root)
+        if self._run is not None:
+            return self._run(self.root)
+        return walk(self.root, names_only=self.names)
 
 
 #: The walkers by event loop, root and whether they answer with names alone.
