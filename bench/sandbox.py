@@ -11,7 +11,8 @@ subprocess, a lone ``bash -n``, SWE-ReX's ``LocalRuntime`` and its
 ``RemoteRuntime`` against a ``swerex-remote`` started here. Then 1, 64, 256
 and 1000 concurrent host sessions in one event loop, without isolation and under
 bubblewrap (``--isolation``): start time, command throughput, the runner's own CPU
-per command, failures, memory of the bash processes (PSS and RSS) and of this
+per command and the shells' (``/proc/PID/schedstat`` of each session's processes),
+failures, memory of the bash processes (PSS and RSS) and of this
 process per session, and the largest event-loop lag (a 10 ms ticker's worst gap). The
 session rows run with the garbage collector set as ``uniagent run`` sets it
 (``uniagent.env.many_sandboxes_gc``; ``--gc-threshold 700`` for CPython's default).
@@ -161,6 +162,26 @@ def memory_kib(pids: list[int]) -> tuple[int, int]:
     return pss, rss
 
 
+def tree_cpu_s(pids: list[int]) -> float:
+    """CPU seconds so far (``/proc/PID/schedstat``) of ``pids`` and everything they started
+    that still runs (a bubblewrap sandbox's shell is a child of its ``bwrap``)."""
+    total, todo, seen = 0, list(pids), set()
+    while todo:
+        pid = todo.pop()
+        if pid in seen:
+            continue
+        seen.add(pid)
+        try:
+            with open(f"/proc/{pid}/schedstat") as stat:
+                total += int(stat.read().split()[0])
+            for task in os.listdir(f"/proc/{pid}/task"):
+                with open(f"/proc/{pid}/task/{task}/children") as children:
+                    todo += [int(c) for c in children.read().split()]
+        except (OSError, ValueError, IndexError):
+            continue  # ended meanwhile, or no schedstat here
+    return total / 1e9
+
+
 def own_rss_kib() -> int:
     """This process's resident memory (KiB)."""
     for line in Path("/proc/self/status").read_text().splitlines():
@@ -206,9 +227,11 @@ async def concurrent(n: int, commands: int, isolation: str = "auto") -> dict[str
             bad += obs.output != f"{i}\n"
         return bad
 
+    shells2 = tree_cpu_s(pids)
     t2, cpu2 = time.perf_counter(), time.process_time()
     outcomes = await asyncio.gather(*(work(e) for e in live), return_exceptions=True)
     t3, cpu3 = time.perf_counter(), time.process_time()
+    shells3 = tree_cpu_s(pids)
     failures += sum(o if isinstance(o, int) else commands for o in outcomes)
     await asyncio.gather(*(e.close() for e in envs))
     t4 = time.perf_counter()
@@ -220,6 +243,7 @@ async def concurrent(n: int, commands: int, isolation: str = "auto") -> dict[str
         "isolation": isolation, "sessions": n, "start_s": t1 - t0,
         "throughput": len(live) * commands / (t3 - t2),
         "runner_cpu_ms_per_command": 1000 * (cpu3 - cpu2) / max(1, len(live) * commands),
+        "shells_cpu_ms_per_command": 1000 * (shells3 - shells2) / max(1, len(live) * commands),
         "failures": failures, "pss_mib": pss / 1024 / max(1, len(pids)),
         "rss_mib": rss / 1024 / max(1, len(pids)), "close_s": t4 - t3,
         "runner_kib_per_session": runner_kib,
@@ -282,6 +306,7 @@ async def main() -> None:
         isolations.remove("bwrap")
         print("note: no bwrap on PATH: its session rows are left out")
     print(f"\n{'isolation':>9} {'sessions':>8} {'start s':>8} {'cmd/s':>9} {'CPU ms/cmd':>10} "
+          f"{'shells ms':>9} "
           f"{'failures':>8} {'PSS MiB':>8} {'RSS MiB':>8} {'KiB/ses':>8} {'close s':>8} "
           f"{'max loop lag ms start/run/close':>32}")  # fmt: skip
     sessions = []
@@ -290,7 +315,8 @@ async def main() -> None:
             r = await concurrent(n, args.commands, isolation)
         sessions.append(r)
         print(f"{isolation:>9} {n:>8} {r['start_s']:>8.2f} {r['throughput']:>9.0f} "
-              f"{r['runner_cpu_ms_per_command']:>10.3f} {r['failures']:>8} "
+              f"{r['runner_cpu_ms_per_command']:>10.3f} "
+              f"{r['shells_cpu_ms_per_command']:>9.3f} {r['failures']:>8} "
               f"{r['pss_mib']:>8.2f} {r['rss_mib']:>8.2f} {r['runner_kib_per_session']:>8.0f} "
               f"{r['close_s']:>8.2f} "
               f"{r['lag']:>32}")  # fmt: skip
@@ -298,7 +324,8 @@ async def main() -> None:
         "(PSS/RSS: per bash process; KiB/ses: what this process's resident memory grew by "
         "per live session (a row after a larger one reuses its memory: near 0); throughput: "
         "commands/s across all sessions; CPU ms/cmd: this process's CPU per command while "
-        "the commands run, the shells' not counted; garbage collection of the young "
+        "the commands run, the shells' not counted; shells ms: the sessions' own processes' "
+        "CPU per command (bash, and bwrap's where isolated); garbage collection of the young "
         f"generation every {args.gc_threshold} allocations)"
     )
     if args.json:
