@@ -227,11 +227,12 @@ async def concurrent(n: int, commands: int, isolation: str = "auto") -> dict[str
             bad += obs.output != f"{i}\n"
         return bad
 
-    shells2 = tree_cpu_s(pids)
+    # (thousands of /proc files: on a thread, so the lag ticker goes on)
+    shells2 = await asyncio.to_thread(tree_cpu_s, pids)
     t2, cpu2 = time.perf_counter(), time.process_time()
     outcomes = await asyncio.gather(*(work(e) for e in live), return_exceptions=True)
     t3, cpu3 = time.perf_counter(), time.process_time()
-    shells3 = tree_cpu_s(pids)
+    shells3 = await asyncio.to_thread(tree_cpu_s, pids)
     failures += sum(o if isinstance(o, int) else commands for o in outcomes)
     await asyncio.gather(*(e.close() for e in envs))
     t4 = time.perf_counter()
