@@ -44,7 +44,7 @@ from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any
 
-from uniagent import open_env
+from uniagent import open_env, procfs
 from uniagent.env import AgentEnv, HostDeployment, many_sandboxes_gc, use_pidfd_child_watcher
 from uniagent.env.aio import GC_THRESHOLD
 from uniagent.env.host import HostDeploymentConfig
@@ -165,18 +165,11 @@ def memory_kib(pids: list[int]) -> tuple[int, int]:
 def tree_cpu_s(pids: list[int]) -> float:
     """CPU seconds so far (``/proc/PID/schedstat``) of ``pids`` and everything they started
     that still runs (a bubblewrap sandbox's shell is a child of its ``bwrap``)."""
-    total, todo, seen = 0, list(pids), set()
-    while todo:
-        pid = todo.pop()
-        if pid in seen:
-            continue
-        seen.add(pid)
+    total = 0
+    for pid in {p for root in pids if root for p in procfs.subtree(root)}:
         try:
             with open(f"/proc/{pid}/schedstat") as stat:
                 total += int(stat.read().split()[0])
-            for task in os.listdir(f"/proc/{pid}/task"):
-                with open(f"/proc/{pid}/task/{task}/children") as children:
-                    todo += [int(c) for c in children.read().split()]
         except (OSError, ValueError, IndexError):
             continue  # ended meanwhile, or no schedstat here
     return total / 1e9

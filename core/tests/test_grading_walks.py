@@ -91,7 +91,7 @@ def test_a_walk_of_the_names_alone_lists_what_a_full_walk_and_find_list(tmp_path
     assert not walks.walk(str(tmp_path / "absent"), names_only=True).exists
 
 
-async def test_the_names_are_walked_alone_what_changed_with_every_ctime(tmp_path):
+async def test_current_names_walks_the_names_alone_and_shared_walk_every_ctime(tmp_path):
     root = tree(tmp_path / "root")
     assert (await walks.current_names(str(root))).names_only
     assert not (await walks.shared_walk(str(root))).names_only
