@@ -133,7 +133,11 @@ def test_a_run_started_later_appears_in_the_viewer_through_its_events(
                 next(news)  # the run as it was when the stream opened
                 rows = viewer.json("/api/runs/1/episodes")["rows"]
                 while [r["status"] for r in rows] != ["running"]:
-                    next(news)
+                    try:
+                        next(news)
+                    except (httpx.ReadTimeout, StopIteration) as exc:  # quiet or closed
+                        never = f"the episode never showed as running: {rows}"
+                        raise AssertionError(never) from exc
                     rows = viewer.json("/api/runs/1/episodes")["rows"]
             assert [(r["task_id"], r["status"]) for r in rows] == [("mean-empty", "running")]
         finally:
