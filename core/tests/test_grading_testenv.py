@@ -16,7 +16,7 @@ import pytest
 
 from uniagent import RewardSpec, hookimpl, open_env
 from uniagent.env import AgentEnv
-from uniagent.grading import walks
+from uniagent.grading import testenv, walks
 from uniagent.grading.testenv import script_test_env
 from uniagent.grading.walks import walk
 from uniagent.plugins import load_plugins, reset_plugins
@@ -109,8 +109,18 @@ def rewards(venv: Path) -> Iterator[None]:
             interpreters=("python",),
         )
 
+    async def run_absolute(ctx: RewardContext[Any]) -> RewardResult:
+        done = await ctx.require_sandbox().run(f"{venv}/bin/python -c 'import helper'", timeout=60)
+        return RewardResult(1.0 if done.exit_code == 0 else 0.0, {"output": done.output})
+
+    def absolute(task: Any, settings: Any) -> TestEnv:  # no activation: its interpreter's path
+        return TestEnv(activate="", interpreters=(f"{venv}/bin/python",))
+
     @hookimpl
     def uniagent_rewards():
+        yield RewardSpec(
+            name="absolute", fn=run_absolute, integrity=IntegrityDefaults(test_env=absolute)
+        )
         yield RewardSpec(
             name="relocated", fn=run_relocated, integrity=IntegrityDefaults(test_env=relocated)
         )
@@ -459,3 +469,55 @@ async def test_a_file_is_read_again_only_when_its_key_changed(env, tmp_path):
         assert await digest() != first
     finally:
         await sandbox.close()
+
+
+@pytest.fixture
+def kept(monkeypatch: pytest.MonkeyPatch) -> testenv._KeptAnswers:
+    """The kept interpreters' answers, none yet; a path changed before an answer does not
+    make it doubtful (the venv was made just now)."""
+    monkeypatch.setattr(testenv, "KEPT_SLACK_NS", 0)
+    answers = testenv._KeptAnswers()
+    monkeypatch.setattr(testenv, "_KEPT", answers)
+    return answers
+
+
+async def baseline_of(reward: str) -> dict[str, str]:
+    """The test environment's record of a baseline in a new sandbox, graded unchanged."""
+    async with fresh_env() as sandbox:
+        grader = await prepare_grader(sandbox, reward, {})
+        record = dict(grader.baseline.test_env)
+        result = await grade(grader, sandbox)
+        assert result.score == 1.0 and changed(result) == set(), result.info
+    return record
+
+
+async def test_a_later_baseline_takes_the_interpreters_answer_while_it_holds(kept, venv):
+    # Without isolation the discovery's interpreter (with its site: every .pth and what it
+    # imports) starts once; later sandboxes take its answer while none of its paths changed.
+    first = await baseline_of("absolute")
+    assert kept.given == 0 and f"root:{venv / 'lib' / PY / 'site-packages'}" in first
+    assert await baseline_of("absolute") == first
+    assert await baseline_of("absolute") == first
+    assert kept.given == 2
+
+
+@pytest.mark.parametrize("change", ["a new .pth", "a .pth rewritten", "a start-up module changed"])
+async def test_an_answer_is_not_taken_again_once_its_start_up_changed(kept, venv, tmp_path, change):
+    # Each change puts a directory on sys.path without a name added to any directory the
+    # answer listed but the first's: the later baseline must see it as a root.
+    site = venv / "lib" / PY / "site-packages"
+    extra = tmp_path / "extra"
+    extra.mkdir()
+    (site / "old.pth").write_text("# nothing\n")
+    (site / "sitecustomize.py").write_text("X = 1\n")
+    first = await baseline_of("absolute")
+    assert f"root:{extra}" not in first
+    if change == "a new .pth":
+        (site / "new.pth").write_text(f"{extra}\n")
+    elif change == "a .pth rewritten":
+        (site / "old.pth").write_text(f"{extra}\n")
+    else:
+        (site / "sitecustomize.py").write_text(f"import sys\nsys.path.append({str(extra)!r})\n")
+    again = await baseline_of("absolute")
+    assert kept.given == 0 and f"root:{extra}" in again
+    assert await baseline_of("absolute") == again and kept.given == 1

@@ -28,6 +28,10 @@ sandbox's clock then: ctime cannot be set back without setting the clock), and
 bytecode written under a root since then is deleted (``__pycache__`` files are
 loaded instead of the sources they claim to match). A change is toolchain
 tampering (rule ``test-env``).
+
+Without isolation the interpreter's own answer to the discovery is kept and given again to a
+later baseline while every path it depends on is unchanged (:class:`_KeptAnswers`): its start
+with ``site`` is most of the discovery's cost.
 """
 
 from __future__ import annotations
@@ -37,7 +41,9 @@ import contextlib
 import os
 import posixpath
 import re
+import time
 from collections.abc import Callable, Mapping
+from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from uniagent.grading import walks
@@ -80,6 +86,7 @@ roots.add(sys.executable)
 roots.add(os.path.join(os.path.dirname(sys.executable), "pyvenv.cfg"))
 roots.add(os.path.join(sys.prefix, "pyvenv.cfg"))
 files = set()
+walked = set()
 for d in sys.path:
     if d and os.path.isdir(d):
         for name in os.listdir(d):
@@ -97,6 +104,7 @@ for name in ("sitecustomize", "usercustomize", "pytest", "_pytest", "pluggy"):
         continue
     for root in spec.submodule_search_locations or ():
         for here, _, names in os.walk(root):
+            walked.add(here)
             files.update(os.path.join(here, f) for f in names if f.endswith(".py"))
     files.add(spec.origin)
 # Every one, whether there or not: a path on sys.path (pythonXY.zip before the standard
@@ -106,6 +114,15 @@ for root in sorted(roots):
 for path in sorted(files):
     if os.path.isfile(path):
         print("file", os.path.realpath(path))
+# What the answer depends on (a later sandbox takes it while none of them changed:
+# _KeptAnswers): the directories whose names it read, the files run at start-up.
+deps = {os.path.abspath(p) for p in sys.path if p} | roots | files | walked
+for module in list(sys.modules.values()):
+    origin = getattr(module, "__file__", None)
+    if isinstance(origin, str):
+        deps.add(os.path.abspath(origin))
+for path in sorted(deps):
+    print("dep", path)
 """
 
 #: ``env-bin WORD PATH`` for each word of $INTERPRETERS after $ACTIVATE (in the repository,
@@ -152,7 +169,18 @@ activated() (
     key="|${py%/*} $target|"
     case "$asked" in *"$key"*) continue ;; esac
     asked=$asked$key
-    "$py" -c "$ROOTS_PY" 2>/dev/null
+    # An answer the grader kept for this interpreter ($KEPT: PY TAB TARGET TAB FILE lines),
+    # else its own; each marked for the grader, which keeps a new one (_KeptAnswers).
+    printf 'asked\t%s\t%s\n' "$py" "$target"
+    kept=
+    while IFS=$'\t' read -r kept_py kept_target kept_file; do
+      [ "$kept_py" = "$py" ] && [ "$kept_target" = "$target" ] && kept=$kept_file
+    done <<< "$KEPT"
+    if [ -n "$kept" ]; then
+      cat -- "$kept"; printf '\nanswered kept\n'
+    else
+      "$py" -c "$ROOTS_PY" 2>/dev/null; printf '\nanswered %s\n' "$?"
+    fi
   done
   if [ "$MODE" = discover ]; then
     # conda's activation: the env's activate.d scripts, the installation's shell hooks and
@@ -251,8 +279,10 @@ def _variables(
     repo: str | None = None,
     known: tuple[str, ...] = (),
     shared: bool = False,
+    kept: str = "",
 ) -> dict[str, str]:
     return {
+        "KEPT": kept,
         "ACTIVATE": spec.activate,
         "INTERPRETERS": " ".join(spec.interpreters),
         "ROOTS_PY": _ROOTS_PY,
@@ -337,12 +367,19 @@ async def _discover(sandbox: GradingSandbox, baseline: Baseline, spec: TestEnv) 
     sources = {r: env.read_only_source(r) for r, _ in list(_READ_ONLY)}
     known = {r: _READ_ONLY[(r, s)] for r, s in sources.items() if (r, s) in _READ_ONLY}
     shared = env.sees_host_files()
+    cache = _kept_key(sandbox, baseline, spec)
+    kept = await off_loop(_KEPT.offer, cache, sandbox.scratch) if cache is not None else ""
+    started = time.time_ns()
     output = await run_script(
         sandbox, TEST_ENV,
-        _variables(baseline, spec, sandbox.scratch, "discover", "", None, tuple(known), shared),
+        _variables(
+            baseline, spec, sandbox.scratch, "discover", "", None, tuple(known), shared, kept
+        ),
         what="resolving the test environment",
         resident=True,  # it starts the interpreters, but before the agent's first turn
     )  # fmt: skip
+    if cache is not None:
+        await off_loop(_KEPT.keep, cache, sandbox.scratch, baseline.repo, started)
     record, _, _ = _record(output)
     walked = [key.removeprefix("root:") for key, digest in record.items() if digest == "shared"]
     for found in await asyncio.gather(*map(walks.current_names, walked)):
@@ -421,6 +458,174 @@ def _fixed_key(
     scratch = {f"{sandbox.scratch}/{name}": f"SCRATCH/{name}" for name in ("home", "tmp")}
     environment = tuple(sorted((k, scratch.get(v, v)) for k, v in sandbox.environment.items()))
     return (path, environment, spec.interpreters, spec.required, baseline.repo)
+
+
+#: How long before an interpreter answered a change of one of its paths still makes the answer
+#: doubtful (a file system's clock is coarser than this process's: :data:`walks.CTIME_SLACK_NS`).
+KEPT_SLACK_NS = walks.CTIME_SLACK_NS
+
+#: Environment variables whose relative paths Python would read from where it starts (the
+#: repository): an answer that used one is the repository's, not kept.
+_CWD_VARIABLES = (
+    "PYTHONPATH", "PYTHONHOME", "PYTHONUSERBASE", "PYTHONSTARTUP", "PYTHONPYCACHEPREFIX",
+    "PYTHONEXECUTABLE",
+)  # fmt: skip
+
+
+def _kept_key(
+    sandbox: GradingSandbox, baseline: Baseline, spec: TestEnv
+) -> tuple[object, ...] | None:
+    """The key of the interpreters' answers that the discovery in ``sandbox`` may take from an
+    earlier one (:class:`_KeptAnswers`), where the sandbox sees the host's files (no
+    isolation: nothing is read-only, so each answer is checked before it is taken), there is
+    no activation (its scripts may read what any sandbox can write), each interpreter word is
+    a name or an absolute path, no environment variable names a path relative to the
+    repository, and no file of the repository could be part of the answer
+    (:func:`_repository_enters`). The key is the whole grading environment, the sandbox's
+    own scratch dir aside (as :func:`_fixed_key`'s). ``None``: the interpreters answer."""
+    if not sandbox.env.sees_host_files() or spec.activate.strip():
+        return None
+    if any("/" in word and not posixpath.isabs(word) for word in spec.interpreters):
+        return None
+    environment = sandbox.environment
+    for name in _CWD_VARIABLES:
+        value = environment.get(name)
+        if value is not None and not all(posixpath.isabs(p) for p in value.split(":")):
+            return None
+    if _repository_enters(baseline.listing):
+        return None
+    scratch = {f"{sandbox.scratch}/{name}": f"SCRATCH/{name}" for name in ("home", "tmp")}
+    return tuple(sorted((k, scratch.get(v, v)) for k, v in environment.items()))
+
+
+@dataclass
+class _Answer:
+    """An interpreter's answer (its ``root`` and ``file`` lines) and what it depends on: the
+    paths it named as such (:data:`_ROOTS_PY`'s ``dep`` lines, the interpreter) and their
+    targets, each with its (device, inode), or ``None`` where it was missing."""
+
+    text: str
+    deps: list[tuple[str, tuple[int, int] | None]]
+    started_ns: int
+
+    def holds(self) -> bool:
+        """Whether the interpreter would answer the same now (blocking): each of its paths is
+        the same file, unchanged since shortly before it answered, or still missing. A file's
+        content and a directory's names change its ctime (which cannot be set back without
+        setting the clock); a path that leads elsewhere now is another inode."""
+        limit = self.started_ns - KEPT_SLACK_NS
+        for path, identity in self.deps:
+            try:
+                info = os.lstat(path)
+            except FileNotFoundError:
+                if identity is None:
+                    continue
+                return False
+            except OSError:
+                return False
+            if (info.st_dev, info.st_ino) != identity or info.st_ctime_ns >= limit:
+                return False
+        return True
+
+
+class _KeptAnswers:
+    """The interpreters' answers to the discovery (:data:`_ROOTS_PY`) in sandboxes that see
+    the host's files, kept by :func:`_kept_key` and interpreter: starting an interpreter with
+    its ``site`` (every ``.pth`` file and what it imports) costs tens of milliseconds to a
+    tenth of a second, per episode. An answer is given again only while :meth:`_Answer.holds`;
+    it is kept only where it names neither the sandbox's scratch dir nor its repository, and
+    none of its paths changed while the interpreter ran."""
+
+    MAX_KEYS = 64
+    #: Bytes of the discovery's record of its interpreters read at most.
+    MAX_BYTES = 8 << 20
+
+    def __init__(self) -> None:
+        self._answers: dict[tuple[object, ...], dict[tuple[str, str], _Answer]] = {}
+        #: How many answers were given again (for tests and the bench).
+        self.given = 0
+
+    def offer(self, key: tuple[object, ...], scratch: str) -> str:
+        """Write the answers of ``key`` that still hold into ``scratch`` (blocking): the
+        script's ``KEPT`` lines."""
+        answers = self._answers.get(key, {})
+        lines: list[str] = []
+        for (py, target), answer in list(answers.items()):
+            if not answer.holds():
+                del answers[(py, target)]
+                continue
+            path = f"{scratch}/kept-{len(lines)}"
+            try:
+                with open(path, "x", encoding="utf-8", errors="surrogateescape") as out:
+                    out.write(answer.text)
+            except OSError:
+                continue  # (the interpreter answers)
+            lines.append(f"{py}\t{target}\t{path}")
+            self.given += 1
+        return "\n".join(lines)
+
+    def keep(self, key: tuple[object, ...], scratch: str, repo: str | None, started: int) -> None:
+        """Keep the answers the interpreters gave in the discovery just run in ``scratch``
+        (blocking)."""
+        try:
+            with open(f"{scratch}/tmp/env.out", "rb") as found:
+                data = found.read(self.MAX_BYTES + 1)
+        except OSError:
+            return
+        if len(data) > self.MAX_BYTES:
+            return
+        text = data.decode("utf-8", "surrogateescape")
+        fresh: dict[tuple[str, str], _Answer] = {}
+        asked: list[str] | None = None
+        lines: list[str] = []
+        for line in text.split("\n"):
+            if line.startswith("asked\t"):
+                asked, lines = line.split("\t")[1:], []
+            elif line.startswith("answered ") and asked is not None:
+                if line == "answered 0" and len(asked) == 2:
+                    answer = _answer(asked[0], asked[1], lines, scratch, repo, started)
+                    if answer is not None:
+                        fresh[(asked[0], asked[1])] = answer
+                asked = None
+            elif asked is not None and line:
+                lines.append(line)
+        if fresh:
+            if key not in self._answers and len(self._answers) >= self.MAX_KEYS:
+                self._answers.clear()
+            self._answers.setdefault(key, {}).update(fresh)
+
+
+def _answer(
+    py: str, target: str, lines: list[str], scratch: str, repo: str | None, started: int
+) -> _Answer | None:
+    """An interpreter's answer as :class:`_Answer`, or ``None`` where it may not be kept."""
+    kept = [line for line in lines if line.startswith(("root ", "file "))]
+    named = [line[4:] for line in lines if line.startswith("dep ")]
+    text = "".join(f"{line}\n" for line in kept)
+    if f"{scratch}/" in text or (repo and repo in text):
+        return None
+    limit = started - KEPT_SLACK_NS
+    deps: dict[str, tuple[int, int] | None] = {}
+    for path in [py, target, *named]:
+        if not posixpath.isabs(path):
+            return None
+        for here in (path, os.path.realpath(path)):
+            if here in deps:
+                continue
+            try:
+                info = os.lstat(here)
+            except FileNotFoundError:
+                deps[here] = None
+                continue
+            except OSError:
+                return None
+            if info.st_ctime_ns >= limit:
+                return None  # changed just before or while it ran
+            deps[here] = (info.st_dev, info.st_ino)
+    return _Answer(text, list(deps.items()), started)
+
+
+_KEPT = _KeptAnswers()
 
 
 def _fixed_sources(env: AgentEnv, record: Mapping[str, str]) -> tuple[object, ...] | None:
