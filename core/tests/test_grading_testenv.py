@@ -3,6 +3,7 @@ script's activation), its site-packages, start-up hooks, entry points and byteco
 
 from __future__ import annotations
 
+import asyncio
 import os
 import shlex
 import subprocess
@@ -433,31 +434,48 @@ def test_the_test_environment_of_an_eval_script():
     assert spec.required == ("pytest", "python")  # the test commands' own
 
 
-async def test_a_file_is_read_again_only_when_its_key_changed(env, tmp_path):
-    """The grader hashes a file once per process while its (device, inode, size, mtime,
-    ctime) stays: new content with the old size and mtime still gets a new ctime."""
+async def counted_sandbox(env: AgentEnv, commands: list[str]) -> Any:
+    """A grading sandbox of ``env`` whose commands go into ``commands``."""
     from uniagent.grading import integrity
     from uniagent.grading.sandbox import GradingSandbox
     from uniagent.protect.settings import IntegritySettings
 
-    tool = tmp_path / "tool"
-    tool.write_text("aaaa\n")
     environment = await integrity.environment_of(env, IntegritySettings(), {})
     sandbox = await GradingSandbox.open(env, environment, workdir=None)
-    commands: list[str] = []
     run = sandbox.run
 
     async def counted(command: str, **kwargs: Any) -> Any:
         commands.append(command)
         return await run(command, **kwargs)
 
-    sandbox.run = counted  # type: ignore[method-assign]
-    listed = f'printf "%s\\0" {tool} > $TMPDIR/l; stat_files $TMPDIR/l'
-    script = integrity.scripts.STAT_FILES + listed
+    sandbox.run = counted
+    return sandbox
+
+
+async def stat_keys_of(sandbox: Any, path: Path) -> dict[str, str]:
+    """The grader's key of ``path`` (device, inode, size, mtime, ctime), read in ``sandbox``."""
+    from uniagent.grading import integrity
+
+    listed = f'printf "%s\\0" {path} > $TMPDIR/l; stat_files $TMPDIR/l'
+    output = await integrity.run_script(
+        sandbox, integrity.scripts.STAT_FILES + listed, {}, what="stat"
+    )
+    return integrity.stat_keys(output)
+
+
+async def test_a_file_is_read_again_only_when_its_key_changed(env, tmp_path):
+    """The grader hashes a file once per process while its (device, inode, size, mtime,
+    ctime) stays: new content with the old size and mtime still gets a new ctime."""
+    from uniagent.grading import integrity
+
+    tool = tmp_path / "tool"
+    tool.write_text("aaaa\n")
+    commands: list[str] = []
+    sandbox = await counted_sandbox(env, commands)
 
     async def digest() -> str:
-        output = await integrity.run_script(sandbox, script, {}, what="stat")
-        return (await integrity.file_digests(sandbox, integrity.stat_keys(output)))[str(tool)]
+        keys = await stat_keys_of(sandbox, tool)
+        return (await integrity.file_digests(sandbox, keys))[str(tool)]
 
     try:
         first = await digest()
@@ -469,6 +487,31 @@ async def test_a_file_is_read_again_only_when_its_key_changed(env, tmp_path):
         assert await digest() != first
     finally:
         await sandbox.close()
+
+
+async def test_sandboxes_that_ask_for_the_same_unseen_files_at_once_read_them_once(tmp_path):
+    """A run's first wave asks for the same toolchain's digests in every sandbox at once:
+    one sandbox reads the files, the others take its digests."""
+    from uniagent.grading import integrity
+
+    tool = tmp_path / "tool"
+    tool.write_text("content\n")
+    commands: list[str] = []
+    asked = asyncio.Barrier(3)
+
+    async def digest() -> str:
+        async with fresh_env() as env:
+            sandbox = await counted_sandbox(env, commands)
+            try:
+                keys = await stat_keys_of(sandbox, tool)
+                await asked.wait()  # none has read it yet
+                return (await integrity.file_digests(sandbox, keys))[str(tool)]
+            finally:
+                await sandbox.close()
+
+    digests = await asyncio.gather(*(digest() for _ in range(3)))
+    hashed = [c for c in commands if "sha256sum" in c]
+    assert len(set(digests)) == 1 and len(digests[0]) == 64 and len(hashed) == 1
 
 
 @pytest.fixture
@@ -499,6 +542,20 @@ async def test_a_later_baseline_takes_the_interpreters_answer_while_it_holds(kep
     assert await baseline_of("absolute") == first
     assert await baseline_of("absolute") == first
     assert kept.given == 2
+
+
+async def test_a_first_wave_of_baselines_starts_the_interpreter_once(kept, venv, monkeypatch):
+    # A run's episodes start together: one baseline's interpreter answers, the others wait
+    # for its answer instead of each starting it.
+    discover, together = testenv._discover, asyncio.Barrier(4)
+
+    async def at_once(*args: Any) -> None:
+        await together.wait()  # every baseline has come this far: none has an answer yet
+        await discover(*args)
+
+    monkeypatch.setattr(testenv, "_discover", at_once)
+    first, *others = await asyncio.gather(*(baseline_of("absolute") for _ in range(4)))
+    assert all(other == first for other in others) and kept.given == 3
 
 
 @pytest.mark.parametrize("change", ["a new .pth", "a .pth rewritten", "a start-up module changed"])

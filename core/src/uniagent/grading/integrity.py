@@ -639,8 +639,25 @@ def stat_keys(output: str, kind: str = "stat") -> dict[str, str]:
 
 async def file_digests(sandbox: GradingSandbox, keys: Mapping[str, str]) -> dict[str, str]:
     """path -> sha256 (or ``missing``: it could not be read) of each file of ``keys``, read
-    in the sandbox only where this process has not seen the file with that key."""
+    in the sandbox only where this process has not seen the file with that key.
+
+    Sandboxes that ask for the same unseen files at once (a run's first wave: the same
+    toolchain, the same test environment) read them once: the others wait, then take what
+    the first one remembered."""
     found: dict[str, str] = {}
+    unseen = _unseen(keys, found)
+    if not unseen:
+        return found
+    async with first_of_a_wave(("hashing", frozenset((path, keys[path]) for path in unseen))):
+        unseen = _unseen({path: keys[path] for path in unseen}, found)
+        if unseen:
+            await _hash_files(sandbox, unseen, found)
+    return found
+
+
+def _unseen(keys: Mapping[str, str], found: dict[str, str]) -> list[str]:
+    """The paths of ``keys`` whose digest this process has not seen with that key; the
+    others' digests go into ``found``."""
     unseen: list[str] = []
     for path, key in keys.items():
         known = _DIGESTS.get((path, key))
@@ -648,8 +665,12 @@ async def file_digests(sandbox: GradingSandbox, keys: Mapping[str, str]) -> dict
             unseen.append(path)
         else:
             found[path] = known
-    if not unseen:
-        return found
+    return unseen
+
+
+async def _hash_files(sandbox: GradingSandbox, unseen: list[str], found: dict[str, str]) -> None:
+    """Read ``unseen`` in ``sandbox``: each digest into ``found``, remembered where the file
+    kept its key while it was read."""
     listed = f"{sandbox.scratch}/unseen"
     await sandbox.stage_bytes(listed, _nul_list(unseen))
     output = await run_script(sandbox, scripts.HASH_FILES, {"LIST": listed}, what="hashing files")
@@ -665,7 +686,6 @@ async def file_digests(sandbox: GradingSandbox, keys: Mapping[str, str]) -> dict
                 _DIGESTS[(path, first)] = digest
     for path in unseen:
         found.setdefault(path, "missing")
-    return found
 
 
 def toolchain_changes(before: Mapping[str, str], after: Mapping[str, str]) -> list[Tamper]:

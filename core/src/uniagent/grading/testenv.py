@@ -282,7 +282,6 @@ def _variables(
     kept: str = "",
 ) -> dict[str, str]:
     return {
-        "KEPT": kept,
         "ACTIVATE": spec.activate,
         "INTERPRETERS": " ".join(spec.interpreters),
         "ROOTS_PY": _ROOTS_PY,
@@ -294,6 +293,7 @@ def _variables(
         "MAX": str(MAX_CHANGED),
         "KNOWN": "\n".join(known),
         "SHARED": "1" if shared else "",
+        "KEPT": kept,
     }
 
 
@@ -366,20 +366,19 @@ async def _discover(sandbox: GradingSandbox, baseline: Baseline, spec: TestEnv) 
     env = sandbox.env
     sources = {r: env.read_only_source(r) for r, _ in list(_READ_ONLY)}
     known = {r: _READ_ONLY[(r, s)] for r, s in sources.items() if (r, s) in _READ_ONLY}
-    shared = env.sees_host_files()
     cache = _kept_key(sandbox, baseline, spec)
-    kept = await off_loop(_KEPT.offer, cache, sandbox.scratch) if cache is not None else ""
-    started = time.time_ns()
-    output = await run_script(
-        sandbox, TEST_ENV,
-        _variables(
-            baseline, spec, sandbox.scratch, "discover", "", None, tuple(known), shared, kept
-        ),
-        what="resolving the test environment",
-        resident=True,  # it starts the interpreters, but before the agent's first turn
-    )  # fmt: skip
-    if cache is not None:
-        await off_loop(_KEPT.keep, cache, sandbox.scratch, baseline.repo, started)
+    if cache is not None and cache not in _KEPT.tried:
+        # A run's first wave: one sandbox's interpreters answer, the others take the answer.
+        async with first_of_a_wave(("test-env-answers", cache)):
+            if cache not in _KEPT.tried:
+                try:
+                    output = await _discovery(sandbox, baseline, spec, tuple(known), cache)
+                finally:
+                    _KEPT.tried_once(cache)
+            else:
+                output = await _discovery(sandbox, baseline, spec, tuple(known), cache)
+    else:
+        output = await _discovery(sandbox, baseline, spec, tuple(known), cache)
     record, _, _ = _record(output)
     walked = [key.removeprefix("root:") for key, digest in record.items() if digest == "shared"]
     for found in await asyncio.gather(*map(walks.current_names, walked)):
@@ -472,6 +471,29 @@ _CWD_VARIABLES = (
 )  # fmt: skip
 
 
+async def _discovery(
+    sandbox: GradingSandbox,
+    baseline: Baseline,
+    spec: TestEnv,
+    known: tuple[str, ...],
+    cache: tuple[object, ...] | None,
+) -> str:
+    """The discovery script's output, with the interpreters' kept answers of ``cache`` that
+    still hold (:class:`_KeptAnswers`), keeping the new ones."""
+    kept = await off_loop(_KEPT.offer, cache, sandbox.scratch) if cache is not None else ""
+    shared = sandbox.env.sees_host_files()
+    started = time.time_ns()
+    output = await run_script(
+        sandbox, TEST_ENV,
+        _variables(baseline, spec, sandbox.scratch, "discover", "", None, known, shared, kept),
+        what="resolving the test environment",
+        resident=True,  # it starts the interpreters, but before the agent's first turn
+    )  # fmt: skip
+    if cache is not None:
+        await off_loop(_KEPT.keep, cache, sandbox.scratch, baseline.repo, started)
+    return output
+
+
 def _kept_key(
     sandbox: GradingSandbox, baseline: Baseline, spec: TestEnv
 ) -> tuple[object, ...] | None:
@@ -542,8 +564,17 @@ class _KeptAnswers:
 
     def __init__(self) -> None:
         self._answers: dict[tuple[object, ...], dict[tuple[str, str], _Answer]] = {}
+        #: The keys whose interpreters have answered once (a later wave of sandboxes runs
+        #: at once, without waiting for another's answer).
+        self.tried: set[tuple[object, ...]] = set()
         #: How many answers were given again (for tests and the bench).
         self.given = 0
+
+    def tried_once(self, key: tuple[object, ...]) -> None:
+        """Note that the interpreters of ``key`` answered once, kept or not."""
+        if len(self.tried) >= self.MAX_KEYS:
+            self.tried.clear()
+        self.tried.add(key)
 
     def offer(self, key: tuple[object, ...], scratch: str) -> str:
         """Write the answers of ``key`` that still hold into ``scratch`` (blocking): the
@@ -592,6 +623,7 @@ class _KeptAnswers:
         if fresh:
             if key not in self._answers and len(self._answers) >= self.MAX_KEYS:
                 self._answers.clear()
+                self.tried.clear()
             self._answers.setdefault(key, {}).update(fresh)
 
 
