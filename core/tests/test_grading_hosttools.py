@@ -8,15 +8,18 @@ import os
 import subprocess
 import sys
 import time
+import types
 from collections.abc import AsyncIterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
 from uniagent import open_env
 from uniagent.env import AgentEnv
-from uniagent.grading import hosttools, integrity, scripts, walks
+from uniagent.grading import hosttools, integrity, scripts, testenv, walks
 from uniagent.grading.sandbox import GradingSandbox
+from uniagent.protect.settings import TestEnv
 from uniagent.testing import MAKE_PREFIX
 from uniagent.testing.grading import wait_ctime_after
 
@@ -124,7 +127,7 @@ def _counted(sandbox: GradingSandbox, monkeypatch: pytest.MonkeyPatch) -> list[s
 
     async def counting(command: str, **kwargs: object) -> object:
         ran.append(command)
-        return await run(command, **kwargs)  # type: ignore[arg-type]
+        return await run(command, **kwargs)
 
     monkeypatch.setattr(sandbox, "run", counting)
     return ran
@@ -165,3 +168,114 @@ async def test_an_interpreters_answer_is_kept_while_the_names_it_read_hold(
         await sandbox.close()
     here, script = await _both(env, path)
     assert here is not None and _lines(here) == _lines(script)
+
+
+async def _both_checks(
+    env: AgentEnv, path: str, repo: Path, words: tuple[str, ...], roots: list[str], files: list[str]
+) -> tuple[str | None, str]:
+    """The test-environment check before grading (``verify``), answered from here and by the
+    script in the sandbox."""
+    here = testenv._verify_output(path, str(repo), words, roots, files)
+    sandbox = await GradingSandbox.open(
+        env, {"PATH": path, "LANG": "C.UTF-8"}, workdir=env.workdir, lazy=True
+    )
+    try:
+        s = sandbox.scratch
+        await sandbox.stage_bytes(f"{s}/roots", "".join(f"{r}\n" for r in roots).encode())
+        await sandbox.stage_bytes(f"{s}/files", "".join(f"{f}\n" for f in files).encode())
+        spec = TestEnv(activate="", interpreters=words)
+        baseline: Any = types.SimpleNamespace(repo=str(repo))  # (the repository alone)
+        variables = testenv._variables(baseline, spec, s, "verify", "", str(repo), shared=True)
+        script = await integrity.run_script(sandbox, testenv.TEST_ENV, variables, what="check")
+    finally:
+        await sandbox.close()
+    return here, script
+
+
+async def test_the_test_environment_check_from_here_is_the_scripts(
+    env: AgentEnv, tmp_path: Path
+) -> None:
+    """Words found on PATH, by an absolute path and by one relative to the repository (a
+    link followed to its target), one not found and one not executable; files there, missing
+    and behind a link; the roots the grader walks itself."""
+    repo = tmp_path / "repo"
+    (repo / "venv" / "bin").mkdir(parents=True)
+    (repo / "venv" / "bin" / "python").symlink_to(sys.executable)
+    (repo / "plain").write_text("not executable\n")
+    (tmp_path / "start.pth").write_text("\n")
+    (tmp_path / "linked.pth").symlink_to(tmp_path / "start.pth")
+    path = f"{os.path.dirname(sys.executable)}:/usr/local/bin:/usr/bin:/bin"
+    words = ("python", "python3", "./venv/bin/python", "/usr/bin/env", "no-such-word", "./plain")
+    files = [str(tmp_path / "start.pth"), str(tmp_path / "gone.pth"), str(tmp_path / "linked.pth")]
+    roots = [os.path.dirname(os.__file__), str(tmp_path / "elsewhere")]
+    here, script = await _both_checks(env, path, repo, words, roots, files)
+    assert here is not None and here == script
+    assert f"env-bin ./venv/bin/python {os.path.realpath(sys.executable)}" in here.splitlines()
+    assert sum(line.startswith("stat ") for line in here.splitlines()) == 2
+    assert "no-such-word" not in here and "plain" not in here
+
+
+async def test_the_script_checks_what_it_reads_otherwise(env: AgentEnv, tmp_path: Path) -> None:
+    """A pattern for a word, a relative PATH entry, a pyenv shim, a root that holds the
+    repository: the script answers."""
+    repo = tmp_path / "repo"
+    repo.mkdir()
+    shims = tmp_path / "shims"
+    shims.mkdir()
+    (shims / "python3").write_text(
+        '#!/usr/bin/env bash\nexec "/opt/pyenv/libexec/pyenv" exec "$program" "$@"\n'
+    )
+    (shims / "python3").chmod(0o755)
+    usual = ("python3",), "/usr/bin:/bin", [os.path.dirname(os.__file__)]
+    assert testenv._verify_output(usual[1], str(repo), usual[0], usual[2], []) is not None
+    for words, path, roots in [
+        (("python*",), usual[1], usual[2]),
+        (usual[0], f"bin:{usual[1]}", usual[2]),
+        (usual[0], f"{shims}:{usual[1]}", usual[2]),
+        (usual[0], usual[1], [str(tmp_path)]),
+    ]:
+        assert testenv._verify_output(path, str(repo), words, roots, []) is None, (words, path)
+
+
+async def test_the_discovery_from_here_is_the_scripts(
+    env: AgentEnv, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Once the interpreters' answers are kept, the baseline's discovery answered from here
+    is what the script prints: words on PATH, by an absolute path and relative to the
+    repository, a script whose ``#!`` line runs ``env python3``, an interpreter asked once
+    for several words, the venv's roots, the files' keys."""
+    monkeypatch.setattr(testenv, "KEPT_SLACK_NS", 0)  # the venv was made just now
+    kept = testenv._KeptAnswers()
+    venv = tmp_path / "env"
+    subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(venv)], check=True)
+    repo = tmp_path / "repo"
+    repo.mkdir()
+    (repo / "tool").write_text("#!/usr/bin/env python3\nprint('a tool')\n")
+    (repo / "tool").chmod(0o755)
+    words = ("python", "python3", "pytest", f"{venv}/bin/python", "./tool", "no-such-word")
+    if os.path.exists("/usr/bin/python3"):
+        words += ("/usr/bin/python3",)
+    environment = {
+        "PATH": f"{venv}/bin:/usr/local/bin:/usr/bin:/bin", "LANG": "C.UTF-8",
+        "VIRTUAL_ENV": str(venv),
+    }  # fmt: skip
+    sandbox = await GradingSandbox.open(env, environment, workdir=env.workdir, lazy=True)
+    try:
+        spec = TestEnv(activate="", interpreters=words)
+        baseline: Any = types.SimpleNamespace(repo=str(repo))  # (the repository alone)
+        variables = testenv._variables(
+            baseline, spec, sandbox.scratch, "discover", "", None, (), True
+        )
+        started = time.time_ns()
+        script = await integrity.run_script(sandbox, testenv.TEST_ENV, variables, what="found")
+        kept.keep(("key",), sandbox.scratch, str(repo), started)
+        answers = kept.holding(("key",))
+        here = testenv._discover_output(environment, str(repo), sandbox.scratch, words, answers, ())
+    finally:
+        await sandbox.close()
+    assert len(answers) == (2 if "/usr/bin/python3" in words else 1)
+    assert here is not None and here == script
+    lines = script.splitlines()
+    assert f"root {venv}/bin" in lines and f"env-bin ./tool {repo}/tool" in lines
+    assert any(line.startswith("stat ") for line in lines)
+    assert testenv._discover_output(environment, str(repo), sandbox.scratch, words, {}, ()) is None

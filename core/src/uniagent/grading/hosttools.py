@@ -180,7 +180,7 @@ def stat_lines(paths: Iterable[str]) -> list[str]:
     return lines
 
 
-def _is_shim(path: str) -> bool:
+def is_shim(path: str) -> bool:
     """Whether ``path`` is a pyenv shim (its first 2048 bytes, read without blocking from a
     regular file; anything else is not one)."""
     try:
@@ -212,7 +212,7 @@ def _tools(path: str) -> tuple[list[str], list[str], list[str]]:
         if found is None:
             continue
         real = os.path.realpath(found)
-        if _is_shim(real):
+        if is_shim(real):
             raise NotHere(f"{found} is a pyenv shim")
         key = f"{os.path.dirname(found)} {real}"  # python and python3 of one bin: one
         if key not in asked:

@@ -31,7 +31,9 @@ tampering (rule ``test-env``).
 
 Without isolation the interpreter's own answer to the discovery is kept and given again to a
 later baseline while every path it depends on is unchanged (:class:`_KeptAnswers`): its start
-with ``site`` is most of the discovery's cost.
+with ``site`` is most of the discovery's cost. Without an activation, the discovery with kept
+answers (:func:`_discover_output`) and the check before grading (:func:`_verify_output`) are
+then answered from the grader's process, line for line as the script prints them.
 """
 
 from __future__ import annotations
@@ -46,7 +48,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from uniagent.grading import walks
+from uniagent.grading import hosttools, walks
 from uniagent.grading.integrity import (
     Baseline,
     GradingSetupError,
@@ -479,7 +481,18 @@ async def _discovery(
     cache: tuple[object, ...] | None,
 ) -> str:
     """The discovery script's output, with the interpreters' kept answers of ``cache`` that
-    still hold (:class:`_KeptAnswers`), keeping the new ones."""
+    still hold (:class:`_KeptAnswers`), keeping the new ones; answered from here where they
+    are all it needs (:func:`_discover_output`)."""
+    if cache is not None:
+        answers = await off_loop(_KEPT.holding, cache)
+        if answers:
+            here = await off_loop(
+                _discover_output, sandbox.environment, baseline.repo or "/nonexistent",
+                sandbox.scratch, spec.interpreters, answers, known,
+            )  # fmt: skip
+            if here is not None:
+                _KEPT.given += 1
+                return here
     kept = await off_loop(_KEPT.offer, cache, sandbox.scratch) if cache is not None else ""
     shared = sandbox.env.sees_host_files()
     started = time.time_ns()
@@ -576,19 +589,24 @@ class _KeptAnswers:
             self.tried.clear()
         self.tried.add(key)
 
+    def holding(self, key: tuple[object, ...]) -> dict[tuple[str, str], str]:
+        """The answers of ``key`` that still hold, by interpreter and target (blocking); the
+        others are let go."""
+        answers = self._answers.get(key, {})
+        for found, answer in list(answers.items()):
+            if not answer.holds():
+                del answers[found]
+        return {found: answer.text for found, answer in answers.items()}
+
     def offer(self, key: tuple[object, ...], scratch: str) -> str:
         """Write the answers of ``key`` that still hold into ``scratch`` (blocking): the
         script's ``KEPT`` lines."""
-        answers = self._answers.get(key, {})
         lines: list[str] = []
-        for (py, target), answer in list(answers.items()):
-            if not answer.holds():
-                del answers[(py, target)]
-                continue
+        for (py, target), text in self.holding(key).items():
             path = f"{scratch}/kept-{len(lines)}"
             try:
                 with open(path, "x", encoding="utf-8", errors="surrogateescape") as out:
-                    out.write(answer.text)
+                    out.write(text)
             except OSError:
                 continue  # (the interpreter answers)
             lines.append(f"{py}\t{target}\t{path}")
@@ -740,17 +758,23 @@ async def verify(
     fixed = [r for r in roots if since_baseline and sandbox.env.read_only_source(r) is not None]
     roots = [r for r in roots if r not in fixed]
     files = [key for key in before if key.startswith("/")]
-    lines = (f"{r}\n" for r in roots)
-    await sandbox.stage_bytes(f"{s}/roots", "".join(lines).encode("utf-8", "surrogateescape"))
-    lines = (f"{f}\n" for f in files)
-    await sandbox.stage_bytes(f"{s}/files", "".join(lines).encode("utf-8", "surrogateescape"))
     since = (baseline.epoch or "") if since_baseline else ""
     shared = sandbox.env.sees_host_files()
-    output = await run_script(
-        sandbox, TEST_ENV, _variables(baseline, spec, s, "verify", since, repo, shared=shared),
-        what="checking the test environment",
-        resident=False,  # it sources the activation, which the agent may have changed
-    )  # fmt: skip
+    output = None
+    if shared and not spec.activate.strip():  # answered from here, as the script would
+        where = repo or baseline.repo or "/nonexistent"
+        path = sandbox.environment.get("PATH", "")
+        output = await off_loop(_verify_output, path, where, spec.interpreters, roots, files)
+    if output is None:
+        lines = (f"{r}\n" for r in roots)
+        await sandbox.stage_bytes(f"{s}/roots", "".join(lines).encode("utf-8", "surrogateescape"))
+        lines = (f"{f}\n" for f in files)
+        await sandbox.stage_bytes(f"{s}/files", "".join(lines).encode("utf-8", "surrogateescape"))
+        output = await run_script(
+            sandbox, TEST_ENV, _variables(baseline, spec, s, "verify", since, repo, shared=shared),
+            what="checking the test environment",
+            resident=False,  # it sources the activation, which the agent may have changed
+        )  # fmt: skip
     after, changed, purged = _record(output)
     walked = [key.removeprefix("root:") for key, digest in after.items() if digest == "shared"]
     answers = await asyncio.gather(*(_shared_since(root, since) for root in walked))
@@ -763,6 +787,166 @@ async def verify(
         if value == "=":  # no directory under the root changed: its names are the baseline's
             after[key] = before.get(key, "=")
     return changes(before, after, changed), sum(purged.values())
+
+
+#: The shell functions of the test-environment script (a word named like one is no program).
+_SCRIPT_FUNCTIONS = frozenset({"activated", "find_word", "stat_files", "gitc"})
+
+
+def _plain_words(words: tuple[str, ...]) -> bool:
+    """Whether the script reads each of ``words`` as itself (no pattern, no blank, not the
+    name of one of its own functions)."""
+    return all(re.fullmatch(r"[^\s*?\[\]]+", w) and w not in _SCRIPT_FUNCTIONS for w in words)
+
+
+def _find_word(word: str, path: str, here: str) -> tuple[str, str] | None:
+    """``find_word``'s ``$p`` and ``$real`` for ``word`` in a shell in ``here`` (blocking):
+    on ``PATH`` as bash's ``hash`` finds it, or a path (relative to ``here``) that is an
+    executable file; ``None`` where it is not found. Raises :class:`hosttools.NotHere` where
+    only the script can tell (a relative ``PATH`` entry; a pyenv shim: pyenv picks the
+    program)."""
+    if "/" in word:
+        found = word if posixpath.isabs(word) else f"{here}/{word}"  # p=$PWD/$p
+        if not (os.path.isfile(found) and os.access(found, os.X_OK)):
+            return None
+    else:
+        looked = hosttools.lookup(word, path)
+        if looked is None:
+            return None
+        found = looked
+    real = os.path.realpath(found)
+    if hosttools.is_shim(real):
+        raise hosttools.NotHere(f"{found} is a pyenv shim")
+    return found, real
+
+
+#: A root right under a kept one that is a root of its own all the same (the script's awk).
+_OWN_ROOT = re.compile(r"((envs|pkgs)/|(site|dist)-packages(/|$))")
+
+
+def _discover_output(
+    environment: Mapping[str, str],
+    repo: str,
+    scratch: str,
+    words: tuple[str, ...],
+    answers: Mapping[tuple[str, str], str],
+    known: tuple[str, ...],
+) -> str | None:
+    """What :data:`TEST_ENV` prints in ``discover`` mode in a sandbox that sees the host's
+    files (``SHARED``), with no activation, answered from this process line for line where
+    every interpreter it would start has an answer in ``answers`` (by interpreter and target:
+    :class:`_KeptAnswers`), blocking. ``None`` where the script must answer: an interpreter
+    without an answer, a word or ``#!`` line it reads otherwise, a relative ``PATH`` entry,
+    a pyenv shim, a conda installation (its roots are shell patterns), a root that holds
+    the repository (the script walks it)."""
+    if not _plain_words(words) or environment.get("CONDA_EXE") or "\\" in repo + scratch:
+        return None  # (awk -v reads a backslash as an escape)
+    path = environment.get("PATH", "")
+    here = repo if os.path.isdir(repo) else "/"  # cd "$REPO" 2>/dev/null || cd /
+    found: list[str] = []  # the script's env.out, but for the lines it does not keep
+    asked: set[str] = set()
+    try:
+        for word in words:
+            where = _find_word(word, path, here)
+            if where is None:
+                continue
+            p, real = where
+            found += [f"env-bin {word} {real}", f"root {real}"]
+            py = p  # as found, not the link's target
+            try:
+                with open(real, "rb") as start:  # (an executable file: found above)
+                    head = start.read(256)
+            except OSError:
+                head = b""
+            opening = head.partition(b"\n")[0]
+            if head.startswith(b"#!"):
+                if (len(opening) == len(head) == 256) or b"\0" in opening:
+                    return None  # (a first line the shell reads otherwise)
+                first = opening.decode("utf-8", "surrogateescape")
+                if re.search(r"[*?\[\]]", first):
+                    return None  # (the script expands a pattern there)
+                parts = [part for part in re.split(r"[ \t]+", first[2:]) if part]
+                py = parts[0] if parts else ""
+                if posixpath.basename(py) == "env":
+                    name = parts[1] if len(parts) > 1 else ""
+                    if not re.fullmatch(r"(python|pypy)[0-9.]*", name):
+                        return None  # (command -v: an option, a path, a builtin)
+                    py = hosttools.lookup(name, path) or ""
+            if not py:
+                continue
+            if not posixpath.isabs(py) or "\n" in py:
+                return None  # (read from where the script runs)
+            target = real if py == p else os.path.realpath(py)
+            key = f"{posixpath.dirname(py)} {target}"
+            if key in asked:
+                continue
+            asked.add(key)
+            answer = answers.get((py, target))
+            if answer is None:
+                return None  # the interpreter must answer
+            found += answer.splitlines()
+    except hosttools.NotHere:
+        return None
+    if environment.get("CONDA_PREFIX"):
+        found.append(f"root {environment['CONDA_PREFIX']}/etc/conda")
+    if environment.get("VIRTUAL_ENV"):
+        venv = environment["VIRTUAL_ENV"]
+        found += [f"root {venv}/bin", f"root {venv}/pyvenv.cfg"]
+    lines = [line for line in found if line.startswith("env-bin ")]
+    # LC_ALL=C sort -u, then the awk: the roots kept, then the files
+    kept: list[str] = []
+    files: list[str] = []
+    for line in sorted(set(found), key=lambda text: text.encode("utf-8", "surrogateescape")):
+        if line.startswith("file "):
+            files.append(line[5:])
+            continue
+        if not line.startswith("root "):
+            continue
+        root = line[5:]
+        if root in ("/", repo) or root.startswith((f"{repo}/", f"{scratch}/")):
+            continue
+        if re.match(r"/(proc|sys|dev)(/|$)", root):
+            continue
+        if any(root.startswith(f"{k}/") and not _OWN_ROOT.match(root[len(k) + 1 :]) for k in kept):
+            continue
+        kept.append(root)
+        lines.append(f"root {root}")
+    lines += (f"file {f}" for f in files)
+    lines += hosttools.stat_lines(files)
+    for root in kept:
+        if root in known:
+            lines.append(f"digest {root} known")
+        elif f"{repo}/".startswith(f"{root}/"):
+            return None  # the script walks it
+        else:
+            lines.append(f"digest {root} shared")
+    return "".join(f"{line}\n" for line in lines)
+
+
+def _verify_output(
+    path: str, repo: str, words: tuple[str, ...], roots: list[str], files: list[str]
+) -> str | None:
+    """What :data:`TEST_ENV` prints in ``verify`` mode in a sandbox that sees the host's files
+    (its roots walked by the grader: ``SHARED``), with no activation, answered from this
+    process line for line (blocking): ``env-bin`` for each word as ``find_word`` finds it from
+    the repository (:func:`_find_word`), the ``stat`` line of each file, ``digest ROOT
+    shared`` for each root. ``None`` where the script must answer: a word it reads otherwise
+    (:func:`_plain_words`), a relative ``PATH`` entry, a pyenv shim, a root that holds the
+    repository (the script walks it)."""
+    if not _plain_words(words) or any(f"{repo}/".startswith(f"{root}/") for root in roots):
+        return None
+    here = repo if os.path.isdir(repo) else "/"  # cd "$REPO" 2>/dev/null || cd /
+    lines: list[str] = []
+    for word in words:
+        try:
+            found = _find_word(word, path, here)
+        except hosttools.NotHere:
+            return None
+        if found is not None:
+            lines.append(f"env-bin {word} {found[1]}")
+    lines += hosttools.stat_lines(files)
+    lines += (f"digest {root} shared" for root in roots)
+    return "".join(f"{line}\n" for line in lines)
 
 
 def _unchangeable(sandbox: GradingSandbox, spec: TestEnv, record: Mapping[str, str]) -> bool:
