@@ -43,6 +43,7 @@ import contextlib
 import os
 import posixpath
 import re
+import threading
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
@@ -491,7 +492,7 @@ async def _discovery(
                 sandbox.scratch, spec.interpreters, answers, known,
             )  # fmt: skip
             if here is not None:
-                _KEPT.given += 1
+                _KEPT.gave(len(answers))
                 return here
     kept = await off_loop(_KEPT.offer, cache, sandbox.scratch) if cache is not None else ""
     shared = sandbox.env.sees_host_files()
@@ -576,12 +577,19 @@ class _KeptAnswers:
     MAX_BYTES = 8 << 20
 
     def __init__(self) -> None:
+        #: (Its methods run on worker threads, several at once.)
+        self._lock = threading.Lock()
         self._answers: dict[tuple[object, ...], dict[tuple[str, str], _Answer]] = {}
         #: The keys whose interpreters have answered once (a later wave of sandboxes runs
         #: at once, without waiting for another's answer).
         self.tried: set[tuple[object, ...]] = set()
         #: How many answers were given again (for tests and the bench).
         self.given = 0
+
+    def gave(self, count: int) -> None:
+        """Count ``count`` answers given again."""
+        with self._lock:
+            self.given += count
 
     def tried_once(self, key: tuple[object, ...]) -> None:
         """Note that the interpreters of ``key`` answered once, kept or not."""
@@ -592,11 +600,18 @@ class _KeptAnswers:
     def holding(self, key: tuple[object, ...]) -> dict[tuple[str, str], str]:
         """The answers of ``key`` that still hold, by interpreter and target (blocking); the
         others are let go."""
-        answers = self._answers.get(key, {})
-        for found, answer in list(answers.items()):
-            if not answer.holds():
-                del answers[found]
-        return {found: answer.text for found, answer in answers.items()}
+        with self._lock:
+            answers = list(self._answers.get(key, {}).items())
+        holding: dict[tuple[str, str], str] = {}
+        for found, answer in answers:
+            if answer.holds():
+                holding[found] = answer.text
+            else:
+                with self._lock:
+                    kept = self._answers.get(key, {})
+                    if kept.get(found) is answer:
+                        del kept[found]
+        return holding
 
     def offer(self, key: tuple[object, ...], scratch: str) -> str:
         """Write the answers of ``key`` that still hold into ``scratch`` (blocking): the
@@ -610,7 +625,7 @@ class _KeptAnswers:
             except OSError:
                 continue  # (the interpreter answers)
             lines.append(f"{py}\t{target}\t{path}")
-            self.given += 1
+        self.gave(len(lines))
         return "\n".join(lines)
 
     def keep(self, key: tuple[object, ...], scratch: str, repo: str | None, started: int) -> None:
@@ -639,10 +654,10 @@ class _KeptAnswers:
             elif asked is not None and line:
                 lines.append(line)
         if fresh:
-            if key not in self._answers and len(self._answers) >= self.MAX_KEYS:
-                self._answers.clear()
-                self.tried.clear()
-            self._answers.setdefault(key, {}).update(fresh)
+            with self._lock:
+                if key not in self._answers and len(self._answers) >= self.MAX_KEYS:
+                    self._answers.clear()
+                self._answers.setdefault(key, {}).update(fresh)
 
 
 def _answer(
