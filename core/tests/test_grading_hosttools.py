@@ -205,19 +205,20 @@ async def test_the_test_environment_check_from_here_is_the_scripts(
     (tmp_path / "start.pth").write_text("\n")
     (tmp_path / "linked.pth").symlink_to(tmp_path / "start.pth")
     path = f"{os.path.dirname(sys.executable)}:/usr/local/bin:/usr/bin:/bin"
-    words = ("python", "python3", "./venv/bin/python", "/usr/bin/env", "no-such-word", "./plain")
+    words = ("python", "python3", "./venv/bin/python", "/usr/bin/env", "python9.99", "./plain")
     files = [str(tmp_path / "start.pth"), str(tmp_path / "gone.pth"), str(tmp_path / "linked.pth")]
     roots = [os.path.dirname(os.__file__), str(tmp_path / "elsewhere")]
     here, script = await _both_checks(env, path, repo, words, roots, files)
     assert here is not None and here == script
     assert f"env-bin ./venv/bin/python {os.path.realpath(sys.executable)}" in here.splitlines()
     assert sum(line.startswith("stat ") for line in here.splitlines()) == 2
-    assert "no-such-word" not in here and "plain" not in here
+    assert "python9.99" not in here and "plain" not in here
 
 
 async def test_the_script_checks_what_it_reads_otherwise(env: AgentEnv, tmp_path: Path) -> None:
-    """A pattern for a word, a relative PATH entry, a pyenv shim, a root that holds the
-    repository: the script answers."""
+    """A pattern for a word, a shell builtin's name (bash's hash finds no program for it), a
+    relative PATH entry, a pyenv shim, a root that holds the repository: the script
+    answers."""
     repo = tmp_path / "repo"
     repo.mkdir()
     shims = tmp_path / "shims"
@@ -230,6 +231,7 @@ async def test_the_script_checks_what_it_reads_otherwise(env: AgentEnv, tmp_path
     assert testenv._verify_output(usual[1], str(repo), usual[0], usual[2], []) is not None
     for words, path, roots in [
         (("python*",), usual[1], usual[2]),
+        (("test",), usual[1], usual[2]),
         (usual[0], f"bin:{usual[1]}", usual[2]),
         (usual[0], f"{shims}:{usual[1]}", usual[2]),
         (usual[0], usual[1], [str(tmp_path)]),
@@ -252,7 +254,7 @@ async def test_the_discovery_from_here_is_the_scripts(
     repo.mkdir()
     (repo / "tool").write_text("#!/usr/bin/env python3\nprint('a tool')\n")
     (repo / "tool").chmod(0o755)
-    words = ("python", "python3", "pytest", f"{venv}/bin/python", "./tool", "no-such-word")
+    words = ("python", "python3", "pytest", f"{venv}/bin/python", "./tool", "python9.99")
     if os.path.exists("/usr/bin/python3"):
         words += ("/usr/bin/python3",)
     environment = {

@@ -804,14 +804,17 @@ async def verify(
     return changes(before, after, changed), sum(purged.values())
 
 
-#: The shell functions of the test-environment script (a word named like one is no program).
-_SCRIPT_FUNCTIONS = frozenset({"activated", "find_word", "stat_files", "gitc"})
+#: The words answered from here: a test runner's or an interpreter's name (bash's ``hash``
+#: finds no path for a builtin, the script's functions are no programs) or a path.
+_PLAIN_WORD = re.compile(
+    r"(python|pypy|pytest|py\.test|tox|nosetests)[0-9.]*|[^\s*?\[\]]*/[^\s*?\[\]]*"
+)
 
 
 def _plain_words(words: tuple[str, ...]) -> bool:
-    """Whether the script reads each of ``words`` as itself (no pattern, no blank, not the
-    name of one of its own functions)."""
-    return all(re.fullmatch(r"[^\s*?\[\]]+", w) and w not in _SCRIPT_FUNCTIONS for w in words)
+    """Whether each of ``words`` is one the script reads as the grader does here
+    (:data:`_PLAIN_WORD`: no pattern, no blank, no builtin's or function's name)."""
+    return all(_PLAIN_WORD.fullmatch(word) for word in words)
 
 
 def _find_word(word: str, path: str, here: str) -> tuple[str, str] | None:
