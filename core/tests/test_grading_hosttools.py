@@ -7,6 +7,7 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+import threading
 import time
 import types
 from collections.abc import AsyncIterator
@@ -281,3 +282,33 @@ async def test_the_discovery_from_here_is_the_scripts(
     assert f"root {venv}/bin" in lines and f"env-bin ./tool {repo}/tool" in lines
     assert any(line.startswith("stat ") for line in lines)
     assert testenv._discover_output(environment, str(repo), sandbox.scratch, words, {}, ()) is None
+
+
+def test_a_fifo_where_a_file_was_is_never_waited_on(tmp_path: Path) -> None:
+    """A FIFO put where an interpreter or the discovery's record was (without isolation an
+    agent of another episode can write there) is not a file: the grader leaves that case to
+    the script, whose reads are bounded, instead of waiting on it in a thread for ever."""
+    bin_dir, scratch = tmp_path / "bin", tmp_path / "scratch"
+    (scratch / "tmp").mkdir(parents=True)
+    bin_dir.mkdir()
+    os.mkfifo(bin_dir / "python3")
+    (bin_dir / "python3").chmod(0o755)
+    os.mkfifo(scratch / "tmp" / "env.out")
+    answers = testenv._KeptAnswers()
+    outcome: list[object] = []
+
+    def check() -> None:
+        environment = {"PATH": f"{bin_dir}:/usr/bin:/bin"}
+        repo = str(tmp_path)
+        outcome.append(
+            testenv._discover_output(environment, repo, str(scratch), ("python3",), {}, ())
+        )
+        answers.keep(("key",), str(scratch), repo, time.time_ns())
+        outcome.append(answers.holding(("key",)))
+
+    worker = threading.Thread(target=check, daemon=True)
+    worker.start()
+    worker.join(timeout=120)  # (a guard: the checks return at once, or never)
+    assert not worker.is_alive(), "the grader waited on a FIFO"
+    assert outcome == [None, {}]
+    assert hosttools.read_regular(str(bin_dir / "python3"), 256) is None

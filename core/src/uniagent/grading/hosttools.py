@@ -180,19 +180,33 @@ def stat_lines(paths: Iterable[str]) -> list[str]:
     return lines
 
 
-def is_shim(path: str) -> bool:
-    """Whether ``path`` is a pyenv shim (its first 2048 bytes, read without blocking from a
-    regular file; anything else is not one)."""
+def read_regular(path: str, limit: int) -> bytes | None:
+    """The first ``limit`` bytes of ``path`` where it is a regular file, opened without
+    blocking (a FIFO or a device put where a file was is never waited on); ``None`` for
+    anything else or where it cannot be read."""
     try:
         fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_NOCTTY)
     except OSError:
-        return False
+        return None
     try:
         if not stat.S_ISREG(os.fstat(fd).st_mode):
-            return False
-        return _PYENV_SHIM in os.read(fd, 2048)
+            return None
+        chunks: list[bytes] = []
+        while limit > 0 and (chunk := os.read(fd, min(limit, 1 << 20))):
+            chunks.append(chunk)
+            limit -= len(chunk)
+        return b"".join(chunks)
+    except OSError:
+        return None
     finally:
         os.close(fd)
+
+
+def is_shim(path: str) -> bool:
+    """Whether ``path`` is a pyenv shim (its first 2048 bytes, read without blocking from a
+    regular file; anything else is not one)."""
+    start = read_regular(path, 2048)
+    return start is not None and _PYENV_SHIM in start
 
 
 def _tools(path: str) -> tuple[list[str], list[str], list[str]]:

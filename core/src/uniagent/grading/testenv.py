@@ -631,12 +631,8 @@ class _KeptAnswers:
     def keep(self, key: tuple[object, ...], scratch: str, repo: str | None, started: int) -> None:
         """Keep the answers the interpreters gave in the discovery just run in ``scratch``
         (blocking)."""
-        try:
-            with open(f"{scratch}/tmp/env.out", "rb") as found:
-                data = found.read(self.MAX_BYTES + 1)
-        except OSError:
-            return
-        if len(data) > self.MAX_BYTES:
+        data = hosttools.read_regular(f"{scratch}/tmp/env.out", self.MAX_BYTES + 1)
+        if data is None or len(data) > self.MAX_BYTES:
             return
         text = data.decode("utf-8", "surrogateescape")
         fresh: dict[tuple[str, str], _Answer] = {}
@@ -871,11 +867,9 @@ def _discover_output(
             p, real = where
             found += [f"env-bin {word} {real}", f"root {real}"]
             py = p  # as found, not the link's target
-            try:
-                with open(real, "rb") as start:  # (an executable file: found above)
-                    head = start.read(256)
-            except OSError:
-                head = b""
+            head = hosttools.read_regular(real, 256)
+            if head is None:
+                return None  # (not a regular file, or unreadable: the script bounds its read)
             opening = head.partition(b"\n")[0]
             if head.startswith(b"#!"):
                 if (len(opening) == len(head) == 256) or b"\0" in opening:
