@@ -87,6 +87,37 @@ async def test_commands_state_and_exit_codes(env: AgentEnv) -> None:
     assert (await env.run_action("echo $PAGER")).output.strip() == "cat"
 
 
+async def test_late_prompts_lose_no_exit_code_and_leave_none_behind(env: AgentEnv) -> None:
+    # Every prompt 0.3 s late, as on a busy machine: SWE-ReX's own exit-status step waits
+    # 0.1 s for its last prompt (the status was then lost, the output kept SWE-ReX's mark,
+    # and the prompt left over answered the next command before it ran).
+    await env.run_action("PROMPT_COMMAND='sleep 0.3'")
+    for command, output, code in [
+        ("pwd", "/tmp\n", 0),
+        ("echo out; false", "out\n", 1),
+        ("printf no-newline; (exit 7)", "no-newline", 7),
+        ("echo $PWD", "/tmp\n", 0),
+    ]:
+        obs = await env.run_action(command)
+        assert (obs.output, obs.exit_code) == (output, code), command
+    with pytest.raises(ActionTimeoutError):
+        await env.run_action("sleep 100", timeout=1)
+    obs = await env.run_action("echo after the timeout")
+    assert (obs.output, obs.exit_code) == ("after the timeout\n", 0)
+
+
+async def test_commands_bashlex_cannot_split_keep_output_and_status(env: AgentEnv) -> None:
+    # SWE-ReX sends these line by line and awaits a mark of its own (not one prompt).
+    for command, output, code in [
+        ("[[ -n x ]] && echo yes", "yes\n", 0),
+        ("echo $((6 * 7)); (exit 3)", "42\n", 3),
+        ("case a in a) echo one;; esac", "one\n", 0),
+    ]:
+        obs = await env.run_action(command)
+        assert (obs.output, obs.exit_code) == (output, code), command
+    assert (await env.run_action("echo aligned")).output == "aligned\n"
+
+
 async def test_syntax_errors(env: AgentEnv) -> None:
     with pytest.raises(ActionSyntaxError) as info:
         await env.run_action("if true; then echo x")

@@ -6,6 +6,7 @@ import asyncio
 import contextlib
 import logging
 import posixpath
+import re
 import secrets
 import shlex
 import warnings
@@ -76,6 +77,38 @@ class Observation:
     exit_code: int | None
 
 
+# SWE-ReX's pexpect session ends a command at its prompt (``SHELLPS1PREFIX``), then asks
+# for the exit status with one more line and waits 0.1 s for the prompt after it: on a
+# busy machine that prompt comes later, the status is lost (None), and the prompt left
+# over answers the next command before it ran. So on SWE-ReX's sessions the status is put
+# in the prompt itself, in front of SWE-ReX's mark, and a command is run with
+# check="ignore": one line sent, one prompt awaited, with the command's own timeout.
+_SWEREX_PS1 = "SHELLPS1PREFIX"
+_RC_PS1 = f"UNIAGENTRC$?;{_SWEREX_PS1}"
+_RC_AT_END = re.compile(r"UNIAGENTRC(\d+);\Z")
+_RC_MARKS = re.compile(rf"UNIAGENTRC\d+;(?:{_SWEREX_PS1})?")
+
+
+def _speaks_swerex(runtime: Any) -> bool:
+    """Whether ``runtime`` is SWE-ReX's (a pexpect bash session behind it), by class."""
+    return any(cls.__module__.split(".")[0] == "swerex" for cls in type(runtime).__mro__)
+
+
+def _swerex_sends_one_line(command: str) -> bool:
+    """Whether SWE-ReX sends ``command`` as one line and awaits one prompt: it does when
+    bashlex splits it (its commands joined by ``;``); otherwise it sends the lines as they
+    are and awaits a mark of its own, and the prompts after them come later."""
+    try:
+        from swerex.runtime.local import _split_bash_command
+    except ImportError:  # a SWE-ReX without it: its own exit-status step, as before
+        return False
+    try:
+        _split_bash_command(command)
+    except Exception:  # bashlex raises many kinds; SWE-ReX catches them all likewise
+        return False
+    return True
+
+
 def _kind(exc: BaseException) -> str | None:
     names = {cls.__name__ for cls in type(exc).__mro__}
     if names & _SYNTAX:
@@ -118,6 +151,7 @@ class AgentEnv:
         self._agent_stopped = False
         self._scope: OpenEnvs | None = None
         self._forked = False
+        self._rc_in_prompt = False  # a SWE-ReX session whose prompt says the exit status
 
     @classmethod
     def from_config(
@@ -200,6 +234,7 @@ class AgentEnv:
         dirs = [tools] + ([q(self._workdir)] if self._workdir else [])
         tests = " && ".join(f"test -d {d}" for d in dirs)
         setup = f'{tests} || mkdir -p {" ".join(dirs)} && export PATH={tools}:"$PATH"'
+        setup = self._status_in_prompt() + setup
         if exports:
             setup += f" && export {exports}"
         if self._workdir:
@@ -559,7 +594,7 @@ class AgentEnv:
             for old, new in moved.items()
         )
         file = q(state)
-        restore = (
+        restore = self._status_in_prompt() + (
             f"if [ -r {file} ]; then "
             'for __ua_v in $(compgen -e); do unset "$__ua_v" 2>/dev/null; done; '
             f". {file} 2>/dev/null; {swaps}unset __ua_v __ua_old __ua_new; rm -f {file}; "
@@ -573,6 +608,19 @@ class AgentEnv:
             raise EnvStartError(f"the forked shell could not take its parent's state: {obs.output}")
 
     # -- commands ---------------------------------------------------------------------
+    def _status_in_prompt(self) -> str:
+        """The assignment that puts the exit status in a SWE-ReX session's prompt, to run
+        first in the session's setup (the prompt after it has it); ``""`` elsewhere."""
+        if not _speaks_swerex(self.runtime):
+            return ""
+        self._rc_in_prompt = True
+        return f"PS1={shlex.quote(_RC_PS1)}; "
+
+    def _bash_action(self, command: str, timeout: float | None) -> BashAction:
+        one_line = self._rc_in_prompt and _swerex_sends_one_line(command)
+        check = "ignore" if one_line else "silent"
+        return BashAction(command=command, session=SESSION, timeout=timeout, check=check)
+
     async def run_action(self, command: str, timeout: float | None = None) -> Observation:
         """Run ``command`` in the persistent session; errors are :mod:`uniagent.env.errors`'.
 
@@ -584,7 +632,7 @@ class AgentEnv:
         self._check_usable()
         check_encodable(command)
         timeout = timeout if timeout is not None else self.config.action_timeout
-        action = BashAction(command=command, session=SESSION, timeout=timeout, check="silent")
+        action = self._bash_action(command, timeout)
         try:
             obs = await self.runtime.run_in_session(action)
         except Exception as exc:
@@ -602,14 +650,21 @@ class AgentEnv:
                     getattr(exc, "partial_output", ""),
                 ) from exc
             raise
-        if obs.exit_code is None:
-            # SWE-ReX's pexpect session returns None when a prompt came late (0.1 s budget
-            # under load) and then answers the next command from the stale prompt.
-            # Interrupting drains its buffer and re-aligns it; our host runtime never
-            # gets here.
+        output, exit_code = obs.output, obs.exit_code
+        if action.check == "ignore":  # the status is the prompt's (None: the agent's PS1)
+            found = _RC_AT_END.search(output)
+            if found is not None:
+                output, exit_code = output[: found.start()], int(found.group(1))
+        elif exit_code is None:
+            # SWE-ReX's own status step returns None when its last prompt came late (0.1 s
+            # budget under load) and then answers the next command from the stale prompt:
+            # here only for what bashlex cannot split. Interrupting drains its buffer and
+            # re-aligns it; our host runtime never gets here.
             log.info("exit code unknown; re-synchronising the session")
             await self._recover()
-        return Observation(output=await self._clean(obs.output), exit_code=obs.exit_code)
+        if self._rc_in_prompt:
+            output = _RC_MARKS.sub("", output)
+        return Observation(output=await self._clean(output), exit_code=exit_code)
 
     async def _death(self, message: str, partial: str) -> TerminalNotAliveError:
         """The error for a session that died under a command: the agent's doing or not."""
@@ -641,12 +696,7 @@ class AgentEnv:
             )
             token = secrets.token_hex(8)
             probe = await runtime.run_in_session(
-                BashAction(
-                    command=f"echo {token}",
-                    session=SESSION,
-                    timeout=config.probe_timeout,
-                    check="silent",
-                )
+                self._bash_action(f"echo {token}", config.probe_timeout)
             )
         except Exception as exc:
             raise await self._death(
@@ -658,7 +708,7 @@ class AgentEnv:
                 f"the session did not answer the liveness probe (got {probe.output[:200]!r})",
                 obs.output,
             )
-        return obs.output
+        return _RC_MARKS.sub("", obs.output) if self._rc_in_prompt else obs.output
 
     async def communicate(
         self, command: str, timeout: float | None = None, check: bool = False
