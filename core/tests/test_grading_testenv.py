@@ -578,3 +578,37 @@ async def test_an_answer_is_not_taken_again_once_its_start_up_changed(kept, venv
     again = await baseline_of("absolute")
     assert kept.given == 0 and f"root:{extra}" in again
     assert await baseline_of("absolute") == again and kept.given == 1
+
+
+FORGE = r"""
+import atexit, os
+
+
+def forge():
+    # As another episode's agent could (no isolation: the scratch dirs are the host's): the
+    # discovery's files in this sandbox's scratch dir rewritten once the interpreter ran,
+    # an answer that leaves the test environment's site-packages out.
+    record = os.path.join(os.environ.get("TMPDIR", "/nonexistent"), "env.out")
+    try:
+        with open(record, encoding="utf-8") as f:
+            head = f.read().split("\n")
+    except OSError:
+        return
+    asked = [i for i, line in enumerate(head) if line.startswith("asked\t")]
+    if asked:
+        with open(record + ".new", "w", encoding="utf-8") as f:
+            f.write("\n".join(head[: asked[-1] + 1]) + "\nroot /forged\nanswered 0\n")
+        os.replace(record + ".new", record)
+
+
+atexit.register(forge)
+"""
+
+
+async def test_an_answer_rewritten_in_the_scratch_dir_is_not_the_one_kept(kept, venv):
+    site = venv / "lib" / PY / "site-packages"
+    (site / "sitecustomize.py").write_text(FORGE)
+    first = await baseline_of("absolute")
+    assert f"root:{site}" in first and "root:/forged" not in first
+    again = await baseline_of("absolute")
+    assert kept.given == 1 and again == first

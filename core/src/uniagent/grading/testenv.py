@@ -146,7 +146,7 @@ TEST_ENV = (
 activated() (
   exec 3>&1 >/dev/null 2>&1 </dev/null
   set +eu
-  eval "$ACTIVATE"
+  eval "$ACTIVATE" 4>&-
   exec 1>&3
   asked=
   for word in $INTERPRETERS; do
@@ -173,16 +173,20 @@ activated() (
     case "$asked" in *"$key"*) continue ;; esac
     asked=$asked$key
     # An answer the grader kept for this interpreter ($KEPT: PY TAB TARGET TAB FILE lines),
-    # else its own; each marked for the grader, which keeps a new one (_KeptAnswers).
-    printf 'asked\t%s\t%s\n' "$py" "$target"
+    # else its own; with $KEEP, a new one is also printed for the grader to keep
+    # (_KeptAnswers), on the script's output (fd 4: no file another sandbox could write).
     kept=
     while IFS=$'\t' read -r kept_py kept_target kept_file; do
       [ "$kept_py" = "$py" ] && [ "$kept_target" = "$target" ] && kept=$kept_file
     done <<< "$KEPT"
     if [ -n "$kept" ]; then
-      cat -- "$kept"; printf '\nanswered kept\n'
+      cat -- "$kept"; echo
     else
-      "$py" -c "$ROOTS_PY" 2>/dev/null; printf '\nanswered %s\n' "$?"
+      answer=$("$py" -c "$ROOTS_PY" 2>/dev/null)
+      status=$?
+      printf '%s\n' "$answer"
+      [ -z "$KEEP" ] || printf 'answer\t%s\t%s\t%s\n\t%s\n' \
+        "$py" "$target" "$status" "${answer//$'\n'/$'\n\t'}" >&4
     fi
   done
   if [ "$MODE" = discover ]; then
@@ -200,12 +204,16 @@ activated() (
   true
 )
 cd "$REPO" 2>/dev/null || cd / || exit 3  # where the eval script activates
-activated > "$TMPDIR/env.out"
-grep '^env-bin ' "$TMPDIR/env.out"
+# What the interpreters and the activation said, held by this shell (not in a file that
+# another sandbox without isolation could rewrite before it is read).
+exec 4>&1
+said=$(activated; printf x)
+said=${said%x}
+grep '^env-bin ' <<< "$said"
 if [ "$MODE" = discover ]; then
   # One sort, one awk: the roots kept (into $ROOTS and printed), then the files.
   : > "$ROOTS"; : > "$FILES"
-  LC_ALL=C sort -u "$TMPDIR/env.out" \
+  LC_ALL=C sort -u <<< "$said" \
     | awk -v repo="$REPO" -v scratch="${TMPDIR%/tmp}" -v roots="$ROOTS" -v files="$FILES" '
     /^file / { found[++m] = substr($0, 6); next }
     !/^root / { next }
@@ -283,6 +291,7 @@ def _variables(
     known: tuple[str, ...] = (),
     shared: bool = False,
     kept: str = "",
+    keep: bool = False,
 ) -> dict[str, str]:
     return {
         "ACTIVATE": spec.activate,
@@ -297,6 +306,7 @@ def _variables(
         "KNOWN": "\n".join(known),
         "SHARED": "1" if shared else "",
         "KEPT": kept,
+        "KEEP": "1" if keep else "",
     }
 
 
@@ -497,14 +507,16 @@ async def _discovery(
     kept = await off_loop(_KEPT.offer, cache, sandbox.scratch) if cache is not None else ""
     shared = sandbox.env.sees_host_files()
     started = time.time_ns()
+    keep = cache is not None
     output = await run_script(
         sandbox, TEST_ENV,
-        _variables(baseline, spec, sandbox.scratch, "discover", "", None, known, shared, kept),
+        _variables(baseline, spec, sandbox.scratch, "discover", "", None, known, shared, kept,
+                   keep),
         what="resolving the test environment",
         resident=True,  # it starts the interpreters, but before the agent's first turn
     )  # fmt: skip
     if cache is not None:
-        await off_loop(_KEPT.keep, cache, sandbox.scratch, baseline.repo, started)
+        await off_loop(_KEPT.keep, cache, output, sandbox.scratch, baseline.repo, started)
     return output
 
 
@@ -573,8 +585,6 @@ class _KeptAnswers:
     none of its paths changed while the interpreter ran."""
 
     MAX_KEYS = 64
-    #: Bytes of the discovery's record of its interpreters read at most.
-    MAX_BYTES = 8 << 20
 
     def __init__(self) -> None:
         #: (Its methods run on worker threads, several at once.)
@@ -628,27 +638,32 @@ class _KeptAnswers:
         self.gave(len(lines))
         return "\n".join(lines)
 
-    def keep(self, key: tuple[object, ...], scratch: str, repo: str | None, started: int) -> None:
-        """Keep the answers the interpreters gave in the discovery just run in ``scratch``
-        (blocking)."""
-        data = hosttools.read_regular(f"{scratch}/tmp/env.out", self.MAX_BYTES + 1)
-        if data is None or len(data) > self.MAX_BYTES:
-            return
-        text = data.decode("utf-8", "surrogateescape")
+    def keep(
+        self, key: tuple[object, ...], output: str, scratch: str, repo: str | None, started: int
+    ) -> None:
+        """Keep the answers the interpreters gave in the discovery just run in ``scratch``:
+        its output's ``answer`` blocks (blocking). Taken from the script's output, not from a
+        file: without isolation another episode's agent can write in this one's scratch dir,
+        and a forged answer would be given to every later sandbox."""
         fresh: dict[tuple[str, str], _Answer] = {}
         asked: list[str] | None = None
         lines: list[str] = []
-        for line in text.split("\n"):
-            if line.startswith("asked\t"):
-                asked, lines = line.split("\t")[1:], []
-            elif line.startswith("answered ") and asked is not None:
-                if line == "answered 0" and len(asked) == 2:
-                    answer = _answer(asked[0], asked[1], lines, scratch, repo, started)
-                    if answer is not None:
-                        fresh[(asked[0], asked[1])] = answer
-                asked = None
-            elif asked is not None and line:
-                lines.append(line)
+
+        def done() -> None:
+            if asked is not None and len(asked) == 3 and asked[2] == "0":
+                answer = _answer(asked[0], asked[1], lines, scratch, repo, started)
+                if answer is not None:
+                    fresh[(asked[0], asked[1])] = answer
+
+        for line in output.split("\n"):
+            if line.startswith("\t") and asked is not None:
+                lines.append(line[1:])
+                continue
+            done()
+            asked, lines = None, []
+            if line.startswith("answer\t"):
+                asked = line.split("\t")[1:]
+        done()
         if fresh:
             with self._lock:
                 if key not in self._answers and len(self._answers) >= self.MAX_KEYS:
@@ -857,7 +872,7 @@ def _discover_output(
         return None  # (awk -v reads a backslash as an escape)
     path = environment.get("PATH", "")
     here = repo if os.path.isdir(repo) else "/"  # cd "$REPO" 2>/dev/null || cd /
-    found: list[str] = []  # the script's env.out, but for the lines it does not keep
+    found: list[str] = []  # what the interpreters said, but for the lines it does not keep
     asked: set[str] = set()
     try:
         for word in words:
