@@ -239,6 +239,39 @@ def test_a_killed_runs_sandboxes_are_found_and_removed(tmp_path):
         assert not [r for r in cleanup_leftovers(str(base)) if ours in r or str(base) in r]
 
 
+def test_a_process_entering_the_group_as_it_is_removed_is_ended_and_the_group_goes() -> None:
+    """A command can start into the sandbox's groups while the sandbox closes (an
+    interrupted set-up: its process moves itself in after the close killed the others).
+    The kernel then refuses to remove a group; before, that was ignored and the groups
+    outlived the run."""
+    group = cgroup_module.create(pids=64, memory=None)
+    assert group is not None, "this machine gives host sandboxes a cgroup (root)"
+    started: list[subprocess.Popen[bytes]] = []
+
+    class Racing(cgroup_module.SandboxCgroup):
+        def kill(self, timeout: float = 30.0) -> bool:
+            ended = super().kill(timeout)
+            if not started:  # the first kill is done: a process enters now
+                proc = subprocess.Popen(self.wrap(["sleep", "600"]))
+                started.append(proc)
+                while proc.pid not in self.pids():  # (its shell moves itself in first)
+                    assert proc.poll() is None, "the late process could not start"
+            return ended
+
+    racing = Racing(group.name, group.paths, group.v2)
+    try:
+        racing.remove()
+        assert started and not [p for p in group.paths if p.exists()], "every group removed"
+        assert started[0].wait(timeout=60) == -signal.SIGKILL
+    finally:
+        for proc in started:
+            proc.kill()
+            proc.wait()
+        for path in group.paths:
+            if path.exists():
+                cgroup_module.SandboxCgroup(group.name, [path]).remove()
+
+
 def _groups_of(pid: int) -> list[cgroup_module.SandboxCgroup]:
     """The live sandbox groups owned by ``pid`` (not yet leftovers)."""
     found: dict[str, cgroup_module.SandboxCgroup] = {}

@@ -17,6 +17,7 @@ session's process group (and, with bubblewrap, its PID namespace).
 from __future__ import annotations
 
 import contextlib
+import errno
 import functools
 import logging
 import os
@@ -130,12 +131,28 @@ class SandboxCgroup:
                 left = self.pids()
         return True
 
-    def remove(self) -> None:
-        """Kill what is left and remove the groups."""
+    def remove(self, timeout: float = 10.0) -> None:
+        """Kill what is left and remove the groups (blocking: a thread). A group whose last
+        processes were killed may still count them until their parent reaps them (the
+        kernel refuses its removal with EBUSY, though ``cgroup.procs`` lists none): its
+        removal is tried again until ``timeout``, then left with a warning (a later run's
+        :func:`leftovers` removes it once this process is gone)."""
         self.kill()
+        deadline = time.monotonic() + timeout
         for path in self.paths:
-            with contextlib.suppress(OSError):
-                path.rmdir()
+            while True:
+                try:
+                    path.rmdir()
+                except FileNotFoundError:
+                    break
+                except OSError as exc:
+                    if exc.errno != errno.EBUSY or time.monotonic() > deadline:
+                        log.warning("could not remove the sandbox cgroup %s: %s", path, exc)
+                        break
+                    self.kill(max(0.0, deadline - time.monotonic()))
+                    time.sleep(0.01)  # (the kernel's state, not a test's: polled)
+                    continue
+                break
 
     def memory_peak(self) -> int | None:
         """The most memory the sandbox used (bytes), where the kernel tells."""
