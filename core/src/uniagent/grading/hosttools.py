@@ -94,15 +94,8 @@ def _still_holds(answer: _Answer, interpreter: str) -> bool:
     """Whether ``answer`` is what the interpreter would answer now (blocking)."""
     if _keys(interpreter) != answer.keys:
         return False
-    limit = answer.started_ns - walks.CTIME_SLACK_NS
-    for path, dev, ino in answer.dirs:
-        try:
-            info = os.lstat(path)
-        except OSError:
-            return False
-        if (info.st_dev, info.st_ino) != (dev, ino) or info.st_ctime_ns >= limit:
-            return False
-    return True
+    dirs = ((path, (dev, ino)) for path, dev, ino in answer.dirs)
+    return walks.paths_unchanged(dirs, answer.started_ns - walks.CTIME_SLACK_NS)
 
 
 def _answer(output: str, keys: tuple[str | None, ...], started: int, scratch: str) -> _Answer:

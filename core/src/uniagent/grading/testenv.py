@@ -494,6 +494,7 @@ async def _discovery(
     """The discovery script's output, with the interpreters' kept answers of ``cache`` that
     still hold (:class:`_KeptAnswers`), keeping the new ones; answered from here where they
     are all it needs (:func:`_discover_output`)."""
+    answers: dict[tuple[str, str], str] = {}
     if cache is not None:
         answers = await off_loop(_KEPT.holding, cache)
         if answers:
@@ -504,7 +505,7 @@ async def _discovery(
             if here is not None:
                 _KEPT.gave(len(answers))
                 return here
-    kept = await off_loop(_KEPT.offer, cache, sandbox.scratch) if cache is not None else ""
+    kept = await off_loop(_KEPT.offer, answers, sandbox.scratch) if answers else ""
     shared = sandbox.env.sees_host_files()
     started = time.time_ns()
     keep = cache is not None
@@ -558,22 +559,8 @@ class _Answer:
 
     def holds(self) -> bool:
         """Whether the interpreter would answer the same now (blocking): each of its paths is
-        the same file, unchanged since shortly before it answered, or still missing. A file's
-        content and a directory's names change its ctime (which cannot be set back without
-        setting the clock); a path that leads elsewhere now is another inode."""
-        limit = self.started_ns - KEPT_SLACK_NS
-        for path, identity in self.deps:
-            try:
-                info = os.lstat(path)
-            except FileNotFoundError:
-                if identity is None:
-                    continue
-                return False
-            except OSError:
-                return False
-            if (info.st_dev, info.st_ino) != identity or info.st_ctime_ns >= limit:
-                return False
-        return True
+        the same file, unchanged since shortly before it answered, or still missing."""
+        return walks.paths_unchanged(self.deps, self.started_ns - KEPT_SLACK_NS)
 
 
 class _KeptAnswers:
@@ -623,11 +610,11 @@ class _KeptAnswers:
                         del kept[found]
         return holding
 
-    def offer(self, key: tuple[object, ...], scratch: str) -> str:
-        """Write the answers of ``key`` that still hold into ``scratch`` (blocking): the
-        script's ``KEPT`` lines."""
+    def offer(self, answers: Mapping[tuple[str, str], str], scratch: str) -> str:
+        """Write ``answers`` (:meth:`holding`'s) into ``scratch`` (blocking): the script's
+        ``KEPT`` lines."""
         lines: list[str] = []
-        for (py, target), text in self.holding(key).items():
+        for (py, target), text in answers.items():
             path = f"{scratch}/kept-{len(lines)}"
             try:
                 with open(path, "x", encoding="utf-8", errors="surrogateescape") as out:

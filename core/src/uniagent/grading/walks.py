@@ -42,7 +42,7 @@ import os
 import stat
 import time
 from collections import OrderedDict
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 
 #: Directories right under a root that are not walked (roots of their own where the
@@ -216,6 +216,25 @@ def unchanged_since(found: RootWalk) -> bool:
         except OSError:
             return False
         if info.st_ctime_ns >= limit or not stat.S_ISDIR(info.st_mode) or info.st_dev != found.dev:
+            return False
+    return True
+
+
+def paths_unchanged(paths: Iterable[tuple[str, tuple[int, int] | None]], limit_ns: int) -> bool:
+    """Whether each path is still the file it was (its device and inode), with a ctime from
+    before ``limit_ns`` (a file's content and a directory's names change it, and it cannot
+    be set back without setting the clock), or still missing where it was (``None``);
+    blocking. A path that leads elsewhere now is another inode."""
+    for path, identity in paths:
+        try:
+            info = os.lstat(path)
+        except FileNotFoundError:
+            if identity is None:
+                continue
+            return False
+        except OSError:
+            return False
+        if (info.st_dev, info.st_ino) != identity or info.st_ctime_ns >= limit_ns:
             return False
     return True
 
