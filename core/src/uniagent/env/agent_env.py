@@ -594,10 +594,12 @@ class AgentEnv:
             for old, new in moved.items()
         )
         file = q(state)
-        restore = self._status_in_prompt() + (
+        # (the prompt's status set again once the parent's exports replaced this shell's)
+        prompt = self._status_in_prompt()
+        restore = (
             f"if [ -r {file} ]; then "
             'for __ua_v in $(compgen -e); do unset "$__ua_v" 2>/dev/null; done; '
-            f". {file} 2>/dev/null; {swaps}unset __ua_v __ua_old __ua_new; rm -f {file}; "
+            f". {file} 2>/dev/null; {prompt}{swaps}unset __ua_v __ua_old __ua_new; rm -f {file}; "
             f"__ua_cwd={cwd}; "
             + (f'case "$__ua_cwd/" in {arms}esac; ' if arms else "")
             + f'cd -- "$__ua_cwd" && unset __ua_cwd && umask {q(umask)}; '
