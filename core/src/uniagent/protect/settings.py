@@ -18,6 +18,7 @@ from uniagent.protect.rules import (
     ContentRule,
     ProtectRule,
     RuleSet,
+    compiled_rules,
     literal_pattern,
 )
 
@@ -180,4 +181,6 @@ class IntegritySettings(BaseModel):
         if extra_paths:
             patterns = tuple(literal_pattern(p) for p in extra_paths)
             protect.append(ProtectRule(name="task-paths", patterns=patterns))
-        return RuleSet([*protect, GIT_ATTRIBUTES, GIT_FOREIGN, GIT_METADATA, CACHES], content)
+        return compiled_rules(
+            (*protect, GIT_ATTRIBUTES, GIT_FOREIGN, GIT_METADATA, CACHES), tuple(content)
+        )
