@@ -44,12 +44,15 @@ def swerex_remote() -> str:
     return found or shutil.which("swerex-remote") or "swerex-remote"
 
 
-def start_server(port: int, token: str) -> subprocess.Popen[bytes]:
+def start_server(
+    port: int, token: str, env: dict[str, str] | None = None
+) -> subprocess.Popen[bytes]:
     return subprocess.Popen(
         [swerex_remote(), "--host", "127.0.0.1", "--port", str(port), "--auth-token", token],
         stdout=subprocess.DEVNULL,
         stderr=subprocess.DEVNULL,
         start_new_session=True,
+        env=env,
     )
 
 
@@ -104,6 +107,41 @@ async def test_late_prompts_lose_no_exit_code_and_leave_none_behind(env: AgentEn
         await env.run_action("sleep 100", timeout=1)
     obs = await env.run_action("echo after the timeout")
     assert (obs.output, obs.exit_code) == ("after the timeout\n", 0)
+
+
+async def test_output_that_holds_the_prompts_mark_is_kept_whole(env: AgentEnv) -> None:
+    # `env`, `set` and `echo $PS1` print SWE-ReX's mark: SWE-ReX takes it for the prompt.
+    obs = await env.run_action("echo $PS1; echo after; (exit 4)")
+    assert obs.exit_code == 4
+    assert obs.output.endswith("SHELLPS1PREFIX\nafter\n") and "$?" in obs.output, obs
+    assert (await env.run_action("env | grep -c '^PS1='")).output == "1\n"
+    obs = await env.run_action("echo aligned; false")
+    assert (obs.output, obs.exit_code) == ("aligned\n", 1)
+
+
+def test_a_shell_whose_first_prompt_is_the_mark_is_aligned(tmp_path: Path) -> None:
+    # No start-up file sets another PS1 (an image without a bashrc; here a ~/.bashrc that
+    # sets SWE-ReX's own): SWE-ReX's start reads the first of two prompts, and the second
+    # answered the next command before it ran.
+    home = tmp_path / "home"
+    home.mkdir()
+    (home / ".bashrc").write_text("PS1=SHELLPS1PREFIX\n")
+    port, token = free_port(), secrets.token_hex(8)
+    proc = start_server(port, token, {**os.environ, "HOME": str(home)})
+
+    async def commands() -> list[tuple[str, int | None]]:
+        config = {"type": "remote", "host": "http://127.0.0.1", "port": port,
+                  "auth_token": token, "server_start_timeout": 60}  # fmt: skip
+        async with open_env(config, {"workdir": "/tmp"}) as env:
+            return [
+                ((obs := await env.run_action(c)).output, obs.exit_code)
+                for c in ("pwd", "echo one; false", "echo two")
+            ]
+
+    try:
+        assert asyncio.run(commands()) == [("/tmp\n", 0), ("one\n", 1), ("two\n", 0)]
+    finally:
+        stop_server(proc)
 
 
 async def test_commands_bashlex_cannot_split_keep_output_and_status(env: AgentEnv) -> None:

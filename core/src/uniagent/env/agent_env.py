@@ -86,6 +86,7 @@ class Observation:
 _SWEREX_PS1 = "SHELLPS1PREFIX"
 _RC_PS1 = f"UNIAGENTRC$?;{_SWEREX_PS1}"
 _RC_AT_END = re.compile(r"UNIAGENTRC(\d+);\Z")
+_RC_PROMPT = re.compile(rf"UNIAGENTRC(\d+);{_SWEREX_PS1}")
 _RC_MARKS = re.compile(rf"UNIAGENTRC\d+;(?:{_SWEREX_PS1})?")
 
 
@@ -107,6 +108,11 @@ def _swerex_sends_one_line(command: str) -> bool:
     except Exception:  # bashlex raises many kinds; SWE-ReX catches them all likewise
         return False
     return True
+
+
+#: Commands SWE-ReX's bashlex cannot split (the first that the installed one cannot split is
+#: used): SWE-ReX then awaits a mark of its own, past any prompt left over (:meth:`_align`).
+_UNSPLIT = ("[[ 1 ]]", "(( 1 ))", "case 1 in 1) ;; esac")
 
 
 def _kind(exc: BaseException) -> str | None:
@@ -222,6 +228,7 @@ class AgentEnv:
         await self.runtime.create_session(
             CreateBashSessionRequest(session=SESSION, startup_timeout=self.config.start_timeout)
         )
+        await self._align(self.config.setup_timeout)
         self._workdir = self.config.workdir or self.deployment.workdir
         self._tools_dir = self.config.tools_dir or self.deployment.tools_dir or DEFAULT_TOOLS_DIR
         q = shlex.quote
@@ -572,6 +579,7 @@ class AgentEnv:
             ),
             self.config.start_timeout,
         )
+        await self._align(self.config.setup_timeout)
         self._workdir = move(parent._workdir) if parent._workdir else None
         self._tools_dir = move(parent._tools_dir)
         self._installed = set(parent._installed)
@@ -618,6 +626,31 @@ class AgentEnv:
         self._rc_in_prompt = True
         return f"PS1={shlex.quote(_RC_PS1)}; "
 
+    async def _align(self, timeout: float) -> str:
+        """Leave no prompt of a SWE-ReX session unread (a no-op elsewhere); what the shell
+        printed meanwhile. SWE-ReX's start leaves one where the shell's first prompt is its
+        mark already (no start-up file sets another ``PS1``), its own exit-status step one
+        where a prompt came late, and a command that prints the mark one: a command
+        awaiting a prompt would then be answered before it ran, and every later one too.
+        A command that bashlex cannot split is awaited by SWE-ReX's own mark, past any
+        prompt; exactly one prompt follows it, read by sending a lone backslash: the shell
+        reads a continued line (``PS2`` is empty) and prints no prompt, and the next command
+        completes that line (a backslash-newline is nothing to bash)."""
+        if not _speaks_swerex(self.runtime):
+            return ""
+        unsplit = next((c for c in _UNSPLIT if not _swerex_sends_one_line(c)), None)
+        if unsplit is None:  # (a bashlex that splits them all: SWE-ReX's own step, as before)
+            return ""
+        read = await self.runtime.run_in_session(
+            BashAction(command=unsplit, session=SESSION, timeout=timeout, check="ignore")
+        )
+        backslash = BashAction(
+            command="\\", session=SESSION, timeout=timeout, check="ignore",
+            is_interactive_command=True,
+        )  # fmt: skip
+        await self.runtime.run_in_session(backslash)
+        return str(read.output)
+
     def _bash_action(self, command: str, timeout: float | None) -> BashAction:
         one_line = self._rc_in_prompt and _swerex_sends_one_line(command)
         check = "ignore" if one_line else "silent"
@@ -653,17 +686,29 @@ class AgentEnv:
                 ) from exc
             raise
         output, exit_code = obs.output, obs.exit_code
-        if action.check == "ignore":  # the status is the prompt's (None: the agent's PS1)
+        if action.check == "ignore":  # the status is the prompt's
             found = _RC_AT_END.search(output)
             if found is not None:
                 output, exit_code = output[: found.start()], int(found.group(1))
+            else:
+                # SWE-ReX's mark in the output (`env`, `set`: PS1's value) taken for the
+                # prompt, or the agent's own PS1: the rest of the output up to the prompt
+                # that says the status (none: the agent's PS1), the session aligned again.
+                log.info("the output holds the prompt's mark; re-aligning the session")
+                rest = await self._aligned()
+                prompt = _RC_PROMPT.search(rest)
+                # (the mark taken for the prompt, then the rest)
+                output += _SWEREX_PS1 + (rest if prompt is None else rest[: prompt.start()])
+                exit_code = None if prompt is None else int(prompt.group(1))
         elif exit_code is None:
             # SWE-ReX's own status step returns None when its last prompt came late (0.1 s
-            # budget under load) and then answers the next command from the stale prompt:
-            # here only for what bashlex cannot split. Interrupting drains its buffer and
-            # re-aligns it; our host runtime never gets here.
+            # budget under load) and leaves that prompt to answer the next command: here
+            # only for what bashlex cannot split. Our host runtime never gets here.
             log.info("exit code unknown; re-synchronising the session")
-            await self._recover()
+            if self._rc_in_prompt:
+                await self._aligned()
+            else:
+                await self._recover()
         if self._rc_in_prompt:
             output = _RC_MARKS.sub("", output)
         return Observation(output=await self._clean(output), exit_code=exit_code)
@@ -685,6 +730,16 @@ class AgentEnv:
             )
         return TerminalNotAliveError(message, partial)
 
+    async def _aligned(self) -> str:
+        """:meth:`_align`, the session's death where it does not answer."""
+        try:
+            return await self._align(self.config.probe_timeout)
+        except Exception as exc:
+            raise await self._death(
+                f"re-aligning the session failed: {type(exc).__name__}: {exc}",
+                getattr(exc, "partial_output", ""),
+            ) from exc
+
     async def _recover(self) -> str:
         """Interrupt the timed-out command and probe the session; the output so far."""
         runtime, config = self.runtime, self.config
@@ -696,6 +751,8 @@ class AgentEnv:
                     n_retry=config.interrupt_retries,
                 )
             )
+            # (SWE-ReX's interrupt takes the first prompt, a late one may follow it)
+            await self._align(config.probe_timeout)
             token = secrets.token_hex(8)
             probe = await runtime.run_in_session(
                 self._bash_action(f"echo {token}", config.probe_timeout)
