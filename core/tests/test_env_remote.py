@@ -100,6 +100,9 @@ async def test_late_prompts_lose_no_exit_code_and_leave_none_behind(env: AgentEn
         ("echo out; false", "out\n", 1),
         ("printf no-newline; (exit 7)", "no-newline", 7),
         ("echo $PWD", "/tmp\n", 0),
+        ("[[ -n x ]] && echo yes; (exit 5)", "yes\n", 5),  # bashlex cannot split these
+        ("echo $((6 * 7))\necho two lines", "42\ntwo lines\n", 0),
+        ("echo $PWD", "/tmp\n", 0),
     ]:
         obs = await env.run_action(command)
         assert (obs.output, obs.exit_code) == (output, code), command

@@ -82,7 +82,9 @@ class Observation:
 # busy machine that prompt comes later, the status is lost (None), and the prompt left
 # over answers the next command before it ran. So on SWE-ReX's sessions the status is put
 # in the prompt itself, in front of SWE-ReX's mark, and a command is run with
-# check="ignore": one line sent, one prompt awaited, with the command's own timeout.
+# check="ignore": one line sent, one prompt awaited, with the command's own timeout (what
+# bashlex cannot split is sent line by line and awaited by SWE-ReX's own mark: the last
+# prompt before it says the status, the one after it is read: AgentEnv._status_in_output).
 _SWEREX_PS1 = "SHELLPS1PREFIX"
 _RC_PS1 = f"UNIAGENTRC$?;{_SWEREX_PS1}"
 _RC_AT_END = re.compile(r"UNIAGENTRC(\d+);\Z")
@@ -95,23 +97,11 @@ def _speaks_swerex(runtime: Any) -> bool:
     return any(cls.__module__.split(".")[0] == "swerex" for cls in type(runtime).__mro__)
 
 
-def _swerex_sends_one_line(command: str) -> bool:
-    """Whether SWE-ReX sends ``command`` as one line and awaits one prompt: it does when
-    bashlex splits it (its commands joined by ``;``); otherwise it sends the lines as they
-    are and awaits a mark of its own, and the prompts after them come later."""
-    try:
-        from swerex.runtime.local import _split_bash_command
-    except ImportError:  # a SWE-ReX without it: its own exit-status step, as before
-        return False
-    try:
-        _split_bash_command(command)
-    except Exception:  # bashlex raises many kinds; SWE-ReX catches them all likewise
-        return False
-    return True
-
-
-#: Commands SWE-ReX's bashlex cannot split (the first that the installed one cannot split is
-#: used): SWE-ReX then awaits a mark of its own, past any prompt left over (:meth:`_align`).
+#: SWE-ReX's own mark (1.4): a command that bashlex cannot split is sent line by line with
+#: one more line that prints it, and awaited by it, past the prompts of the lines before.
+_SWEREX_MARK = "UNIQUESTRING29234"
+#: Commands SWE-ReX's bashlex cannot split: one of them is awaited by SWE-ReX's own mark,
+#: past any prompt left over (:meth:`AgentEnv._align`).
 _UNSPLIT = ("[[ 1 ]]", "(( 1 ))", "case 1 in 1) ;; esac")
 
 
@@ -629,32 +619,61 @@ class AgentEnv:
     async def _align(self, timeout: float) -> str:
         """Leave no prompt of a SWE-ReX session unread (a no-op elsewhere); what the shell
         printed meanwhile. SWE-ReX's start leaves one where the shell's first prompt is its
-        mark already (no start-up file sets another ``PS1``), its own exit-status step one
-        where a prompt came late, and a command that prints the mark one: a command
-        awaiting a prompt would then be answered before it ran, and every later one too.
-        A command that bashlex cannot split is awaited by SWE-ReX's own mark, past any
-        prompt; exactly one prompt follows it, read by sending a lone backslash: the shell
-        reads a continued line (``PS2`` is empty) and prints no prompt, and the next command
-        completes that line (a backslash-newline is nothing to bash)."""
+        mark already (no start-up file sets another ``PS1``), and a command that prints the
+        mark one: a command awaiting a prompt would then be answered before it ran, and
+        every later one too. A command that bashlex cannot split is awaited by SWE-ReX's own
+        mark, past any prompt; exactly one prompt follows it (:meth:`_read_prompt`)."""
         if not _speaks_swerex(self.runtime):
             return ""
-        unsplit = next((c for c in _UNSPLIT if not _swerex_sends_one_line(c)), None)
-        if unsplit is None:  # (a bashlex that splits them all: SWE-ReX's own step, as before)
-            return ""
-        read = await self.runtime.run_in_session(
-            BashAction(command=unsplit, session=SESSION, timeout=timeout, check="ignore")
-        )
+        for unsplit in _UNSPLIT:
+            read = await self.runtime.run_in_session(
+                BashAction(command=unsplit, session=SESSION, timeout=timeout, check="ignore")
+            )
+            if read.expect_string == _SWEREX_MARK:
+                await self._read_prompt(timeout)
+                return str(read.output)
+        return ""  # (a bashlex that splits them all: as SWE-ReX leaves it)
+
+    async def _read_prompt(self, timeout: float) -> None:
+        """Read the one prompt that follows SWE-ReX's own mark, making none: a lone backslash
+        is a continued line to the shell (``PS2`` is empty: nothing printed), which the next
+        command completes (a backslash-newline is nothing to bash)."""
         backslash = BashAction(
             command="\\", session=SESSION, timeout=timeout, check="ignore",
             is_interactive_command=True,
         )  # fmt: skip
         await self.runtime.run_in_session(backslash)
-        return str(read.output)
 
     def _bash_action(self, command: str, timeout: float | None) -> BashAction:
-        one_line = self._rc_in_prompt and _swerex_sends_one_line(command)
-        check = "ignore" if one_line else "silent"
+        check = "ignore" if self._rc_in_prompt else "silent"
         return BashAction(command=command, session=SESSION, timeout=timeout, check=check)
+
+    async def _status_in_output(self, output: str, mark: str) -> tuple[str, int | None]:
+        """A SWE-ReX command's output and status, from the prompts in it (``check: ignore``;
+        ``mark``: what SWE-ReX awaited); the session left with no prompt unread."""
+        if mark == _SWEREX_MARK:
+            # Sent line by line (bashlex could not split it): the last prompt before
+            # SWE-ReX's own line says the status; the one after that line is read here.
+            prompts = list(_RC_PROMPT.finditer(output))
+            try:
+                await self._read_prompt(self.config.probe_timeout)
+            except Exception as exc:
+                raise await self._death(
+                    f"reading the session's prompt failed: {type(exc).__name__}: {exc}", output
+                ) from exc
+            return output, int(prompts[-1].group(1)) if prompts else None
+        found = _RC_AT_END.search(output)
+        if found is not None:
+            return output[: found.start()], int(found.group(1))
+        # SWE-ReX's mark in the output (`env`, `set`: PS1's value) taken for the prompt, or
+        # the agent's own PS1: the rest of the output up to the prompt that says the status
+        # (none: the agent's PS1), the session aligned again.
+        log.info("the output holds the prompt's mark; re-aligning the session")
+        rest = await self._aligned()
+        prompt = _RC_PROMPT.search(rest)
+        # (the mark taken for the prompt, then the rest)
+        output += _SWEREX_PS1 + (rest if prompt is None else rest[: prompt.start()])
+        return output, None if prompt is None else int(prompt.group(1))
 
     async def run_action(self, command: str, timeout: float | None = None) -> Observation:
         """Run ``command`` in the persistent session; errors are :mod:`uniagent.env.errors`'.
@@ -686,29 +705,16 @@ class AgentEnv:
                 ) from exc
             raise
         output, exit_code = obs.output, obs.exit_code
-        if action.check == "ignore":  # the status is the prompt's
-            found = _RC_AT_END.search(output)
-            if found is not None:
-                output, exit_code = output[: found.start()], int(found.group(1))
-            else:
-                # SWE-ReX's mark in the output (`env`, `set`: PS1's value) taken for the
-                # prompt, or the agent's own PS1: the rest of the output up to the prompt
-                # that says the status (none: the agent's PS1), the session aligned again.
-                log.info("the output holds the prompt's mark; re-aligning the session")
-                rest = await self._aligned()
-                prompt = _RC_PROMPT.search(rest)
-                # (the mark taken for the prompt, then the rest)
-                output += _SWEREX_PS1 + (rest if prompt is None else rest[: prompt.start()])
-                exit_code = None if prompt is None else int(prompt.group(1))
+        if action.check == "ignore":  # a SWE-ReX session: the status is the prompt's
+            output, exit_code = await self._status_in_output(output, obs.expect_string)
         elif exit_code is None:
             # SWE-ReX's own status step returns None when its last prompt came late (0.1 s
-            # budget under load) and leaves that prompt to answer the next command: here
-            # only for what bashlex cannot split. Our host runtime never gets here.
+            # budget under load) and then answers the next command from the stale prompt
+            # (only before the session's set-up put the status in the prompt).
+            # Interrupting drains its buffer and re-aligns it; our host runtime never
+            # gets here.
             log.info("exit code unknown; re-synchronising the session")
-            if self._rc_in_prompt:
-                await self._aligned()
-            else:
-                await self._recover()
+            await self._recover()
         if self._rc_in_prompt:
             output = _RC_MARKS.sub("", output)
         return Observation(output=await self._clean(output), exit_code=exit_code)
