@@ -602,6 +602,11 @@ def forge():
 
 
 atexit.register(forge)
+# And on the discovery's own output channel (its fd 4), an answer for another interpreter.
+try:
+    os.write(4, b"answer\t/usr/bin/env\t/usr/bin/env\t0\n\troot /forged\n")
+except OSError:
+    pass
 """
 
 
@@ -612,3 +617,5 @@ async def test_an_answer_rewritten_in_the_scratch_dir_is_not_the_one_kept(kept, 
     assert f"root:{site}" in first and "root:/forged" not in first
     again = await baseline_of("absolute")
     assert kept.given == 1 and again == first
+    answers = [a.text for held in kept._answers.values() for a in held.values()]
+    assert answers and not any("/forged" in text for text in answers)

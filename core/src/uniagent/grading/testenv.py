@@ -182,7 +182,7 @@ activated() (
     if [ -n "$kept" ]; then
       cat -- "$kept"; echo
     else
-      answer=$("$py" -c "$ROOTS_PY" 2>/dev/null)
+      answer=$("$py" -c "$ROOTS_PY" 2>/dev/null 4>&-)  # (fd 4: for this shell alone)
       status=$?
       printf '%s\n' "$answer"
       [ -z "$KEEP" ] || printf 'answer\t%s\t%s\t%s\n\t%s\n' \
