@@ -184,11 +184,7 @@ def read_regular(path: str, limit: int) -> bytes | None:
     try:
         if not stat.S_ISREG(os.fstat(fd).st_mode):
             return None
-        chunks: list[bytes] = []
-        while limit > 0 and (chunk := os.read(fd, min(limit, 1 << 20))):
-            chunks.append(chunk)
-            limit -= len(chunk)
-        return b"".join(chunks)
+        return os.read(fd, limit)  # (a file's start: an interpreter's first line, a shim's)
     except OSError:
         return None
     finally:
