@@ -1,5 +1,6 @@
 """Hooks for every test suite of this repository (pytest loads this file for any test path
-below it): ``--cpu-durations=N`` lists the N tests that used the most CPU.
+below it): ``--cpu-durations=N`` lists the N tests that used the most CPU, and a run with
+``--dist loadgroup`` fails where pytest-xdist would ignore the ``xdist_group`` marks.
 
 ``--durations`` shows wall time, which on a busy machine (CI runs two suites side by side,
 each on every core) says more about the neighbours than about the test. A test's CPU here
@@ -34,6 +35,39 @@ def pytest_configure(config: pytest.Config) -> None:
     count = config.getoption("cpu_durations", None)
     if count is not None:
         config.pluginmanager.register(CpuDurations(count), "cpu-durations")
+
+
+#: Why a test cannot run where it was sent (its xdist group was ignored).
+_LOST = pytest.StashKey[str]()
+
+
+@pytest.hookimpl(trylast=True)  # after xdist's own hook, which adds the groups to the ids
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """In an xdist worker under ``--dist loadgroup``, every test with an ``xdist_group`` mark
+    carries its group in its id by now: that is all xdist's scheduler reads. A pytest whose
+    ids xdist can no longer change (pytest 9.2 with pytest-xdist 3.8: pytest-xdist#1386)
+    spreads each group over the workers with no word (two Ray clusters, machine-wide tests
+    side by side): here each such test fails instead (a worker cannot stop the run with a
+    message of its own)."""
+    if not getattr(config.option, "loadgroup", False):
+        return
+    lost = [
+        item
+        for item in items
+        if item.get_closest_marker("xdist_group") and "@" not in item.nodeid.rpartition("]")[2]
+    ]
+    for item in lost:
+        item.stash[_LOST] = (
+            f"--dist loadgroup: pytest-xdist ignored the xdist_group marks of {len(lost)} "
+            f"tests with pytest {pytest.__version__}: install a pytest that it supports "
+            "(uniagent[test] pins one)"
+        )
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_runtest_setup(item: pytest.Item) -> None:
+    if _LOST in item.stash:
+        pytest.fail(item.stash[_LOST], pytrace=False)
 
 
 def _cpu() -> float:
