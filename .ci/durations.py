@@ -1,6 +1,7 @@
-"""Print the table of a nox run's sessions: wall time, status and tests counted.
+"""Print the table of a nox run's sessions: wall time, CPU, status and tests counted.
 
-Reads ``.nox/durations.jsonl`` (each session appends a line as it ends; see noxfile.py).
+Reads ``.nox/durations.jsonl`` (each session appends a line as it ends, see noxfile.py;
+``.ci/lanes.py`` adds a line with the CPU of every process the session started).
 ``.ci/run`` prints it at the end of every CI run, passed or failed.
 """
 
@@ -12,31 +13,45 @@ import sys
 from pathlib import Path
 
 
+def _seconds(row: dict, key: str) -> str:
+    return f"{row[key]:>7.0f}s" if key in row else f"{'-':>8}"
+
+
 def table(path: Path) -> str:
-    rows = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+    merged: dict[str, dict] = {}  # a session's record and what .ci/lanes.py adds to it
+    for line in path.read_text().splitlines():
+        if line.strip():
+            record = json.loads(line)
+            merged.setdefault(record["session"], {}).update(record)
+    rows = [r for r in merged.values() if "seconds" in r]
     if not rows:
         return "no nox session recorded a duration"
     width = max(len("session"), *(len(r["session"]) for r in rows))
-    head = f"{'session':<{width}}  {'wall':>8}  {'cpu':>8}  {'busy':>5}  {'status':<6}"
-    lines = [head + "  tests  failed  skipped"]
+    head = f"{'session':<{width}}  {'wall':>8}  {'cpu':>8}  {'all cpu':>8}  {'busy':>5}"
+    lines = [head + f"  {'status':<6}  tests  failed  skipped"]
     for r in rows:
         failed = r.get("failures", 0) + r.get("errors", 0)
-        cpu = f"{r['cpu_seconds']:>7.0f}s" if "cpu_seconds" in r else f"{'-':>8}"
         busy = f"{r['machine_busy']:>5.0%}" if "machine_busy" in r else f"{'-':>5}"
         lines.append(
-            f"{r['session']:<{width}}  {r['seconds']:>7.0f}s  {cpu}  {busy}  {r['status']:<6}  "
+            f"{r['session']:<{width}}  {r['seconds']:>7.0f}s  {_seconds(r, 'cpu_seconds')}  "
+            f"{_seconds(r, 'all_cpu_seconds')}  {busy}  {r['status']:<6}  "
             f"{r.get('tests', 0):>5}  {failed:>6}  {r.get('skipped', 0):>7}"
         )
-    total = sum(r["seconds"] for r in rows)
-    cpu_total = sum(r.get("cpu_seconds", 0) for r in rows)
+    total = {key: sum(r.get(key, 0) for r in rows) for key in ("seconds", "cpu_seconds")}
+    every = sum(r.get("all_cpu_seconds", 0) for r in rows)
     tests = sum(r.get("tests", 0) for r in rows)
     lines.append(
-        f"{'total':<{width}}  {total:>7.0f}s  {cpu_total:>7.0f}s  {'':>5}  {'':<6}  {tests:>5}"
+        f"{'total':<{width}}  {total['seconds']:>7.0f}s  {total['cpu_seconds']:>7.0f}s  "
+        + (f"{every:>7.0f}s" if every else f"{'-':>8}")
+        + f"  {'':>5}  {'':<6}  {tests:>5}"
     )
     lines.append(
         "(wall: each session's own; sessions run side by side, so the total is more than the "
-        "run took; cpu: what the session ran and waited for; busy: the share of the whole "
-        "machine's CPU time in use while the session ran, its neighbours' included)"
+        "run took; cpu: what the session ran and waited for; all cpu: every process it "
+        "started, those nobody waited for included (Ray's daemons, sandboxes' processes), but "
+        "not containers' (a cgroup's count, where .ci/lanes.py could make one); busy: the "
+        "share of the whole machine's CPU time in use while the session ran, its neighbours' "
+        "included)"
     )
     return "\n".join(lines)
 

@@ -16,6 +16,12 @@ session ends, so that two sessions' logs are never interleaved; a line says when
 starts and ends. Every session runs even when one fails; the exit status is 1 if any
 failed. Interrupted (SIGINT, SIGTERM), it stops every session it started.
 
+Where the machine has cgroup v1's ``cpuacct`` hierarchy and this process may write there
+(root), each session runs in a group of its own: when it ends, the CPU of every process it
+started (Ray's daemons, sandbox processes a PID namespace reaps, processes nobody waited
+for) goes to the durations file as ``all_cpu_seconds``, and processes it left running are
+named. A container's processes run in podman's own groups and are not counted.
+
 The noxfile's ``ci`` session (what plain ``nox`` runs) calls this with CI's sessions.
 """
 
@@ -23,6 +29,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import json
 import os
 import re
 import signal
@@ -36,6 +43,10 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 LOGS = ROOT / ".nox" / "lanes"
+DURATIONS = ROOT / ".nox" / "durations.jsonl"
+CPUACCT = Path("/sys/fs/cgroup/cpuacct")
+#: Run first in a session's process: it moves itself into the group, then becomes nox.
+_JOIN = 'echo $$ > "$0" 2>/dev/null; exec "$@"'
 
 
 @dataclass(eq=False)
@@ -53,13 +64,78 @@ def _slug(session: str) -> str:
     return re.sub(r"[^A-Za-z0-9_.-]+", "-", session).strip("-")
 
 
+class CpuGroups:
+    """A cgroup v1 ``cpuacct`` group per session, below this process's own group; ``root``
+    is None where there is no such hierarchy or it cannot be written."""
+
+    def __init__(self, mount: Path = CPUACCT) -> None:
+        self.root: Path | None = None
+        try:
+            own = next(
+                line.split(":", 2)[2]
+                for line in Path("/proc/self/cgroup").read_text().splitlines()
+                if "cpuacct" in line.split(":", 2)[1].split(",")
+            )
+            root = mount / own.lstrip("/") / f"uniagent-ci-{os.getpid()}"
+            root.mkdir()
+        except (OSError, StopIteration, IndexError):
+            return
+        self.root = root
+
+    def make(self, name: str) -> Path | None:
+        if self.root is None:
+            return None
+        group = self.root / name
+        try:
+            group.mkdir()
+        except OSError:
+            return None
+        return group
+
+    @staticmethod
+    def seconds(group: Path) -> float | None:
+        """The CPU its processes used (those still there and those that ended); None where
+        no process ever joined it."""
+        try:
+            used = int((group / "cpuacct.usage").read_text()) / 1e9
+        except (OSError, ValueError):
+            return None
+        return used if used > 0 else None
+
+    @staticmethod
+    def left(group: Path) -> list[int]:
+        """The processes still in the group."""
+        try:
+            return [int(pid) for pid in (group / "cgroup.procs").read_text().split()]
+        except (OSError, ValueError):
+            return []
+
+    def remove(self) -> None:
+        """Remove the groups that are empty (one with a process left in it stays)."""
+        if self.root is None:
+            return
+        for group in [*self.root.iterdir(), self.root]:
+            if group.is_dir():
+                with contextlib.suppress(OSError):
+                    group.rmdir()
+
+
 class Lanes:
     """Runs jobs, ``lanes`` at a time; prints each job's log whole when it ends."""
 
-    def __init__(self, command: list[str], posargs: list[str], lanes: int) -> None:
+    def __init__(
+        self,
+        command: list[str],
+        posargs: list[str],
+        lanes: int,
+        durations: Path = DURATIONS,
+        groups: CpuGroups | None = None,
+    ) -> None:
         self.command = command
         self.posargs = posargs
         self.lanes = max(1, lanes)
+        self.durations = durations
+        self.groups = groups if groups is not None else CpuGroups()
         self._print = threading.Lock()
         self._stopping = threading.Event()
         self._running: set[Job] = set()
@@ -84,6 +160,9 @@ class Lanes:
         if self.posargs:
             argv += ["--", *self.posargs]
         job.log.parent.mkdir(parents=True, exist_ok=True)
+        group = self.groups.make(_slug(job.session))
+        if group is not None:
+            argv = ["/bin/sh", "-c", _JOIN, str(group / "cgroup.procs"), *argv]
         self.say(f"{job.session} started")
         start = time.monotonic()
         with job.log.open("wb") as out:
@@ -99,6 +178,8 @@ class Lanes:
                 with self._running_lock:
                     self._running.discard(job)
         job.seconds = time.monotonic() - start
+        if group is not None:
+            self._account(job, group)
         outcome = "passed" if job.status == 0 else f"FAILED (exit {job.status})"
         with self._print:
             sys.stdout.flush()
@@ -108,6 +189,23 @@ class Lanes:
                     sys.stdout.buffer.write(chunk)
             sys.stdout.buffer.flush()
             print(f"lanes: {job.session} {outcome} in {job.seconds:.0f} s\n", flush=True)
+
+    def _account(self, job: Job, group: Path) -> None:
+        """The session's CPU, every process it started included, to the durations file; the
+        processes it left running named."""
+        seconds = self.groups.seconds(group)
+        if seconds is not None:
+            record = {"session": job.session, "all_cpu_seconds": round(seconds, 1)}
+            self.durations.parent.mkdir(parents=True, exist_ok=True)
+            with self.durations.open("a") as out:
+                out.write(json.dumps(record) + "\n")
+        left = self.groups.left(group)
+        if left:
+            names = []
+            for pid in left[:8]:
+                with contextlib.suppress(OSError):
+                    names.append(f"{pid} {Path(f'/proc/{pid}/comm').read_text().strip()}")
+            self.say(f"{job.session} left {len(left)} processes running: {', '.join(names)}")
 
     def run(
         self, jobs: list[Job], alone: list[Job], beside: dict[str, set[str]] | None = None
@@ -152,6 +250,7 @@ class Lanes:
             thread.join()
         for job in alone:
             self.run_one(job)
+        self.groups.remove()
 
     def stop(self) -> None:
         """Stop every session that runs (SIGTERM to its group, SIGKILL after 10 s)."""
@@ -190,6 +289,9 @@ def main(argv: list[str] | None = None) -> int:
         "--nox", default=f"{sys.executable} -m nox", help="the command that runs one session"
     )
     parser.add_argument("--logs", type=Path, default=LOGS, help="where the sessions' logs go")
+    parser.add_argument(
+        "--durations", type=Path, default=DURATIONS, help="where each session's CPU is added"
+    )
     args = parser.parse_args(argv)
     unknown = [name for name in args.alone if name not in args.sessions]
     if unknown:
@@ -206,7 +308,7 @@ def main(argv: list[str] | None = None) -> int:
 
     jobs = [job(name) for name in args.sessions if name not in args.alone]
     alone = [job(name) for name in args.sessions if name in args.alone]
-    lanes = Lanes(args.nox.split(), posargs, args.lanes)
+    lanes = Lanes(args.nox.split(), posargs, args.lanes, args.durations)
 
     def interrupted(signum: int, _frame: object) -> None:
         lanes.say(f"signal {signum}: stopping every session")

@@ -3,10 +3,15 @@
 from __future__ import annotations
 
 import json
+import os
 import runpy
+import select
+import signal
 import subprocess
 import sys
 from pathlib import Path
+
+import pytest
 
 SCRIPT = Path(__file__).resolve().parent.parent / ".ci" / "durations.py"
 table = runpy.run_path(str(SCRIPT))["table"]
@@ -25,15 +30,22 @@ def test_each_session_is_a_row_with_its_failures_and_errors_and_the_totals(tmp_p
     path.write_text("".join(json.dumps(r) + "\n" for r in rows) + "\n")
     lines = table(path).splitlines()
     assert lines[0].split() == [
-        "session", "wall", "cpu", "busy", "status", "tests", "failed", "skipped"
+        "session", "wall", "cpu", "all", "cpu", "busy", "status", "tests", "failed", "skipped"
     ]  # fmt: skip
     assert lines[1].split() == [
-        "tests(suite='core')", "313s", "203s", "93%", "passed", "922", "0", "2"
+        "tests(suite='core')", "313s", "203s", "-", "93%", "passed", "922", "0", "2"
     ]  # fmt: skip
-    assert lines[2].split() == ["lint", "61s", "-", "-", "failed", "0", "0", "0"]
+    assert lines[2].split() == ["lint", "61s", "-", "-", "-", "failed", "0", "0", "0"]
     assert lines[3].split()[-3:] == ["140", "3", "0"], "failures and errors are counted together"
-    assert lines[4].split() == ["total", "1351s", "495s", "1062"]
+    assert lines[4].split() == ["total", "1351s", "495s", "-", "1062"]
     assert "side by side" in lines[5]
+    # .ci/lanes.py's line for a session (written after the session's own) joins its row.
+    with path.open("a") as out:
+        out.write(json.dumps({"session": "lint", "all_cpu_seconds": 70.4}) + "\n")
+        out.write(json.dumps({"session": "gone", "all_cpu_seconds": 1.0}) + "\n")  # no row
+    lines = table(path).splitlines()
+    assert lines[2].split() == ["lint", "61s", "-", "70s", "-", "failed", "0", "0", "0"]
+    assert lines[4].split() == ["total", "1351s", "495s", "70s", "1062"]
 
 
 def test_no_rows_and_no_file_say_so(tmp_path):
@@ -124,3 +136,63 @@ def test_the_cpu_report_lists_tests_by_the_cpu_they_used_workers_included(tmp_pa
         assert first[2].endswith("test_burns") and second[2].endswith("test_idle"), lines
         assert float(first[0].rstrip("s")) >= 0.6  # its own 0.3 s and its child's
         assert float(second[0].rstrip("s")) < 0.3
+
+
+LANES = runpy.run_path(str(SCRIPT.with_name("lanes.py")))
+
+#: A stand-in for ``python -m nox -s SESSION``: it starts a process it never waits for (a
+#: double fork, as a daemon or a sandbox's reaped process is) that burns 0.5 s of CPU, waits
+#: for it to end (EOF on a pipe), and leaves a second one running.
+FAKE_NOX = """\
+import os, subprocess, sys, time
+r, w = os.pipe()
+if os.fork() == 0:
+    if os.fork():
+        os._exit(0)
+    os.close(r)
+    end = time.process_time() + 0.5
+    while time.process_time() < end:
+        pass
+    os._exit(0)
+os.close(w)
+os.wait()
+os.read(r, 1)
+left = subprocess.Popen(["sleep", "600"], start_new_session=True)
+open(sys.argv[1], "w").write(str(left.pid))
+"""
+
+
+def test_a_sessions_cpu_counts_every_process_it_started_and_those_left_are_named(tmp_path):
+    """Where ``.ci/lanes.py`` can make cgroup v1 ``cpuacct`` groups (root, on these
+    machines), each session's line in the durations file has the CPU of the processes it
+    never waited for, and the processes it left running are named."""
+    groups = LANES["CpuGroups"]()
+    if groups.root is None:
+        pytest.skip("no cgroup v1 cpuacct hierarchy this process may write")
+    groups.root.rmdir()
+    fake = tmp_path / "fake_nox.py"
+    fake.write_text(FAKE_NOX)
+    durations, left = tmp_path / "durations.jsonl", tmp_path / "left.pid"
+    done = subprocess.run(
+        [sys.executable, str(SCRIPT.with_name("lanes.py")), "--logs", str(tmp_path / "logs"),
+         "--durations", str(durations), "--nox", f"{sys.executable} {fake} {left}", "one"],
+        capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
+    pid = int(left.read_text())
+    # Its group: found by the process left in it (the lanes' root is named by their pid).
+    (group,) = [
+        g for g in groups.root.parent.glob("uniagent-ci-*/one")
+        if str(pid) in (g / "cgroup.procs").read_text().split()
+    ]  # fmt: skip
+    try:
+        assert done.returncode == 0, done.stdout + done.stderr
+        (record,) = [json.loads(line) for line in durations.read_text().splitlines()]
+        assert record["session"] == "one" and record["all_cpu_seconds"] >= 0.5, record
+        assert f"lanes: one left 1 processes running: {pid} sleep" in done.stdout
+    finally:
+        exited = os.pidfd_open(pid)
+        os.kill(pid, signal.SIGKILL)
+        select.select([exited], [], [])  # (not a child of this process: no wait for it)
+        os.close(exited)
+        group.rmdir()  # (it stayed while the process was in it)
+        group.parent.rmdir()
