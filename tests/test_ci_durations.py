@@ -196,3 +196,30 @@ def test_a_sessions_cpu_counts_every_process_it_started_and_those_left_are_named
         os.close(exited)
         group.rmdir()  # (it stayed while the process was in it)
         group.parent.rmdir()
+
+
+def test_tests_of_one_xdist_group_run_in_one_worker(tmp_path):
+    """``--dist loadgroup`` as the verl suite uses it (the repository's conftest.py): the
+    tests of one ``xdist_group`` share a worker. With a pytest whose node ids xdist cannot
+    give the group to (pytest 9.2 with pytest-xdist 3.8), the conftest fails each of them."""
+    root = Path(__file__).resolve().parent.parent
+    (tmp_path / "conftest.py").write_text((root / "conftest.py").read_text())
+    (tmp_path / "test_groups.py").write_text(
+        "import os\n\nimport pytest\n\n\n"
+        "@pytest.mark.xdist_group('one')\n"
+        "@pytest.mark.parametrize('i', range(6))\n"
+        "def test_grouped(i, tmp_path_factory):\n"
+        "    out = tmp_path_factory.getbasetemp().parent.parent / f'grouped-{i}'\n"
+        "    out.write_text(os.environ['PYTEST_XDIST_WORKER'])\n\n\n"
+        "@pytest.mark.parametrize('i', range(6))\n"
+        "def test_free(i):\n"
+        "    pass\n"
+    )
+    done = subprocess.run(
+        [sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "-n", "2", "--dist",
+         "loadgroup", f"--basetemp={tmp_path / 'run'}", str(tmp_path)],
+        capture_output=True, text=True, cwd=tmp_path,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stdout + done.stderr
+    workers = {(tmp_path / f"grouped-{i}").read_text() for i in range(6)}
+    assert len(workers) == 1, workers
