@@ -313,6 +313,7 @@ def main(argv: list[str] | None = None) -> int:
     def interrupted(signum: int, _frame: object) -> None:
         lanes.say(f"signal {signum}: stopping every session")
         lanes.stop()
+        lanes.groups.remove()
         raise SystemExit(128 + signum)
 
     signal.signal(signal.SIGINT, interrupted)
