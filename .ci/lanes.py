@@ -68,7 +68,7 @@ class CpuGroups:
     """A cgroup v1 ``cpuacct`` group per session, below this process's own group; ``root``
     is None where there is no such hierarchy or it cannot be written."""
 
-    def __init__(self, mount: Path = CPUACCT) -> None:
+    def __init__(self) -> None:
         self.root: Path | None = None
         try:
             own = next(
@@ -76,7 +76,7 @@ class CpuGroups:
                 for line in Path("/proc/self/cgroup").read_text().splitlines()
                 if "cpuacct" in line.split(":", 2)[1].split(",")
             )
-            root = mount / own.lstrip("/") / f"uniagent-ci-{os.getpid()}"
+            root = CPUACCT / own.lstrip("/") / f"uniagent-ci-{os.getpid()}"
             root.mkdir()
         except (OSError, StopIteration, IndexError):
             return
@@ -129,13 +129,12 @@ class Lanes:
         posargs: list[str],
         lanes: int,
         durations: Path = DURATIONS,
-        groups: CpuGroups | None = None,
     ) -> None:
         self.command = command
         self.posargs = posargs
         self.lanes = max(1, lanes)
         self.durations = durations
-        self.groups = groups if groups is not None else CpuGroups()
+        self.groups = CpuGroups()
         self._print = threading.Lock()
         self._stopping = threading.Event()
         self._running: set[Job] = set()

@@ -103,13 +103,19 @@ def test_process_accounting_records_are_summed_by_program():
     assert CPU["report"](b"") == "ci: cpu by program: no processes were accounted"
 
 
+def _suite(tmp_path: Path, tests: str) -> None:
+    """A tiny suite in ``tmp_path``: the repository's conftest.py and ``test_suite.py``."""
+    root = Path(__file__).resolve().parent.parent
+    (tmp_path / "conftest.py").write_text((root / "conftest.py").read_text())
+    (tmp_path / "test_suite.py").write_text(tests)
+
+
 def test_the_cpu_report_lists_tests_by_the_cpu_they_used_workers_included(tmp_path):
     """``--cpu-durations`` (the repository's conftest.py): a test that burns CPU in itself
     and in a process it waits for comes first, with both counted; under xdist the workers'
     figures reach the report."""
-    root = Path(__file__).resolve().parent.parent
-    (tmp_path / "conftest.py").write_text((root / "conftest.py").read_text())
-    (tmp_path / "test_burn.py").write_text(
+    _suite(
+        tmp_path,
         "import subprocess, sys, time\n\n\n"
         "def _burn(seconds):\n"
         "    end = time.process_time() + seconds\n"
@@ -121,7 +127,7 @@ def test_the_cpu_report_lists_tests_by_the_cpu_they_used_workers_included(tmp_pa
         "    code += 'while time.process_time() < end: pass'\n"
         "    subprocess.run([sys.executable, '-c', code], check=True)\n\n\n"
         "def test_idle():\n"
-        "    pass\n"
+        "    pass\n",
     )
     for extra in ([], ["-n", "2"]):
         done = subprocess.run(
@@ -205,9 +211,8 @@ def test_tests_of_one_xdist_group_run_in_one_worker(tmp_path):
     """``--dist loadgroup`` as the verl suite uses it (the repository's conftest.py): the
     tests of one ``xdist_group`` share a worker. With a pytest whose node ids xdist cannot
     give the group to (pytest 9.2 with pytest-xdist 3.8), the conftest fails each of them."""
-    root = Path(__file__).resolve().parent.parent
-    (tmp_path / "conftest.py").write_text((root / "conftest.py").read_text())
-    (tmp_path / "test_groups.py").write_text(
+    _suite(
+        tmp_path,
         "import os\n\nimport pytest\n\n\n"
         "@pytest.mark.xdist_group('one')\n"
         "@pytest.mark.parametrize('i', range(6))\n"
@@ -216,7 +221,7 @@ def test_tests_of_one_xdist_group_run_in_one_worker(tmp_path):
         "    out.write_text(os.environ['PYTEST_XDIST_WORKER'])\n\n\n"
         "@pytest.mark.parametrize('i', range(6))\n"
         "def test_free(i):\n"
-        "    pass\n"
+        "    pass\n",
     )
     done = subprocess.run(
         [sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "-n", "2", "--dist",
