@@ -28,6 +28,13 @@ directories among their entries (to enter them, on the same file system): no fil
 is needed for names, and a file's ``lstat`` was most of a walk's cost (``names_only``: a
 site-packages of 51,000 names in 0.08 s of CPU instead of 0.19 s).
 
+Where this process can watch the root's file system (:mod:`uniagent.grading.fswatch`:
+fanotify, as root), a walk records the inodes it listed, and a later round takes the latest
+walk, names and ctimes, while no change the kernel reported since that walk started touched
+one of them, the root's path still leads to the same directory and the mount table is the
+same (:meth:`RootWalk.watched_unchanged`): a check before grading then walks nothing where
+nothing under the root changed, whatever its size.
+
 The walk runs in this process with :func:`os.scandir` and ``lstat``, not a ``find`` from
 the ``PATH`` (which the agent could have replaced): on a worker thread, so the event loop
 goes on.
@@ -37,6 +44,7 @@ from __future__ import annotations
 
 import asyncio
 import bisect
+import contextlib
 import hashlib
 import os
 import stat
@@ -44,6 +52,8 @@ import time
 from collections import OrderedDict
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
+
+from uniagent.grading import fswatch
 
 #: Directories right under a root that are not walked (roots of their own where the
 #: interpreter's path has them; a conda installation's packages and other envs).
@@ -92,6 +102,10 @@ class RootWalk:
     started_ns: int = 0
     dev: int = 0
     entered: list[bytes] = field(default_factory=list, repr=False)
+    #: The root's own inode, and its walk's standing with the file system's watch (``None``:
+    #: not watched): :meth:`watched_unchanged`.
+    ino: int = 0
+    token: fswatch.WalkToken | None = field(default=None, repr=False, compare=False)
     _ctimes: list[int] = field(default_factory=list, repr=False)
     _digest: str | None = field(default=None, repr=False)
 
@@ -120,6 +134,21 @@ class RootWalk:
             self._digest = digest.hexdigest()
         return self._digest
 
+    def watched_unchanged(self) -> bool:
+        """Whether the tree under the root is still the one this walk saw, from the file
+        system's watch (blocking): the root's path leads to the same inode, and no change was
+        reported since the walk started to anything it listed (:mod:`~uniagent.grading.fswatch`).
+        ``False`` for a walk that was not watched."""
+        if self.token is None:
+            return False
+        try:
+            info = os.lstat(self.root)
+        except OSError:
+            return False
+        if (info.st_dev, info.st_ino) != (self.dev, self.ino):
+            return False
+        return self.token.clean()
+
     def since(self, since_ns: int, limit: int) -> tuple[list[str], list[str], bool]:
         """What changed after ``since_ns`` (a ctime newer than it): at most ``limit`` changed
         files (not directories, not bytecode; names that are not UTF-8 shown with U+FFFD),
@@ -143,14 +172,26 @@ class RootWalk:
         return changed, purge, dir_changed
 
 
-def walk(root: str, limit: int | None = None, *, names_only: bool = False) -> RootWalk:
+def walk(
+    root: str, limit: int | None = None, *, names_only: bool = False, watch: bool = False
+) -> RootWalk:
     """One walk of ``root`` as ``find ROOT -xdev`` sees it (no link followed; a directory on
     another file system listed, not entered; :data:`PRUNED` right under it skipped); the
     entries it cannot read are left out, as ``find 2>/dev/null`` leaves them.
 
     ``names_only``: the directories' listings alone, an ``lstat`` only of the entries that
     are directories (the listing's file type says which, where the file system gives it);
-    the result has no file's ctime (:class:`RootWalk`)."""
+    the result has no file's ctime (:class:`RootWalk`).
+
+    ``watch``: where the root's file system can be watched (:func:`fswatch.watch_for`), the
+    walk is registered with it before it starts and hands it the inodes it listed
+    (:meth:`RootWalk.watched_unchanged`)."""
+    token = None
+    if watch:
+        with contextlib.suppress(OSError):
+            here = os.lstat(root)
+            watcher = fswatch.watch_for(root, here.st_dev, here.st_ino)
+            token = watcher.begin(root) if watcher is not None else None
     started = time.time_ns()
     if not os.path.exists(root):  # as the shell's [ -e ]: a link to nothing is missing
         return RootWalk(root, False, started_ns=started, names_only=names_only)
@@ -160,6 +201,7 @@ def walk(root: str, limit: int | None = None, *, names_only: bool = False) -> Ro
         return RootWalk(root, False, started_ns=started, names_only=names_only)
     entries = [(top.st_ctime_ns, _kind(top.st_mode), b"")]
     entered: list[bytes] = []
+    inodes = [top.st_ino]
     limit = MAX_ENTRIES if limit is None else limit
     if stat.S_ISDIR(top.st_mode):
         base = os.fsencode(root)
@@ -187,6 +229,8 @@ def walk(root: str, limit: int | None = None, *, names_only: bool = False) -> Ro
                     continue
                 path = rel + b"/" + name if rel else name
                 entries.append((ctime, _kind(mode) if mode else "", path))
+                if token is not None:
+                    inodes.append(entry.inode())
                 if len(entries) > limit:
                     return RootWalk(
                         root, True, entries, too_many=True, started_ns=started,
@@ -194,9 +238,11 @@ def walk(root: str, limit: int | None = None, *, names_only: bool = False) -> Ro
                     )  # fmt: skip
                 if stat.S_ISDIR(mode) and dev == top.st_dev:
                     stack.append(path)
+    if token is not None:
+        token.seen(inodes)
     return RootWalk(
         root, True, entries, started_ns=started, dev=top.st_dev, entered=entered,
-        names_only=names_only,
+        names_only=names_only, ino=top.st_ino, token=token,
     )  # fmt: skip
 
 
@@ -251,7 +297,9 @@ class SharedWalk:
 
     With ``names``, a round takes the root's latest walk (:data:`_LATEST`) instead where
     :func:`unchanged_since`, checked after every asker asked, says its names still hold:
-    one check serves them all, as one walk does."""
+    one check serves them all, as one walk does. Any round takes it (one with ctimes, for
+    ``since``) where the file system's watch says nothing under the root changed since it
+    started (:meth:`RootWalk.watched_unchanged`)."""
 
     def __init__(
         self, root: str, run: Callable[[str], RootWalk] | None = None, *, names: bool = False
@@ -280,7 +328,7 @@ class SharedWalk:
             while self._next is not None:
                 asked, self._next = self._next, None  # who asks from now on waits for the next
                 self.walks += 1
-                latest = _LATEST.get((self._loop, self.root)) if self.names else None
+                latest = _LATEST.get((self._loop, self.root))
                 try:
                     found = await asyncio.to_thread(self._round, latest)
                 except Exception as exc:
@@ -301,21 +349,27 @@ class SharedWalk:
                 del _SHARED[key]  # idle: a root of one sandbox is not kept for the whole run
 
     def _round(self, latest: RootWalk | None) -> RootWalk:
-        """One round, on a worker thread: ``latest`` where its names still hold, else a walk
-        (of the names alone where only they are asked for)."""
-        if latest is not None and unchanged_since(latest):
-            return latest
+        """One round, on a worker thread: ``latest`` where the file system's watch says
+        nothing under the root changed since it started (a walk with ctimes where they are
+        asked for), or, for the names alone, where its names still hold; else a walk (of the
+        names alone where only they are asked for)."""
         if self._run is not None:
+            if self.names and latest is not None and unchanged_since(latest):
+                return latest
             return self._run(self.root)
-        return walk(self.root, names_only=self.names)
+        if latest is not None and (self.names or not latest.names_only):
+            if latest.watched_unchanged():
+                return latest
+            if self.names and unchanged_since(latest):
+                return latest
+        return walk(self.root, names_only=self.names, watch=True)
 
 
 #: The walkers by event loop, root and whether they answer with names alone.
 _SHARED: dict[tuple[asyncio.AbstractEventLoop, str, bool], SharedWalk] = {}
 #: The latest walk of each root, by event loop (least recently used first).
 _LATEST: OrderedDict[tuple[asyncio.AbstractEventLoop, str], RootWalk] = OrderedDict()
-#: How many rounds of :func:`current_names` took the latest walk instead of walking (for
-#: tests and the bench).
+#: How many rounds took the latest walk instead of walking (for tests and the bench).
 reused = 0
 
 
@@ -336,14 +390,17 @@ def _keep_latest(loop: asyncio.AbstractEventLoop, found: RootWalk, *, again: boo
 async def current_names(root: str) -> RootWalk:
     """A walk whose names are those under ``root`` now (for :meth:`RootWalk.names_digest`,
     not :meth:`RootWalk.since`): the latest walk of ``root`` in this event loop where
-    :func:`unchanged_since` says its names still hold, else a new walk; either from a round
-    that started after this call, shared by everybody who asked before it started."""
+    the file system's watch or :func:`unchanged_since` says its names still hold, else a new
+    walk; either from a round that started after this call, shared by everybody who asked
+    before it started."""
     return await _walker(root, names=True).get()
 
 
 async def shared_walk(root: str) -> RootWalk:
-    """A walk of ``root`` that started after this call, shared by every episode of this event
-    loop that asked for the same root before it started."""
+    """A walk of ``root`` whose ctimes are those under it now: one that started after this
+    call, shared by every episode of this event loop that asked for the same root before it
+    started, or the latest walk with ctimes where the file system's watch says nothing under
+    the root changed since that walk started (:meth:`RootWalk.watched_unchanged`)."""
     return await _walker(root, names=False).get()
 
 
