@@ -135,8 +135,9 @@ async def test_a_root_whose_path_leads_elsewhere_is_walked_again(tmp_path):
 
 async def test_a_mount_over_a_walked_directory_is_walked_again(tmp_path):
     """A mount sends no event: the mount table is compared, its mounts at, above or below
-    the root (a sandbox's own tmpfs elsewhere is no change of the root)."""
-    root = make_root(tmp_path)
+    the root (a sandbox's own tmpfs elsewhere is no change of the root). The root's path
+    has a space, which the mount table writes as ``\\040``."""
+    root = make_root(tmp_path / "a space")
     first = await walks.shared_walk(str(root))
     elsewhere = tmp_path / "elsewhere with space"
     elsewhere.mkdir()
