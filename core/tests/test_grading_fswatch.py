@@ -191,19 +191,22 @@ def test_a_forked_child_does_not_read_its_parents_queue(tmp_path):
     info = os.lstat(root)
     parent = fswatch.watch_for(str(root), info.st_dev, info.st_ino)
     assert parent is not None
+    walked = walks.walk(str(root), watch=True)
+    assert walked.watched_unchanged()
     read, write = os.pipe()
     pid = os.fork()
     if pid == 0:  # pragma: no cover - the child reports through the pipe
         try:
             child = fswatch.watch_for(str(root), info.st_dev, info.st_ino)
             ok = child is not None and child is not parent and child.fd != parent.fd
+            ok = ok and not walked.watched_unchanged()  # (the parent's walk: not judged here)
             os.write(write, b"1" if ok else b"0")
         finally:
             os._exit(0)
     os.close(write)
     assert os.read(read, 1) == b"1"
     os.waitpid(pid, 0)
-    assert parent._usable()
+    assert parent._usable() and walked.watched_unchanged()
 
 
 def _event(mask: int, records: list[tuple[int, int, bytes]]) -> bytes:

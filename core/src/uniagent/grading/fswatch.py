@@ -115,7 +115,7 @@ class FsWatch:
         self.pid = os.getpid()
         self._lock = threading.Lock()
         self._tokens: weakref.WeakSet[WalkToken] = weakref.WeakSet()
-        #: How many events were read (for tests and the bench).
+        #: How many events were read.
         self.events = 0
 
     def begin(self, root: str) -> WalkToken | None:
@@ -280,11 +280,16 @@ def watch_for(path: str, dev: int, ino: int) -> FsWatch | None:
 
 
 def _reset_after_fork() -> None:
+    """In a forked child: its parent's groups are closed here (their queues stay the
+    parent's) and a walk arms groups of its own."""
     global _ARMING
     _ARMING = threading.Lock()
     for watch in _WATCHES.values():
         if watch is not None:
-            watch._lock = threading.Lock()
+            watch._lock = threading.Lock()  # (a thread of the parent may have held it)
+            if watch.fd >= 0:
+                with contextlib.suppress(OSError):
+                    os.close(watch.fd)
     _WATCHES.clear()
 
 
