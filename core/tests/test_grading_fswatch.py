@@ -8,6 +8,7 @@ import os
 import struct
 import subprocess
 import sys
+import time
 from collections.abc import Callable
 from pathlib import Path
 
@@ -260,3 +261,21 @@ def test_the_watch_is_shared_by_the_roots_of_one_file_system(tmp_path):
     assert fswatch.watch_for(str(root), a.st_dev, a.st_ino) is fswatch.watch_for(
         str(other), b.st_dev, b.st_ino
     )
+
+
+async def test_an_idle_group_is_closed_and_the_next_walk_arms_another(tmp_path):
+    """While armed, a group costs every write on its file system: one unused for
+    :data:`fswatch.IDLE_SECONDS` is closed, its walks are doubtful, and a walk arms anew."""
+    root = make_root(tmp_path)
+    first = await walks.shared_walk(str(root))
+    assert first.token is not None
+    info = os.lstat(root)
+    watch = fswatch.watch_for(str(root), info.st_dev, info.st_ino)
+    assert watch is not None
+    assert not watch.close_if_idle(time.monotonic())  # just used
+    assert watch.close_if_idle(time.monotonic() + fswatch.IDLE_SECONDS)
+    assert watch.fd < 0 and not first.watched_unchanged()
+    again = await walks.shared_walk(str(root))
+    assert again is not first and again.token is not None
+    assert fswatch.watch_for(str(root), info.st_dev, info.st_ino) not in (None, watch)
+    assert await walks.shared_walk(str(root)) is again

@@ -38,6 +38,7 @@ import re
 import struct
 import sys
 import threading
+import time
 import weakref
 from collections.abc import Iterable
 from typing import Any
@@ -78,6 +79,10 @@ AT_HANDLE_FID = 0x200
 _METADATA = struct.Struct("=IBBHQii")
 _INFO = struct.Struct("=BBH")
 _HANDLE = struct.Struct("=Ii")
+#: A group unused this long (s) is closed (its walks are walked again; a later walk arms a new
+#: one): while armed, every write on its file system costs the kernel about a microsecond
+#: more, whoever makes it.
+IDLE_SECONDS = 30.0
 #: Inodes an unfinished walk keeps from the events that came while it walked; beyond, it is
 #: doubtful (judged when it ends).
 PENDING_MAX = 100_000
@@ -117,6 +122,11 @@ class FsWatch:
         self._tokens: weakref.WeakSet[WalkToken] = weakref.WeakSet()
         #: How many events were read.
         self.events = 0
+        self._used = time.monotonic()
+        if fd >= 0:
+            threading.Thread(
+                target=self._close_when_idle, name="uniagent-fswatch", daemon=True
+            ).start()
 
     def begin(self, root: str) -> WalkToken | None:
         """A token for a walk of ``root`` about to start (``None``: this watch cannot judge
@@ -125,6 +135,7 @@ class FsWatch:
             if not self._usable():
                 return None
             self._drain()
+            self._used = time.monotonic()
             token = WalkToken(self, root)
             self._tokens.add(token)
             return token
@@ -148,10 +159,23 @@ class FsWatch:
                 token.dirty = True
                 return False
             self._drain()
+            self._used = time.monotonic()
             mounts = _mounts(token.root) if not token.dirty else None
             if mounts is None or mounts != token._mounts:
                 token.dirty = True
             return not token.dirty
+
+    def close_if_idle(self, now: float) -> bool:
+        """Close the group where it was last used :data:`IDLE_SECONDS` before ``now``
+        (monotonic); whether it is closed."""
+        with self._lock:
+            if self.fd >= 0 and now - self._used >= IDLE_SECONDS and self._usable():
+                self._close()
+            return self.fd < 0
+
+    def _close_when_idle(self) -> None:
+        while not self.close_if_idle(time.monotonic()):
+            time.sleep(IDLE_SECONDS / 3)
 
     def _usable(self) -> bool:
         return self.fd >= 0 and os.getpid() == self.pid
@@ -272,8 +296,7 @@ def watch_for(path: str, dev: int, ino: int) -> FsWatch | None:
     with _ARMING:
         watch = _WATCHES.get(dev)
         if watch is not None and not watch._usable():
-            watch = None  # (a forked child: its parent's queue is not its own)
-            _WATCHES.clear()
+            del _WATCHES[dev]  # closed (idle, or a read failed): armed again
         if dev not in _WATCHES:
             _WATCHES[dev] = _arm(path, dev, ino)
         return _WATCHES[dev]
