@@ -11,7 +11,8 @@ change with the inode it touched and the directory it was made in (``FAN_REPORT_
 link made elsewhere), a name created, deleted or moved. A walk that started after the
 group was armed records the inodes it listed (:meth:`FsWatch.begin`,
 :meth:`WalkToken.seen`); while no change reported since then touched one of them (as the
-object or as the directory of a name), and the mount table is what it was, the tree is
+object or as the directory of a name), and the mount table at, above and below the root
+is what it was, the tree is
 the one the walk saw (:meth:`WalkToken.clean`), and its ctimes answer any later baseline's
 "what changed since".
 
@@ -22,6 +23,9 @@ system doubtful, and they walk again: a queue overflow, a file handle of a kind 
 read (only the 32-bit inode and generation handle of ext4 and its kin is read), a change of
 the mount table (a mount over a walked directory sends no event), a process forked from
 the one that armed the group. ``UNIAGENT_FS_WATCH=0`` turns it off (every check walks).
+While armed, a group costs every write on its file system a little kernel time, whoever
+makes it, so one unused for :data:`IDLE_SECONDS` is closed (its walks become doubtful) and
+the next walk arms another.
 
 Without isolation nothing bounds the agent (``docs/rewards.md``): as root a process can
 leave its cgroup, survive the stop and write later, seen or not.
