@@ -68,7 +68,7 @@ def libc_call(name: str, *args: Any) -> int:
     return result
 
 
-def _unescape(field: str) -> str:
+def unescape_path(field: str) -> str:
     """A path of ``/proc/*/mountinfo`` (space, tab, newline, backslash octal-escaped)."""
     return re.sub(r"\\([0-7]{3})", lambda m: chr(int(m.group(1), 8)), field)
 
@@ -82,7 +82,7 @@ def episode_mounts(mountinfo: str) -> list[str]:
             continue
         after = fields[fields.index("-") + 1 :]
         if len(after) >= 2 and after[1] in EPISODE_SOURCES:
-            points.append(_unescape(fields[4]))
+            points.append(unescape_path(fields[4]))
     return sorted(set(points), key=lambda p: (-p.count("/"), p))
 
 

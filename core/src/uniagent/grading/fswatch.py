@@ -38,7 +38,6 @@ import ctypes
 import errno
 import logging
 import os
-import re
 import struct
 import sys
 import threading
@@ -46,6 +45,8 @@ import time
 import weakref
 from collections.abc import Iterable
 from typing import Any
+
+from uniagent.env.mountns import unescape_path
 
 log = logging.getLogger(__name__)
 
@@ -259,32 +260,25 @@ def _inodes(data: bytes, start: int, end: int) -> list[int] | None:
     return found or None
 
 
-def _mounts(root: str) -> list[bytes] | None:
+def _mounts(root: str) -> list[str] | None:
     """The lines of this process's mount table whose mount point is ``root``, above it or
     below it (a mount over a walked directory sends no event; the sandboxes' own mounts
     elsewhere do not count); ``None`` where it cannot be read."""
-    real = os.fsencode(os.path.realpath(root)).rstrip(b"/") + b"/"
+    real = os.path.realpath(root).rstrip("/") + "/"
     try:
-        with open("/proc/self/mountinfo", "rb") as table:
+        with open("/proc/self/mountinfo", encoding="utf-8", errors="surrogateescape") as table:
             lines = table.read().splitlines()
     except OSError:
         return None
     related = []
     for line in lines:
-        fields = line.split(b" ", 5)
+        fields = line.split(" ", 5)
         if len(fields) < 5:
             return None
-        point = _unescape(fields[4]).rstrip(b"/") + b"/"
+        point = unescape_path(fields[4]).rstrip("/") + "/"
         if point.startswith(real) or real.startswith(point):
             related.append(line)
     return related
-
-
-def _unescape(field: bytes) -> bytes:
-    r"""A mount point as the kernel writes it in ``mountinfo`` (``\040`` for a space)."""
-    if b"\\" not in field:
-        return field
-    return re.sub(rb"\\([0-7]{3})", lambda m: bytes([int(m.group(1), 8)]), field)
 
 
 _WATCHES: dict[int, FsWatch | None] = {}
